@@ -1,0 +1,107 @@
+/* fastllm: the run loop of a Llama-style decoder in plain C.
+ *
+ * The core knows nothing of files, Python or JSON. The caller fills a
+ * FlmConfig, points FlmWeights at weight buffers it owns, hands over one block
+ * of memory for the run state, and calls flm_forward. Every buffer is
+ * allocated and every input validated by the caller before C is called.
+ *
+ * Weight matrices are row-major (out_features, in_features), as HF stores
+ * them, in fp32 or bf16 (FlmConfig.wtype). Q and K rows are expected permuted
+ * so that RoPE rotates adjacent pairs (2i, 2i+1) of each head.
+ */
+#ifndef FASTLLM_H
+#define FASTLLM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { FLM_F32 = 0, FLM_BF16 = 1 };
+
+typedef struct {
+    int dim;          /* hidden_size */
+    int hidden_dim;   /* intermediate_size of the SwiGLU MLP */
+    int n_layers;
+    int n_heads;      /* query heads */
+    int n_kv_heads;   /* key/value heads; n_heads % n_kv_heads == 0 (GQA) */
+    int head_dim;
+    int vocab_size;
+    int seq_len;      /* KV cache length (n_ctx): positions 0 .. seq_len-1 */
+    int rope_dim;     /* rotated dims per head, even, <= head_dim */
+    int wtype;        /* FLM_F32 or FLM_BF16: storage of matrices and embedding */
+    float norm_eps;   /* RMSNorm epsilon */
+    float attn_scale; /* softmax scale, usually 1/sqrt(head_dim) */
+} FlmConfig;
+
+typedef struct {
+    const void *wq;       /* (n_heads*head_dim, dim)      */
+    const void *wk;       /* (n_kv_heads*head_dim, dim)   */
+    const void *wv;       /* (n_kv_heads*head_dim, dim)   */
+    const void *wo;       /* (dim, n_heads*head_dim)      */
+    const float *bq, *bk, *bv, *bo;   /* biases, or NULL   */
+    const float *q_norm, *k_norm;     /* (head_dim) per-head RMSNorm (Qwen3), or NULL */
+    const float *attn_norm;           /* (dim) */
+    const float *ffn_norm;            /* (dim) */
+    const void *w_gate;   /* (hidden_dim, dim) */
+    const void *w_up;     /* (hidden_dim, dim) */
+    const void *w_down;   /* (dim, hidden_dim) */
+    const float *b_gate, *b_up, *b_down; /* MLP biases, or NULL */
+} FlmLayer;
+
+typedef struct {
+    const void *embed;        /* (vocab_size, dim) */
+    const FlmLayer *layers;   /* n_layers of them */
+    const float *norm;        /* (dim) final RMSNorm */
+    const void *lm_head;      /* (vocab_size, dim); the embedding when tied */
+    const float *rope_cos;    /* (seq_len, rope_dim/2) */
+    const float *rope_sin;    /* (seq_len, rope_dim/2) */
+} FlmWeights;
+
+typedef struct {
+    int max_batch;    /* tokens processed per pass over the weights */
+    float *x;         /* (max_batch, dim) residual stream */
+    float *xb;        /* (max_batch, max(dim, q_dim)) normed input / attention output */
+    float *xb2;       /* (max_batch, dim) */
+    float *q;         /* (max_batch, n_heads*head_dim) */
+    float *k;         /* (max_batch, n_kv_heads*head_dim) */
+    float *v;         /* (max_batch, n_kv_heads*head_dim) */
+    float *hb;        /* (max_batch, hidden_dim) */
+    float *hb2;       /* (max_batch, hidden_dim) */
+    float *att;       /* (max_batch*n_heads, seq_len) attention scores */
+    float *key_cache;   /* (n_layers, seq_len, n_kv_heads*head_dim) */
+    float *value_cache; /* (n_layers, seq_len, n_kv_heads*head_dim) */
+} FlmState;
+
+/* Floats needed by the run state's work buffers (everything but the KV
+ * cache), and by the KV cache (keys and values together). */
+size_t flm_state_work_floats(const FlmConfig *c, int max_batch);
+size_t flm_state_cache_floats(const FlmConfig *c);
+
+/* Carve the state out of caller-owned memory: work must hold
+ * flm_state_work_floats() floats, cache flm_state_cache_floats() floats
+ * (zeroed or not: only positions already written are ever read). */
+void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, float *work, float *cache);
+
+/* Run n tokens at positions pos .. pos+n-1 (their keys/values are written to
+ * the cache; positions < pos must hold earlier tokens). Writes the logits of
+ * the last token to logits[vocab_size], or of every token to
+ * logits[n*vocab_size] when all_logits is nonzero. The caller guarantees
+ * 0 <= tokens[i] < vocab_size, n >= 1 and pos + n <= seq_len. The result is
+ * the same, bit for bit, for any n_threads and any split of the tokens into
+ * calls. */
+void flm_forward(const FlmConfig *c, const FlmWeights *w, FlmState *s,
+                 const int32_t *tokens, int n, int pos,
+                 float *logits, int all_logits, int n_threads);
+
+/* Name of the SIMD path chosen for this CPU ("avx512", "avx2", "generic"). */
+const char *flm_simd_path(void);
+/* Force a path by name (for tests); returns 0 on success, -1 if unsupported. */
+int flm_set_simd_path(const char *name);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,2 @@
+"""Independent references that fastllm is checked against (test-only: they
+use torch, transformers, tokenizers and tiktoken)."""

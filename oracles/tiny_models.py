@@ -1,0 +1,68 @@
+"""Tiny random-weight checkpoints made offline with transformers.
+
+Random models pass comparisons by accident when their logits are flat, so
+the init scale is raised until the top-1/top-2 margins are clearly nonzero;
+tests report the margins they compare on.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+# Each shape exercises a different corner: GQA ratios, odd head counts,
+# explicit head_dim, tied and untied heads, biases, q/k norms, rope scaling.
+SHAPES = {
+    "llama-gqa": dict(model_type="llama", hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, vocab_size=300,
+                      tie_word_embeddings=True),
+    "llama-mha-untied": dict(model_type="llama", hidden_size=48, intermediate_size=96, num_hidden_layers=3,
+                             num_attention_heads=3, num_key_value_heads=3, vocab_size=257,
+                             tie_word_embeddings=False),
+    "llama-headdim-bias": dict(model_type="llama", hidden_size=80, intermediate_size=128, num_hidden_layers=2,
+                               num_attention_heads=5, num_key_value_heads=1, head_dim=24, vocab_size=200,
+                               attention_bias=True, mlp_bias=True, tie_word_embeddings=False),
+    "llama3-rope": dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                        rope_theta=500000.0, max_position_embeddings=256,
+                        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+    "llama-linear-rope": dict(model_type="llama", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                              num_attention_heads=2, num_key_value_heads=1, vocab_size=128,
+                              rope_scaling={"rope_type": "linear", "factor": 2.0}),
+    "qwen2": dict(model_type="qwen2", hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, vocab_size=300, tie_word_embeddings=False),
+    "qwen2-tied": dict(model_type="qwen2", hidden_size=56, intermediate_size=112, num_hidden_layers=2,
+                       num_attention_heads=7, num_key_value_heads=1, vocab_size=256, tie_word_embeddings=True),
+    "qwen3": dict(model_type="qwen3", hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=300,
+                  tie_word_embeddings=True),
+    "qwen3-untied": dict(model_type="qwen3", hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=6, num_key_value_heads=3, head_dim=16, vocab_size=211,
+                         tie_word_embeddings=False),
+}
+
+
+def make_tiny_model(kind: str, folder, seed: int = 0, init_scale: float = 0.2,
+                    dtype: str = "float32") -> Path:
+    """Create and save a tiny random checkpoint of SHAPES[kind]; returns the folder."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    spec = dict(SHAPES[kind])
+    model_type = spec.pop("model_type")
+    spec.setdefault("max_position_embeddings", 512)
+    spec.setdefault("rms_norm_eps", 1e-5)
+    config = AutoConfig.for_model(model_type, initializer_range=init_scale, **spec)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        # Norm weights start at 1: perturb them so a wrong permutation of
+        # q/k norms or a missing norm cannot go unnoticed.
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn_like(p))
+    model = model.to(getattr(torch, {"float32": "float32", "bf16": "bfloat16"}.get(dtype, dtype)))
+    folder = Path(folder)
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder

@@ -1,0 +1,61 @@
+# Declarations of the C run loop (csrc/fastllm.h).
+from libc.stdint cimport int32_t
+
+cdef extern from "fastllm.h" nogil:
+    enum:
+        FLM_F32
+        FLM_BF16
+
+    ctypedef struct FlmConfig:
+        int dim
+        int hidden_dim
+        int n_layers
+        int n_heads
+        int n_kv_heads
+        int head_dim
+        int vocab_size
+        int seq_len
+        int rope_dim
+        int wtype
+        float norm_eps
+        float attn_scale
+
+    ctypedef struct FlmLayer:
+        const void *wq
+        const void *wk
+        const void *wv
+        const void *wo
+        const float *bq
+        const float *bk
+        const float *bv
+        const float *bo
+        const float *q_norm
+        const float *k_norm
+        const float *attn_norm
+        const float *ffn_norm
+        const void *w_gate
+        const void *w_up
+        const void *w_down
+        const float *b_gate
+        const float *b_up
+        const float *b_down
+
+    ctypedef struct FlmWeights:
+        const void *embed
+        const FlmLayer *layers
+        const float *norm
+        const void *lm_head
+        const float *rope_cos
+        const float *rope_sin
+
+    ctypedef struct FlmState:
+        int max_batch
+
+    size_t flm_state_work_floats(const FlmConfig *c, int max_batch)
+    size_t flm_state_cache_floats(const FlmConfig *c)
+    void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, float *work, float *cache)
+    void flm_forward(const FlmConfig *c, const FlmWeights *w, FlmState *s,
+                     const int32_t *tokens, int n, int pos,
+                     float *logits, int all_logits, int n_threads)
+    const char *flm_simd_path()
+    int flm_set_simd_path(const char *name)

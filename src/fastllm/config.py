@@ -1,0 +1,227 @@
+"""config.json of a HuggingFace model folder, as a typed and validated config.
+
+Keys keep their HF names. Each supported `model_type` is the Llama decoder
+plus a few switches (biases, per-head q/k norm, explicit head_dim).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ModelFileError
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+
+
+@dataclass
+class ModelConfig:
+    model_type: str
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    max_position_embeddings: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None = None
+    partial_rotary_factor: float = 1.0
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False     # q/k/v/o biases (llama); q/k/v only for qwen2
+    mlp_bias: bool = False
+    qk_norm: bool = False            # per-head RMSNorm on q and k (qwen3)
+    bos_token_id: int | None = None
+    eos_token_id: list = field(default_factory=list)
+    path: Path | None = None
+
+    @property
+    def rope_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @classmethod
+    def from_file(cls, path) -> "ModelConfig":
+        path = Path(path)
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ModelFileError(path, "file not found (a model folder needs config.json)") from None
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ModelFileError(path, f"not valid JSON: {e}") from None
+        if not isinstance(raw, dict):
+            raise ModelFileError(path, "expected a JSON object")
+        return cls.from_dict(raw, path)
+
+    @classmethod
+    def from_dict(cls, raw: dict, path=None) -> "ModelConfig":
+        def need(key, kind=int):
+            if key not in raw or raw[key] is None:
+                raise ModelFileError(path, f"missing key {key!r}")
+            value = raw[key]
+            if kind is int and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                raise ModelFileError(path, f"{key!r} must be a positive integer, got {value!r}")
+            if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value <= 0):
+                raise ModelFileError(path, f"{key!r} must be a positive number, got {value!r}")
+            return value
+
+        model_type = raw.get("model_type")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ModelFileError(path, f"model_type {model_type!r} is not supported "
+                                       f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+        act = raw.get("hidden_act", raw.get("hidden_activation", "silu"))
+        if act != "silu":
+            raise ModelFileError(path, f"hidden_act {act!r} is not supported (only 'silu')")
+
+        hidden = need("hidden_size")
+        heads = need("num_attention_heads")
+        kv_heads = raw.get("num_key_value_heads") or heads
+        head_dim = raw.get("head_dim") or hidden // heads
+        if not isinstance(kv_heads, int) or kv_heads <= 0 or heads % kv_heads:
+            raise ModelFileError(path, f"num_attention_heads ({heads}) must be a multiple of "
+                                       f"num_key_value_heads ({kv_heads})")
+        if not isinstance(head_dim, int) or head_dim <= 0 or head_dim % 2:
+            raise ModelFileError(path, f"head_dim must be a positive even integer, got {head_dim!r}")
+        if raw.get("head_dim") is None and hidden % heads:
+            raise ModelFileError(path, f"hidden_size ({hidden}) is not divisible by "
+                                       f"num_attention_heads ({heads}) and no head_dim is given")
+        prf = raw.get("partial_rotary_factor", 1.0) or 1.0
+        if not (0 < prf <= 1) or int(head_dim * prf) % 2:
+            raise ModelFileError(path, f"partial_rotary_factor {prf!r} does not give an even "
+                                       f"number of rotated dims of head_dim {head_dim}")
+
+        if model_type == "qwen2":
+            if raw.get("use_sliding_window"):
+                raise ModelFileError(path, "use_sliding_window is true: sliding-window attention "
+                                           "is not supported (fastllm attends to the whole context)")
+            attention_bias, mlp_bias, qk_norm = True, False, False
+        elif model_type == "qwen3":
+            if raw.get("use_sliding_window"):
+                raise ModelFileError(path, "use_sliding_window is true: sliding-window attention "
+                                           "is not supported (fastllm attends to the whole context)")
+            attention_bias, mlp_bias, qk_norm = bool(raw.get("attention_bias", False)), False, True
+        else:
+            attention_bias = bool(raw.get("attention_bias", False))
+            mlp_bias = bool(raw.get("mlp_bias", False))
+            qk_norm = False
+
+        eos = raw.get("eos_token_id")
+        eos = [] if eos is None else list(eos) if isinstance(eos, list) else [eos]
+        rope_scaling = raw.get("rope_scaling")
+        rope_theta = raw.get("rope_theta", 10000.0)
+        if isinstance(raw.get("rope_parameters"), dict):
+            # Newer transformers folds rope_theta and rope_scaling into one dict.
+            params = dict(raw["rope_parameters"])
+            rope_theta = params.pop("rope_theta", rope_theta)
+            if params.get("rope_type", "default") != "default":
+                rope_scaling = params
+        cfg = cls(
+            model_type=model_type,
+            hidden_size=hidden,
+            intermediate_size=need("intermediate_size"),
+            num_hidden_layers=need("num_hidden_layers"),
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            head_dim=head_dim,
+            vocab_size=need("vocab_size"),
+            max_position_embeddings=need("max_position_embeddings"),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope_theta),
+            rope_scaling=rope_scaling,
+            partial_rotary_factor=float(prf),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            attention_bias=attention_bias,
+            mlp_bias=mlp_bias,
+            qk_norm=qk_norm,
+            bos_token_id=raw.get("bos_token_id"),
+            eos_token_id=eos,
+            path=Path(path) if path else None,
+        )
+        cfg.rope_inv_freq(cfg.max_position_embeddings)  # validates rope_scaling early
+        return cfg
+
+    # ------------------------------------------------------------------ RoPE
+
+    def rope_inv_freq(self, seq_len: int) -> tuple[np.ndarray, float]:
+        """Inverse frequencies for a sequence of seq_len tokens, and the
+        attention scaling applied to cos/sin, computed in float32 as the
+        reference does."""
+        dim = self.rope_dim
+        f32 = np.float32
+        exponents = np.arange(0, dim, 2, dtype=np.float32) / f32(dim)
+        base = f32(self.rope_theta)
+        scaling = dict(self.rope_scaling or {})
+        kind = scaling.get("rope_type", scaling.get("type", "default"))
+        if kind == "dynamic":
+            factor = float(scaling["factor"])
+            orig = int(scaling.get("original_max_position_embeddings", self.max_position_embeddings))
+            if seq_len > orig:
+                base = f32(float(base) * ((factor * seq_len / orig) - (factor - 1)) ** (dim / (dim - 2)))
+        inv_freq = (f32(1.0) / (base ** exponents)).astype(np.float32)
+        if kind in ("default", "dynamic"):
+            pass
+        elif kind == "linear":
+            inv_freq = (inv_freq / f32(scaling["factor"])).astype(np.float32)
+        elif kind == "llama3":
+            factor = scaling["factor"]
+            low = scaling["low_freq_factor"]
+            high = scaling["high_freq_factor"]
+            old_ctx = scaling["original_max_position_embeddings"]
+            low_wavelen = old_ctx / low
+            high_wavelen = old_ctx / high
+            wavelen = 2 * math.pi / inv_freq
+            scaled = np.where(wavelen > low_wavelen, inv_freq / f32(factor), inv_freq)
+            smooth = (old_ctx / wavelen - low) / (high - low)
+            smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+            medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+            inv_freq = np.where(medium, smoothed, scaled).astype(np.float32)
+        else:
+            raise ModelFileError(self.path, f"rope_scaling type {kind!r} is not supported "
+                                            "(supported: linear, dynamic, llama3)")
+        return inv_freq, 1.0
+
+    def rope_tables(self, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+        """cos and sin of every position's angles, shape (seq_len, rope_dim/2)."""
+        kind = (self.rope_scaling or {}).get("rope_type", (self.rope_scaling or {}).get("type"))
+        pos = np.arange(seq_len, dtype=np.float32)[:, None]
+        if kind == "dynamic":
+            # The reference recomputes the frequencies whenever the sequence
+            # outgrows the original context: a token at position p was
+            # rotated with the frequencies for a sequence of p+1 tokens.
+            orig = int(self.rope_scaling.get("original_max_position_embeddings",
+                                             self.max_position_embeddings))
+            base_freq, scale = self.rope_inv_freq(orig)
+            angles = np.empty((seq_len, self.rope_dim // 2), np.float32)
+            angles[:orig] = pos[:orig] * base_freq
+            for p in range(orig, seq_len):
+                angles[p] = np.float32(p) * self.rope_inv_freq(p + 1)[0]
+        else:
+            inv_freq, scale = self.rope_inv_freq(seq_len)
+            angles = pos * inv_freq[None, :]
+        cos = np.cos(angles).astype(np.float32)
+        sin = np.sin(angles).astype(np.float32)
+        if scale != 1.0:
+            cos *= np.float32(scale)
+            sin *= np.float32(scale)
+        return np.ascontiguousarray(cos), np.ascontiguousarray(sin)
+
+    def n_params(self) -> int:
+        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        qd = self.num_attention_heads * self.head_dim
+        kvd = self.num_key_value_heads * self.head_dim
+        per_layer = h * qd * 2 + h * kvd * 2 + 3 * h * i + 2 * h
+        if self.attention_bias:
+            per_layer += qd + 2 * kvd + (h if self.model_type == "llama" else 0)
+        if self.mlp_bias:
+            per_layer += 2 * i + h
+        if self.qk_norm:
+            per_layer += 2 * self.head_dim
+        total = v * h + self.num_hidden_layers * per_layer + h
+        if not self.tie_word_embeddings:
+            total += v * h
+        return total

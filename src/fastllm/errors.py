@@ -1,0 +1,15 @@
+"""Exceptions that name the file and what is wrong with it."""
+from pathlib import Path
+
+
+class FastLLMError(Exception):
+    """Base class of fastllm's own errors."""
+
+
+class ModelFileError(FastLLMError, ValueError):
+    """A model file is missing, malformed or unsupported."""
+
+    def __init__(self, path, problem):
+        self.path = Path(path) if path is not None else None
+        self.problem = problem
+        super().__init__(f"{path}: {problem}" if path is not None else problem)

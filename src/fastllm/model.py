@@ -1,0 +1,295 @@
+"""Model: a loaded checkpoint with its tokenizer, and text generation."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from . import _core
+from .config import ModelConfig
+from .errors import ModelFileError
+from .sampling import Sampler, SamplingParams
+from .weights import load_weights
+
+DTYPES = ("f32", "bf16")
+
+
+def physical_cores() -> int:
+    """Cores available to this process, counting SMT siblings once: a second
+    hyperthread adds no memory bandwidth or FMA units to a matmul."""
+    try:
+        allowed = os.sched_getaffinity(0)
+    except AttributeError:
+        allowed = set(range(os.cpu_count() or 1))
+    cores = set()
+    try:
+        for cpu in allowed:
+            siblings = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
+            cores.add(siblings.read_text().strip())
+    except OSError:
+        return max(1, len(allowed))
+    return max(1, len(cores))
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    prompt_seconds: float = 0.0
+    generated_tokens: int = 0
+    generate_seconds: float = 0.0
+    finish_reason: str = ""
+
+    @property
+    def prompt_tps(self) -> float:
+        return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds else 0.0
+
+    @property
+    def generate_tps(self) -> float:
+        return self.generated_tokens / self.generate_seconds if self.generate_seconds else 0.0
+
+
+class Model:
+    """A model ready to generate. Build it with Model.from_pretrained."""
+
+    def __init__(self, engine, config: ModelConfig, tokenizer, path: Path, dtype: str,
+                 eos_token_ids: set):
+        self._engine = engine
+        self.config = config
+        self.tokenizer = tokenizer
+        self.path = path
+        self.dtype = dtype
+        self.eos_token_ids = eos_token_ids
+        self.last_stats = GenerationStats()
+        self._cached = []   # tokens whose keys/values are in the cache, in order
+
+    # ------------------------------------------------------------- loading
+
+    @classmethod
+    def from_pretrained(cls, path=None, n_ctx: int | None = None, threads: int | None = None,
+                        dtype: str = "f32", max_batch: int = 64) -> "Model":
+        """Load a HF model folder (config.json, model.safetensors, tokenizer.json),
+        a .gguf file (converted once into the cache), or with no path the
+        default model, SmolLM2-135M-Instruct."""
+        from .hub import resolve_model
+        from .tokenizer import Tokenizer
+
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+        folder = Path(resolve_model(path))
+        if not folder.is_dir():
+            raise ModelFileError(folder, "not a model folder")
+        config = ModelConfig.from_file(folder / "config.json")
+        seq_len = config.max_position_embeddings if n_ctx is None else int(n_ctx)
+        if seq_len < 1:
+            raise ValueError(f"n_ctx must be positive, got {n_ctx}")
+        threads = physical_cores() if threads is None else int(threads)
+        if threads < 1:
+            raise ValueError(f"threads must be positive, got {threads}")
+
+        weights = load_weights(config, folder, bf16=(dtype == "bf16"))
+        cos, sin = config.rope_tables(seq_len)
+        engine_config = {
+            "dim": config.hidden_size, "hidden_dim": config.intermediate_size,
+            "n_layers": config.num_hidden_layers, "n_heads": config.num_attention_heads,
+            "n_kv_heads": config.num_key_value_heads, "head_dim": config.head_dim,
+            "vocab_size": config.vocab_size, "seq_len": seq_len, "rope_dim": config.rope_dim,
+            "norm_eps": config.rms_norm_eps, "attn_scale": config.head_dim ** -0.5,
+            "wtype": np.uint16 if dtype == "bf16" else np.float32,
+        }
+        engine = _core.Engine(engine_config, weights["layers"], weights["embed"], weights["norm"],
+                              weights["lm_head"], cos, sin, max_batch=max_batch, n_threads=threads)
+        # A folder without tokenizer.json still runs on token ids (logits,
+        # generate_tokens); the text methods then say what is missing.
+        tokenizer = Tokenizer.from_pretrained(folder) if (folder / "tokenizer.json").exists() else None
+        return cls(engine, config, tokenizer, folder, dtype, _eos_ids(folder, config, tokenizer))
+
+    # ------------------------------------------------------------ settings
+
+    @property
+    def n_ctx(self) -> int:
+        return self._engine.seq_len
+
+    @property
+    def threads(self) -> int:
+        return self._engine.n_threads
+
+    @threads.setter
+    def threads(self, n: int):
+        if int(n) < 1:
+            raise ValueError(f"threads must be positive, got {n}")
+        self._engine.n_threads = int(n)
+
+    # ---------------------------------------------------------------- core
+
+    def logits(self, token_ids) -> np.ndarray:
+        """Logits of every position of token_ids run from position 0,
+        shape (len(token_ids), vocab_size), float32."""
+        ids = self._check_ids(token_ids)
+        out = self._engine.forward(ids, 0, True)
+        self._cached = list(ids)
+        return out
+
+    def _check_ids(self, token_ids) -> np.ndarray:
+        ids = np.asarray(token_ids)
+        if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError("token_ids must be a non-empty 1-D sequence of integers")
+        if ids.size > self.n_ctx:
+            raise ValueError(f"{ids.size} tokens do not fit the context of {self.n_ctx} "
+                             "(load the model with a larger n_ctx)")
+        return ids.astype(np.int32)
+
+    def _prefill(self, ids: list) -> np.ndarray:
+        """Logits after ids, reusing the cached keys/values of a common prefix."""
+        common = 0
+        for a, b in zip(self._cached, ids):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(ids) - 1)  # run at least one token to get logits
+        logits = self._engine.forward(np.asarray(ids[common:], np.int32), common, False)
+        self._cached = list(ids)
+        return logits
+
+    def generate_tokens(self, prompt_ids, max_new_tokens: int = 128, sampling: SamplingParams | None = None,
+                        stop_token_ids=None) -> Iterator[int]:
+        """Yield new token ids one by one. Stops at an end-of-sequence token
+        (not yielded), after max_new_tokens, or when the context is full."""
+        ids = list(self._check_ids(prompt_ids).tolist())
+        if len(ids) >= self.n_ctx:
+            raise ValueError(f"the prompt has {len(ids)} tokens: no room left in the context of "
+                             f"{self.n_ctx} (load the model with a larger n_ctx)")
+        sampler = Sampler(sampling or SamplingParams())
+        stop_ids = self.eos_token_ids if stop_token_ids is None else set(stop_token_ids)
+        stats = self.last_stats = GenerationStats(prompt_tokens=len(ids), finish_reason="length")
+        t0 = time.perf_counter()
+        logits = self._prefill(ids)
+        stats.prompt_seconds = time.perf_counter() - t0
+        for i in range(max_new_tokens):
+            t0 = time.perf_counter()
+            token = sampler(logits, ids)
+            stats.generate_seconds += time.perf_counter() - t0
+            if token in stop_ids:
+                stats.finish_reason = "stop"
+                return
+            stats.generated_tokens += 1
+            yield token
+            ids.append(token)
+            if len(ids) >= self.n_ctx:
+                stats.finish_reason = "context"
+                return
+            if i + 1 < max_new_tokens:  # the last token's logits would go unused
+                t0 = time.perf_counter()
+                logits = self._engine.forward(np.asarray([token], np.int32), len(ids) - 1, False)
+                stats.generate_seconds += time.perf_counter() - t0
+                self._cached.append(token)
+
+    # ---------------------------------------------------------------- text
+
+    def stream(self, prompt: str, max_new_tokens: int = 128, temperature: float = 0.0,
+               top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0,
+               repetition_penalty: float = 1.0, seed: int | None = None, stop=None,
+               add_special_tokens: bool = True) -> Iterator[str]:
+        """Yield the continuation of prompt as text pieces, each a whole
+        number of characters, as tokens are generated."""
+        ids = self._need_tokenizer().encode(prompt, add_special_tokens=add_special_tokens)
+        yield from self._stream_ids(ids, max_new_tokens, SamplingParams(
+            temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+            repetition_penalty=repetition_penalty, seed=seed), stop)
+
+    def generate(self, prompt: str, **kwargs) -> str:
+        """The continuation of prompt as one string (arguments as for stream)."""
+        return "".join(self.stream(prompt, **kwargs))
+
+    def chat(self, messages, max_new_tokens: int = 256, stream: bool = False, **kwargs):
+        """Render messages with the model's chat template (as transformers
+        does) and generate the assistant's reply."""
+        template_kwargs = kwargs.pop("template_kwargs", None) or {}
+        text = self._need_tokenizer().apply_chat_template(messages, add_generation_prompt=True,
+                                                  **template_kwargs)
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        sampling = SamplingParams(**{k: kwargs.pop(k) for k in list(kwargs)
+                                     if k in SamplingParams.__dataclass_fields__})
+        stop = kwargs.pop("stop", None)
+        if kwargs:
+            raise TypeError(f"unexpected arguments: {', '.join(sorted(kwargs))}")
+        pieces = self._stream_ids(ids, max_new_tokens, sampling, stop)
+        return pieces if stream else "".join(pieces)
+
+    def _need_tokenizer(self):
+        if self.tokenizer is None:
+            raise ModelFileError(self.path / "tokenizer.json",
+                                 "file not found: text in and out needs the model's tokenizer")
+        return self.tokenizer
+
+    def _stream_ids(self, ids, max_new_tokens, sampling, stop) -> Iterator[str]:
+        stops = [stop] if isinstance(stop, str) else [s for s in (stop or []) if s]
+        decoder = self.tokenizer.incremental_decoder(skip_special_tokens=True)
+        held = ""   # text that may still turn out to begin a stop string
+        tokens = self.generate_tokens(ids, max_new_tokens, sampling)
+        try:
+            for token in tokens:
+                held += decoder.add(token)
+                if not stops:
+                    if held:
+                        yield held
+                        held = ""
+                    continue
+                hit = min((i for i in (held.find(s) for s in stops) if i >= 0), default=-1)
+                if hit >= 0:
+                    if held[:hit]:
+                        yield held[:hit]
+                    self.last_stats.finish_reason = "stop"
+                    return
+                keep = _partial_stop_suffix(held, stops)
+                if len(held) > keep:
+                    yield held[:len(held) - keep]
+                    held = held[len(held) - keep:]
+            held += decoder.flush()
+            if stops:
+                hit = min((i for i in (held.find(s) for s in stops) if i >= 0), default=-1)
+                if hit >= 0:
+                    held = held[:hit]
+                    self.last_stats.finish_reason = "stop"
+            if held:
+                yield held
+        finally:
+            tokens.close()
+
+    def __repr__(self):
+        return (f"Model({str(self.path)!r}, model_type={self.config.model_type!r}, "
+                f"dtype={self.dtype!r}, n_ctx={self.n_ctx}, threads={self.threads})")
+
+
+def _partial_stop_suffix(text: str, stops) -> int:
+    """Length of the longest end of text that is a proper prefix of a stop string."""
+    best = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:n]):
+                best = n
+                break
+    return best
+
+
+def _eos_ids(folder: Path, config: ModelConfig, tokenizer) -> set:
+    """End-of-sequence ids as generate() would use them: generation_config.json
+    first, then config.json, then the tokenizer's eos token."""
+    ids = []
+    gen = folder / "generation_config.json"
+    if gen.exists():
+        try:
+            eos = json.loads(gen.read_text(encoding="utf-8")).get("eos_token_id")
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+            raise ModelFileError(gen, f"not valid JSON: {e}") from None
+        if eos is not None:
+            ids = eos if isinstance(eos, list) else [eos]
+    if not ids:
+        ids = list(config.eos_token_id)
+    if not ids and tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids = [tokenizer.eos_token_id]
+    return {int(i) for i in ids}
