@@ -49,6 +49,8 @@ void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, float *work,
     s->hb = work;   work += b * c->hidden_dim;
     s->hb2 = work;  work += b * c->hidden_dim;
     s->att = work;
+    s->trace = NULL;
+    s->trace_tokens = s->trace_offset = 0;
     s->key_cache = cache;
     s->value_cache = cache + (size_t)c->n_layers * c->seq_len * kv_dim(c);
 }
@@ -207,6 +209,9 @@ static void forward_chunk(const FlmConfig *c, const FlmWeights *w, FlmState *s,
             for (int t = 0; t < T; t++) {
                 float *x = s->x + (size_t)t * dim, *o = s->xb2 + (size_t)t * dim;
                 for (int i = 0; i < dim; i++) x[i] += o[i];
+                if (s->trace)
+                    memcpy(s->trace + ((size_t)l * s->trace_tokens + s->trace_offset + t) * dim, x,
+                           sizeof(float) * dim);
             }
         }
 
@@ -233,6 +238,7 @@ void flm_forward(const FlmConfig *c, const FlmWeights *w, FlmState *s,
         int T = imin(s->max_batch, n - done);
         float *out = all_logits ? logits + (size_t)done * c->vocab_size
                    : done + T == n ? logits : NULL;
+        s->trace_offset = done;
         forward_chunk(c, w, s, tokens + done, T, pos + done, out, all_logits, n_threads);
         done += T;
     }

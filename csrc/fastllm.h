@@ -73,6 +73,12 @@ typedef struct {
     float *att;       /* (max_batch*n_heads, seq_len) attention scores */
     float *key_cache;   /* (n_layers, seq_len, n_kv_heads*head_dim) */
     float *value_cache; /* (n_layers, seq_len, n_kv_heads*head_dim) */
+    /* Optional, for oracles: when not NULL, each layer's output (the
+     * residual stream) of the n tokens of a flm_forward call is copied to
+     * trace[(layer*trace_tokens + i) * dim], i = 0..n-1 (trace_tokens = n). */
+    float *trace;
+    int trace_tokens;
+    int trace_offset;   /* set by flm_forward: tokens before this chunk */
 } FlmState;
 
 /* Floats needed by the run state's work buffers (everything but the KV

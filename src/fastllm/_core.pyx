@@ -161,9 +161,10 @@ cdef class Engine:
     def vocab_size(self):
         return self.cfg.vocab_size
 
-    def forward(self, tokens, int pos, bint all_logits=False):
+    def forward(self, tokens, int pos, bint all_logits=False, bint hidden_states=False):
         """Run tokens at positions pos.. and return float32 logits:
-        (vocab,) for the last token, or (n, vocab) with all_logits."""
+        (vocab,) for the last token, or (n, vocab) with all_logits.
+        With hidden_states, also return each layer's output, (n_layers, n, dim)."""
         cdef cnp.ndarray[int32_t, ndim=1, mode="c"] toks = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
         cdef int n = toks.shape[0]
         if n == 0:
@@ -178,10 +179,19 @@ cdef class Engine:
         cdef cnp.ndarray[float, ndim=2, mode="c"] out = np.empty(
             (n if all_logits else 1, self.cfg.vocab_size), np.float32)
         cdef int nt = max(1, self.n_threads)
-        with nogil:
-            flm_forward(&self.cfg, &self.w, &self.state, &toks[0], n, pos,
-                        &out[0, 0], all_logits, nt)
-        return out if all_logits else out[0]
+        cdef cnp.ndarray trace = None
+        if hidden_states:
+            trace = np.empty((self.cfg.n_layers, n, self.cfg.dim), np.float32)
+            self.state.trace = <float *>cnp.PyArray_DATA(trace)
+            self.state.trace_tokens = n
+        try:
+            with nogil:
+                flm_forward(&self.cfg, &self.w, &self.state, &toks[0], n, pos,
+                            &out[0, 0], all_logits, nt)
+        finally:
+            self.state.trace = NULL
+        result = out if all_logits else out[0]
+        return (result, trace) if hidden_states else result
 
 
 cdef const float *_opt(object arr, tuple shape, str what) except? NULL:

@@ -50,6 +50,9 @@ cdef extern from "fastllm.h" nogil:
 
     ctypedef struct FlmState:
         int max_batch
+        float *trace
+        int trace_tokens
+        int trace_offset
 
     size_t flm_state_work_floats(const FlmConfig *c, int max_batch)
     size_t flm_state_cache_floats(const FlmConfig *c)

@@ -76,7 +76,6 @@ class Model:
         a .gguf file (converted once into the cache), or with no path the
         default model, SmolLM2-135M-Instruct."""
         from .hub import resolve_model
-        from .tokenizer import Tokenizer
 
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
@@ -105,7 +104,10 @@ class Model:
                               weights["lm_head"], cos, sin, max_batch=max_batch, n_threads=threads)
         # A folder without tokenizer.json still runs on token ids (logits,
         # generate_tokens); the text methods then say what is missing.
-        tokenizer = Tokenizer.from_pretrained(folder) if (folder / "tokenizer.json").exists() else None
+        tokenizer = None
+        if (folder / "tokenizer.json").exists():
+            from .tokenizer import Tokenizer
+            tokenizer = Tokenizer.from_pretrained(folder)
         return cls(engine, config, tokenizer, folder, dtype, _eos_ids(folder, config, tokenizer))
 
     # ------------------------------------------------------------ settings

@@ -1,0 +1,13 @@
+"""fastllm: CPU LLM inference with a plain-C run loop.
+
+    from fastllm import Model
+    model = Model.from_pretrained()          # SmolLM2-135M-Instruct
+    print(model.generate("The capital of France is", max_new_tokens=20))
+"""
+from .errors import FastLLMError, ModelFileError
+from .model import GenerationStats, Model
+from .sampling import SamplingParams
+
+__version__ = "0.1.0"
+__all__ = ["Model", "SamplingParams", "GenerationStats", "FastLLMError", "ModelFileError",
+           "__version__"]

@@ -1,0 +1,108 @@
+"""`fastllm bench`: llama-bench style throughput of the run loop.
+
+pp N: one forward pass over an N-token prompt from an empty cache.
+tg N: N single-token steps from an empty cache, as in generation.
+Each figure is tokens per second over several repetitions after one warm-up.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+
+
+def add_bench_parser(sub):
+    p = sub.add_parser("bench", help="prompt and generation tokens/s, llama-bench style")
+    p.add_argument("--model", "-m", default=None, help="model folder or .gguf (default: SmolLM2)")
+    p.add_argument("-p", "--n-prompt", type=int, default=512, help="prompt tokens (0 skips pp)")
+    p.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens (0 skips tg)")
+    p.add_argument("-t", "--threads", default=None,
+                   help="comma-separated thread counts (default: physical cores)")
+    p.add_argument("-r", "--repetitions", type=int, default=5)
+    p.add_argument("--dtype", default="f32", help="comma-separated: f32,bf16")
+    p.add_argument("--json", action="store_true", help="print results as JSON")
+    return p
+
+
+def _ints(text):
+    return [int(x) for x in str(text).split(",") if x.strip()]
+
+
+def bench_model(model, n_prompt: int, n_gen: int, repetitions: int) -> list[dict]:
+    """Measure pp and tg on a loaded model at its current thread count."""
+    engine = model._engine
+    rng = np.random.default_rng(0)
+    results = []
+    for test, n in (("pp", n_prompt), ("tg", n_gen)):
+        if n <= 0:
+            continue
+        if n > engine.seq_len:
+            raise ValueError(f"{test}{n} does not fit the context of {engine.seq_len}")
+        tokens = rng.integers(0, engine.vocab_size, n).astype(np.int32)
+        speeds = []
+        for rep in range(repetitions + 1):  # the first run warms caches and pages
+            t0 = time.perf_counter()
+            if test == "pp":
+                engine.forward(tokens, 0, False)
+            else:
+                for i in range(n):
+                    engine.forward(tokens[i:i + 1], i, False)
+            dt = time.perf_counter() - t0
+            if rep:
+                speeds.append(n / dt)
+        model._cached = []
+        results.append({
+            "test": f"{test}{n}", "threads": model.threads, "dtype": model.dtype,
+            "tokens_per_s_mean": statistics.mean(speeds),
+            "tokens_per_s_sd": statistics.stdev(speeds) if len(speeds) > 1 else 0.0,
+            "tokens_per_s_median": statistics.median(speeds),
+            "runs": speeds,
+        })
+    return results
+
+
+def run_bench(model_path, n_prompt=512, n_gen=128, threads=None, repetitions=5, dtypes=("f32",)):
+    from .model import Model, physical_cores
+    threads = threads or [physical_cores()]
+    out = []
+    for dtype in dtypes:
+        ctx = max(n_prompt, n_gen, 1)
+        model = Model.from_pretrained(model_path, n_ctx=ctx, threads=threads[0], dtype=dtype)
+        for t in threads:
+            model.threads = t
+            for r in bench_model(model, n_prompt, n_gen, repetitions):
+                r["model"] = str(model.path.name)
+                out.append(r)
+                yield r
+        del model
+    return out
+
+
+def cmd_bench(args) -> int:
+    from ._core import simd_path
+    from .model import physical_cores
+    threads = _ints(args.threads) if args.threads else [physical_cores()]
+    dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()]
+    for d in dtypes:
+        if d not in ("f32", "bf16"):
+            raise ValueError(f"unknown dtype {d!r} (f32, bf16)")
+    if args.repetitions < 1:
+        raise ValueError("repetitions must be at least 1")
+    rows = []
+    if not args.json:
+        print(f"| model | dtype | threads | test | t/s (mean ± sd) | median |   [SIMD: {simd_path()}]")
+        print("|---|---|---|---|---|---|")
+    for r in run_bench(args.model, args.n_prompt, args.n_gen, threads, args.repetitions, dtypes):
+        rows.append(r)
+        if not args.json:
+            print(f"| {r['model']} | {r['dtype']} | {r['threads']} | {r['test']} | "
+                  f"{r['tokens_per_s_mean']:.2f} ± {r['tokens_per_s_sd']:.2f} | "
+                  f"{r['tokens_per_s_median']:.2f} |")
+            sys.stdout.flush()
+    if args.json:
+        json.dump({"simd": simd_path(), "results": rows}, sys.stdout, indent=2)
+        print()
+    return 0

