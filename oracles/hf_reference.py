@@ -37,19 +37,20 @@ def hf_layer_outputs(model, ids) -> np.ndarray:
 
 
 def hf_greedy(model, ids, n_new: int):
-    """Greedy continuation of ids (no early stop) and, per step, the
-    reference's top-1/top-2 logit margin."""
+    """Greedy continuation of ids for exactly n_new tokens (end-of-sequence
+    tokens included, so nothing is masked), with the reference's KV cache,
+    and per step the top-1/top-2 logit margin."""
     import torch
+    tokens, margins = [], []
     with torch.no_grad():
-        out = model.generate(torch.tensor([list(ids)], dtype=torch.long), max_new_tokens=n_new,
-                             min_new_tokens=n_new, do_sample=False, output_scores=True,
-                             return_dict_in_generate=True, pad_token_id=0,
-                             temperature=None, top_p=None, top_k=None)
-    tokens = out.sequences[0, len(ids):].tolist()
-    margins = []
-    for s in out.scores:
-        top2 = torch.topk(s[0].float(), 2).values
-        margins.append(float(top2[0] - top2[1]))
+        out = model(torch.tensor([list(ids)], dtype=torch.long), use_cache=True)
+        for _ in range(n_new):
+            logits = out.logits[0, -1].float()
+            top2 = torch.topk(logits, 2)
+            tokens.append(int(top2.indices[0]))
+            margins.append(float(top2.values[0] - top2.values[1]))
+            out = model(torch.tensor([[tokens[-1]]], dtype=torch.long),
+                        past_key_values=out.past_key_values, use_cache=True)
     return tokens, margins
 
 

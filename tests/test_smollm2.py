@@ -1,0 +1,157 @@
+"""Oracles on the real default model, SmolLM2-135M-Instruct, against
+transformers loading the same converted folder.
+
+a. weights as loaded equal the file's once the RoPE permutation is undone
+b. one decoder layer, fed the reference's own input, gives its output
+c. logits at every position of several prompts
+d. greedy generation, 64 tokens on 10+ prompts
+e. cached decoding bit-identical to recompute
+Bounds: |got - ref| <= 1e-4 + 1e-4*|ref|.
+"""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from fastllm import Model, _core
+from fastllm.config import ModelConfig
+from fastllm.weights import LAYER_TENSORS, load_weights, rope_permutation
+from oracles.hf_reference import compare_greedy, hf_greedy, hf_logits, load_hf, within
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in 2024, there were 12345 cats",
+    "<|im_start|>user\nWhat is 17 * 23?<|im_end|>\n<|im_start|>assistant\n",
+    "Water boils at 100 degrees Celsius, which is",
+    "import numpy as np\n\nx = np.arange(10)\n",
+    "Les chats sont",
+    "1, 1, 2, 3, 5, 8, 13,",
+    "The quick brown fox",
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nName three colors.<|im_end|>\n<|im_start|>assistant\n",
+    "In machine learning, gradient descent",
+]
+
+
+@pytest.fixture(scope="module")
+def ours(smollm2_dir):
+    return Model.from_pretrained(smollm2_dir, n_ctx=512, threads=2)
+
+
+@pytest.fixture(scope="module")
+def ref(smollm2_dir):
+    return load_hf(smollm2_dir)
+
+
+@pytest.fixture(scope="module")
+def hf_tok(smollm2_dir):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(smollm2_dir)
+
+
+def test_a_weights_equal_the_file(smollm2_dir):
+    from safetensors.numpy import load_file
+    cfg = ModelConfig.from_file(smollm2_dir / "config.json")
+    loaded = load_weights(cfg, smollm2_dir)
+    tensors = load_file(str(smollm2_dir / "model.safetensors"))
+    inverse = np.argsort(rope_permutation(cfg.head_dim, cfg.rope_dim))
+    heads = {"wq": cfg.num_attention_heads, "wk": cfg.num_key_value_heads}
+    for i, layer in enumerate(loaded["layers"]):
+        for key, arr in layer.items():
+            want = tensors[f"model.layers.{i}.{LAYER_TENSORS[key]}"]
+            if key in heads:
+                arr = arr.reshape(heads[key], cfg.head_dim, -1)[:, inverse].reshape(arr.shape)
+            assert np.array_equal(arr, want), f"layer {i} {key}"
+    assert np.array_equal(loaded["embed"], tensors["model.embed_tokens.weight"])
+    assert loaded["lm_head"] is loaded["embed"]  # tied
+    assert np.array_equal(loaded["norm"], tensors["model.norm.weight"])
+
+
+@pytest.mark.parametrize("layer", [0, 1, 14, 29])
+def test_b_one_decoder_layer(layer, smollm2_dir, ref, hf_tok):
+    """The layer's input is taken from the reference with a hook and fed to a
+    one-layer engine as its 'embedding table', so the layer is judged alone."""
+    import torch
+    ids = hf_tok(PROMPTS[2] + " " + PROMPTS[8])["input_ids"]
+    seen = {}
+
+    def hook(_m, args, kwargs, output):
+        seen["in"] = (args[0] if args else kwargs["hidden_states"])[0].numpy().copy()
+        seen["out"] = (output[0] if isinstance(output, tuple) else output)[0].numpy().copy()
+    h = ref.model.layers[layer].register_forward_hook(hook, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            ref(torch.tensor([ids]))
+    finally:
+        h.remove()
+    cfg = ModelConfig.from_file(smollm2_dir / "config.json")
+    weights = load_weights(cfg, smollm2_dir)
+    n = len(ids)
+    table = np.ascontiguousarray(seen["in"], np.float32)
+    cos, sin = cfg.rope_tables(n)
+    engine = _core.Engine(
+        {"dim": cfg.hidden_size, "hidden_dim": cfg.intermediate_size, "n_layers": 1,
+         "n_heads": cfg.num_attention_heads, "n_kv_heads": cfg.num_key_value_heads,
+         "head_dim": cfg.head_dim, "vocab_size": n, "seq_len": n, "rope_dim": cfg.rope_dim,
+         "norm_eps": cfg.rms_norm_eps, "attn_scale": cfg.head_dim ** -0.5, "wtype": np.float32},
+        [weights["layers"][layer]], table, weights["norm"], table, cos, sin, n_threads=2)
+    _, trace = engine.forward(np.arange(n), 0, True, True)
+    ok, err, ratio = within(trace[0], seen["out"])
+    assert ok, f"layer {layer}: max |err| {err:.3g}, worst err/bound {ratio:.2f}"
+
+
+def test_c_logits_every_position(ours, ref, hf_tok):
+    worst = 0.0
+    for prompt in PROMPTS[:6]:
+        ids = hf_tok(prompt)["input_ids"]
+        ok, err, ratio = within(ours.logits(ids), hf_logits(ref, ids))
+        worst = max(worst, ratio)
+        assert ok, f"{prompt!r}: max |err| {err:.3g} (err/bound {ratio:.2f})"
+    print(f"worst err/bound over all positions: {worst:.3f}")
+
+
+def test_d_greedy_generation(ours, ref, hf_tok):
+    smallest, drift, compared = np.inf, 0.0, 0
+    for prompt in PROMPTS:
+        ids = hf_tok(prompt)["input_ids"]
+        want, margins = hf_greedy(ref, ids, 64)
+        got = list(ours.generate_tokens(ids, 64, stop_token_ids=()))
+        ok, n, diverged = compare_greedy(got, want, margins)
+        assert ok, f"{prompt!r}: token {diverged} differs where the margin is {margins[diverged]:.3g}"
+        compared += n
+        smallest = min(smallest, min(margins[:n]))
+        # Drift: logits along the whole generated sequence.
+        seq = ids + want
+        drift = max(drift, float(np.abs(ours.logits(seq) - hf_logits(ref, seq)).max()))
+    assert compared >= 10 * 64 * 0.9
+    print(f"greedy: {compared} tokens compared, smallest margin {smallest:.3g}, largest drift {drift:.3g}")
+
+
+def test_e_cache_is_bit_identical_to_recompute(ours, hf_tok):
+    ids = hf_tok(PROMPTS[3] + PROMPTS[5])["input_ids"]
+    full = ours.logits(ids)
+    for i, t in enumerate(ids):
+        assert np.array_equal(ours._engine.forward(np.array([t]), i), full[i]), f"position {i}"
+    one = Model.from_pretrained(ours.path, n_ctx=512, threads=1)
+    assert np.array_equal(one.logits(ids), full), "1 and 2 threads differ"
+
+
+def test_peak_memory_of_fp32_generation(smollm2_dir):
+    """Peak RSS <= fp32 weights + KV cache + 150 MB (weights are mapped, not copied)."""
+    code = f"""
+import json, resource, sys
+from fastllm import Model
+m = Model.from_pretrained({str(smollm2_dir)!r}, n_ctx=2048, threads=2)
+m.generate("Tell me a story about a robot.", max_new_tokens=32)
+kv = 2 * m.config.num_hidden_layers * m.n_ctx * m.config.num_key_value_heads * m.config.head_dim * 4
+print(json.dumps({{"rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                  "weights": m.config.n_params() * 4, "kv": kv}}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    budget = r["weights"] + r["kv"] + 150 * 2**20
+    print(f"peak RSS {r['rss'] / 2**20:.0f} MiB, budget {budget / 2**20:.0f} MiB")
+    assert r["rss"] <= budget
