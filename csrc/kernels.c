@@ -85,77 +85,103 @@ INLINE AVX2 float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* The K % 8 tail goes through a zero-padded copy so that it is one more
- * vector step, identical whatever the tile shape. */
-INLINE AVX2 void tile8(int NT, int NR, int bf16, float *out, int ldo, const float *x, int ldx,
-                       const void *w, int K) {
-    __m256 acc[FLM_TILE_T][FLM_TILE_R];
-    for (int t = 0; t < NT; t++)
-        for (int r = 0; r < NR; r++) acc[t][r] = _mm256_setzero_ps();
-    int k = 0;
-    for (; k + 8 <= K; k += 8) {
-        __m256 wv[FLM_TILE_R];
-        for (int r = 0; r < NR; r++)
-            wv[r] = bf16 ? load8_bf16((const uint16_t *)w + (size_t)r * K + k)
-                         : _mm256_loadu_ps((const float *)w + (size_t)r * K + k);
-        for (int t = 0; t < NT; t++) {
-            __m256 xv = _mm256_loadu_ps(x + (size_t)t * ldx + k);
-            for (int r = 0; r < NR; r++) acc[t][r] = _mm256_fmadd_ps(xv, wv[r], acc[t][r]);
-        }
-    }
-    if (k < K) {
-        int rem = K - k;
-        float xt[FLM_TILE_T][8] = {{0}}, wt[FLM_TILE_R][8] = {{0}};
-        for (int r = 0; r < NR; r++)
-            for (int i = 0; i < rem; i++)
-                wt[r][i] = bf16 ? bf16_to_f32(((const uint16_t *)w)[(size_t)r * K + k + i])
-                                : ((const float *)w)[(size_t)r * K + k + i];
-        for (int t = 0; t < NT; t++)
-            for (int i = 0; i < rem; i++) xt[t][i] = x[(size_t)t * ldx + k + i];
-        for (int t = 0; t < NT; t++) {
-            __m256 xv = _mm256_loadu_ps(xt[t]);
-            for (int r = 0; r < NR; r++)
-                acc[t][r] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(wt[r]), acc[t][r]);
-        }
-    }
-    for (int t = 0; t < NT; t++)
-        for (int r = 0; r < NR; r++) out[t * ldo + r] = hsum8(acc[t][r]);
+/* Same scheme as the AVX-512 kernels below, 8 lanes wide; the K % 8 tail
+ * goes through a zero-padded copy so it is one more full vector step. */
+INLINE AVX2 __m256 tail8_x(const float *x, int k, int K) {
+    float t[8] = {0};
+    for (int i = 0; k + i < K; i++) t[i] = x[k + i];
+    return _mm256_loadu_ps(t);
 }
 
-#define TILE_CASES(FN, BF16)                                                    \
-    switch (nt * 8 + nr) {                                                      \
-    case 8 + 1: FN(1, 1, BF16, out, ldo, x, ldx, w, K); break;                  \
-    case 8 + 2: FN(1, 2, BF16, out, ldo, x, ldx, w, K); break;                  \
-    case 8 + 3: FN(1, 3, BF16, out, ldo, x, ldx, w, K); break;                  \
-    case 8 + 4: FN(1, 4, BF16, out, ldo, x, ldx, w, K); break;                  \
-    case 16 + 1: FN(2, 1, BF16, out, ldo, x, ldx, w, K); break;                 \
-    case 16 + 2: FN(2, 2, BF16, out, ldo, x, ldx, w, K); break;                 \
-    case 16 + 3: FN(2, 3, BF16, out, ldo, x, ldx, w, K); break;                 \
-    case 16 + 4: FN(2, 4, BF16, out, ldo, x, ldx, w, K); break;                 \
-    case 24 + 1: FN(3, 1, BF16, out, ldo, x, ldx, w, K); break;                 \
-    case 24 + 2: FN(3, 2, BF16, out, ldo, x, ldx, w, K); break;                 \
-    case 24 + 3: FN(3, 3, BF16, out, ldo, x, ldx, w, K); break;                 \
-    case 24 + 4: FN(3, 4, BF16, out, ldo, x, ldx, w, K); break;                 \
-    case 32 + 1: FN(4, 1, BF16, out, ldo, x, ldx, w, K); break;                 \
-    case 32 + 2: FN(4, 2, BF16, out, ldo, x, ldx, w, K); break;                 \
-    case 32 + 3: FN(4, 3, BF16, out, ldo, x, ldx, w, K); break;                 \
-    case 32 + 4: FN(4, 4, BF16, out, ldo, x, ldx, w, K); break;                 \
-    default: break;                                                             \
-    }
+INLINE AVX2 __m256 tail8_w_f32(const float *w, int k, int K) { return tail8_x(w, k, K); }
 
-static AVX2 void tile_f32_avx2(float *out, int ldo, const float *x, int ldx,
-                               const void *w, int K, int nt, int nr) {
-    TILE_CASES(tile8, 0)
+INLINE AVX2 __m256 tail8_w_bf16(const uint16_t *w, int k, int K) {
+    float t[8] = {0};
+    for (int i = 0; k + i < K; i++) t[i] = bf16_to_f32(w[k + i]);
+    return _mm256_loadu_ps(t);
 }
 
-static AVX2 void tile_bf16_avx2(float *out, int ldo, const float *x, int ldx,
-                                const void *w, int K, int nt, int nr) {
-    TILE_CASES(tile8, 1)
+#define W8_F32(p, k) _mm256_loadu_ps((const float *)(p) + (k))
+#define W8_BF16(p, k) load8_bf16((const uint16_t *)(p) + (k))
+
+#define DEFINE_AVX2_KERNELS(SUF, WT, W8)                                                   \
+static AVX2 void k11_##SUF##_avx2(float *out, const float *x, const WT *w, int K) {        \
+    __m256 a = _mm256_setzero_ps();                                                        \
+    int k = 0;                                                                             \
+    for (; k + 8 <= K; k += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), W8(w, k), a);   \
+    if (k < K) a = _mm256_fmadd_ps(tail8_x(x, k, K), tail8_w_##SUF(w, k, K), a);           \
+    *out = hsum8(a);                                                                       \
+}                                                                                          \
+static AVX2 void k14_##SUF##_avx2(float *out, const float *x, const WT *w, int K) {        \
+    const WT *w0 = w, *w1 = w + K, *w2 = w + 2 * (size_t)K, *w3 = w + 3 * (size_t)K;       \
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                            \
+    int k = 0;                                                                             \
+    for (; k + 8 <= K; k += 8) {                                                           \
+        __m256 xv = _mm256_loadu_ps(x + k);                                                \
+        a0 = _mm256_fmadd_ps(xv, W8(w0, k), a0);                                           \
+        a1 = _mm256_fmadd_ps(xv, W8(w1, k), a1);                                           \
+        a2 = _mm256_fmadd_ps(xv, W8(w2, k), a2);                                           \
+        a3 = _mm256_fmadd_ps(xv, W8(w3, k), a3);                                           \
+    }                                                                                      \
+    if (k < K) {                                                                           \
+        __m256 xv = tail8_x(x, k, K);                                                      \
+        a0 = _mm256_fmadd_ps(xv, tail8_w_##SUF(w0, k, K), a0);                             \
+        a1 = _mm256_fmadd_ps(xv, tail8_w_##SUF(w1, k, K), a1);                             \
+        a2 = _mm256_fmadd_ps(xv, tail8_w_##SUF(w2, k, K), a2);                             \
+        a3 = _mm256_fmadd_ps(xv, tail8_w_##SUF(w3, k, K), a3);                             \
+    }                                                                                      \
+    out[0] = hsum8(a0); out[1] = hsum8(a1); out[2] = hsum8(a2); out[3] = hsum8(a3);        \
+}                                                                                          \
+static AVX2 void k24_##SUF##_avx2(float *out, int ldo, const float *x, int ldx, const WT *w, int K) { \
+    const WT *w0 = w, *w1 = w + K, *w2 = w + 2 * (size_t)K, *w3 = w + 3 * (size_t)K;       \
+    const float *x0 = x, *x1 = x + ldx;                                                    \
+    __m256 z = _mm256_setzero_ps();                                                        \
+    __m256 a00 = z, a01 = z, a02 = z, a03 = z, a10 = z, a11 = z, a12 = z, a13 = z;         \
+    __m256 v0, v1, v2, v3, xv;                                                             \
+    int k = 0;                                                                             \
+    for (; k + 8 <= K; k += 8) {                                                           \
+        v0 = W8(w0, k); v1 = W8(w1, k); v2 = W8(w2, k); v3 = W8(w3, k);                    \
+        xv = _mm256_loadu_ps(x0 + k);                                                      \
+        a00 = _mm256_fmadd_ps(xv, v0, a00); a01 = _mm256_fmadd_ps(xv, v1, a01);            \
+        a02 = _mm256_fmadd_ps(xv, v2, a02); a03 = _mm256_fmadd_ps(xv, v3, a03);            \
+        xv = _mm256_loadu_ps(x1 + k);                                                      \
+        a10 = _mm256_fmadd_ps(xv, v0, a10); a11 = _mm256_fmadd_ps(xv, v1, a11);            \
+        a12 = _mm256_fmadd_ps(xv, v2, a12); a13 = _mm256_fmadd_ps(xv, v3, a13);            \
+    }                                                                                      \
+    if (k < K) {                                                                           \
+        v0 = tail8_w_##SUF(w0, k, K); v1 = tail8_w_##SUF(w1, k, K);                        \
+        v2 = tail8_w_##SUF(w2, k, K); v3 = tail8_w_##SUF(w3, k, K);                        \
+        xv = tail8_x(x0, k, K);                                                            \
+        a00 = _mm256_fmadd_ps(xv, v0, a00); a01 = _mm256_fmadd_ps(xv, v1, a01);            \
+        a02 = _mm256_fmadd_ps(xv, v2, a02); a03 = _mm256_fmadd_ps(xv, v3, a03);            \
+        xv = tail8_x(x1, k, K);                                                            \
+        a10 = _mm256_fmadd_ps(xv, v0, a10); a11 = _mm256_fmadd_ps(xv, v1, a11);            \
+        a12 = _mm256_fmadd_ps(xv, v2, a12); a13 = _mm256_fmadd_ps(xv, v3, a13);            \
+    }                                                                                      \
+    out[0] = hsum8(a00); out[1] = hsum8(a01); out[2] = hsum8(a02); out[3] = hsum8(a03);    \
+    out[ldo] = hsum8(a10); out[ldo + 1] = hsum8(a11);                                      \
+    out[ldo + 2] = hsum8(a12); out[ldo + 3] = hsum8(a13);                                  \
+}                                                                                          \
+static AVX2 void tile_##SUF##_avx2(float *out, int ldo, const float *x, int ldx,           \
+                                   const void *wv, int K, int nt, int nr) {               \
+    const WT *w = (const WT *)wv;                                                          \
+    int t = 0;                                                                             \
+    if (nr == 4)                                                                           \
+        for (; t + 2 <= nt; t += 2)                                                        \
+            k24_##SUF##_avx2(out + (size_t)t * ldo, ldo, x + (size_t)t * ldx, ldx, w, K);  \
+    for (; t < nt; t++) {                                                                  \
+        if (nr == 4) { k14_##SUF##_avx2(out + (size_t)t * ldo, x + (size_t)t * ldx, w, K); continue; } \
+        for (int r = 0; r < nr; r++)                                                       \
+            k11_##SUF##_avx2(out + (size_t)t * ldo + r, x + (size_t)t * ldx, w + (size_t)r * K, K); \
+    }                                                                                      \
 }
+
+DEFINE_AVX2_KERNELS(f32, float, W8_F32)
+DEFINE_AVX2_KERNELS(bf16, uint16_t, W8_BF16)
 
 static AVX2 float dot_avx2(const float *a, const float *b, int n) {
     float out;
-    tile8(1, 1, 0, &out, 1, a, n, b, n);
+    k11_f32_avx2(&out, a, b, n);
     return out;
 }
 
@@ -171,46 +197,118 @@ static const FlmKernels kernels_avx2 = {
     "avx2", tile_f32_avx2, tile_bf16_avx2, dot_avx2, axpy_avx2,
 };
 
-/* ---- AVX-512: 16 lanes, masked tail */
+/* ---- AVX-512: 16 lanes, masked tail.
+ * Every output is one 16-lane accumulator over k = 0, 16, 32, ... (the last
+ * step masked), reduced by _mm512_reduce_add_ps. The 4x4, 1x4 and 1x1
+ * kernels below all follow that sequence, so how rows and tokens are grouped
+ * never changes a result. Accumulators are named variables: as an array,
+ * GCC stores them to the stack on every step. */
 
-INLINE AVX512 __m512 load16_bf16(const uint16_t *p, __mmask16 m) {
+INLINE AVX512 __m512 load16_bf16(const uint16_t *p) {
+    __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+INLINE AVX512 __m512 loadm16_bf16(__mmask16 m, const uint16_t *p) {
     __m256i h = _mm256_maskz_loadu_epi16(m, p);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-INLINE AVX512 void tile16(int NT, int NR, int bf16, float *out, int ldo, const float *x, int ldx,
-                          const void *w, int K) {
-    __m512 acc[FLM_TILE_T][FLM_TILE_R];
-    for (int t = 0; t < NT; t++)
-        for (int r = 0; r < NR; r++) acc[t][r] = _mm512_setzero_ps();
-    for (int k = 0; k < K; k += 16) {
-        __mmask16 m = K - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (K - k)) - 1);
-        __m512 wv[FLM_TILE_R];
-        for (int r = 0; r < NR; r++)
-            wv[r] = bf16 ? load16_bf16((const uint16_t *)w + (size_t)r * K + k, m)
-                         : _mm512_maskz_loadu_ps(m, (const float *)w + (size_t)r * K + k);
-        for (int t = 0; t < NT; t++) {
-            __m512 xv = _mm512_maskz_loadu_ps(m, x + (size_t)t * ldx + k);
-            for (int r = 0; r < NR; r++) acc[t][r] = _mm512_fmadd_ps(xv, wv[r], acc[t][r]);
-        }
-    }
-    for (int t = 0; t < NT; t++)
-        for (int r = 0; r < NR; r++) out[t * ldo + r] = _mm512_reduce_add_ps(acc[t][r]);
+#define W16_F32(p, k) _mm512_loadu_ps((const float *)(p) + (k))
+#define W16_BF16(p, k) load16_bf16((const uint16_t *)(p) + (k))
+#define WM16_F32(m, p, k) _mm512_maskz_loadu_ps(m, (const float *)(p) + (k))
+#define WM16_BF16(m, p, k) loadm16_bf16(m, (const uint16_t *)(p) + (k))
+
+#define DEFINE_AVX512_KERNELS(SUF, WT, W16, WM16)                                         \
+static AVX512 void k11_##SUF(float *out, const float *x, const WT *w, int K) {             \
+    __m512 a = _mm512_setzero_ps();                                                        \
+    int k = 0;                                                                             \
+    for (; k + 16 <= K; k += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), W16(w, k), a); \
+    if (k < K) {                                                                           \
+        __mmask16 m = (__mmask16)((1u << (K - k)) - 1);                                    \
+        a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + k), WM16(m, w, k), a);            \
+    }                                                                                      \
+    *out = _mm512_reduce_add_ps(a);                                                        \
+}                                                                                          \
+static AVX512 void k14_##SUF(float *out, const float *x, const WT *w, int K) {             \
+    const WT *w0 = w, *w1 = w + K, *w2 = w + 2 * (size_t)K, *w3 = w + 3 * (size_t)K;       \
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                            \
+    int k = 0;                                                                             \
+    for (; k + 16 <= K; k += 16) {                                                         \
+        __m512 xv = _mm512_loadu_ps(x + k);                                                \
+        a0 = _mm512_fmadd_ps(xv, W16(w0, k), a0);                                          \
+        a1 = _mm512_fmadd_ps(xv, W16(w1, k), a1);                                          \
+        a2 = _mm512_fmadd_ps(xv, W16(w2, k), a2);                                          \
+        a3 = _mm512_fmadd_ps(xv, W16(w3, k), a3);                                          \
+    }                                                                                      \
+    if (k < K) {                                                                           \
+        __mmask16 m = (__mmask16)((1u << (K - k)) - 1);                                    \
+        __m512 xv = _mm512_maskz_loadu_ps(m, x + k);                                       \
+        a0 = _mm512_fmadd_ps(xv, WM16(m, w0, k), a0);                                      \
+        a1 = _mm512_fmadd_ps(xv, WM16(m, w1, k), a1);                                      \
+        a2 = _mm512_fmadd_ps(xv, WM16(m, w2, k), a2);                                      \
+        a3 = _mm512_fmadd_ps(xv, WM16(m, w3, k), a3);                                      \
+    }                                                                                      \
+    out[0] = _mm512_reduce_add_ps(a0); out[1] = _mm512_reduce_add_ps(a1);                  \
+    out[2] = _mm512_reduce_add_ps(a2); out[3] = _mm512_reduce_add_ps(a3);                  \
+}                                                                                          \
+static AVX512 void k44_##SUF(float *out, int ldo, const float *x, int ldx, const WT *w, int K) { \
+    const WT *w0 = w, *w1 = w + K, *w2 = w + 2 * (size_t)K, *w3 = w + 3 * (size_t)K;       \
+    const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * (size_t)ldx, *x3 = x + 3 * (size_t)ldx; \
+    __m512 z = _mm512_setzero_ps();                                                        \
+    __m512 a00 = z, a01 = z, a02 = z, a03 = z, a10 = z, a11 = z, a12 = z, a13 = z;         \
+    __m512 a20 = z, a21 = z, a22 = z, a23 = z, a30 = z, a31 = z, a32 = z, a33 = z;         \
+    __m512 v0, v1, v2, v3, xv;                                                             \
+    int k = 0;                                                                             \
+    __mmask16 m = 0xFFFF;                                                                  \
+    for (;;) {                                                                             \
+        if (k + 16 <= K) {                                                                 \
+            v0 = W16(w0, k); v1 = W16(w1, k); v2 = W16(w2, k); v3 = W16(w3, k);            \
+        } else if (k < K) {                                                                \
+            m = (__mmask16)((1u << (K - k)) - 1);                                          \
+            v0 = WM16(m, w0, k); v1 = WM16(m, w1, k); v2 = WM16(m, w2, k); v3 = WM16(m, w3, k); \
+        } else break;                                                                      \
+        xv = _mm512_maskz_loadu_ps(m, x0 + k);                                             \
+        a00 = _mm512_fmadd_ps(xv, v0, a00); a01 = _mm512_fmadd_ps(xv, v1, a01);            \
+        a02 = _mm512_fmadd_ps(xv, v2, a02); a03 = _mm512_fmadd_ps(xv, v3, a03);            \
+        xv = _mm512_maskz_loadu_ps(m, x1 + k);                                             \
+        a10 = _mm512_fmadd_ps(xv, v0, a10); a11 = _mm512_fmadd_ps(xv, v1, a11);            \
+        a12 = _mm512_fmadd_ps(xv, v2, a12); a13 = _mm512_fmadd_ps(xv, v3, a13);            \
+        xv = _mm512_maskz_loadu_ps(m, x2 + k);                                             \
+        a20 = _mm512_fmadd_ps(xv, v0, a20); a21 = _mm512_fmadd_ps(xv, v1, a21);            \
+        a22 = _mm512_fmadd_ps(xv, v2, a22); a23 = _mm512_fmadd_ps(xv, v3, a23);            \
+        xv = _mm512_maskz_loadu_ps(m, x3 + k);                                             \
+        a30 = _mm512_fmadd_ps(xv, v0, a30); a31 = _mm512_fmadd_ps(xv, v1, a31);            \
+        a32 = _mm512_fmadd_ps(xv, v2, a32); a33 = _mm512_fmadd_ps(xv, v3, a33);            \
+        k += 16;                                                                           \
+    }                                                                                      \
+    float *o0 = out, *o1 = out + ldo, *o2 = out + 2 * (size_t)ldo, *o3 = out + 3 * (size_t)ldo; \
+    o0[0] = _mm512_reduce_add_ps(a00); o0[1] = _mm512_reduce_add_ps(a01);                  \
+    o0[2] = _mm512_reduce_add_ps(a02); o0[3] = _mm512_reduce_add_ps(a03);                  \
+    o1[0] = _mm512_reduce_add_ps(a10); o1[1] = _mm512_reduce_add_ps(a11);                  \
+    o1[2] = _mm512_reduce_add_ps(a12); o1[3] = _mm512_reduce_add_ps(a13);                  \
+    o2[0] = _mm512_reduce_add_ps(a20); o2[1] = _mm512_reduce_add_ps(a21);                  \
+    o2[2] = _mm512_reduce_add_ps(a22); o2[3] = _mm512_reduce_add_ps(a23);                  \
+    o3[0] = _mm512_reduce_add_ps(a30); o3[1] = _mm512_reduce_add_ps(a31);                  \
+    o3[2] = _mm512_reduce_add_ps(a32); o3[3] = _mm512_reduce_add_ps(a33);                  \
+}                                                                                          \
+static AVX512 void tile_##SUF##_avx512(float *out, int ldo, const float *x, int ldx,       \
+                                       const void *wv, int K, int nt, int nr) {           \
+    const WT *w = (const WT *)wv;                                                          \
+    if (nt == 4 && nr == 4) { k44_##SUF(out, ldo, x, ldx, w, K); return; }                 \
+    for (int t = 0; t < nt; t++) {                                                         \
+        if (nr == 4) { k14_##SUF(out + (size_t)t * ldo, x + (size_t)t * ldx, w, K); continue; } \
+        for (int r = 0; r < nr; r++)                                                       \
+            k11_##SUF(out + (size_t)t * ldo + r, x + (size_t)t * ldx, w + (size_t)r * K, K); \
+    }                                                                                      \
 }
 
-static AVX512 void tile_f32_avx512(float *out, int ldo, const float *x, int ldx,
-                                   const void *w, int K, int nt, int nr) {
-    TILE_CASES(tile16, 0)
-}
-
-static AVX512 void tile_bf16_avx512(float *out, int ldo, const float *x, int ldx,
-                                    const void *w, int K, int nt, int nr) {
-    TILE_CASES(tile16, 1)
-}
+DEFINE_AVX512_KERNELS(f32, float, W16_F32, WM16_F32)
+DEFINE_AVX512_KERNELS(bf16, uint16_t, W16_BF16, WM16_BF16)
 
 static AVX512 float dot_avx512(const float *a, const float *b, int n) {
     float out;
-    tile16(1, 1, 0, &out, 1, a, n, b, n);
+    k11_f32(&out, a, b, n);
     return out;
 }
 
