@@ -57,26 +57,51 @@ void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, float *work,
 
 /* --------------------------------------------------------------- kernels */
 
-/* out (T, N) = x (T, K) @ w (N, K)^T (+ bias). Called inside a parallel
- * region: rows are shared out among the threads, and each group of rows
- * meets every token while its weights are still in cache. */
-static void matmul(float *out, const float *x, const void *w, const float *bias,
-                   int T, int K, int N, int wtype) {
+/* Rows r0 .. r0+nr-1 of out (T, N) = x (T, K) @ w (N, K)^T (+ bias): one
+ * group of weight rows meets every token while it is still in cache. */
+static void matmul_rows(float *out, const float *x, const void *w, const float *bias,
+                        int T, int K, int N, int wtype, int r0, int nr) {
     flm_tile_fn tile = wtype == FLM_BF16 ? flm_kernels->tile_bf16 : flm_kernels->tile_f32;
     size_t esize = wtype == FLM_BF16 ? 2 : 4;
-    int groups = (N + FLM_TILE_R - 1) / FLM_TILE_R;
+    const void *wr = (const char *)w + (size_t)r0 * K * esize;
+    for (int t0 = 0; t0 < T; t0 += FLM_TILE_T)
+        tile(out + (size_t)t0 * N + r0, N, x + (size_t)t0 * K, K, wr, K, K,
+             imin(FLM_TILE_T, T - t0), nr);
+    if (bias)
+        for (int t = 0; t < T; t++)
+            for (int r = r0; r < r0 + nr; r++) out[(size_t)t * N + r] += bias[r];
+}
+
+typedef struct {
+    float *out;
+    const void *w;
+    const float *bias;
+    int N;
+} MatJob;
+
+/* Several products of the same input (q, k and v) in one parallel loop, so
+ * the threads meet at one barrier instead of three. Called inside a
+ * parallel region. */
+static void matmul_multi(const float *x, int T, int K, int wtype, const MatJob *jobs, int njobs) {
+    int total = 0;
+    for (int i = 0; i < njobs; i++) total += (jobs[i].N + FLM_TILE_R - 1) / FLM_TILE_R;
 #pragma omp for schedule(static)
-    for (int g = 0; g < groups; g++) {
-        int r0 = g * FLM_TILE_R, nr = imin(FLM_TILE_R, N - r0);
-        const void *wr = (const char *)w + (size_t)r0 * K * esize;
-        for (int t0 = 0; t0 < T; t0 += FLM_TILE_T) {
-            int nt = imin(FLM_TILE_T, T - t0);
-            tile(out + (size_t)t0 * N + r0, N, x + (size_t)t0 * K, K, wr, K, nt, nr);
+    for (int g = 0; g < total; g++) {
+        int i = 0, local = g;
+        while (local >= (jobs[i].N + FLM_TILE_R - 1) / FLM_TILE_R) {
+            local -= (jobs[i].N + FLM_TILE_R - 1) / FLM_TILE_R;
+            i++;
         }
-        if (bias)
-            for (int t = 0; t < T; t++)
-                for (int r = r0; r < r0 + nr; r++) out[(size_t)t * N + r] += bias[r];
+        int r0 = local * FLM_TILE_R;
+        matmul_rows(jobs[i].out, x, jobs[i].w, jobs[i].bias, T, K, jobs[i].N, wtype, r0,
+                    imin(FLM_TILE_R, jobs[i].N - r0));
     }
+}
+
+static void matmul(float *out, const float *x, const void *w, const float *bias,
+                   int T, int K, int N, int wtype) {
+    MatJob job = {out, w, bias, N};
+    matmul_multi(x, T, K, wtype, &job, 1);
 }
 
 static void rmsnorm(float *out, const float *x, const float *weight, int n, float eps) {
@@ -99,6 +124,23 @@ static void rope(float *h, const float *cos_row, const float *sin_row, int rope_
 
 static float silu(float x) { return x / (1.0f + expf(-x)); }
 
+/* hb = silu(xb @ w_gate^T) * (xb @ w_up^T), group of rows by group of rows,
+ * so the gate and up values are combined while still in cache. */
+static void gate_up(const FlmConfig *c, const FlmLayer *L, FlmState *s, int T) {
+    const int hidden = c->hidden_dim, dim = c->dim;
+    const int groups = (hidden + FLM_TILE_R - 1) / FLM_TILE_R;
+#pragma omp for schedule(static)
+    for (int g = 0; g < groups; g++) {
+        int r0 = g * FLM_TILE_R, nr = imin(FLM_TILE_R, hidden - r0);
+        matmul_rows(s->hb, s->xb, L->w_gate, L->b_gate, T, dim, hidden, c->wtype, r0, nr);
+        matmul_rows(s->hb2, s->xb, L->w_up, L->b_up, T, dim, hidden, c->wtype, r0, nr);
+        for (int t = 0; t < T; t++) {
+            float *gt = s->hb + (size_t)t * hidden, *ut = s->hb2 + (size_t)t * hidden;
+            for (int r = r0; r < r0 + nr; r++) gt[r] = silu(gt[r]) * ut[r];
+        }
+    }
+}
+
 static void embed_row(float *out, const void *table, int token, int dim, int wtype) {
     if (wtype == FLM_BF16) {
         const uint16_t *row = (const uint16_t *)table + (size_t)token * dim;
@@ -111,24 +153,23 @@ static void embed_row(float *out, const void *table, int token, int dim, int wty
     }
 }
 
-/* One query head of one token against the cached keys/values 0..pos. */
+/* One query head of one token against the cached keys/values 0..pos. The
+ * scores go through the matmul tile (keys are rows of stride kvd), so each
+ * score is computed the same way whether the query came in a batch or not. */
 static void attend(float *out, const float *q, const float *kc, const float *vc,
                    float *att, int pos, int head_dim, int kvd, float scale) {
+    const int n = pos + 1;
+    flm_tile_fn tile = flm_kernels->tile_f32;
+    for (int j = 0; j < n; j += FLM_TILE_R)
+        tile(att + j, 0, q, 0, kc + (size_t)j * kvd, kvd, head_dim, 1, imin(FLM_TILE_R, n - j));
     float max = -INFINITY;
-    for (int j = 0; j <= pos; j++) {
-        float sc = flm_kernels->dot(q, kc + (size_t)j * kvd, head_dim) * scale;
-        att[j] = sc;
-        if (sc > max) max = sc;
+    for (int j = 0; j < n; j++) {
+        att[j] *= scale;
+        if (att[j] > max) max = att[j];
     }
-    float sum = 0.0f;
-    for (int j = 0; j <= pos; j++) {
-        att[j] = expf(att[j] - max);
-        sum += att[j];
-    }
-    float inv = 1.0f / sum;
-    memset(out, 0, sizeof(float) * head_dim);
-    for (int j = 0; j <= pos; j++)
-        flm_kernels->axpy(out, att[j] * inv, vc + (size_t)j * kvd, head_dim);
+    float inv = 1.0f / flm_kernels->exp_sum(att, n, max);
+    for (int j = 0; j < n; j++) att[j] *= inv;
+    flm_kernels->weighted_sum(out, att, vc, n, kvd, head_dim);
 }
 
 /* ---------------------------------------------------------------- forward */
@@ -156,9 +197,9 @@ static void forward_chunk(const FlmConfig *c, const FlmWeights *w, FlmState *s,
             for (int t = 0; t < T; t++)
                 rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, L->attn_norm, dim, c->norm_eps);
 
-            matmul(s->q, s->xb, L->wq, L->bq, T, dim, qd, c->wtype);
-            matmul(s->k, s->xb, L->wk, L->bk, T, dim, kvd, c->wtype);
-            matmul(s->v, s->xb, L->wv, L->bv, T, dim, kvd, c->wtype);
+            MatJob qkv[3] = {{s->q, L->wq, L->bq, qd}, {s->k, L->wk, L->bk, kvd},
+                             {s->v, L->wv, L->bv, kvd}};
+            matmul_multi(s->xb, T, dim, c->wtype, qkv, 3);
 
             /* Per-head norm and RoPE; keys and values go into the cache. */
 #pragma omp for schedule(static)
@@ -197,13 +238,7 @@ static void forward_chunk(const FlmConfig *c, const FlmWeights *w, FlmState *s,
                 rmsnorm(s->xb + (size_t)t * dim, x, L->ffn_norm, dim, c->norm_eps);
             }
 
-            matmul(s->hb, s->xb, L->w_gate, L->b_gate, T, dim, hidden, c->wtype);
-            matmul(s->hb2, s->xb, L->w_up, L->b_up, T, dim, hidden, c->wtype);
-#pragma omp for schedule(static)
-            for (int t = 0; t < T; t++) {
-                float *g = s->hb + (size_t)t * hidden, *u = s->hb2 + (size_t)t * hidden;
-                for (int i = 0; i < hidden; i++) g[i] = silu(g[i]) * u[i];
-            }
+            gate_up(c, L, s, T);
             matmul(s->xb2, s->hb, L->w_down, L->b_down, T, hidden, dim, c->wtype);
 #pragma omp for schedule(static)
             for (int t = 0; t < T; t++) {

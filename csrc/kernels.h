@@ -6,19 +6,22 @@
 #ifndef FASTLLM_KERNELS_H
 #define FASTLLM_KERNELS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
-/* out[t*ldo + r] = sum_k x[t*ldx + k] * w[r*K + k]  for t < nt <= 4, r < nr <= 4.
- * w is float (FLM_F32) or bf16 bit patterns (FLM_BF16). */
+/* out[t*ldo + r] = sum_k x[t*ldx + k] * w[r*ldw + k]  for t < nt <= 4, r < nr <= 4,
+ * k < K. w is float (FLM_F32) or bf16 bit patterns (FLM_BF16). */
 typedef void (*flm_tile_fn)(float *out, int ldo, const float *x, int ldx,
-                            const void *w, int K, int nt, int nr);
+                            const void *w, size_t ldw, int K, int nt, int nr);
 
 typedef struct {
     const char *name;
     flm_tile_fn tile_f32;
     flm_tile_fn tile_bf16;
-    float (*dot)(const float *a, const float *b, int n);
-    void (*axpy)(float *y, float a, const float *x, int n); /* y += a*x */
+    /* x[i] = exp(x[i] - max) for i < n; returns the sum of the new x. */
+    float (*exp_sum)(float *x, int n, float max);
+    /* out[d] = sum_j p[j] * v[j*ldv + d] for d < dim, j < n (j in order). */
+    void (*weighted_sum)(float *out, const float *p, const float *v, int n, size_t ldv, int dim);
 } FlmKernels;
 
 extern const FlmKernels *flm_kernels;
