@@ -22,61 +22,75 @@ static int imin(int a, int b) { return a < b ? a : b; }
 
 static int q_dim(const FlmConfig *c) { return c->n_heads * c->head_dim; }
 static int kv_dim(const FlmConfig *c) { return c->n_kv_heads * c->head_dim; }
+static int lin_key_dim(const FlmConfig *c) { return c->lin_k_heads * c->lin_k_dim; }
+static int lin_value_dim(const FlmConfig *c) { return c->lin_v_heads * c->lin_v_dim; }
+static int conv_dim(const FlmConfig *c) { return 2 * lin_key_dim(c) + lin_value_dim(c); }
+static size_t lin_state_floats(const FlmConfig *c) {
+    return (size_t)conv_dim(c) * imax(c->conv_kernel - 1, 0)
+         + (size_t)c->lin_v_heads * c->lin_k_dim * c->lin_v_dim;
+}
+static int mixer_dim(const FlmConfig *c) { return imax(c->dim, imax(q_dim(c), lin_value_dim(c))); }
 
 size_t flm_state_work_floats(const FlmConfig *c, int max_batch) {
     size_t b = (size_t)max_batch;
     return b * c->dim                         /* x */
-         + b * imax(c->dim, q_dim(c))         /* xb */
+         + b * mixer_dim(c)                   /* xb */
          + b * c->dim                         /* xb2 */
          + b * q_dim(c) + 2 * b * kv_dim(c)   /* q, k, v */
          + 2 * b * c->hidden_dim              /* hb, hb2 */
+         + b * imax(q_dim(c), lin_value_dim(c)) /* gate */
+         + b * (conv_dim(c) + 2 * (size_t)c->lin_v_heads) /* lin */
          + b * c->n_heads * (size_t)c->seq_len; /* att */
 }
 
 size_t flm_state_cache_floats(const FlmConfig *c) {
-    return 2 * (size_t)c->n_layers * c->seq_len * kv_dim(c);
+    return 2 * (size_t)c->n_layers * c->seq_len * kv_dim(c) + c->n_layers * lin_state_floats(c);
 }
 
 void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, float *work, float *cache) {
     size_t b = (size_t)max_batch;
     s->max_batch = max_batch;
     s->x = work;    work += b * c->dim;
-    s->xb = work;   work += b * imax(c->dim, q_dim(c));
+    s->xb = work;   work += b * mixer_dim(c);
     s->xb2 = work;  work += b * c->dim;
     s->q = work;    work += b * q_dim(c);
     s->k = work;    work += b * kv_dim(c);
     s->v = work;    work += b * kv_dim(c);
     s->hb = work;   work += b * c->hidden_dim;
     s->hb2 = work;  work += b * c->hidden_dim;
+    s->gate = work; work += b * imax(q_dim(c), lin_value_dim(c));
+    s->lin = work;  work += b * (conv_dim(c) + 2 * (size_t)c->lin_v_heads);
     s->att = work;
     s->trace = NULL;
     s->trace_tokens = s->trace_offset = 0;
     s->key_cache = cache;
     s->value_cache = cache + (size_t)c->n_layers * c->seq_len * kv_dim(c);
+    s->lin_state = cache + 2 * (size_t)c->n_layers * c->seq_len * kv_dim(c);
 }
 
 /* --------------------------------------------------------------- kernels */
 
 /* Rows r0 .. r0+nr-1 of out (T, N) = x (T, K) @ w (N, K)^T (+ bias): one
  * group of weight rows meets every token while it is still in cache. */
-static void matmul_rows(float *out, const float *x, const void *w, const float *bias,
-                        int T, int K, int N, int wtype, int r0, int nr) {
+static void matmul_rows(float *out, int ldo, const float *x, const void *w, const float *bias,
+                        int T, int K, int wtype, int r0, int nr) {
     flm_tile_fn tile = wtype == FLM_BF16 ? flm_kernels->tile_bf16 : flm_kernels->tile_f32;
     size_t esize = wtype == FLM_BF16 ? 2 : 4;
     const void *wr = (const char *)w + (size_t)r0 * K * esize;
     for (int t0 = 0; t0 < T; t0 += FLM_TILE_T)
-        tile(out + (size_t)t0 * N + r0, N, x + (size_t)t0 * K, K, wr, K, K,
+        tile(out + (size_t)t0 * ldo + r0, ldo, x + (size_t)t0 * K, K, wr, K, K,
              imin(FLM_TILE_T, T - t0), nr);
     if (bias)
         for (int t = 0; t < T; t++)
-            for (int r = r0; r < r0 + nr; r++) out[(size_t)t * N + r] += bias[r];
+            for (int r = r0; r < r0 + nr; r++) out[(size_t)t * ldo + r] += bias[r];
 }
 
 typedef struct {
     float *out;
     const void *w;
     const float *bias;
-    int N;
+    int N;     /* rows of w */
+    int ldo;   /* row stride of out: N, or more when products share a buffer */
 } MatJob;
 
 /* Several products of the same input (q, k and v) in one parallel loop, so
@@ -93,14 +107,14 @@ static void matmul_multi(const float *x, int T, int K, int wtype, const MatJob *
             i++;
         }
         int r0 = local * FLM_TILE_R;
-        matmul_rows(jobs[i].out, x, jobs[i].w, jobs[i].bias, T, K, jobs[i].N, wtype, r0,
+        matmul_rows(jobs[i].out, jobs[i].ldo, x, jobs[i].w, jobs[i].bias, T, K, wtype, r0,
                     imin(FLM_TILE_R, jobs[i].N - r0));
     }
 }
 
 static void matmul(float *out, const float *x, const void *w, const float *bias,
                    int T, int K, int N, int wtype) {
-    MatJob job = {out, w, bias, N};
+    MatJob job = {out, w, bias, N, N};
     matmul_multi(x, T, K, wtype, &job, 1);
 }
 
@@ -132,8 +146,8 @@ static void gate_up(const FlmConfig *c, const FlmLayer *L, FlmState *s, int T) {
 #pragma omp for schedule(static)
     for (int g = 0; g < groups; g++) {
         int r0 = g * FLM_TILE_R, nr = imin(FLM_TILE_R, hidden - r0);
-        matmul_rows(s->hb, s->xb, L->w_gate, L->b_gate, T, dim, hidden, c->wtype, r0, nr);
-        matmul_rows(s->hb2, s->xb, L->w_up, L->b_up, T, dim, hidden, c->wtype, r0, nr);
+        matmul_rows(s->hb, hidden, s->xb, L->w_gate, L->b_gate, T, dim, c->wtype, r0, nr);
+        matmul_rows(s->hb2, hidden, s->xb, L->w_up, L->b_up, T, dim, c->wtype, r0, nr);
         for (int t = 0; t < T; t++) {
             float *gt = s->hb + (size_t)t * hidden, *ut = s->hb2 + (size_t)t * hidden;
             for (int r = r0; r < r0 + nr; r++) gt[r] = silu(gt[r]) * ut[r];
@@ -172,15 +186,166 @@ static void attend(float *out, const float *q, const float *kc, const float *vc,
     flm_kernels->weighted_sum(out, att, vc, n, kvd, head_dim);
 }
 
+/* ----------------------------------------------------------- mixers */
+
+static float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* Softmax attention over the KV cache, with optional per-head q/k norms and
+ * an output gate (Qwen3.5). Reads xb, leaves the layer's output in xb2. */
+static void attention(const FlmConfig *c, const FlmWeights *w, const FlmLayer *L, FlmState *s,
+                      int l, int T, int pos) {
+    const int dim = c->dim, hd = c->head_dim, qd = q_dim(c), kvd = kv_dim(c);
+    const int nh = c->n_heads, nkv = c->n_kv_heads, group = nh / nkv, half = c->rope_dim / 2;
+    const size_t layer_cache = (size_t)c->seq_len * kvd;
+    float *kcache = s->key_cache + l * layer_cache;
+    float *vcache = s->value_cache + l * layer_cache;
+
+    MatJob jobs[4] = {{s->q, L->wq, L->bq, qd, qd}, {s->k, L->wk, L->bk, kvd, kvd},
+                      {s->v, L->wv, L->bv, kvd, kvd}, {s->gate, L->w_attn_gate, NULL, qd, qd}};
+    matmul_multi(s->xb, T, dim, c->wtype, jobs, L->w_attn_gate ? 4 : 3);
+
+    /* Per-head norm and RoPE; keys and values go into the cache. */
+#pragma omp for schedule(static)
+    for (int i = 0; i < T * (nh + nkv); i++) {
+        int t = i / (nh + nkv), h = i % (nh + nkv), p = pos + t;
+        const float *cr = w->rope_cos + (size_t)p * half, *sr = w->rope_sin + (size_t)p * half;
+        if (h < nh) {
+            float *qh = s->q + (size_t)t * qd + h * hd;
+            if (L->q_norm) rmsnorm(qh, qh, L->q_norm, hd, c->norm_eps);
+            rope(qh, cr, sr, c->rope_dim);
+        } else {
+            int kh = h - nh;
+            float *kh_src = s->k + (size_t)t * kvd + kh * hd;
+            if (L->k_norm) rmsnorm(kh_src, kh_src, L->k_norm, hd, c->norm_eps);
+            rope(kh_src, cr, sr, c->rope_dim);
+            memcpy(kcache + (size_t)p * kvd + kh * hd, kh_src, sizeof(float) * hd);
+            memcpy(vcache + (size_t)p * kvd + kh * hd, s->v + (size_t)t * kvd + kh * hd,
+                   sizeof(float) * hd);
+        }
+    }
+
+#pragma omp for schedule(static)
+    for (int i = 0; i < T * nh; i++) {
+        int t = i / nh, h = i % nh, kvh = h / group;
+        float *out = s->xb + (size_t)t * qd + h * hd;
+        attend(out, s->q + (size_t)t * qd + h * hd, kcache + kvh * hd, vcache + kvh * hd,
+               s->att + (size_t)i * c->seq_len, pos + t, hd, kvd, c->attn_scale);
+        if (L->w_attn_gate) {
+            const float *g = s->gate + (size_t)t * qd + h * hd;
+            for (int d = 0; d < hd; d++) out[d] *= sigmoid(g[d]);
+        }
+    }
+    matmul(s->xb2, s->xb, L->wo, L->bo, T, qd, dim, c->wtype);
+}
+
+static float l2_scale(const float *x, int n) {
+    float ss = 0.0f;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    return 1.0f / sqrtf(ss + 1e-6f);
+}
+
+static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+/* Gated DeltaNet: causal depthwise conv + SiLU over the q/k/v projections,
+ * then per value head the delta rule on a (dk, dv) state,
+ *   S = exp(g) S;  S += k (x) beta (v - S^T k);  o = S^T q,
+ * and a gated RMSNorm. The recurrence runs token by token, so a prompt in
+ * one call and the same tokens one at a time give identical results.
+ * Reads xb, leaves the layer's output in xb2. */
+static void linear_attention(const FlmConfig *c, const FlmLayer *L, FlmState *s, int l, int T,
+                             int pos) {
+    const int dim = c->dim, hk = c->lin_k_heads, hv = c->lin_v_heads;
+    const int dk = c->lin_k_dim, dv = c->lin_v_dim, K = c->conv_kernel;
+    const int kd = lin_key_dim(c), vd = lin_value_dim(c), cd = conv_dim(c);
+    const int ld = cd + 2 * hv; /* row of s->lin: [q | k | v | b | a] */
+    float *conv_state = s->lin_state + l * lin_state_floats(c);   /* (cd, K-1) */
+    float *S = conv_state + (size_t)cd * (K - 1);                  /* (hv, dk, dv) */
+
+    if (pos == 0) {
+#pragma omp for schedule(static)
+        for (int h = 0; h < hv; h++)
+            memset(S + (size_t)h * dk * dv, 0, sizeof(float) * dk * dv);
+#pragma omp for schedule(static)
+        for (int ch = 0; ch < cd; ch++)
+            memset(conv_state + (size_t)ch * (K - 1), 0, sizeof(float) * (K - 1));
+    }
+
+    MatJob jobs[4] = {{s->lin, L->w_qkv, NULL, cd, ld}, {s->gate, L->w_z, NULL, vd, vd},
+                      {s->lin + cd, L->w_b, NULL, hv, ld}, {s->lin + cd + hv, L->w_a, NULL, hv, ld}};
+    matmul_multi(s->xb, T, dim, c->wtype, jobs, 4);
+
+    /* Conv over the window of the last K-1 inputs, channel by channel. */
+#pragma omp for schedule(static)
+    for (int ch = 0; ch < cd; ch++) {
+        float *win = conv_state + (size_t)ch * (K - 1);
+        const float *cw = L->conv_w + (size_t)ch * K;
+        for (int t = 0; t < T; t++) {
+            float m = s->lin[(size_t)t * ld + ch];
+            float acc = 0.0f;
+            for (int j = 0; j < K - 1; j++) acc += cw[j] * win[j];
+            acc += cw[K - 1] * m;
+            for (int j = 0; j + 1 < K - 1; j++) win[j] = win[j + 1];
+            if (K > 1) win[K - 2] = m;
+            s->lin[(size_t)t * ld + ch] = acc / (1.0f + expf(-acc));
+        }
+    }
+
+    /* l2-normalise q and k per key head; q also takes the 1/sqrt(dk) scale. */
+#pragma omp for schedule(static)
+    for (int i = 0; i < T * hk; i++) {
+        int t = i / hk, h = i % hk;
+        float *q = s->lin + (size_t)t * ld + h * dk, *k = q + kd;
+        float qs = l2_scale(q, dk), ks = l2_scale(k, dk), scale = 1.0f / sqrtf((float)dk);
+        for (int d = 0; d < dk; d++) q[d] = (q[d] * qs) * scale;
+        for (int d = 0; d < dk; d++) k[d] *= ks;
+    }
+
+#pragma omp for schedule(static)
+    for (int h = 0; h < hv; h++) {
+        float *Sh = S + (size_t)h * dk * dv;
+        const int kh = h / (hv / hk);
+        float kv[dv > 0 ? dv : 1];
+        for (int t = 0; t < T; t++) {
+            const float *row = s->lin + (size_t)t * ld;
+            const float *q = row + kh * dk, *k = row + kd + kh * dk, *v = row + 2 * kd + h * dv;
+            float beta = sigmoid(row[cd + h]);
+            float decay = expf(L->lin_A[h] * softplus(row[cd + hv + h] + L->dt_bias[h]));
+            for (int j = 0; j < dv; j++) kv[j] = 0.0f;
+            for (int i = 0; i < dk; i++) {
+                float *Si = Sh + (size_t)i * dv;
+                for (int j = 0; j < dv; j++) {
+                    Si[j] *= decay;
+                    kv[j] += Si[j] * k[i];
+                }
+            }
+            for (int j = 0; j < dv; j++) kv[j] = (v[j] - kv[j]) * beta; /* delta */
+            float *o = s->xb + (size_t)t * vd + h * dv;
+            for (int j = 0; j < dv; j++) o[j] = 0.0f;
+            for (int i = 0; i < dk; i++) {
+                float *Si = Sh + (size_t)i * dv;
+                for (int j = 0; j < dv; j++) {
+                    Si[j] += k[i] * kv[j];
+                    o[j] += Si[j] * q[i];
+                }
+            }
+            /* Gated RMSNorm: w * norm(o) * silu(z). */
+            const float *z = s->gate + (size_t)t * vd + h * dv;
+            float ss = 0.0f;
+            for (int j = 0; j < dv; j++) ss += o[j] * o[j];
+            float inv = 1.0f / sqrtf(ss / (float)dv + c->norm_eps);
+            for (int j = 0; j < dv; j++)
+                o[j] = (L->lin_norm[j] * (o[j] * inv)) * (z[j] / (1.0f + expf(-z[j])));
+        }
+    }
+    matmul(s->xb2, s->xb, L->w_out, NULL, T, vd, dim, c->wtype);
+}
+
 /* ---------------------------------------------------------------- forward */
 
 static void forward_chunk(const FlmConfig *c, const FlmWeights *w, FlmState *s,
                           const int32_t *tokens, int T, int pos,
                           float *logits, int all_logits, int n_threads) {
-    const int dim = c->dim, hd = c->head_dim, qd = q_dim(c), kvd = kv_dim(c);
-    const int hidden = c->hidden_dim, nh = c->n_heads, nkv = c->n_kv_heads;
-    const int group = nh / nkv, half = c->rope_dim / 2;
-    const size_t layer_cache = (size_t)c->seq_len * kvd;
+    const int dim = c->dim, hidden = c->hidden_dim;
 
 #pragma omp parallel num_threads(n_threads)
     {
@@ -190,47 +355,16 @@ static void forward_chunk(const FlmConfig *c, const FlmWeights *w, FlmState *s,
 
         for (int l = 0; l < c->n_layers; l++) {
             const FlmLayer *L = &w->layers[l];
-            float *kcache = s->key_cache + l * layer_cache;
-            float *vcache = s->value_cache + l * layer_cache;
 
 #pragma omp for schedule(static)
             for (int t = 0; t < T; t++)
                 rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, L->attn_norm, dim, c->norm_eps);
 
-            MatJob qkv[3] = {{s->q, L->wq, L->bq, qd}, {s->k, L->wk, L->bk, kvd},
-                             {s->v, L->wv, L->bv, kvd}};
-            matmul_multi(s->xb, T, dim, c->wtype, qkv, 3);
+            if (L->kind == FLM_LINEAR_ATTENTION)
+                linear_attention(c, L, s, l, T, pos);
+            else
+                attention(c, w, L, s, l, T, pos);
 
-            /* Per-head norm and RoPE; keys and values go into the cache. */
-#pragma omp for schedule(static)
-            for (int i = 0; i < T * (nh + nkv); i++) {
-                int t = i / (nh + nkv), h = i % (nh + nkv), p = pos + t;
-                const float *cr = w->rope_cos + (size_t)p * half, *sr = w->rope_sin + (size_t)p * half;
-                if (h < nh) {
-                    float *qh = s->q + (size_t)t * qd + h * hd;
-                    if (L->q_norm) rmsnorm(qh, qh, L->q_norm, hd, c->norm_eps);
-                    rope(qh, cr, sr, c->rope_dim);
-                } else {
-                    int kh = h - nh;
-                    float *kh_src = s->k + (size_t)t * kvd + kh * hd;
-                    float *kdst = kcache + (size_t)p * kvd + kh * hd;
-                    if (L->k_norm) rmsnorm(kh_src, kh_src, L->k_norm, hd, c->norm_eps);
-                    rope(kh_src, cr, sr, c->rope_dim);
-                    memcpy(kdst, kh_src, sizeof(float) * hd);
-                    memcpy(vcache + (size_t)p * kvd + kh * hd, s->v + (size_t)t * kvd + kh * hd,
-                           sizeof(float) * hd);
-                }
-            }
-
-#pragma omp for schedule(static)
-            for (int i = 0; i < T * nh; i++) {
-                int t = i / nh, h = i % nh, kvh = h / group;
-                attend(s->xb + (size_t)t * qd + h * hd, s->q + (size_t)t * qd + h * hd,
-                       kcache + kvh * hd, vcache + kvh * hd,
-                       s->att + (size_t)i * c->seq_len, pos + t, hd, kvd, c->attn_scale);
-            }
-
-            matmul(s->xb2, s->xb, L->wo, L->bo, T, qd, dim, c->wtype);
 #pragma omp for schedule(static)
             for (int t = 0; t < T; t++) {
                 float *x = s->x + (size_t)t * dim, *o = s->xb2 + (size_t)t * dim;

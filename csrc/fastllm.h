@@ -20,6 +20,7 @@ extern "C" {
 #endif
 
 enum { FLM_F32 = 0, FLM_BF16 = 1 };
+enum { FLM_ATTENTION = 0, FLM_LINEAR_ATTENTION = 1 };
 
 typedef struct {
     int dim;          /* hidden_size */
@@ -34,15 +35,34 @@ typedef struct {
     int wtype;        /* FLM_F32 or FLM_BF16: storage of matrices and embedding */
     float norm_eps;   /* RMSNorm epsilon */
     float attn_scale; /* softmax scale, usually 1/sqrt(head_dim) */
+    /* Gated DeltaNet (linear attention) layers, as in Qwen3.5; all 0 when
+     * the model has none. Value head h reads key head h / (lin_v_heads / lin_k_heads). */
+    int lin_k_heads, lin_v_heads;  /* Hk, Hv */
+    int lin_k_dim, lin_v_dim;      /* dk, dv */
+    int conv_kernel;               /* K of the causal depthwise conv */
 } FlmConfig;
 
 typedef struct {
+    int kind;             /* FLM_ATTENTION or FLM_LINEAR_ATTENTION */
+    /* attention */
     const void *wq;       /* (n_heads*head_dim, dim)      */
     const void *wk;       /* (n_kv_heads*head_dim, dim)   */
     const void *wv;       /* (n_kv_heads*head_dim, dim)   */
     const void *wo;       /* (dim, n_heads*head_dim)      */
     const float *bq, *bk, *bv, *bo;   /* biases, or NULL   */
     const float *q_norm, *k_norm;     /* (head_dim) per-head RMSNorm (Qwen3), or NULL */
+    const void *w_attn_gate;          /* (n_heads*head_dim, dim): output *= sigmoid(x @ w^T), or NULL */
+    /* linear attention (Gated DeltaNet); conv_dim = 2*Hk*dk + Hv*dv */
+    const void *w_qkv;    /* (conv_dim, dim) */
+    const void *w_z;      /* (Hv*dv, dim) gate of the output norm */
+    const void *w_b;      /* (Hv, dim) -> beta = sigmoid */
+    const void *w_a;      /* (Hv, dim) -> decay */
+    const float *conv_w;  /* (conv_dim, conv_kernel) */
+    const float *lin_A;   /* (Hv) -exp(A_log) */
+    const float *dt_bias; /* (Hv) */
+    const float *lin_norm;/* (dv) gated RMSNorm weight */
+    const void *w_out;    /* (dim, Hv*dv) */
+    /* both */
     const float *attn_norm;           /* (dim) */
     const float *ffn_norm;            /* (dim) */
     const void *w_gate;   /* (hidden_dim, dim) */
@@ -71,6 +91,10 @@ typedef struct {
     float *hb;        /* (max_batch, hidden_dim) */
     float *hb2;       /* (max_batch, hidden_dim) */
     float *att;       /* (max_batch*n_heads, seq_len) attention scores */
+    float *gate;      /* (max_batch, max(q_dim, Hv*dv)) attention gate or z */
+    float *lin;       /* (max_batch, conv_dim + 2*Hv) projections of a linear layer */
+    float *lin_state; /* (n_layers, conv_dim*(K-1) + Hv*dk*dv) conv windows and
+                         recurrent states of the linear layers */
     float *key_cache;   /* (n_layers, seq_len, n_kv_heads*head_dim) */
     float *value_cache; /* (n_layers, seq_len, n_kv_heads*head_dim) */
     /* Optional, for oracles: when not NULL, each layer's output (the
@@ -92,7 +116,9 @@ size_t flm_state_cache_floats(const FlmConfig *c);
 void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, float *work, float *cache);
 
 /* Run n tokens at positions pos .. pos+n-1 (their keys/values are written to
- * the cache; positions < pos must hold earlier tokens). Writes the logits of
+ * the cache; positions < pos must hold earlier tokens). Linear layers carry
+ * a state instead of a cache: pos == 0 starts it afresh, and pos > 0 must
+ * continue right after the last token run. Writes the logits of
  * the last token to logits[vocab_size], or of every token to
  * logits[n*vocab_size] when all_logits is nonzero. The caller guarantees
  * 0 <= tokens[i] < vocab_size, n >= 1 and pos + n <= seq_len. The result is

@@ -189,10 +189,26 @@ static const FlmKernels kernels_avx2 = {
 
 /* ---- AVX-512: 16 lanes, masked tail.
  * Every output is one 16-lane accumulator over k = 0, 16, 32, ... (the last
- * step masked), reduced by _mm512_reduce_add_ps. The 4x4, 1x4 and 1x1
+ * step masked), reduced by hsum4_16's fixed tree. The 4x4, 1x4 and 1x1
  * kernels below all follow that sequence, so how rows and tokens are grouped
  * never changes a result. Accumulators are named variables: as an array,
  * GCC stores them to the stack on every step. */
+
+/* Four horizontal sums at once. Each sum's tree depends on its own vector
+ * only, so a lone sum (the others zero) rounds exactly like one of four. */
+INLINE AVX512 __m128 hsum4_16(__m512 a, __m512 b, __m512 c, __m512 d) {
+    __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+    __m256 b8 = _mm256_add_ps(_mm512_castps512_ps256(b), _mm512_extractf32x8_ps(b, 1));
+    __m256 c8 = _mm256_add_ps(_mm512_castps512_ps256(c), _mm512_extractf32x8_ps(c, 1));
+    __m256 d8 = _mm256_add_ps(_mm512_castps512_ps256(d), _mm512_extractf32x8_ps(d, 1));
+    __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a8, b8), _mm256_hadd_ps(c8, d8));
+    return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
+INLINE AVX512 float hsum16(__m512 a) {
+    __m512 z = _mm512_setzero_ps();
+    return _mm_cvtss_f32(hsum4_16(a, z, z, z));
+}
 
 INLINE AVX512 __m512 load16_bf16(const uint16_t *p) {
     __m256i h = _mm256_loadu_si256((const __m256i *)p);
@@ -218,7 +234,28 @@ static AVX512 void k11_##SUF(float *out, const float *x, const WT *w, int K) {  
         __mmask16 m = (__mmask16)((1u << (K - k)) - 1);                                    \
         a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + k), WM16(m, w, k), a);            \
     }                                                                                      \
-    *out = _mm512_reduce_add_ps(a);                                                        \
+    *out = hsum16(a);                                                                      \
+}                                                                                          \
+static AVX512 void k14_##SUF(float *out, const float *x, const WT *w, size_t ldw, int K) { \
+    const WT *w0 = w, *w1 = w + ldw, *w2 = w + 2 * ldw, *w3 = w + 3 * ldw;                 \
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                            \
+    int k = 0;                                                                             \
+    for (; k + 16 <= K; k += 16) {                                                         \
+        __m512 xv = _mm512_loadu_ps(x + k);                                                \
+        a0 = _mm512_fmadd_ps(xv, W16(w0, k), a0);                                          \
+        a1 = _mm512_fmadd_ps(xv, W16(w1, k), a1);                                          \
+        a2 = _mm512_fmadd_ps(xv, W16(w2, k), a2);                                          \
+        a3 = _mm512_fmadd_ps(xv, W16(w3, k), a3);                                          \
+    }                                                                                      \
+    if (k < K) {                                                                           \
+        __mmask16 m = (__mmask16)((1u << (K - k)) - 1);                                    \
+        __m512 xv = _mm512_maskz_loadu_ps(m, x + k);                                       \
+        a0 = _mm512_fmadd_ps(xv, WM16(m, w0, k), a0);                                      \
+        a1 = _mm512_fmadd_ps(xv, WM16(m, w1, k), a1);                                      \
+        a2 = _mm512_fmadd_ps(xv, WM16(m, w2, k), a2);                                      \
+        a3 = _mm512_fmadd_ps(xv, WM16(m, w3, k), a3);                                      \
+    }                                                                                      \
+    _mm_storeu_ps(out, hsum4_16(a0, a1, a2, a3));                                          \
 }                                                                                          \
 static AVX512 void k44_##SUF(float *out, int ldo, const float *x, int ldx, const WT *w, size_t ldw, int K) { \
     const WT *w0 = w, *w1 = w + ldw, *w2 = w + 2 * (size_t)ldw, *w3 = w + 3 * (size_t)ldw;       \
@@ -251,19 +288,19 @@ static AVX512 void k44_##SUF(float *out, int ldo, const float *x, int ldx, const
         k += 16;                                                                           \
     }                                                                                      \
     float *o0 = out, *o1 = out + ldo, *o2 = out + 2 * (size_t)ldo, *o3 = out + 3 * (size_t)ldo; \
-    o0[0] = _mm512_reduce_add_ps(a00); o0[1] = _mm512_reduce_add_ps(a01);                  \
-    o0[2] = _mm512_reduce_add_ps(a02); o0[3] = _mm512_reduce_add_ps(a03);                  \
-    o1[0] = _mm512_reduce_add_ps(a10); o1[1] = _mm512_reduce_add_ps(a11);                  \
-    o1[2] = _mm512_reduce_add_ps(a12); o1[3] = _mm512_reduce_add_ps(a13);                  \
-    o2[0] = _mm512_reduce_add_ps(a20); o2[1] = _mm512_reduce_add_ps(a21);                  \
-    o2[2] = _mm512_reduce_add_ps(a22); o2[3] = _mm512_reduce_add_ps(a23);                  \
-    o3[0] = _mm512_reduce_add_ps(a30); o3[1] = _mm512_reduce_add_ps(a31);                  \
-    o3[2] = _mm512_reduce_add_ps(a32); o3[3] = _mm512_reduce_add_ps(a33);                  \
+    _mm_storeu_ps(o0, hsum4_16(a00, a01, a02, a03));                                       \
+    _mm_storeu_ps(o1, hsum4_16(a10, a11, a12, a13));                                       \
+    _mm_storeu_ps(o2, hsum4_16(a20, a21, a22, a23));                                       \
+    _mm_storeu_ps(o3, hsum4_16(a30, a31, a32, a33));                                       \
 }                                                                                          \
 static AVX512 void tile_##SUF##_avx512(float *out, int ldo, const float *x, int ldx,       \
                                        const void *wv, size_t ldw, int K, int nt, int nr) { \
     const WT *w = (const WT *)wv;                                                          \
     if (nt == 4 && nr == 4) { k44_##SUF(out, ldo, x, ldx, w, ldw, K); return; }            \
+    if (nr == 4 && K <= 256) { /* short rows in cache, e.g. attention keys */              \
+        for (int t = 0; t < nt; t++) k14_##SUF(out + (size_t)t * ldo, x + (size_t)t * ldx, w, ldw, K); \
+        return;                                                                            \
+    }                                                                                      \
     /* Row after row: one sequential stream through the weights is what the    */        \
     /* hardware prefetcher follows best when decoding (nearly twice as fast as  */        \
     /* four interleaved rows).                                                   */        \

@@ -26,7 +26,8 @@ def hf_layer_outputs(model, ids) -> np.ndarray:
 
     def hook(_module, _inputs, output):
         outs.append((output[0] if isinstance(output, tuple) else output)[0].float().numpy().copy())
-    handles = [layer.register_forward_hook(hook) for layer in model.model.layers]
+    inner = getattr(model.model, "language_model", model.model)  # multimodal wrappers
+    handles = [layer.register_forward_hook(hook) for layer in inner.layers]
     try:
         with torch.no_grad():
             model(torch.tensor([list(ids)], dtype=torch.long))

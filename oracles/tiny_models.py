@@ -38,7 +38,68 @@ SHAPES = {
     "qwen3-untied": dict(model_type="qwen3", hidden_size=48, intermediate_size=96, num_hidden_layers=2,
                          num_attention_heads=6, num_key_value_heads=3, head_dim=16, vocab_size=211,
                          tie_word_embeddings=False),
+    # Qwen3.5: Gated DeltaNet layers mixed with gated full attention. Hv != Hk
+    # and dk != dv catch a wrong head sharing or a transposed state.
+    "qwen3_5-text": dict(model_type="qwen3_5_text", vocab_size=256, hidden_size=64, intermediate_size=96,
+                         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                         linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                         linear_value_head_dim=24, linear_conv_kernel_dim=4,
+                         layer_types=["linear_attention", "full_attention", "linear_attention",
+                                      "full_attention"], tie_word_embeddings=False),
+    "qwen3_5-interval": dict(model_type="qwen3_5_text", vocab_size=200, hidden_size=48, intermediate_size=80,
+                             num_hidden_layers=4, num_attention_heads=6, num_key_value_heads=2, head_dim=16,
+                             linear_num_key_heads=1, linear_num_value_heads=3, linear_key_head_dim=32,
+                             linear_value_head_dim=16, linear_conv_kernel_dim=3,
+                             full_attention_interval=2, tie_word_embeddings=True),
+    "qwen3_5-wrapper": dict(model_type="qwen3_5", vocab_size=256, hidden_size=64, intermediate_size=96,
+                            num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                            linear_value_head_dim=24, linear_conv_kernel_dim=4,
+                            layer_types=["linear_attention", "full_attention", "full_attention",
+                                         "linear_attention"], tie_word_embeddings=True),
 }
+
+
+def _make_qwen35(spec: dict, seed: int, scale: float):
+    """A tiny Qwen3.5 with every parameter drawn at random: norm weights
+    start at zero there ((1 + w) form) and A_log/dt_bias at fixed values,
+    which would leave those paths untested."""
+    import torch
+    from transformers import (Qwen3_5Config, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration,
+                              Qwen3_5TextConfig)
+    spec = dict(spec)
+    wrapper = spec.pop("model_type") == "qwen3_5"
+    tie = spec.pop("tie_word_embeddings")
+    spec.setdefault("rms_norm_eps", 1e-6)
+    spec["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                               "mrope_section": [11, 11, 10], "mrope_interleaved": True}
+    torch.manual_seed(seed)
+    if wrapper:
+        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=4,
+                      spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=spec["hidden_size"],
+                      num_position_embeddings=16)
+        model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(
+            text_config=dict(spec, tie_word_embeddings=tie), vision_config=vision, tie_word_embeddings=tie))
+    else:
+        model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**spec, tie_word_embeddings=tie))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "visual" in name:
+                continue
+            if name.endswith("A_log"):
+                p.copy_(torch.empty(p.shape).uniform_(0.01, 4, generator=g).log())
+            elif name.endswith("dt_bias"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5 + 1.0)
+            elif name.endswith("linear_attn.norm.weight"):
+                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g))
+            elif "norm" in name:
+                p.copy_(0.3 * torch.randn(p.shape, generator=g))
+            elif "conv1d" in name:
+                p.copy_(0.4 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(scale * torch.randn(p.shape, generator=g))
+    return model.float().eval()
 
 
 def make_tiny_model(kind: str, folder, seed: int = 0, init_scale: float = 0.2,
@@ -48,6 +109,12 @@ def make_tiny_model(kind: str, folder, seed: int = 0, init_scale: float = 0.2,
     from transformers import AutoConfig, AutoModelForCausalLM
 
     spec = dict(SHAPES[kind])
+    if spec["model_type"].startswith("qwen3_5"):
+        model = _make_qwen35(spec, seed, scale=0.12)
+        if dtype != "float32":
+            model = model.to(torch.bfloat16)
+        model.save_pretrained(Path(folder), safe_serialization=True)
+        return Path(folder)
     model_type = spec.pop("model_type")
     spec.setdefault("max_position_embeddings", 512)
     spec.setdefault("rms_norm_eps", 1e-5)

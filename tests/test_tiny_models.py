@@ -38,7 +38,7 @@ def test_logits_match_transformers(kind, tiny_model_dir):
     print(f"{kind}: worst err/bound {worst:.3f}, median margin {np.median(margins):.3g}")
 
 
-@pytest.mark.parametrize("kind", ["llama-gqa", "qwen2", "qwen3"])
+@pytest.mark.parametrize("kind", ["llama-gqa", "qwen2", "qwen3", "qwen3_5-text"])
 def test_layer_outputs_match_transformers(kind, tiny_model_dir):
     folder = tiny_model_dir(kind)
     ours = Model.from_pretrained(folder, threads=2)
@@ -65,11 +65,12 @@ def test_greedy_matches_transformers(kind, tiny_model_dir):
     print(f"{kind}: smallest margin compared {smallest:.3g}")
 
 
-@pytest.mark.parametrize("kind", ["llama-gqa", "llama-headdim-bias", "qwen3"])
+@pytest.mark.parametrize("kind", ["llama-gqa", "llama-headdim-bias", "qwen3", "qwen3_5-text",
+                                  "qwen3_5-interval"])
 def test_cached_decoding_is_bit_identical_to_recompute(kind, tiny_model_dir):
     folder = tiny_model_dir(kind)
     ids = sequences(300, seed=3)[3][:50]
-    ids = [i % 200 for i in ids]
+    ids = [i % 200 for i in ids]  # every tiny vocabulary has at least 200 tokens
     full = Model.from_pretrained(folder, threads=2).logits(ids)
     # Token by token through the cache, and in uneven chunks with a tiny batch.
     step = Model.from_pretrained(folder, threads=1, max_batch=1)
@@ -112,7 +113,7 @@ def test_every_simd_path_matches_transformers(path, tiny_model_dir):
         _core.set_simd_path(before)
 
 
-@pytest.mark.parametrize("kind", ["llama-gqa", "qwen3"])
+@pytest.mark.parametrize("kind", ["llama-gqa", "qwen3", "qwen3_5-text"])
 def test_bf16_weights_match_a_bf16_weight_reference(kind, tiny_model_dir):
     """bf16 weights are widened to fp32 exactly, so against a reference whose
     weights were rounded to bf16 (computing in fp32) the fp32 bound holds."""
@@ -136,3 +137,23 @@ def test_bf16_checkpoint_loads_in_both_dtypes(tiny_model_dir):
     for dtype in ("f32", "bf16"):
         ok, err, _ = within(Model.from_pretrained(folder, dtype=dtype).logits(ids), want)
         assert ok, f"{dtype}: max err {err:.3g}"
+
+
+def test_qwen3_5_prompt_in_chunks_equals_token_by_token(tiny_model_dir):
+    """The recurrent state carries across calls: a prompt split into uneven
+    calls gives exactly the logits of one call, and a fresh start (pos 0)
+    forgets the previous sequence."""
+    folder = tiny_model_dir("qwen3_5-wrapper")
+    ids = np.array(sequences(256, seed=6)[3][:45])
+    m = Model.from_pretrained(folder, threads=2)
+    full = m.logits(ids)
+    engine = m._engine
+    engine.forward(ids[:5], 0, True)  # an unrelated sequence first
+    parts = [engine.forward(ids[0:7], 0, True), engine.forward(ids[7:8], 7, True),
+             engine.forward(ids[8:30], 8, True), engine.forward(ids[30:], 30, True)]
+    assert np.array_equal(np.concatenate(parts), full)
+
+
+def test_qwen3_5_wrapper_says_it_ignores_the_vision_tower(tiny_model_dir):
+    with pytest.warns(UserWarning, match="vision"):
+        Model.from_pretrained(tiny_model_dir("qwen3_5-wrapper"))

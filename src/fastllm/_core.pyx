@@ -16,9 +16,33 @@ cnp.import_array()
 from fastllm.cfastllm cimport *
 
 
-_MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
-_VECTORS = ("bq", "bk", "bv", "bo", "q_norm", "k_norm", "attn_norm", "ffn_norm",
-            "b_gate", "b_up", "b_down")
+# Per-layer tensors: name -> (is a weight matrix in wtype, shape from the config).
+# Matrices come in the weight dtype, everything else in float32.
+def _layer_shapes(c):
+    qd, kvd = c["n_heads"] * c["head_dim"], c["n_kv_heads"] * c["head_dim"]
+    kd = c.get("lin_k_heads", 0) * c.get("lin_k_dim", 0)
+    vd = c.get("lin_v_heads", 0) * c.get("lin_v_dim", 0)
+    hv, dim, hid = c.get("lin_v_heads", 0), c["dim"], c["hidden_dim"]
+    return {
+        "attn_norm": (False, (dim,)), "ffn_norm": (False, (dim,)),
+        "w_gate": (True, (hid, dim)), "w_up": (True, (hid, dim)), "w_down": (True, (dim, hid)),
+        "b_gate": (False, (hid,)), "b_up": (False, (hid,)), "b_down": (False, (dim,)),
+        "wq": (True, (qd, dim)), "wk": (True, (kvd, dim)), "wv": (True, (kvd, dim)),
+        "wo": (True, (dim, qd)), "bq": (False, (qd,)), "bk": (False, (kvd,)),
+        "bv": (False, (kvd,)), "bo": (False, (dim,)),
+        "q_norm": (False, (c["head_dim"],)), "k_norm": (False, (c["head_dim"],)),
+        "w_attn_gate": (True, (qd, dim)),
+        "w_qkv": (True, (2 * kd + vd, dim)), "w_z": (True, (vd, dim)), "w_b": (True, (hv, dim)),
+        "w_a": (True, (hv, dim)), "conv_w": (False, (2 * kd + vd, c.get("conv_kernel", 0))),
+        "lin_A": (False, (hv,)), "dt_bias": (False, (hv,)), "lin_norm": (False, (c.get("lin_v_dim", 0),)),
+        "w_out": (True, (dim, vd)),
+    }
+
+_REQUIRED = {
+    "attention": ("attn_norm", "ffn_norm", "w_gate", "w_up", "w_down", "wq", "wk", "wv", "wo"),
+    "linear_attention": ("attn_norm", "ffn_norm", "w_gate", "w_up", "w_down", "w_qkv", "w_z",
+                         "w_b", "w_a", "conv_w", "lin_A", "dt_bias", "lin_norm", "w_out"),
+}
 
 
 def simd_path():
@@ -72,6 +96,11 @@ cdef class Engine:
         c.rope_dim = config["rope_dim"]
         c.norm_eps = config["norm_eps"]
         c.attn_scale = config["attn_scale"]
+        c.lin_k_heads = config.get("lin_k_heads", 0)
+        c.lin_v_heads = config.get("lin_v_heads", 0)
+        c.lin_k_dim = config.get("lin_k_dim", 0)
+        c.lin_v_dim = config.get("lin_v_dim", 0)
+        c.conv_kernel = config.get("conv_kernel", 0)
         wdtype = np.dtype(config["wtype"])
         if wdtype == np.float32:
             c.wtype = FLM_F32
@@ -93,46 +122,66 @@ cdef class Engine:
             raise ValueError("max_batch must be positive")
         self.cfg = c
 
+        kinds = {d.get("kind", "attention") for d in layers}
+        if "linear_attention" in kinds:
+            if min(c.lin_k_heads, c.lin_v_heads, c.lin_k_dim, c.lin_v_dim, c.conv_kernel) <= 0:
+                raise ValueError("linear attention layers need lin_k_heads, lin_v_heads, "
+                                 "lin_k_dim, lin_v_dim and conv_kernel")
+            if c.lin_v_heads % c.lin_k_heads:
+                raise ValueError("lin_v_heads must be a multiple of lin_k_heads")
+        shapes = _layer_shapes(config)
         keep = []
-        qd, kvd = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
-        mshapes = {"wq": (qd, c.dim), "wk": (kvd, c.dim), "wv": (kvd, c.dim), "wo": (c.dim, qd),
-                   "w_gate": (c.hidden_dim, c.dim), "w_up": (c.hidden_dim, c.dim),
-                   "w_down": (c.dim, c.hidden_dim)}
-        vshapes = {"bq": (qd,), "bk": (kvd,), "bv": (kvd,), "bo": (c.dim,),
-                   "q_norm": (c.head_dim,), "k_norm": (c.head_dim,),
-                   "attn_norm": (c.dim,), "ffn_norm": (c.dim,),
-                   "b_gate": (c.hidden_dim,), "b_up": (c.hidden_dim,), "b_down": (c.dim,)}
         self.layers = <FlmLayer *>calloc(c.n_layers, sizeof(FlmLayer))
         if self.layers == NULL:
             raise MemoryError()
         cdef FlmLayer *L
         for i, d in enumerate(layers):
             L = &self.layers[i]
-            unknown = set(d) - set(_MATRICES) - set(_VECTORS)
+            kind = d.get("kind", "attention")
+            if kind not in _REQUIRED:
+                raise ValueError(f"layer {i}: unknown kind {kind!r}")
+            L.kind = FLM_LINEAR_ATTENTION if kind == "linear_attention" else FLM_ATTENTION
+            arrays = {k: v for k, v in d.items() if k != "kind" and v is not None}
+            unknown = set(arrays) - set(shapes)
             if unknown:
                 raise ValueError(f"layer {i}: unknown weights {sorted(unknown)}")
-            for name in ("attn_norm", "ffn_norm") + _MATRICES:
-                if d.get(name) is None:
-                    raise ValueError(f"layer {i}: missing weight {name}")
-            L.wq = _ptr(d["wq"], wdtype, mshapes["wq"], f"layer {i} wq")
-            L.wk = _ptr(d["wk"], wdtype, mshapes["wk"], f"layer {i} wk")
-            L.wv = _ptr(d["wv"], wdtype, mshapes["wv"], f"layer {i} wv")
-            L.wo = _ptr(d["wo"], wdtype, mshapes["wo"], f"layer {i} wo")
-            L.w_gate = _ptr(d["w_gate"], wdtype, mshapes["w_gate"], f"layer {i} w_gate")
-            L.w_up = _ptr(d["w_up"], wdtype, mshapes["w_up"], f"layer {i} w_up")
-            L.w_down = _ptr(d["w_down"], wdtype, mshapes["w_down"], f"layer {i} w_down")
-            L.attn_norm = <const float *>_ptr(d["attn_norm"], np.float32, vshapes["attn_norm"], f"layer {i} attn_norm")
-            L.ffn_norm = <const float *>_ptr(d["ffn_norm"], np.float32, vshapes["ffn_norm"], f"layer {i} ffn_norm")
-            L.bq = _opt(d.get("bq"), vshapes["bq"], f"layer {i} bq")
-            L.bk = _opt(d.get("bk"), vshapes["bk"], f"layer {i} bk")
-            L.bv = _opt(d.get("bv"), vshapes["bv"], f"layer {i} bv")
-            L.bo = _opt(d.get("bo"), vshapes["bo"], f"layer {i} bo")
-            L.q_norm = _opt(d.get("q_norm"), vshapes["q_norm"], f"layer {i} q_norm")
-            L.k_norm = _opt(d.get("k_norm"), vshapes["k_norm"], f"layer {i} k_norm")
-            L.b_gate = _opt(d.get("b_gate"), vshapes["b_gate"], f"layer {i} b_gate")
-            L.b_up = _opt(d.get("b_up"), vshapes["b_up"], f"layer {i} b_up")
-            L.b_down = _opt(d.get("b_down"), vshapes["b_down"], f"layer {i} b_down")
-            keep.append(d)
+            missing = [n for n in _REQUIRED[kind] if n not in arrays]
+            if missing:
+                raise ValueError(f"layer {i}: missing weights {missing}")
+            ptrs = {}
+            for name, arr in arrays.items():
+                is_matrix, shape = shapes[name]
+                ptrs[name] = <size_t>_ptr(arr, wdtype if is_matrix else np.float32, shape,
+                                          f"layer {i} {name}")
+            L.wq = <const void *><size_t>ptrs.get("wq", 0)
+            L.wk = <const void *><size_t>ptrs.get("wk", 0)
+            L.wv = <const void *><size_t>ptrs.get("wv", 0)
+            L.wo = <const void *><size_t>ptrs.get("wo", 0)
+            L.bq = <const float *><size_t>ptrs.get("bq", 0)
+            L.bk = <const float *><size_t>ptrs.get("bk", 0)
+            L.bv = <const float *><size_t>ptrs.get("bv", 0)
+            L.bo = <const float *><size_t>ptrs.get("bo", 0)
+            L.q_norm = <const float *><size_t>ptrs.get("q_norm", 0)
+            L.k_norm = <const float *><size_t>ptrs.get("k_norm", 0)
+            L.w_attn_gate = <const void *><size_t>ptrs.get("w_attn_gate", 0)
+            L.w_qkv = <const void *><size_t>ptrs.get("w_qkv", 0)
+            L.w_z = <const void *><size_t>ptrs.get("w_z", 0)
+            L.w_b = <const void *><size_t>ptrs.get("w_b", 0)
+            L.w_a = <const void *><size_t>ptrs.get("w_a", 0)
+            L.conv_w = <const float *><size_t>ptrs.get("conv_w", 0)
+            L.lin_A = <const float *><size_t>ptrs.get("lin_A", 0)
+            L.dt_bias = <const float *><size_t>ptrs.get("dt_bias", 0)
+            L.lin_norm = <const float *><size_t>ptrs.get("lin_norm", 0)
+            L.w_out = <const void *><size_t>ptrs.get("w_out", 0)
+            L.attn_norm = <const float *><size_t>ptrs["attn_norm"]
+            L.ffn_norm = <const float *><size_t>ptrs["ffn_norm"]
+            L.w_gate = <const void *><size_t>ptrs["w_gate"]
+            L.w_up = <const void *><size_t>ptrs["w_up"]
+            L.w_down = <const void *><size_t>ptrs["w_down"]
+            L.b_gate = <const float *><size_t>ptrs.get("b_gate", 0)
+            L.b_up = <const float *><size_t>ptrs.get("b_up", 0)
+            L.b_down = <const float *><size_t>ptrs.get("b_down", 0)
+            keep.append(arrays)
         self.w.layers = self.layers
         self.w.embed = _ptr(embed, wdtype, (c.vocab_size, c.dim), "embedding")
         self.w.lm_head = _ptr(lm_head, wdtype, (c.vocab_size, c.dim), "lm_head")
@@ -193,9 +242,4 @@ cdef class Engine:
         result = out if all_logits else out[0]
         return (result, trace) if hidden_states else result
 
-
-cdef const float *_opt(object arr, tuple shape, str what) except? NULL:
-    if arr is None:
-        return NULL
-    return <const float *>_ptr(arr, np.float32, shape, what)
 

@@ -5,6 +5,9 @@ cdef extern from "fastllm.h" nogil:
     enum:
         FLM_F32
         FLM_BF16
+    enum:
+        FLM_ATTENTION
+        FLM_LINEAR_ATTENTION
 
     ctypedef struct FlmConfig:
         int dim
@@ -19,8 +22,14 @@ cdef extern from "fastllm.h" nogil:
         int wtype
         float norm_eps
         float attn_scale
+        int lin_k_heads
+        int lin_v_heads
+        int lin_k_dim
+        int lin_v_dim
+        int conv_kernel
 
     ctypedef struct FlmLayer:
+        int kind
         const void *wq
         const void *wk
         const void *wv
@@ -31,6 +40,16 @@ cdef extern from "fastllm.h" nogil:
         const float *bo
         const float *q_norm
         const float *k_norm
+        const void *w_attn_gate
+        const void *w_qkv
+        const void *w_z
+        const void *w_b
+        const void *w_a
+        const float *conv_w
+        const float *lin_A
+        const float *dt_bias
+        const float *lin_norm
+        const void *w_out
         const float *attn_norm
         const float *ffn_norm
         const void *w_gate

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import numpy as np
 
 from .errors import ModelFileError
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_5_text", "qwen3_5")
 
 
 @dataclass
@@ -38,7 +39,23 @@ class ModelConfig:
     qk_norm: bool = False            # per-head RMSNorm on q and k (qwen3)
     bos_token_id: int | None = None
     eos_token_id: list = field(default_factory=list)
+    # Qwen3.5: Gated DeltaNet layers mixed with gated full attention.
+    layer_types: list | None = None
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
+    norm_plus_one: bool = False      # RMSNorm weights stored zero-centred: y = norm(x) * (1 + w)
+    attn_output_gate: bool = False   # q_proj also yields a sigmoid gate on the attention output
+    weight_prefix: str = "model."
     path: Path | None = None
+
+    def layer_kind(self, i: int) -> str:
+        """'attention' or 'linear_attention' for layer i."""
+        if self.layer_types is None:
+            return "attention"
+        return "linear_attention" if self.layer_types[i] == "linear_attention" else "attention"
 
     @property
     def rope_dim(self) -> int:
@@ -71,6 +88,19 @@ class ModelConfig:
             return value
 
         model_type = raw.get("model_type")
+        prefix = "model."
+        if model_type == "qwen3_5":
+            # The multimodal wrapper: its text model is all fastllm runs.
+            text = raw.get("text_config")
+            if not isinstance(text, dict):
+                raise ModelFileError(path, "model_type 'qwen3_5' without a text_config object")
+            warnings.warn(f"{path}: qwen3_5 checkpoint: running its text model; the vision "
+                          "tower and multi-token-prediction weights are ignored", stacklevel=3)
+            merged = dict(text)
+            if "tie_word_embeddings" in raw:
+                merged["tie_word_embeddings"] = raw["tie_word_embeddings"]
+            raw, prefix = merged, "model.language_model."
+            raw["model_type"] = model_type = "qwen3_5_text"
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ModelFileError(path, f"model_type {model_type!r} is not supported "
                                        f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
@@ -90,7 +120,9 @@ class ModelConfig:
         if raw.get("head_dim") is None and hidden % heads:
             raise ModelFileError(path, f"hidden_size ({hidden}) is not divisible by "
                                        f"num_attention_heads ({heads}) and no head_dim is given")
-        prf = raw.get("partial_rotary_factor", 1.0) or 1.0
+        rope_params = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
+        prf = (raw.get("partial_rotary_factor") or rope_params.get("partial_rotary_factor")
+               or (0.25 if model_type == "qwen3_5_text" else 1.0))
         if not (0 < prf <= 1) or int(head_dim * prf) % 2:
             raise ModelFileError(path, f"partial_rotary_factor {prf!r} does not give an even "
                                        f"number of rotated dims of head_dim {head_dim}")
@@ -105,10 +137,33 @@ class ModelConfig:
                 raise ModelFileError(path, "use_sliding_window is true: sliding-window attention "
                                            "is not supported (fastllm attends to the whole context)")
             attention_bias, mlp_bias, qk_norm = bool(raw.get("attention_bias", False)), False, True
+        elif model_type == "qwen3_5_text":
+            if raw.get("attention_bias"):
+                raise ModelFileError(path, "attention_bias is not supported for qwen3_5_text")
+            attention_bias, mlp_bias, qk_norm = False, False, True
         else:
             attention_bias = bool(raw.get("attention_bias", False))
             mlp_bias = bool(raw.get("mlp_bias", False))
             qk_norm = False
+
+        layer_types, linear = None, {}
+        if model_type == "qwen3_5_text":
+            n_layers = need("num_hidden_layers")
+            layer_types = raw.get("layer_types")
+            if layer_types is None:
+                interval = raw.get("full_attention_interval", 4)
+                layer_types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                               for i in range(n_layers)]
+            if (not isinstance(layer_types, list) or len(layer_types) != n_layers
+                    or any(t not in ("full_attention", "linear_attention") for t in layer_types)):
+                raise ModelFileError(path, "layer_types must list 'full_attention' or "
+                                           f"'linear_attention' for each of the {n_layers} layers")
+            linear = {key: need(key) for key in (
+                "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                "linear_value_head_dim", "linear_conv_kernel_dim")}
+            if linear["linear_num_value_heads"] % linear["linear_num_key_heads"]:
+                raise ModelFileError(path, "linear_num_value_heads must be a multiple of "
+                                           "linear_num_key_heads")
 
         eos = raw.get("eos_token_id")
         eos = [] if eos is None else list(eos) if isinstance(eos, list) else [eos]
@@ -140,7 +195,12 @@ class ModelConfig:
             qk_norm=qk_norm,
             bos_token_id=raw.get("bos_token_id"),
             eos_token_id=eos,
+            layer_types=layer_types,
+            norm_plus_one=model_type == "qwen3_5_text",
+            attn_output_gate=model_type == "qwen3_5_text",
+            weight_prefix=prefix,
             path=Path(path) if path else None,
+            **linear,
         )
         cfg.rope_inv_freq(cfg.max_position_embeddings)  # validates rope_scaling early
         return cfg
@@ -214,14 +274,23 @@ class ModelConfig:
         h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
         qd = self.num_attention_heads * self.head_dim
         kvd = self.num_key_value_heads * self.head_dim
-        per_layer = h * qd * 2 + h * kvd * 2 + 3 * h * i + 2 * h
+        mlp = 3 * h * i + 2 * h + (2 * i + h if self.mlp_bias else 0)
+        attn = h * qd * 2 + h * kvd * 2
+        if self.attn_output_gate:
+            attn += h * qd
         if self.attention_bias:
-            per_layer += qd + 2 * kvd + (h if self.model_type == "llama" else 0)
-        if self.mlp_bias:
-            per_layer += 2 * i + h
+            attn += qd + 2 * kvd + (h if self.model_type == "llama" else 0)
         if self.qk_norm:
-            per_layer += 2 * self.head_dim
-        total = v * h + self.num_hidden_layers * per_layer + h
+            attn += 2 * self.head_dim
+        kd = self.linear_num_key_heads * self.linear_key_head_dim
+        vd = self.linear_num_value_heads * self.linear_value_head_dim
+        hv = self.linear_num_value_heads
+        conv = 2 * kd + vd
+        linear = (h * conv + h * vd + 2 * h * hv + conv * self.linear_conv_kernel_dim
+                  + 2 * hv + self.linear_value_head_dim + vd * h)
+        total = v * h + h
+        for layer in range(self.num_hidden_layers):
+            total += mlp + (linear if self.layer_kind(layer) == "linear_attention" else attn)
         if not self.tie_word_embeddings:
             total += v * h
         return total

@@ -99,6 +99,9 @@ class Model:
             "vocab_size": config.vocab_size, "seq_len": seq_len, "rope_dim": config.rope_dim,
             "norm_eps": config.rms_norm_eps, "attn_scale": config.head_dim ** -0.5,
             "wtype": np.uint16 if dtype == "bf16" else np.float32,
+            "lin_k_heads": config.linear_num_key_heads, "lin_v_heads": config.linear_num_value_heads,
+            "lin_k_dim": config.linear_key_head_dim, "lin_v_dim": config.linear_value_head_dim,
+            "conv_kernel": config.linear_conv_kernel_dim,
         }
         engine = _core.Engine(engine_config, weights["layers"], weights["embed"], weights["norm"],
                               weights["lm_head"], cos, sin, max_batch=max_batch, n_threads=threads)
@@ -152,6 +155,11 @@ class Model:
             if a != b:
                 break
             common += 1
+        if self.config.layer_types and "linear_attention" in self.config.layer_types:
+            # A recurrent state cannot be rewound: it is reused only when the
+            # new prompt extends everything it has seen.
+            if common < len(self._cached) or common == len(ids):
+                common = 0
         common = min(common, len(ids) - 1)  # run at least one token to get logits
         logits = self._engine.forward(np.asarray(ids[common:], np.int32), common, False)
         self._cached = list(ids)

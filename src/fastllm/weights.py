@@ -39,6 +39,20 @@ LAYER_TENSORS = {
     "b_down": "mlp.down_proj.bias",
 }
 MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+# Gated DeltaNet (linear attention) layers of Qwen3.5.
+LAYER_TENSORS.update({
+    "w_qkv": "linear_attn.in_proj_qkv.weight",
+    "w_z": "linear_attn.in_proj_z.weight",
+    "w_b": "linear_attn.in_proj_b.weight",
+    "w_a": "linear_attn.in_proj_a.weight",
+    "conv_w": "linear_attn.conv1d.weight",
+    "lin_A": "linear_attn.A_log",
+    "dt_bias": "linear_attn.dt_bias",
+    "lin_norm": "linear_attn.norm.weight",
+    "w_out": "linear_attn.out_proj.weight",
+})
+LINEAR_MATRICES = ("w_qkv", "w_z", "w_b", "w_a", "w_out")
+LINEAR_TENSORS = {"w_qkv", "w_z", "w_b", "w_a", "conv_w", "lin_A", "dt_bias", "lin_norm", "w_out"}
 ROPE_PERMUTED = {"wq": "q", "bq": "q", "wk": "k", "bk": "k", "q_norm": "norm", "k_norm": "norm"}
 
 
@@ -121,49 +135,89 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False) -> dict:
     """The arrays for fastllm._core.Engine: embed, norm, lm_head and a dict
     per layer, each checked against the shape the config implies."""
     ck = Checkpoint(folder)
-    h, inter = cfg.hidden_size, cfg.intermediate_size
-    qd, kvd = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    h, inter, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    qd, kvd = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+    kd = cfg.linear_num_key_heads * cfg.linear_key_head_dim
+    vd = cfg.linear_num_value_heads * cfg.linear_value_head_dim
+    hv = cfg.linear_num_value_heads
     expected = {
-        "attn_norm": (h,), "ffn_norm": (h,), "wq": (qd, h), "wk": (kvd, h), "wv": (kvd, h),
-        "wo": (h, qd), "bq": (qd,), "bk": (kvd,), "bv": (kvd,), "bo": (h,),
-        "q_norm": (cfg.head_dim,), "k_norm": (cfg.head_dim,),
+        "attn_norm": (h,), "ffn_norm": (h,), "wq": (qd * (2 if cfg.attn_output_gate else 1), h),
+        "wk": (kvd, h), "wv": (kvd, h), "wo": (h, qd), "bq": (qd,), "bk": (kvd,), "bv": (kvd,),
+        "bo": (h,), "q_norm": (hd,), "k_norm": (hd,),
         "w_gate": (inter, h), "w_up": (inter, h), "w_down": (h, inter),
         "b_gate": (inter,), "b_up": (inter,), "b_down": (h,),
+        "w_qkv": (2 * kd + vd, h), "w_z": (vd, h), "w_b": (hv, h), "w_a": (hv, h),
+        "conv_w": (2 * kd + vd, 1, cfg.linear_conv_kernel_dim), "lin_A": (hv,), "dt_bias": (hv,),
+        "lin_norm": (cfg.linear_value_head_dim,), "w_out": (h, vd),
     }
-    wanted = {"attn_norm", "ffn_norm", *MATRICES}
-    if cfg.attention_bias:
-        wanted |= {"bq", "bk", "bv"} | ({"bo"} if cfg.model_type == "llama" else set())
+    common = {"attn_norm", "ffn_norm", "w_gate", "w_up", "w_down"}
     if cfg.mlp_bias:
-        wanted |= {"b_gate", "b_up", "b_down"}
+        common |= {"b_gate", "b_up", "b_down"}
+    attention = {"wq", "wk", "wv", "wo"}
+    if cfg.attention_bias:
+        attention |= {"bq", "bk", "bv"} | ({"bo"} if cfg.model_type == "llama" else set())
     if cfg.qk_norm:
-        wanted |= {"q_norm", "k_norm"}
-    perm = rope_permutation(cfg.head_dim, cfg.rope_dim)
+        attention |= {"q_norm", "k_norm"}
+    perm = rope_permutation(hd, cfg.rope_dim)
     heads = {"q": cfg.num_attention_heads, "k": cfg.num_key_value_heads, "norm": 1}
+    # (1 + w) is formed once here, in float32 as the reference forms it.
+    zero_centred = {"attn_norm", "ffn_norm", "q_norm", "k_norm"} if cfg.norm_plus_one else set()
 
-    def get(name, shape, matrix, permute=None):
+    def get(name, key):
         f = ck.file_of(name)
-        if f.shape(name) != shape:
+        shape = expected.get(key, None)
+        if shape is not None and f.shape(name) != shape:
             raise ModelFileError(f.path, f"tensor {name!r} has shape {list(f.shape(name))}, "
                                          f"config.json implies {list(shape)}")
+        matrix = key in MATRICES or key in LINEAR_MATRICES or key in ("embed", "lm_head")
+        if key == "wq" and cfg.attn_output_gate:
+            # q_proj holds [q_h | gate_h] for each head h: split, then permute q.
+            both = _as_compute_dtype(f, name, bf16).reshape(heads["q"], 2, hd, h)
+            q = np.ascontiguousarray(both[:, 0][:, perm]).reshape(qd, h)
+            gate = np.ascontiguousarray(both[:, 1]).reshape(qd, h)
+            f.release(name)
+            return q, gate
+        permute = ROPE_PERMUTED.get(key)
         arr = _as_compute_dtype(f, name, bf16 and matrix,
                                 perm if permute else None, heads.get(permute))
+        if key in zero_centred:
+            arr = (np.float32(1.0) + arr).astype(np.float32)
+        elif key == "lin_A":
+            arr = (-np.exp(arr.astype(np.float32))).astype(np.float32)
+        elif key == "conv_w":
+            arr = np.ascontiguousarray(arr.reshape(arr.shape[0], arr.shape[2]))
         if not np.may_share_memory(arr, f.raw(name)):
             f.release(name)
         return arr
 
+    prefix = cfg.weight_prefix
     layers = []
     for i in range(cfg.num_hidden_layers):
-        layer = {}
-        for key in sorted(wanted):
-            name = f"model.layers.{i}.{LAYER_TENSORS[key]}"
-            layer[key] = get(name, expected[key], key in MATRICES, ROPE_PERMUTED.get(key))
+        kind = cfg.layer_kind(i)
+        layer = {"kind": kind}
+        for key in sorted(common | (attention if kind == "attention" else LINEAR_TENSORS)):
+            arr = get(f"{prefix}layers.{i}.{LAYER_TENSORS[key]}", key)
+            if key == "wq" and cfg.attn_output_gate:
+                layer["wq"], layer["w_attn_gate"] = arr
+            else:
+                layer[key] = arr
         layers.append(layer)
-    embed = get("model.embed_tokens.weight", (cfg.vocab_size, h), True)
-    if cfg.tie_word_embeddings or "lm_head.weight" not in ck:
+    embed = get(f"{prefix}embed_tokens.weight", "embed")
+    if embed.shape != (cfg.vocab_size, h):
+        raise ModelFileError(folder, f"embedding has shape {list(embed.shape)}, config.json implies "
+                                     f"{[cfg.vocab_size, h]}")
+    # transformers ties the head to the embedding when asked to, except that
+    # Qwen3.5 keeps an lm_head the file does carry.
+    untie = cfg.model_type in ("qwen3_5_text", "qwen3_5") and "lm_head.weight" in ck
+    if (cfg.tie_word_embeddings and not untie) or "lm_head.weight" not in ck:
         if not cfg.tie_word_embeddings:
             raise ModelFileError(folder, "lm_head.weight is missing and tie_word_embeddings is false")
         lm_head = embed
     else:
-        lm_head = get("lm_head.weight", (cfg.vocab_size, h), True)
-    norm = get("model.norm.weight", (h,), False)
+        lm_head = get("lm_head.weight", "lm_head")
+        if lm_head.shape != (cfg.vocab_size, h):
+            raise ModelFileError(folder, f"lm_head has shape {list(lm_head.shape)}")
+    norm = get(f"{prefix}norm.weight", "norm")
+    if cfg.norm_plus_one:
+        norm = (np.float32(1.0) + norm).astype(np.float32)
     return {"layers": layers, "embed": embed, "lm_head": lm_head, "norm": norm}
