@@ -16,6 +16,14 @@
 #endif
 
 static int imax(int a, int b) { return a > b ? a : b; }
+
+static int thread_num(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
 static int imin(int a, int b) { return a < b ? a : b; }
 
 /* ------------------------------------------------------------ run state */
@@ -31,7 +39,7 @@ static size_t lin_state_floats(const FlmConfig *c) {
 }
 static int mixer_dim(const FlmConfig *c) { return imax(c->dim, imax(q_dim(c), lin_value_dim(c))); }
 
-size_t flm_state_work_floats(const FlmConfig *c, int max_batch) {
+size_t flm_state_work_floats(const FlmConfig *c, int max_batch, int max_threads) {
     size_t b = (size_t)max_batch;
     return b * c->dim                         /* x */
          + b * mixer_dim(c)                   /* xb */
@@ -40,16 +48,18 @@ size_t flm_state_work_floats(const FlmConfig *c, int max_batch) {
          + 2 * b * c->hidden_dim              /* hb, hb2 */
          + b * imax(q_dim(c), lin_value_dim(c)) /* gate */
          + b * (conv_dim(c) + 2 * (size_t)c->lin_v_heads) /* lin */
-         + b * c->n_heads * (size_t)c->seq_len; /* att */
+         + (size_t)max_threads * c->seq_len;  /* att */
 }
 
 size_t flm_state_cache_floats(const FlmConfig *c) {
     return 2 * (size_t)c->n_layers * c->seq_len * kv_dim(c) + c->n_layers * lin_state_floats(c);
 }
 
-void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, float *work, float *cache) {
+void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, int max_threads,
+                    float *work, float *cache) {
     size_t b = (size_t)max_batch;
     s->max_batch = max_batch;
+    s->max_threads = max_threads;
     s->x = work;    work += b * c->dim;
     s->xb = work;   work += b * mixer_dim(c);
     s->xb2 = work;  work += b * c->dim;
@@ -70,20 +80,22 @@ void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, float *work,
 
 /* --------------------------------------------------------------- kernels */
 
-/* Rows r0 .. r0+nr-1 of out (T, N) = x (T, K) @ w (N, K)^T (+ bias): one
- * group of weight rows meets every token while it is still in cache. */
-static void matmul_rows(float *out, int ldo, const float *x, const void *w, const float *bias,
-                        int T, int K, int wtype, int r0, int nr) {
-    flm_tile_fn tile = wtype == FLM_BF16 ? flm_kernels->tile_bf16 : flm_kernels->tile_f32;
-    size_t esize = wtype == FLM_BF16 ? 2 : 4;
-    const void *wr = (const char *)w + (size_t)r0 * K * esize;
-    for (int t0 = 0; t0 < T; t0 += FLM_TILE_T)
-        tile(out + (size_t)t0 * ldo + r0, ldo, x + (size_t)t0 * K, K, wr, K, K,
-             imin(FLM_TILE_T, T - t0), nr);
+/* Panels p0 .. p0+np-1 (rows 16*p0 ..) of out (T, N) = x (T, K) @ w (N, K)^T
+ * (+ bias), w packed by flm_pack. */
+static void matmul_panels(float *out, int ldo, const float *x, const void *w, const float *bias,
+                          int T, int K, int N, int wtype, int p0, int np) {
+    flm_gemm_fn gemm = wtype == FLM_BF16 ? flm_kernels->gemm_bf16 : flm_kernels->gemm_f32;
+    gemm(out, ldo, x, K, w, K, T, p0, np, N);
     if (bias)
         for (int t = 0; t < T; t++)
-            for (int r = r0; r < r0 + nr; r++) out[(size_t)t * ldo + r] += bias[r];
+            for (int r = p0 * FLM_PANEL; r < imin(N, (p0 + np) * FLM_PANEL); r++)
+                out[(size_t)t * ldo + r] += bias[r];
 }
+
+/* Panels per parallel work item: a batch of tokens wants several panels in
+ * cache at once (4 x 16 rows of 576 fp32 are 147 KB, at home in L2);
+ * decoding streams each panel once, and one-panel items balance threads. */
+static int item_panels(int T) { return T >= 6 ? 4 : 1; }
 
 typedef struct {
     float *out;
@@ -97,18 +109,19 @@ typedef struct {
  * the threads meet at one barrier instead of three. Called inside a
  * parallel region. */
 static void matmul_multi(const float *x, int T, int K, int wtype, const MatJob *jobs, int njobs) {
-    int total = 0;
-    for (int i = 0; i < njobs; i++) total += (jobs[i].N + FLM_TILE_R - 1) / FLM_TILE_R;
+    const int per = item_panels(T);
+    int items[8], total = 0;
+    for (int i = 0; i < njobs; i++) {
+        items[i] = ((jobs[i].N + FLM_PANEL - 1) / FLM_PANEL + per - 1) / per;
+        total += items[i];
+    }
 #pragma omp for schedule(static)
     for (int g = 0; g < total; g++) {
         int i = 0, local = g;
-        while (local >= (jobs[i].N + FLM_TILE_R - 1) / FLM_TILE_R) {
-            local -= (jobs[i].N + FLM_TILE_R - 1) / FLM_TILE_R;
-            i++;
-        }
-        int r0 = local * FLM_TILE_R;
-        matmul_rows(jobs[i].out, jobs[i].ldo, x, jobs[i].w, jobs[i].bias, T, K, wtype, r0,
-                    imin(FLM_TILE_R, jobs[i].N - r0));
+        while (local >= items[i]) local -= items[i++];
+        int panels = (jobs[i].N + FLM_PANEL - 1) / FLM_PANEL, p0 = local * per;
+        matmul_panels(jobs[i].out, jobs[i].ldo, x, jobs[i].w, jobs[i].bias, T, K, jobs[i].N, wtype,
+                      p0, imin(per, panels - p0));
     }
 }
 
@@ -142,12 +155,14 @@ static float silu(float x) { return x / (1.0f + expf(-x)); }
  * so the gate and up values are combined while still in cache. */
 static void gate_up(const FlmConfig *c, const FlmLayer *L, FlmState *s, int T) {
     const int hidden = c->hidden_dim, dim = c->dim;
-    const int groups = (hidden + FLM_TILE_R - 1) / FLM_TILE_R;
+    const int per = item_panels(T);
+    const int panels = (hidden + FLM_PANEL - 1) / FLM_PANEL, groups = (panels + per - 1) / per;
 #pragma omp for schedule(static)
     for (int g = 0; g < groups; g++) {
-        int r0 = g * FLM_TILE_R, nr = imin(FLM_TILE_R, hidden - r0);
-        matmul_rows(s->hb, hidden, s->xb, L->w_gate, L->b_gate, T, dim, c->wtype, r0, nr);
-        matmul_rows(s->hb2, hidden, s->xb, L->w_up, L->b_up, T, dim, c->wtype, r0, nr);
+        int p0 = g * per, np = imin(per, panels - p0);
+        int r0 = p0 * FLM_PANEL, nr = imin(np * FLM_PANEL, hidden - r0);
+        matmul_panels(s->hb, hidden, s->xb, L->w_gate, L->b_gate, T, dim, hidden, c->wtype, p0, np);
+        matmul_panels(s->hb2, hidden, s->xb, L->w_up, L->b_up, T, dim, hidden, c->wtype, p0, np);
         for (int t = 0; t < T; t++) {
             float *gt = s->hb + (size_t)t * hidden, *ut = s->hb2 + (size_t)t * hidden;
             for (int r = r0; r < r0 + nr; r++) gt[r] = silu(gt[r]) * ut[r];
@@ -155,8 +170,11 @@ static void gate_up(const FlmConfig *c, const FlmLayer *L, FlmState *s, int T) {
     }
 }
 
-static void embed_row(float *out, const void *table, int token, int dim, int wtype) {
-    if (wtype == FLM_BF16) {
+static void embed_row(float *out, const FlmWeights *w, int token, int dim, int wtype) {
+    const void *table = w->embed;
+    if (!table) {  /* tied: the rows live in the packed LM head */
+        flm_packed_row(out, w->lm_head, token, dim, wtype);
+    } else if (wtype == FLM_BF16) {
         const uint16_t *row = (const uint16_t *)table + (size_t)token * dim;
         for (int i = 0; i < dim; i++) {
             uint32_t u = (uint32_t)row[i] << 16;
@@ -229,7 +247,7 @@ static void attention(const FlmConfig *c, const FlmWeights *w, const FlmLayer *L
         int t = i / nh, h = i % nh, kvh = h / group;
         float *out = s->xb + (size_t)t * qd + h * hd;
         attend(out, s->q + (size_t)t * qd + h * hd, kcache + kvh * hd, vcache + kvh * hd,
-               s->att + (size_t)i * c->seq_len, pos + t, hd, kvd, c->attn_scale);
+               s->att + (size_t)thread_num() * c->seq_len, pos + t, hd, kvd, c->attn_scale);
         if (L->w_attn_gate) {
             const float *g = s->gate + (size_t)t * qd + h * hd;
             for (int d = 0; d < hd; d++) out[d] *= sigmoid(g[d]);
@@ -351,7 +369,7 @@ static void forward_chunk(const FlmConfig *c, const FlmWeights *w, FlmState *s,
     {
 #pragma omp for schedule(static)
         for (int t = 0; t < T; t++)
-            embed_row(s->x + (size_t)t * dim, w->embed, tokens[t], dim, c->wtype);
+            embed_row(s->x + (size_t)t * dim, w, tokens[t], dim, c->wtype);
 
         for (int l = 0; l < c->n_layers; l++) {
             const FlmLayer *L = &w->layers[l];
@@ -403,6 +421,7 @@ void flm_forward(const FlmConfig *c, const FlmWeights *w, FlmState *s,
                  float *logits, int all_logits, int n_threads) {
     if (!kernels_ready) { flm_kernels_init(); kernels_ready = 1; }
     if (n_threads < 1) n_threads = 1;
+    if (n_threads > s->max_threads) n_threads = s->max_threads;
     for (int done = 0; done < n;) {
         int T = imin(s->max_batch, n - done);
         float *out = all_logits ? logits + (size_t)done * c->vocab_size

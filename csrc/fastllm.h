@@ -5,9 +5,10 @@
  * of memory for the run state, and calls flm_forward. Every buffer is
  * allocated and every input validated by the caller before C is called.
  *
- * Weight matrices are row-major (out_features, in_features), as HF stores
- * them, in fp32 or bf16 (FlmConfig.wtype). Q and K rows are expected permuted
- * so that RoPE rotates adjacent pairs (2i, 2i+1) of each head.
+ * Weight matrices are HF's (out_features, in_features) matrices in fp32 or
+ * bf16 (FlmConfig.wtype), packed by flm_pack into panels of 16 rows. Q and K
+ * rows are expected permuted so that RoPE rotates adjacent pairs (2i, 2i+1)
+ * of each head.
  */
 #ifndef FASTLLM_H
 #define FASTLLM_H
@@ -72,16 +73,17 @@ typedef struct {
 } FlmLayer;
 
 typedef struct {
-    const void *embed;        /* (vocab_size, dim) */
+    const void *embed;        /* (vocab_size, dim) row-major; NULL: rows of lm_head (tied) */
     const FlmLayer *layers;   /* n_layers of them */
     const float *norm;        /* (dim) final RMSNorm */
-    const void *lm_head;      /* (vocab_size, dim); the embedding when tied */
+    const void *lm_head;      /* (vocab_size, dim), packed */
     const float *rope_cos;    /* (seq_len, rope_dim/2) */
     const float *rope_sin;    /* (seq_len, rope_dim/2) */
 } FlmWeights;
 
 typedef struct {
     int max_batch;    /* tokens processed per pass over the weights */
+    int max_threads;  /* most threads a call may use (one score row each) */
     float *x;         /* (max_batch, dim) residual stream */
     float *xb;        /* (max_batch, max(dim, q_dim)) normed input / attention output */
     float *xb2;       /* (max_batch, dim) */
@@ -90,7 +92,7 @@ typedef struct {
     float *v;         /* (max_batch, n_kv_heads*head_dim) */
     float *hb;        /* (max_batch, hidden_dim) */
     float *hb2;       /* (max_batch, hidden_dim) */
-    float *att;       /* (max_batch*n_heads, seq_len) attention scores */
+    float *att;       /* (max_threads, seq_len) attention scores */
     float *gate;      /* (max_batch, max(q_dim, Hv*dv)) attention gate or z */
     float *lin;       /* (max_batch, conv_dim + 2*Hv) projections of a linear layer */
     float *lin_state; /* (n_layers, conv_dim*(K-1) + Hv*dk*dv) conv windows and
@@ -105,15 +107,20 @@ typedef struct {
     int trace_offset;   /* set by flm_forward: tokens before this chunk */
 } FlmState;
 
+/* Bytes of an (N, K) matrix packed in panels, and the packing itself. */
+size_t flm_packed_bytes(int N, int K, int wtype);
+void flm_pack(void *dst, const void *src, int N, int K, int wtype, int n_threads);
+
 /* Floats needed by the run state's work buffers (everything but the KV
  * cache), and by the KV cache (keys and values together). */
-size_t flm_state_work_floats(const FlmConfig *c, int max_batch);
+size_t flm_state_work_floats(const FlmConfig *c, int max_batch, int max_threads);
 size_t flm_state_cache_floats(const FlmConfig *c);
 
 /* Carve the state out of caller-owned memory: work must hold
  * flm_state_work_floats() floats, cache flm_state_cache_floats() floats
  * (zeroed or not: only positions already written are ever read). */
-void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, float *work, float *cache);
+void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, int max_threads,
+                    float *work, float *cache);
 
 /* Run n tokens at positions pos .. pos+n-1 (their keys/values are written to
  * the cache; positions < pos must hold earlier tokens). Linear layers carry
@@ -123,7 +130,7 @@ void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, float *work,
  * logits[n*vocab_size] when all_logits is nonzero. The caller guarantees
  * 0 <= tokens[i] < vocab_size, n >= 1 and pos + n <= seq_len. The result is
  * the same, bit for bit, for any n_threads and any split of the tokens into
- * calls. */
+ * calls. n_threads above the state's max_threads is capped. */
 void flm_forward(const FlmConfig *c, const FlmWeights *w, FlmState *s,
                  const int32_t *tokens, int n, int pos,
                  float *logits, int all_logits, int n_threads);

@@ -30,29 +30,12 @@ static float dot_generic(const float *a, const float *b, int n) {
     return reduce8(acc);
 }
 
-static float dot_bf16_generic(const float *a, const uint16_t *b, int n) {
-    float acc[GENERIC_LANES] = {0};
-    int k = 0;
-    for (; k + GENERIC_LANES <= n; k += GENERIC_LANES)
-        for (int i = 0; i < GENERIC_LANES; i++) acc[i] += a[k + i] * bf16_to_f32(b[k + i]);
-    for (int i = 0; k < n; k++, i++) acc[i] += a[k] * bf16_to_f32(b[k]);
-    return reduce8(acc);
-}
-
 static void tile_f32_generic(float *out, int ldo, const float *x, int ldx,
                              const void *w, size_t ldw, int K, int nt, int nr) {
     const float *wf = (const float *)w;
     for (int t = 0; t < nt; t++)
         for (int r = 0; r < nr; r++)
             out[t * ldo + r] = dot_generic(x + (size_t)t * ldx, wf + r * ldw, K);
-}
-
-static void tile_bf16_generic(float *out, int ldo, const float *x, int ldx,
-                              const void *w, size_t ldw, int K, int nt, int nr) {
-    const uint16_t *wh = (const uint16_t *)w;
-    for (int t = 0; t < nt; t++)
-        for (int r = 0; r < nr; r++)
-            out[t * ldo + r] = dot_bf16_generic(x + (size_t)t * ldx, wh + r * ldw, K);
 }
 
 static float exp_sum_generic(float *x, int n, float max) {
@@ -71,7 +54,8 @@ static void weighted_sum_generic(float *out, const float *p, const float *v, int
 }
 
 static const FlmKernels kernels_generic = {
-    "generic", tile_f32_generic, tile_bf16_generic, exp_sum_generic, weighted_sum_generic,
+    "generic", tile_f32_generic, flm_gemm_f32_generic, flm_gemm_bf16_generic, exp_sum_generic,
+    weighted_sum_generic,
 };
 
 /* ------------------------------------------------------------------- x86 */
@@ -167,7 +151,6 @@ static AVX2 void tile_##SUF##_avx2(float *out, int ldo, const float *x, int ldx,
 }
 
 DEFINE_AVX2_KERNELS(f32, float, W8_F32)
-DEFINE_AVX2_KERNELS(bf16, uint16_t, W8_BF16)
 
 static AVX2 void weighted_sum_avx2(float *out, const float *p, const float *v, int n, size_t ldv, int dim) {
     int d = 0;
@@ -184,7 +167,7 @@ static AVX2 void weighted_sum_avx2(float *out, const float *p, const float *v, i
 }
 
 static const FlmKernels kernels_avx2 = {
-    "avx2", tile_f32_avx2, tile_bf16_avx2, exp_sum_generic, weighted_sum_avx2,
+    "avx2", tile_f32_avx2, flm_gemm_f32_avx2, flm_gemm_bf16_avx2, exp_sum_generic, weighted_sum_avx2,
 };
 
 /* ---- AVX-512: 16 lanes, masked tail.
@@ -310,7 +293,6 @@ static AVX512 void tile_##SUF##_avx512(float *out, int ldo, const float *x, int 
 }
 
 DEFINE_AVX512_KERNELS(f32, float, W16_F32, WM16_F32)
-DEFINE_AVX512_KERNELS(bf16, uint16_t, W16_BF16, WM16_BF16)
 
 /* exp(x) as 2^n * p(r), x = n*ln2 + r, |r| <= ln2/2, with a degree-6
  * polynomial for exp(r): about 1 ulp, and exactly 0 far below. */
@@ -365,7 +347,8 @@ static AVX512 void weighted_sum_avx512(float *out, const float *p, const float *
 }
 
 static const FlmKernels kernels_avx512 = {
-    "avx512", tile_f32_avx512, tile_bf16_avx512, exp_sum_avx512, weighted_sum_avx512,
+    "avx512", tile_f32_avx512, flm_gemm_f32_avx512, flm_gemm_bf16_avx512, exp_sum_avx512,
+    weighted_sum_avx512,
 };
 #endif /* x86 */
 

@@ -14,10 +14,16 @@
 typedef void (*flm_tile_fn)(float *out, int ldo, const float *x, int ldx,
                             const void *w, size_t ldw, int K, int nt, int nr);
 
+/* out[t*ldo + r] = sum_k x[t*ldx + k] * W[r][k] for t < T and the rows r of
+ * panels p0 .. p0+np-1 that are below N; W packed by flm_pack (gemm.c). */
+typedef void (*flm_gemm_fn)(float *out, int ldo, const float *x, int ldx, const void *wp, int K,
+                            int T, int p0, int np, int N);
+
 typedef struct {
     const char *name;
-    flm_tile_fn tile_f32;
-    flm_tile_fn tile_bf16;
+    flm_tile_fn tile_f32;     /* row-major rows: attention scores over the KV cache */
+    flm_gemm_fn gemm_f32;     /* packed weights */
+    flm_gemm_fn gemm_bf16;
     /* x[i] = exp(x[i] - max) for i < n; returns the sum of the new x. */
     float (*exp_sum)(float *x, int n, float max);
     /* out[d] = sum_j p[j] * v[j*ldv + d] for d < dim, j < n (j in order). */
@@ -25,6 +31,15 @@ typedef struct {
 } FlmKernels;
 
 extern const FlmKernels *flm_kernels;
+
+#define FLM_PANEL 16
+void flm_gemm_f32_generic(float *, int, const float *, int, const void *, int, int, int, int, int);
+void flm_gemm_bf16_generic(float *, int, const float *, int, const void *, int, int, int, int, int);
+void flm_gemm_f32_avx2(float *, int, const float *, int, const void *, int, int, int, int, int);
+void flm_gemm_bf16_avx2(float *, int, const float *, int, const void *, int, int, int, int, int);
+void flm_gemm_f32_avx512(float *, int, const float *, int, const void *, int, int, int, int, int);
+void flm_gemm_bf16_avx512(float *, int, const float *, int, const void *, int, int, int, int, int);
+void flm_packed_row(float *out, const void *wp, int r, int K, int wtype);
 void flm_kernels_init(void);
 int flm_kernels_select(const char *name);
 

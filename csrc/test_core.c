@@ -3,7 +3,7 @@
  *  - with 1 and 3 threads (bit for bit),
  *  - on every SIMD path this CPU has, against the portable path (close),
  *  - with fp32 and bf16 weights.
- * Build: cc -O2 -fopenmp csrc/fastllm.c csrc/kernels.c csrc/test_core.c -lm */
+ * Build: cc -O2 -fopenmp csrc/fastllm.c csrc/kernels.c csrc/gemm.c csrc/test_core.c -lm */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +28,19 @@ static void *alloc(size_t n, int wtype, float scale) {
     return p;
 }
 
+static void *packed(const void *m, int N, int K, int wtype) {
+    void *p = malloc(flm_packed_bytes(N, K, wtype));
+    flm_pack(p, m, N, K, wtype, 2);
+    return p;
+}
+
+static void *mat(int N, int K, int wtype, float scale) {
+    void *m = alloc((size_t)N * K, wtype, scale);
+    void *p = packed(m, N, K, wtype);
+    free(m);
+    return p;
+}
+
 static float *vec(size_t n, float base, float scale) {
     float *p = malloc(n * 4);
     for (size_t i = 0; i < n; i++) p[i] = base + frand() * scale;
@@ -40,9 +53,9 @@ static int failures = 0;
 static void run(const FlmConfig *c, const FlmWeights *w, const int32_t *tok, int n, int batch,
                 int step, int threads, float *logits) {
     FlmState s;
-    float *work = calloc(flm_state_work_floats(c, batch), 4);
+    float *work = calloc(flm_state_work_floats(c, batch, 4), 4);
     float *cache = calloc(flm_state_cache_floats(c), 4);
-    flm_state_init(&s, c, batch, work, cache);
+    flm_state_init(&s, c, batch, 4, work, cache);
     if (step) {
         for (int i = 0; i < n; i++)
             flm_forward(c, w, &s, tok + i, 1, i, logits + (size_t)i * c->vocab_size, 0, threads);
@@ -54,7 +67,7 @@ static void run(const FlmConfig *c, const FlmWeights *w, const int32_t *tok, int
 }
 
 static void test_model(int wtype, int qk_norm, int bias) {
-    FlmConfig c = {.dim = 72, .hidden_dim = 100, .n_layers = 2, .n_heads = 6, .n_kv_heads = 2,
+    FlmConfig c = {.dim = 71, .hidden_dim = 100, .n_layers = 2, .n_heads = 6, .n_kv_heads = 2,
                    .head_dim = 20, .vocab_size = 97, .seq_len = 40, .rope_dim = 16, .wtype = wtype,
                    .norm_eps = 1e-5f, .attn_scale = 1.0f / sqrtf(20.0f)};
     int qd = c.n_heads * c.head_dim, kvd = c.n_kv_heads * c.head_dim;
@@ -62,13 +75,13 @@ static void test_model(int wtype, int qk_norm, int bias) {
     for (int l = 0; l < c.n_layers; l++) {
         FlmLayer *L = &layers[l];
         memset(L, 0, sizeof *L);
-        L->wq = alloc((size_t)qd * c.dim, wtype, 0.3f);
-        L->wk = alloc((size_t)kvd * c.dim, wtype, 0.3f);
-        L->wv = alloc((size_t)kvd * c.dim, wtype, 0.3f);
-        L->wo = alloc((size_t)c.dim * qd, wtype, 0.3f);
-        L->w_gate = alloc((size_t)c.hidden_dim * c.dim, wtype, 0.3f);
-        L->w_up = alloc((size_t)c.hidden_dim * c.dim, wtype, 0.3f);
-        L->w_down = alloc((size_t)c.dim * c.hidden_dim, wtype, 0.3f);
+        L->wq = mat(qd, c.dim, wtype, 0.3f);
+        L->wk = mat(kvd, c.dim, wtype, 0.3f);
+        L->wv = mat(kvd, c.dim, wtype, 0.3f);
+        L->wo = mat(c.dim, qd, wtype, 0.3f);
+        L->w_gate = mat(c.hidden_dim, c.dim, wtype, 0.3f);
+        L->w_up = mat(c.hidden_dim, c.dim, wtype, 0.3f);
+        L->w_down = mat(c.dim, c.hidden_dim, wtype, 0.3f);
         L->attn_norm = vec(c.dim, 1.0f, 0.2f);
         L->ffn_norm = vec(c.dim, 1.0f, 0.2f);
         if (qk_norm) { L->q_norm = vec(c.head_dim, 1.0f, 0.2f); L->k_norm = vec(c.head_dim, 1.0f, 0.2f); }
@@ -87,7 +100,7 @@ static void test_model(int wtype, int qk_norm, int bias) {
         }
     FlmWeights w = {.embed = alloc((size_t)c.vocab_size * c.dim, wtype, 1.0f), .layers = layers,
                     .norm = vec(c.dim, 1.0f, 0.2f), .rope_cos = cosv, .rope_sin = sinv};
-    w.lm_head = w.embed;
+    w.lm_head = packed(w.embed, c.vocab_size, c.dim, wtype);
 
     int n = 37;
     int32_t tok[37];
@@ -111,6 +124,11 @@ static void test_model(int wtype, int qk_norm, int bias) {
             if (e > maxerr) maxerr = e;
         }
         CHECK(maxerr <= 1.0, "%s wtype=%d: differs from the portable path (err/bound %.2f)", paths[pi], wtype, maxerr);
+        const void *embed = w.embed;
+        w.embed = NULL; /* tied: rows come from the packed head, same values */
+        run(&c, &w, tok, n, 64, 0, 2, other);
+        w.embed = embed;
+        CHECK(memcmp(full, other, sz * 4) == 0, "%s wtype=%d: rows of the packed head differ", paths[pi], wtype);
         int finite = 1;
         for (size_t i = 0; i < sz; i++) finite &= isfinite(full[i]);
         CHECK(finite, "%s: non-finite logits", paths[pi]);

@@ -11,7 +11,8 @@ def test_c_core_alone(tmp_path):
     cc = shutil.which("cc") or shutil.which("gcc") or sysconfig.get_config_var("CC").split()[0]
     exe = tmp_path / "test_core"
     build = subprocess.run([cc, "-O2", "-std=gnu11", "-Wall", "-Werror", "-fopenmp", f"-I{CSRC}",
-                            str(CSRC / "fastllm.c"), str(CSRC / "kernels.c"), str(CSRC / "test_core.c"),
+                            str(CSRC / "fastllm.c"), str(CSRC / "kernels.c"), str(CSRC / "gemm.c"),
+                            str(CSRC / "test_core.c"),
                             "-lm", "-o", str(exe)], capture_output=True, text=True)
     assert build.returncode == 0, build.stderr
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)

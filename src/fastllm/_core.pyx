@@ -8,6 +8,8 @@ shapes, token ids, positions), and releases the GIL while C computes.
 from libc.stdlib cimport calloc, free
 from libc.stdint cimport int32_t
 
+import os
+
 import numpy as np
 cimport numpy as cnp
 
@@ -56,6 +58,33 @@ def set_simd_path(str name):
         raise ValueError(f"SIMD path {name!r} is not available on this CPU")
 
 
+def packed_size(int N, int K, wtype):
+    """Elements of an (N, K) matrix packed for the run loop."""
+    bf16 = np.dtype(wtype) == np.uint16
+    return flm_packed_bytes(N, K, FLM_BF16 if bf16 else FLM_F32) // (2 if bf16 else 4)
+
+
+def pack(matrix, int n_threads=0):
+    """Pack an (N, K) float32 matrix, or bf16 bit patterns as uint16, into
+    the panel layout the run loop reads: a new 1-D array of the same dtype."""
+    cdef cnp.ndarray src = np.ascontiguousarray(matrix)
+    if src.ndim != 2 or src.dtype not in (np.float32, np.uint16):
+        raise TypeError("pack takes a 2-D float32 or uint16 (bf16) matrix")
+    cdef int N = src.shape[0], K = src.shape[1]
+    cdef int wtype = FLM_BF16 if src.dtype == np.uint16 else FLM_F32
+    cdef cnp.ndarray dst = np.empty(packed_size(N, K, src.dtype), src.dtype)
+    cdef int nt = n_threads if n_threads > 0 else (os.cpu_count() or 1)
+    cdef void *d = cnp.PyArray_DATA(dst)
+    cdef const void *sp = cnp.PyArray_DATA(src)
+    with nogil:
+        flm_pack(d, sp, N, K, wtype, nt)
+    return dst
+
+
+cdef const void *_packed_ptr(object arr, object dtype, tuple shape, str what) except NULL:
+    return _ptr(arr, dtype, (packed_size(shape[0], shape[1], dtype),), what)
+
+
 cdef const void *_ptr(object arr, object dtype, tuple shape, str what) except NULL:
     if not isinstance(arr, np.ndarray):
         raise TypeError(f"{what}: expected a numpy array, got {type(arr).__name__}")
@@ -69,7 +98,8 @@ cdef const void *_ptr(object arr, object dtype, tuple shape, str what) except NU
 
 
 cdef class Engine:
-    """Weights, config and run state of one model, ready for forward passes."""
+    """Weights, config and run state of one model, ready for forward passes.
+    Matrices come packed (see pack); norms, biases and tables as float32."""
     cdef FlmConfig cfg
     cdef FlmWeights w
     cdef FlmLayer *layers
@@ -83,7 +113,7 @@ cdef class Engine:
         self.layers = NULL
 
     def __init__(self, dict config, list layers, embed, norm, lm_head, rope_cos, rope_sin,
-                 int max_batch=64, int n_threads=1):
+                 int max_batch=256, int n_threads=1, int max_threads=0):
         cdef FlmConfig c
         c.dim = config["dim"]
         c.hidden_dim = config["hidden_dim"]
@@ -151,8 +181,10 @@ cdef class Engine:
             ptrs = {}
             for name, arr in arrays.items():
                 is_matrix, shape = shapes[name]
-                ptrs[name] = <size_t>_ptr(arr, wdtype if is_matrix else np.float32, shape,
-                                          f"layer {i} {name}")
+                if is_matrix:
+                    ptrs[name] = <size_t>_packed_ptr(arr, wdtype, shape, f"layer {i} {name}")
+                else:
+                    ptrs[name] = <size_t>_ptr(arr, np.float32, shape, f"layer {i} {name}")
             L.wq = <const void *><size_t>ptrs.get("wq", 0)
             L.wk = <const void *><size_t>ptrs.get("wk", 0)
             L.wv = <const void *><size_t>ptrs.get("wv", 0)
@@ -183,8 +215,9 @@ cdef class Engine:
             L.b_down = <const float *><size_t>ptrs.get("b_down", 0)
             keep.append(arrays)
         self.w.layers = self.layers
-        self.w.embed = _ptr(embed, wdtype, (c.vocab_size, c.dim), "embedding")
-        self.w.lm_head = _ptr(lm_head, wdtype, (c.vocab_size, c.dim), "lm_head")
+        # embed None: tied, the rows are read from the packed head.
+        self.w.embed = NULL if embed is None else _ptr(embed, wdtype, (c.vocab_size, c.dim), "embedding")
+        self.w.lm_head = _packed_ptr(lm_head, wdtype, (c.vocab_size, c.dim), "lm_head")
         self.w.norm = <const float *>_ptr(norm, np.float32, (c.dim,), "final norm")
         self.w.rope_cos = <const float *>_ptr(rope_cos, np.float32, (c.seq_len, c.rope_dim // 2), "rope cos")
         self.w.rope_sin = <const float *>_ptr(rope_sin, np.float32, (c.seq_len, c.rope_dim // 2), "rope sin")
@@ -193,9 +226,11 @@ cdef class Engine:
 
         # np.zeros maps fresh zero pages: the KV cache costs memory only as
         # positions are filled.
-        self._work = np.zeros(flm_state_work_floats(&self.cfg, max_batch), np.float32)
+        # One attention score row per thread that may ever run.
+        max_threads = max(max_threads, n_threads, os.cpu_count() or 1)
+        self._work = np.zeros(flm_state_work_floats(&self.cfg, max_batch, max_threads), np.float32)
         self._cache = np.zeros(flm_state_cache_floats(&self.cfg), np.float32)
-        flm_state_init(&self.state, &self.cfg, max_batch,
+        flm_state_init(&self.state, &self.cfg, max_batch, max_threads,
                        <float *>cnp.PyArray_DATA(self._work), <float *>cnp.PyArray_DATA(self._cache))
         self.n_threads = n_threads
 

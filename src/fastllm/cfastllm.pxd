@@ -73,9 +73,12 @@ cdef extern from "fastllm.h" nogil:
         int trace_tokens
         int trace_offset
 
-    size_t flm_state_work_floats(const FlmConfig *c, int max_batch)
+    size_t flm_packed_bytes(int N, int K, int wtype)
+    void flm_pack(void *dst, const void *src, int N, int K, int wtype, int n_threads)
+    size_t flm_state_work_floats(const FlmConfig *c, int max_batch, int max_threads)
     size_t flm_state_cache_floats(const FlmConfig *c)
-    void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, float *work, float *cache)
+    void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, int max_threads,
+                        float *work, float *cache)
     void flm_forward(const FlmConfig *c, const FlmWeights *w, FlmState *s,
                      const int32_t *tokens, int n, int pos,
                      float *logits, int all_logits, int n_threads)

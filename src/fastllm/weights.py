@@ -1,10 +1,11 @@
 """HF checkpoint tensors -> the arrays the C run loop reads.
 
-Matrices keep HF's (out_features, in_features) layout. fp32 tensors are used
-in place from the memory map; bf16/f16 tensors are converted once. Q and K
-rows (and their biases and norms) are permuted inside each head so that RoPE
-rotates adjacent pairs: HF rotates dims (i, i + rope_dim/2) together, the C
-loop rotates (2i, 2i+1).
+Weight matrices are packed once, tensor by tensor, into panels of 16 rows
+(see csrc/gemm.c), in fp32 or bf16; the file pages of each tensor are
+released as soon as it is packed, so the checkpoint is never held twice. Q
+and K rows (and their biases and norms) are permuted inside each head so
+that RoPE rotates adjacent pairs: HF rotates dims (i, i + rope_dim/2)
+together, the C loop rotates (2i, 2i+1).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import _core
 from .config import ModelConfig
 from .errors import ModelFileError
 from .safetensors import SafetensorsFile, bf16_to_f32, f32_to_bf16
@@ -149,6 +151,7 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False) -> dict:
         "w_qkv": (2 * kd + vd, h), "w_z": (vd, h), "w_b": (hv, h), "w_a": (hv, h),
         "conv_w": (2 * kd + vd, 1, cfg.linear_conv_kernel_dim), "lin_A": (hv,), "dt_bias": (hv,),
         "lin_norm": (cfg.linear_value_head_dim,), "w_out": (h, vd),
+        "embed": (cfg.vocab_size, h), "lm_head": (cfg.vocab_size, h),
     }
     common = {"attn_norm", "ffn_norm", "w_gate", "w_up", "w_down"}
     if cfg.mlp_bias:
@@ -173,8 +176,8 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False) -> dict:
         if key == "wq" and cfg.attn_output_gate:
             # q_proj holds [q_h | gate_h] for each head h: split, then permute q.
             both = _as_compute_dtype(f, name, bf16).reshape(heads["q"], 2, hd, h)
-            q = np.ascontiguousarray(both[:, 0][:, perm]).reshape(qd, h)
-            gate = np.ascontiguousarray(both[:, 1]).reshape(qd, h)
+            q = _core.pack(np.ascontiguousarray(both[:, 0][:, perm]).reshape(qd, h))
+            gate = _core.pack(np.ascontiguousarray(both[:, 1]).reshape(qd, h))
             f.release(name)
             return q, gate
         permute = ROPE_PERMUTED.get(key)
@@ -186,6 +189,8 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False) -> dict:
             arr = (-np.exp(arr.astype(np.float32))).astype(np.float32)
         elif key == "conv_w":
             arr = np.ascontiguousarray(arr.reshape(arr.shape[0], arr.shape[2]))
+        if matrix and key != "embed":
+            arr = _core.pack(arr)
         if not np.may_share_memory(arr, f.raw(name)):
             f.release(name)
         return arr
@@ -202,21 +207,20 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False) -> dict:
             else:
                 layer[key] = arr
         layers.append(layer)
-    embed = get(f"{prefix}embed_tokens.weight", "embed")
-    if embed.shape != (cfg.vocab_size, h):
-        raise ModelFileError(folder, f"embedding has shape {list(embed.shape)}, config.json implies "
-                                     f"{[cfg.vocab_size, h]}")
     # transformers ties the head to the embedding when asked to, except that
     # Qwen3.5 keeps an lm_head the file does carry.
     untie = cfg.model_type in ("qwen3_5_text", "qwen3_5") and "lm_head.weight" in ck
-    if (cfg.tie_word_embeddings and not untie) or "lm_head.weight" not in ck:
-        if not cfg.tie_word_embeddings:
-            raise ModelFileError(folder, "lm_head.weight is missing and tie_word_embeddings is false")
-        lm_head = embed
+    tied = (cfg.tie_word_embeddings and not untie) or "lm_head.weight" not in ck
+    if tied and not cfg.tie_word_embeddings:
+        raise ModelFileError(folder, "lm_head.weight is missing and tie_word_embeddings is false")
+    embed_name = f"{prefix}embed_tokens.weight"
+    if tied:
+        # One copy serves both: the packed head, whose rows the C loop reads
+        # for the embedding lookup.
+        embed, lm_head = None, get(embed_name, "lm_head")
     else:
+        embed = get(embed_name, "embed")
         lm_head = get("lm_head.weight", "lm_head")
-        if lm_head.shape != (cfg.vocab_size, h):
-            raise ModelFileError(folder, f"lm_head has shape {list(lm_head.shape)}")
     norm = get(f"{prefix}norm.weight", "norm")
     if cfg.norm_plus_one:
         norm = (np.float32(1.0) + norm).astype(np.float32)

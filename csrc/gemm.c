@@ -1,0 +1,400 @@
+/* Weight matrices packed in panels of 16 rows, and the matmul over them.
+ *
+ * A panel holds, for each k, the 16 weights W[p*16 + i][k] side by side, so
+ * one vector load brings 16 rows' weights and each output row accumulates
+ * x[t][k] * W[r][k] in its own lane, k after k: no horizontal sums, and the
+ * weights stream through memory in order. bf16 panels hold pairs of k
+ * ([k/2][16][2]) so that one 64-byte load gives two k steps for 16 rows.
+ *
+ * Every output is summed the same way whatever tile it is computed in: a
+ * chain of multiply-adds over each block of KBLOCK consecutive k, and the
+ * block sums added in order. So batched and one-token passes agree bit for
+ * bit, and the rounding error grows with KBLOCK + K/KBLOCK rather than K. */
+#include <string.h>
+
+#include "fastllm.h"
+#include "kernels.h"
+
+#define PANEL 16
+#define KBLOCK 32
+
+static int imin(int a, int b) { return a < b ? a : b; }
+
+static size_t padded_k(int K, int wtype) { return wtype == FLM_BF16 ? (size_t)(K + 1) / 2 * 2 : (size_t)K; }
+
+size_t flm_packed_bytes(int N, int K, int wtype) {
+    size_t panels = (size_t)(N + PANEL - 1) / PANEL;
+    return panels * padded_k(K, wtype) * PANEL * (wtype == FLM_BF16 ? 2 : 4);
+}
+
+void flm_pack(void *dst, const void *src, int N, int K, int wtype, int n_threads) {
+    const int panels = (N + PANEL - 1) / PANEL;
+    const size_t kp = padded_k(K, wtype);
+#pragma omp parallel for schedule(static) num_threads(n_threads > 0 ? n_threads : 1)
+    for (int p = 0; p < panels; p++) {
+        if (wtype == FLM_BF16) {
+            uint16_t *d = (uint16_t *)dst + (size_t)p * kp * PANEL;
+            const uint16_t *s = (const uint16_t *)src;
+            memset(d, 0, kp * PANEL * 2);
+            for (int i = 0; i < PANEL && p * PANEL + i < N; i++) {
+                const uint16_t *row = s + (size_t)(p * PANEL + i) * K;
+                for (int k = 0; k < K; k++) d[((size_t)(k / 2) * PANEL + i) * 2 + (k & 1)] = row[k];
+            }
+        } else {
+            float *d = (float *)dst + (size_t)p * kp * PANEL;
+            const float *s = (const float *)src;
+            memset(d, 0, kp * PANEL * 4);
+            for (int i = 0; i < PANEL && p * PANEL + i < N; i++) {
+                const float *row = s + (size_t)(p * PANEL + i) * K;
+                for (int k = 0; k < K; k++) d[(size_t)k * PANEL + i] = row[k];
+            }
+        }
+    }
+}
+
+/* Row r, column k of a packed matrix (for embedding lookups from a tied head). */
+void flm_packed_row(float *out, const void *wp, int r, int K, int wtype) {
+    const size_t kp = padded_k(K, wtype);
+    const int p = r / PANEL, i = r % PANEL;
+    if (wtype == FLM_BF16) {
+        const uint16_t *b = (const uint16_t *)wp + (size_t)p * kp * PANEL;
+        for (int k = 0; k < K; k++) {
+            uint32_t u = (uint32_t)b[((size_t)(k / 2) * PANEL + i) * 2 + (k & 1)] << 16;
+            memcpy(&out[k], &u, 4);
+        }
+    } else {
+        const float *b = (const float *)wp + (size_t)p * kp * PANEL;
+        for (int k = 0; k < K; k++) out[k] = b[(size_t)k * PANEL + i];
+    }
+}
+
+/* ---------------------------------------------------------------- generic */
+
+static float bf16f(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+void flm_gemm_f32_generic(float *out, int ldo, const float *x, int ldx, const void *wp, int K,
+                          int T, int p0, int np, int N) {
+    for (int p = p0; p < p0 + np; p++) {
+        const float *b = (const float *)wp + (size_t)p * K * PANEL;
+        for (int t = 0; t < T; t++) {
+            float sum[PANEL] = {0};
+            const float *xt = x + (size_t)t * ldx;
+            for (int kb = 0; kb < K; kb += KBLOCK) {
+                float acc[PANEL] = {0};
+                for (int k = kb; k < imin(K, kb + KBLOCK); k++)
+                    for (int i = 0; i < PANEL; i++) acc[i] += xt[k] * b[(size_t)k * PANEL + i];
+                for (int i = 0; i < PANEL; i++) sum[i] = kb ? sum[i] + acc[i] : acc[i];
+            }
+            for (int i = 0; i < PANEL && p * PANEL + i < N; i++) out[(size_t)t * ldo + p * PANEL + i] = sum[i];
+        }
+    }
+}
+
+void flm_gemm_bf16_generic(float *out, int ldo, const float *x, int ldx, const void *wp, int K,
+                           int T, int p0, int np, int N) {
+    const size_t kp = padded_k(K, FLM_BF16);
+    for (int p = p0; p < p0 + np; p++) {
+        const uint16_t *b = (const uint16_t *)wp + (size_t)p * kp * PANEL;
+        for (int t = 0; t < T; t++) {
+            float sum[PANEL] = {0};
+            const float *xt = x + (size_t)t * ldx;
+            for (int kb = 0; kb < K; kb += KBLOCK) {
+                float acc[PANEL] = {0};
+                for (int k = kb; k < imin(K, kb + KBLOCK); k++)
+                    for (int i = 0; i < PANEL; i++)
+                        acc[i] += xt[k] * bf16f(b[((size_t)(k / 2) * PANEL + i) * 2 + (k & 1)]);
+                for (int i = 0; i < PANEL; i++) sum[i] = kb ? sum[i] + acc[i] : acc[i];
+            }
+            for (int i = 0; i < PANEL && p * PANEL + i < N; i++) out[(size_t)t * ldo + p * PANEL + i] = sum[i];
+        }
+    }
+}
+
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+#define AVX2 __attribute__((target("avx2,fma")))
+#define AVX512 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq")))
+
+/* ---- AVX-512: a panel is one vector. Tiles of 6 tokens x 4 panels keep 24
+ * accumulators in registers; smaller tiles take the same steps. */
+
+static inline AVX512 __mmask16 row_mask(int p, int N) {
+    int left = N - p * PANEL;
+    return left >= PANEL ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+}
+
+#define F32_STEP(W, k) _mm512_loadu_ps((W) + (size_t)(k) * PANEL)
+
+/* Add one block's sums into the output (the first block stores). */
+static inline AVX512 void flush16(float *o, __m512 acc, __mmask16 m, int first) {
+    _mm512_mask_storeu_ps(o, m, first ? acc : _mm512_add_ps(_mm512_maskz_loadu_ps(m, o), acc));
+}
+
+static AVX512 void f32_6x4(float *out, int ldo, const float *x, int ldx, const float *b0, size_t pstride,
+                           int K, int p, int N) {
+    const float *b1 = b0 + pstride, *b2 = b1 + pstride, *b3 = b2 + pstride;
+    const float *x0 = x, *x1 = x + ldx, *x2 = x1 + ldx, *x3 = x2 + ldx, *x4 = x3 + ldx, *x5 = x4 + ldx;
+    const __mmask16 m0 = row_mask(p, N), m1 = row_mask(p + 1, N), m2 = row_mask(p + 2, N), m3 = row_mask(p + 3, N);
+    for (int kb = 0; kb < K; kb += KBLOCK) {
+    __m512 z = _mm512_setzero_ps();
+    __m512 a00 = z, a01 = z, a02 = z, a03 = z, a10 = z, a11 = z, a12 = z, a13 = z;
+    __m512 a20 = z, a21 = z, a22 = z, a23 = z, a30 = z, a31 = z, a32 = z, a33 = z;
+    __m512 a40 = z, a41 = z, a42 = z, a43 = z, a50 = z, a51 = z, a52 = z, a53 = z;
+    for (int k = kb; k < imin(K, kb + KBLOCK); k++) {
+        __m512 w0 = F32_STEP(b0, k), w1 = F32_STEP(b1, k), w2 = F32_STEP(b2, k), w3 = F32_STEP(b3, k);
+        __m512 v;
+#define ROW(t)                                                          \
+        v = _mm512_set1_ps(x##t[k]);                                    \
+        a##t##0 = _mm512_fmadd_ps(v, w0, a##t##0);                      \
+        a##t##1 = _mm512_fmadd_ps(v, w1, a##t##1);                      \
+        a##t##2 = _mm512_fmadd_ps(v, w2, a##t##2);                      \
+        a##t##3 = _mm512_fmadd_ps(v, w3, a##t##3);
+        ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5)
+#undef ROW
+    }
+#define STORE(t)                                                                           \
+    flush16(out + (size_t)t * ldo, a##t##0, m0, kb == 0);                                  \
+    flush16(out + (size_t)t * ldo + 16, a##t##1, m1, kb == 0);                             \
+    flush16(out + (size_t)t * ldo + 32, a##t##2, m2, kb == 0);                             \
+    flush16(out + (size_t)t * ldo + 48, a##t##3, m3, kb == 0);
+    STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5)
+#undef STORE
+    }
+}
+
+static AVX512 void f32_1x4(float *out, const float *x, const float *b0, size_t pstride, int K, int p, int N) {
+    const float *b1 = b0 + pstride, *b2 = b1 + pstride, *b3 = b2 + pstride;
+    for (int kb = 0; kb < K; kb += KBLOCK) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int k = kb; k < imin(K, kb + KBLOCK); k++) {
+            __m512 v = _mm512_set1_ps(x[k]);
+            a0 = _mm512_fmadd_ps(v, F32_STEP(b0, k), a0);
+            a1 = _mm512_fmadd_ps(v, F32_STEP(b1, k), a1);
+            a2 = _mm512_fmadd_ps(v, F32_STEP(b2, k), a2);
+            a3 = _mm512_fmadd_ps(v, F32_STEP(b3, k), a3);
+        }
+        flush16(out, a0, row_mask(p, N), kb == 0);
+        flush16(out + 16, a1, row_mask(p + 1, N), kb == 0);
+        flush16(out + 32, a2, row_mask(p + 2, N), kb == 0);
+        flush16(out + 48, a3, row_mask(p + 3, N), kb == 0);
+    }
+}
+
+static AVX512 void f32_1x1(float *out, const float *x, const float *b0, int K, int p, int N) {
+    for (int kb = 0; kb < K; kb += KBLOCK) {
+        __m512 a = _mm512_setzero_ps();
+        for (int k = kb; k < imin(K, kb + KBLOCK); k++)
+            a = _mm512_fmadd_ps(_mm512_set1_ps(x[k]), F32_STEP(b0, k), a);
+        flush16(out, a, row_mask(p, N), kb == 0);
+    }
+}
+
+/* bf16 pairs: the low half of each 32-bit lane is k even, the high half k odd. */
+#define BF_LO(v) _mm512_castsi512_ps(_mm512_slli_epi32(v, 16))
+#define BF_HI(v) _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xFFFF0000)))
+#define BF_PAIR(W, j) _mm512_loadu_si512((const void *)((W) + (size_t)(j) * 2 * PANEL))
+
+static AVX512 void bf16_6x4(float *out, int ldo, const float *x, int ldx, const uint16_t *b0,
+                            size_t pstride, int K, int p, int N) {
+    const uint16_t *b1 = b0 + pstride, *b2 = b1 + pstride, *b3 = b2 + pstride;
+    const float *x0 = x, *x1 = x + ldx, *x2 = x1 + ldx, *x3 = x2 + ldx, *x4 = x3 + ldx, *x5 = x4 + ldx;
+    const __mmask16 m0 = row_mask(p, N), m1 = row_mask(p + 1, N), m2 = row_mask(p + 2, N), m3 = row_mask(p + 3, N);
+    for (int kb = 0; kb < K; kb += KBLOCK) {
+    __m512 z = _mm512_setzero_ps();
+    __m512 a00 = z, a01 = z, a02 = z, a03 = z, a10 = z, a11 = z, a12 = z, a13 = z;
+    __m512 a20 = z, a21 = z, a22 = z, a23 = z, a30 = z, a31 = z, a32 = z, a33 = z;
+    __m512 a40 = z, a41 = z, a42 = z, a43 = z, a50 = z, a51 = z, a52 = z, a53 = z;
+    for (int k = kb; k < imin(K, kb + KBLOCK); k += 2) {
+        __m512i q0 = BF_PAIR(b0, k / 2), q1 = BF_PAIR(b1, k / 2), q2 = BF_PAIR(b2, k / 2), q3 = BF_PAIR(b3, k / 2);
+        __m512 w0 = BF_LO(q0), w1 = BF_LO(q1), w2 = BF_LO(q2), w3 = BF_LO(q3), v;
+#define ROW(t, kk)                                                      \
+        v = _mm512_set1_ps(x##t[kk]);                                   \
+        a##t##0 = _mm512_fmadd_ps(v, w0, a##t##0);                      \
+        a##t##1 = _mm512_fmadd_ps(v, w1, a##t##1);                      \
+        a##t##2 = _mm512_fmadd_ps(v, w2, a##t##2);                      \
+        a##t##3 = _mm512_fmadd_ps(v, w3, a##t##3);
+        ROW(0, k) ROW(1, k) ROW(2, k) ROW(3, k) ROW(4, k) ROW(5, k)
+        if (k + 1 < K) {
+            w0 = BF_HI(q0); w1 = BF_HI(q1); w2 = BF_HI(q2); w3 = BF_HI(q3);
+            ROW(0, k + 1) ROW(1, k + 1) ROW(2, k + 1) ROW(3, k + 1) ROW(4, k + 1) ROW(5, k + 1)
+        }
+#undef ROW
+    }
+#define STORE(t)                                                                           \
+    flush16(out + (size_t)t * ldo, a##t##0, m0, kb == 0);                                  \
+    flush16(out + (size_t)t * ldo + 16, a##t##1, m1, kb == 0);                             \
+    flush16(out + (size_t)t * ldo + 32, a##t##2, m2, kb == 0);                             \
+    flush16(out + (size_t)t * ldo + 48, a##t##3, m3, kb == 0);
+    STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5)
+#undef STORE
+    }
+}
+
+static AVX512 void bf16_1x4(float *out, const float *x, const uint16_t *b0, size_t pstride, int K, int p, int N) {
+    const uint16_t *b1 = b0 + pstride, *b2 = b1 + pstride, *b3 = b2 + pstride;
+    for (int kb = 0; kb < K; kb += KBLOCK) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int k = kb; k < imin(K, kb + KBLOCK); k += 2) {
+        __m512i q0 = BF_PAIR(b0, k / 2), q1 = BF_PAIR(b1, k / 2), q2 = BF_PAIR(b2, k / 2), q3 = BF_PAIR(b3, k / 2);
+        __m512 v = _mm512_set1_ps(x[k]);
+        a0 = _mm512_fmadd_ps(v, BF_LO(q0), a0);
+        a1 = _mm512_fmadd_ps(v, BF_LO(q1), a1);
+        a2 = _mm512_fmadd_ps(v, BF_LO(q2), a2);
+        a3 = _mm512_fmadd_ps(v, BF_LO(q3), a3);
+        if (k + 1 < K) {
+            v = _mm512_set1_ps(x[k + 1]);
+            a0 = _mm512_fmadd_ps(v, BF_HI(q0), a0);
+            a1 = _mm512_fmadd_ps(v, BF_HI(q1), a1);
+            a2 = _mm512_fmadd_ps(v, BF_HI(q2), a2);
+            a3 = _mm512_fmadd_ps(v, BF_HI(q3), a3);
+        }
+    }
+    flush16(out, a0, row_mask(p, N), kb == 0);
+    flush16(out + 16, a1, row_mask(p + 1, N), kb == 0);
+    flush16(out + 32, a2, row_mask(p + 2, N), kb == 0);
+    flush16(out + 48, a3, row_mask(p + 3, N), kb == 0);
+    }
+}
+
+static AVX512 void bf16_1x1(float *out, const float *x, const uint16_t *b0, int K, int p, int N) {
+    for (int kb = 0; kb < K; kb += KBLOCK) {
+        __m512 a = _mm512_setzero_ps();
+        for (int k = kb; k < imin(K, kb + KBLOCK); k += 2) {
+            __m512i q = BF_PAIR(b0, k / 2);
+            a = _mm512_fmadd_ps(_mm512_set1_ps(x[k]), BF_LO(q), a);
+            if (k + 1 < K) a = _mm512_fmadd_ps(_mm512_set1_ps(x[k + 1]), BF_HI(q), a);
+        }
+        flush16(out, a, row_mask(p, N), kb == 0);
+    }
+}
+
+AVX512 void flm_gemm_f32_avx512(float *out, int ldo, const float *x, int ldx, const void *wp, int K,
+                         int T, int p0, int np, int N) {
+    const float *w = (const float *)wp;
+    const size_t ps = (size_t)K * PANEL;
+    for (int t = 0; t < T;) {
+        int nt = T - t >= 6 ? 6 : 1;
+        for (int p = p0; p < p0 + np;) {
+            float *o = out + (size_t)t * ldo + p * PANEL;
+            if (p + 4 <= p0 + np) {
+                if (nt == 6) f32_6x4(o, ldo, x + (size_t)t * ldx, ldx, w + p * ps, ps, K, p, N);
+                else f32_1x4(o, x + (size_t)t * ldx, w + p * ps, ps, K, p, N);
+                p += 4;
+            } else {
+                for (int u = 0; u < nt; u++)
+                    f32_1x1(o + (size_t)u * ldo, x + (size_t)(t + u) * ldx, w + p * ps, K, p, N);
+                p += 1;
+            }
+        }
+        t += nt;
+    }
+}
+
+AVX512 void flm_gemm_bf16_avx512(float *out, int ldo, const float *x, int ldx, const void *wp, int K,
+                          int T, int p0, int np, int N) {
+    const uint16_t *w = (const uint16_t *)wp;
+    const size_t ps = padded_k(K, FLM_BF16) * PANEL;
+    for (int t = 0; t < T;) {
+        int nt = T - t >= 6 ? 6 : 1;
+        for (int p = p0; p < p0 + np;) {
+            float *o = out + (size_t)t * ldo + p * PANEL;
+            if (p + 4 <= p0 + np) {
+                if (nt == 6) bf16_6x4(o, ldo, x + (size_t)t * ldx, ldx, w + p * ps, ps, K, p, N);
+                else bf16_1x4(o, x + (size_t)t * ldx, w + p * ps, ps, K, p, N);
+                p += 4;
+            } else {
+                for (int u = 0; u < nt; u++)
+                    bf16_1x1(o + (size_t)u * ldo, x + (size_t)(t + u) * ldx, w + p * ps, K, p, N);
+                p += 1;
+            }
+        }
+        t += nt;
+    }
+}
+
+/* ---- AVX2: a panel is two vectors; tiles of 4 tokens x 1 panel. */
+
+/* Add one block's sums of rows row0.. into the output (the first block stores). */
+static inline AVX2 void flush8(float *out, __m256 v, int row0, int N, int first) {
+    if (N - row0 >= 8) {
+        _mm256_storeu_ps(out, first ? v : _mm256_add_ps(_mm256_loadu_ps(out), v));
+    } else {
+        float tmp[8];
+        _mm256_storeu_ps(tmp, v);
+        for (int i = 0; i < N - row0; i++) out[i] = first ? tmp[i] : out[i] + tmp[i];
+    }
+}
+
+#define BF8_LO(v) _mm256_castsi256_ps(_mm256_slli_epi32(v, 16))
+#define BF8_HI(v) _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xFFFF0000)))
+
+/* One panel for nt <= 4 tokens; bf16 selects the weight format. */
+static inline __attribute__((always_inline)) AVX2 void panel_avx2(
+        int bf16, float *out, int ldo, const float *x, int ldx, const void *b, int K, int nt, int p, int N) {
+    const float *x0 = x, *x1 = x + ldx, *x2 = x1 + ldx, *x3 = x2 + ldx;
+    const int r = p * PANEL;
+    for (int kb = 0; kb < K; kb += KBLOCK) {
+        const int kend = imin(K, kb + KBLOCK);
+        __m256 z = _mm256_setzero_ps();
+        __m256 l0 = z, h0 = z, l1 = z, h1 = z, l2 = z, h2 = z, l3 = z, h3 = z;
+#define ACC(t, kk, lo, hi)                                              \
+        if (nt > t) {                                                   \
+            __m256 v = _mm256_set1_ps(x##t[kk]);                        \
+            l##t = _mm256_fmadd_ps(v, lo, l##t);                        \
+            h##t = _mm256_fmadd_ps(v, hi, h##t);                        \
+        }
+        if (bf16) {
+            const uint16_t *w = (const uint16_t *)b;
+            for (int k = kb; k < kend; k += 2) {
+                __m256i q0 = _mm256_loadu_si256((const __m256i *)(w + (size_t)k * PANEL));
+                __m256i q1 = _mm256_loadu_si256((const __m256i *)(w + (size_t)k * PANEL + 16));
+                __m256 lo = BF8_LO(q0), hi = BF8_LO(q1);
+                ACC(0, k, lo, hi) ACC(1, k, lo, hi) ACC(2, k, lo, hi) ACC(3, k, lo, hi)
+                if (k + 1 < K) {
+                    lo = BF8_HI(q0); hi = BF8_HI(q1);
+                    ACC(0, k + 1, lo, hi) ACC(1, k + 1, lo, hi) ACC(2, k + 1, lo, hi) ACC(3, k + 1, lo, hi)
+                }
+            }
+        } else {
+            const float *w = (const float *)b;
+            for (int k = kb; k < kend; k++) {
+                __m256 lo = _mm256_loadu_ps(w + (size_t)k * PANEL), hi = _mm256_loadu_ps(w + (size_t)k * PANEL + 8);
+                ACC(0, k, lo, hi) ACC(1, k, lo, hi) ACC(2, k, lo, hi) ACC(3, k, lo, hi)
+            }
+        }
+#undef ACC
+        __m256 ls[4] = {l0, l1, l2, l3}, hs[4] = {h0, h1, h2, h3};
+        for (int t = 0; t < nt; t++) {
+            flush8(out + (size_t)t * ldo, ls[t], r, N, kb == 0);
+            if (N - r > 8) flush8(out + (size_t)t * ldo + 8, hs[t], r + 8, N, kb == 0);
+        }
+    }
+}
+
+/* The AVX2 bf16 pair layout differs from AVX-512's: one k pair of rows 0-7
+ * is the first 32 bytes of the 64 (rows' pairs interleaved), so the lanes
+ * of q0 are rows 0-7 and q1 rows 8-15, as in the packed format. */
+AVX2 void flm_gemm_f32_avx2(float *out, int ldo, const float *x, int ldx, const void *wp, int K,
+                       int T, int p0, int np, int N) {
+    const size_t ps = (size_t)K * PANEL;
+    for (int t = 0; t < T; t += 4)
+        for (int p = p0; p < p0 + np; p++)
+            panel_avx2(0, out + (size_t)t * ldo + p * PANEL, ldo, x + (size_t)t * ldx, ldx,
+                       (const float *)wp + p * ps, K, imin(4, T - t), p, N);
+}
+
+AVX2 void flm_gemm_bf16_avx2(float *out, int ldo, const float *x, int ldx, const void *wp, int K,
+                        int T, int p0, int np, int N) {
+    const size_t ps = padded_k(K, FLM_BF16) * PANEL;
+    for (int t = 0; t < T; t += 4)
+        for (int p = p0; p < p0 + np; p++)
+            panel_avx2(1, out + (size_t)t * ldo + p * PANEL, ldo, x + (size_t)t * ldx, ldx,
+                       (const uint16_t *)wp + p * ps, K, imin(4, T - t), p, N);
+}
+#endif
