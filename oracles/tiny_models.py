@@ -28,6 +28,12 @@ SHAPES = {
     "llama-linear-rope": dict(model_type="llama", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                               num_attention_heads=2, num_key_value_heads=1, vocab_size=128,
                               rope_scaling={"rope_type": "linear", "factor": 2.0}),
+    # Dynamic NTK: the reference rescales the frequencies whenever the sequence
+    # outgrows max_position_embeddings, so it is compared token by token.
+    "llama-dynamic-rope": dict(model_type="llama", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=2, num_key_value_heads=1, vocab_size=128,
+                               max_position_embeddings=48,
+                               rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
     "qwen2": dict(model_type="qwen2", hidden_size=64, intermediate_size=160, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, vocab_size=300, tie_word_embeddings=False),
     "qwen2-tied": dict(model_type="qwen2", hidden_size=56, intermediate_size=112, num_hidden_layers=2,
