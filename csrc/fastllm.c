@@ -322,30 +322,13 @@ static void linear_attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
     for (int h = 0; h < hv; h++) {
         float *Sh = S + (size_t)h * dk * dv;
         const int kh = h / (hv / hk);
-        float kv[dv > 0 ? dv : 1];
         for (int t = 0; t < T; t++) {
             const float *row = s->lin + (size_t)t * ld;
             const float *q = row + kh * dk, *k = row + kd + kh * dk, *v = row + 2 * kd + h * dv;
             float beta = sigmoid(row[cd + h]);
             float decay = expf(L->lin_A[h] * softplus(row[cd + hv + h] + L->dt_bias[h]));
-            for (int j = 0; j < dv; j++) kv[j] = 0.0f;
-            for (int i = 0; i < dk; i++) {
-                float *Si = Sh + (size_t)i * dv;
-                for (int j = 0; j < dv; j++) {
-                    Si[j] *= decay;
-                    kv[j] += Si[j] * k[i];
-                }
-            }
-            for (int j = 0; j < dv; j++) kv[j] = (v[j] - kv[j]) * beta; /* delta */
             float *o = s->xb + (size_t)t * vd + h * dv;
-            for (int j = 0; j < dv; j++) o[j] = 0.0f;
-            for (int i = 0; i < dk; i++) {
-                float *Si = Sh + (size_t)i * dv;
-                for (int j = 0; j < dv; j++) {
-                    Si[j] += k[i] * kv[j];
-                    o[j] += Si[j] * q[i];
-                }
-            }
+            flm_kernels->delta_rule(Sh, q, k, v, beta, decay, dk, dv, o);
             /* Gated RMSNorm: w * norm(o) * silu(z). */
             const float *z = s->gate + (size_t)t * vd + h * dv;
             float ss = 0.0f;

@@ -53,9 +53,28 @@ static void weighted_sum_generic(float *out, const float *p, const float *v, int
         for (int d = 0; d < dim; d++) out[d] += p[j] * v[j * ldv + d];
 }
 
+/* Column j of S only ever meets column j of the update, so each column is
+ * finished (decay and S^T k, then update and S^T q) before the next. */
+static void delta_rule_generic(float *S, const float *q, const float *k, const float *v, float beta,
+                               float decay, int dk, int dv, float *o) {
+    for (int j = 0; j < dv; j++) {
+        float kv = 0.0f;
+        for (int i = 0; i < dk; i++) {
+            S[(size_t)i * dv + j] *= decay;
+            kv += S[(size_t)i * dv + j] * k[i];
+        }
+        float d = (v[j] - kv) * beta, acc = 0.0f;
+        for (int i = 0; i < dk; i++) {
+            S[(size_t)i * dv + j] += k[i] * d;
+            acc += S[(size_t)i * dv + j] * q[i];
+        }
+        o[j] = acc;
+    }
+}
+
 static const FlmKernels kernels_generic = {
     "generic", tile_f32_generic, flm_gemm_f32_generic, flm_gemm_bf16_generic, exp_sum_generic,
-    weighted_sum_generic,
+    weighted_sum_generic, delta_rule_generic,
 };
 
 /* ------------------------------------------------------------------- x86 */
@@ -168,6 +187,7 @@ static AVX2 void weighted_sum_avx2(float *out, const float *p, const float *v, i
 
 static const FlmKernels kernels_avx2 = {
     "avx2", tile_f32_avx2, flm_gemm_f32_avx2, flm_gemm_bf16_avx2, exp_sum_generic, weighted_sum_avx2,
+    delta_rule_generic,
 };
 
 /* ---- AVX-512: 16 lanes, masked tail.
@@ -346,9 +366,33 @@ static AVX512 void weighted_sum_avx512(float *out, const float *p, const float *
     }
 }
 
+static AVX512 void delta_rule_avx512(float *S, const float *q, const float *k, const float *v,
+                                     float beta, float decay, int dk, int dv, float *o) {
+    const __m512 dec = _mm512_set1_ps(decay);
+    for (int j = 0; j < dv; j += 16) {
+        __mmask16 m = dv - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (dv - j)) - 1);
+        __m512 kv = _mm512_setzero_ps();
+        for (int i = 0; i < dk; i++) {
+            float *Sij = S + (size_t)i * dv + j;
+            __m512 sv = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, Sij), dec);
+            _mm512_mask_storeu_ps(Sij, m, sv);
+            kv = _mm512_fmadd_ps(sv, _mm512_set1_ps(k[i]), kv);
+        }
+        __m512 d = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, v + j), kv), _mm512_set1_ps(beta));
+        __m512 acc = _mm512_setzero_ps();
+        for (int i = 0; i < dk; i++) {
+            float *Sij = S + (size_t)i * dv + j;
+            __m512 sv = _mm512_fmadd_ps(_mm512_set1_ps(k[i]), d, _mm512_maskz_loadu_ps(m, Sij));
+            _mm512_mask_storeu_ps(Sij, m, sv);
+            acc = _mm512_fmadd_ps(sv, _mm512_set1_ps(q[i]), acc);
+        }
+        _mm512_mask_storeu_ps(o + j, m, acc);
+    }
+}
+
 static const FlmKernels kernels_avx512 = {
     "avx512", tile_f32_avx512, flm_gemm_f32_avx512, flm_gemm_bf16_avx512, exp_sum_avx512,
-    weighted_sum_avx512,
+    weighted_sum_avx512, delta_rule_avx512,
 };
 #endif /* x86 */
 

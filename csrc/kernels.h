@@ -28,6 +28,10 @@ typedef struct {
     float (*exp_sum)(float *x, int n, float max);
     /* out[d] = sum_j p[j] * v[j*ldv + d] for d < dim, j < n (j in order). */
     void (*weighted_sum)(float *out, const float *p, const float *v, int n, size_t ldv, int dim);
+    /* One token of the gated delta rule on a (dk, dv) state S:
+     * S = decay*S; d = beta*(v - S^T k); S += k d^T; o = S^T q. */
+    void (*delta_rule)(float *S, const float *q, const float *k, const float *v, float beta,
+                       float decay, int dk, int dv, float *o);
 } FlmKernels;
 
 extern const FlmKernels *flm_kernels;

@@ -100,16 +100,17 @@ def test_every_simd_path_matches_transformers(path, tiny_model_dir):
         assert path != "generic", "the portable path must always be available"
         return  # this CPU lacks the instructions: there is nothing to run the path on
     try:
-        folder = tiny_model_dir("llama-headdim-bias")
-        ours = Model.from_pretrained(folder, threads=2)
-        ids = sequences(ours.config.vocab_size, seed=4)[3]
-        ok, err, _ = within(ours.logits(ids), hf_logits(load_hf(folder), ids))
-        assert ok, f"{path}: max err {err:.3g}"
-        # One token at a time must equal the batched pass on every path.
-        step = Model.from_pretrained(folder, threads=1)
-        full = ours.logits(ids)
-        for i, t in enumerate(ids[:10]):
-            assert np.array_equal(step._engine.forward(np.array([t]), i), full[i])
+        for kind in ("llama-headdim-bias", "qwen3_5-text"):
+            folder = tiny_model_dir(kind)
+            ours = Model.from_pretrained(folder, threads=2)
+            ids = sequences(ours.config.vocab_size, seed=4)[3][:60]
+            ok, err, _ = within(ours.logits(ids), hf_logits(load_hf(folder), ids))
+            assert ok, f"{path} {kind}: max err {err:.3g}"
+            # One token at a time must equal the batched pass on every path.
+            step = Model.from_pretrained(folder, threads=1)
+            full = ours.logits(ids)
+            for i, t in enumerate(ids[:12]):
+                assert np.array_equal(step._engine.forward(np.array([t]), i), full[i])
     finally:
         _core.set_simd_path(before)
 
