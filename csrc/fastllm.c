@@ -38,6 +38,8 @@ static size_t lin_state_floats(const FlmConfig *c) {
          + (size_t)c->lin_v_heads * c->lin_k_dim * c->lin_v_dim;
 }
 static int mixer_dim(const FlmConfig *c) { return imax(c->dim, imax(q_dim(c), lin_value_dim(c))); }
+/* Widest matmul input, rounded up to whole bf16 pairs. */
+static int max_input_pairs(const FlmConfig *c) { return (imax(mixer_dim(c), c->hidden_dim) + 1) / 2; }
 
 size_t flm_state_work_floats(const FlmConfig *c, int max_batch, int max_threads) {
     size_t b = (size_t)max_batch;
@@ -48,6 +50,7 @@ size_t flm_state_work_floats(const FlmConfig *c, int max_batch, int max_threads)
          + 2 * b * c->hidden_dim              /* hb, hb2 */
          + b * imax(q_dim(c), lin_value_dim(c)) /* gate */
          + b * (conv_dim(c) + 2 * (size_t)c->lin_v_heads) /* lin */
+         + b * max_input_pairs(c)             /* xq (two bf16 per float) */
          + (size_t)max_threads * c->seq_len;  /* att */
 }
 
@@ -70,6 +73,7 @@ void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, int max_thre
     s->hb2 = work;  work += b * c->hidden_dim;
     s->gate = work; work += b * imax(q_dim(c), lin_value_dim(c));
     s->lin = work;  work += b * (conv_dim(c) + 2 * (size_t)c->lin_v_heads);
+    s->xq = (uint16_t *)work; work += b * max_input_pairs(c);
     s->att = work;
     s->trace = NULL;
     s->trace_tokens = s->trace_offset = 0;
@@ -82,10 +86,10 @@ void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, int max_thre
 
 /* Panels p0 .. p0+np-1 (rows 16*p0 ..) of out (T, N) = x (T, K) @ w (N, K)^T
  * (+ bias), w packed by flm_pack. */
-static void matmul_panels(float *out, int ldo, const float *x, const void *w, const float *bias,
-                          int T, int K, int N, int wtype, int p0, int np) {
+static void matmul_panels(float *out, int ldo, const float *x, int ldx, const void *w,
+                          const float *bias, int T, int K, int N, int wtype, int p0, int np) {
     flm_gemm_fn gemm = wtype == FLM_BF16 ? flm_kernels->gemm_bf16 : flm_kernels->gemm_f32;
-    gemm(out, ldo, x, K, w, K, T, p0, np, N);
+    gemm(out, ldo, x, ldx, w, K, T, p0, np, N);
     if (bias)
         for (int t = 0; t < T; t++)
             for (int r = p0 * FLM_PANEL; r < imin(N, (p0 + np) * FLM_PANEL); r++)
@@ -108,7 +112,26 @@ typedef struct {
 /* Several products of the same input (q, k and v) in one parallel loop, so
  * the threads meet at one barrier instead of three. Called inside a
  * parallel region. */
-static void matmul_multi(const float *x, int T, int K, int wtype, const MatJob *jobs, int njobs) {
+/* The matmul input as the kernels read it: x itself, or, where bf16 weights
+ * take bf16 activations, x rounded to bf16 once for every product that
+ * shares it. Called inside a parallel region. */
+static const float *matmul_input(FlmState *s, const float *x, int T, int K, int wtype, int *ldx) {
+    if (wtype != FLM_BF16 || !flm_kernels->to_bf16) {
+        *ldx = K;
+        return x;
+    }
+    const int pairs = (K + 1) / 2;
+#pragma omp for schedule(static)
+    for (int t = 0; t < T; t++)
+        flm_kernels->to_bf16(s->xq + (size_t)t * pairs * 2, x + (size_t)t * K, K);
+    *ldx = pairs;
+    return (const float *)s->xq;
+}
+
+static void matmul_multi(FlmState *s, const float *x, int T, int K, int wtype, const MatJob *jobs,
+                         int njobs) {
+    int ldx;
+    x = matmul_input(s, x, T, K, wtype, &ldx);
     const int per = item_panels(T);
     int items[8], total = 0;
     for (int i = 0; i < njobs; i++) {
@@ -120,15 +143,15 @@ static void matmul_multi(const float *x, int T, int K, int wtype, const MatJob *
         int i = 0, local = g;
         while (local >= items[i]) local -= items[i++];
         int panels = (jobs[i].N + FLM_PANEL - 1) / FLM_PANEL, p0 = local * per;
-        matmul_panels(jobs[i].out, jobs[i].ldo, x, jobs[i].w, jobs[i].bias, T, K, jobs[i].N, wtype,
-                      p0, imin(per, panels - p0));
+        matmul_panels(jobs[i].out, jobs[i].ldo, x, ldx, jobs[i].w, jobs[i].bias, T, K, jobs[i].N,
+                      wtype, p0, imin(per, panels - p0));
     }
 }
 
-static void matmul(float *out, const float *x, const void *w, const float *bias,
+static void matmul(FlmState *s, float *out, const float *x, const void *w, const float *bias,
                    int T, int K, int N, int wtype) {
     MatJob job = {out, w, bias, N, N};
-    matmul_multi(x, T, K, wtype, &job, 1);
+    matmul_multi(s, x, T, K, wtype, &job, 1);
 }
 
 static void rmsnorm(float *out, const float *x, const float *weight, int n, float eps) {
@@ -157,12 +180,14 @@ static void gate_up(const FlmConfig *c, const FlmLayer *L, FlmState *s, int T) {
     const int hidden = c->hidden_dim, dim = c->dim;
     const int per = item_panels(T);
     const int panels = (hidden + FLM_PANEL - 1) / FLM_PANEL, groups = (panels + per - 1) / per;
+    int ldx;
+    const float *x = matmul_input(s, s->xb, T, dim, c->wtype, &ldx);
 #pragma omp for schedule(static)
     for (int g = 0; g < groups; g++) {
         int p0 = g * per, np = imin(per, panels - p0);
         int r0 = p0 * FLM_PANEL, nr = imin(np * FLM_PANEL, hidden - r0);
-        matmul_panels(s->hb, hidden, s->xb, L->w_gate, L->b_gate, T, dim, hidden, c->wtype, p0, np);
-        matmul_panels(s->hb2, hidden, s->xb, L->w_up, L->b_up, T, dim, hidden, c->wtype, p0, np);
+        matmul_panels(s->hb, hidden, x, ldx, L->w_gate, L->b_gate, T, dim, hidden, c->wtype, p0, np);
+        matmul_panels(s->hb2, hidden, x, ldx, L->w_up, L->b_up, T, dim, hidden, c->wtype, p0, np);
         for (int t = 0; t < T; t++) {
             float *gt = s->hb + (size_t)t * hidden, *ut = s->hb2 + (size_t)t * hidden;
             for (int r = r0; r < r0 + nr; r++) gt[r] = silu(gt[r]) * ut[r];
@@ -220,7 +245,7 @@ static void attention(const FlmConfig *c, const FlmWeights *w, const FlmLayer *L
 
     MatJob jobs[4] = {{s->q, L->wq, L->bq, qd, qd}, {s->k, L->wk, L->bk, kvd, kvd},
                       {s->v, L->wv, L->bv, kvd, kvd}, {s->gate, L->w_attn_gate, NULL, qd, qd}};
-    matmul_multi(s->xb, T, dim, c->wtype, jobs, L->w_attn_gate ? 4 : 3);
+    matmul_multi(s, s->xb, T, dim, c->wtype, jobs, L->w_attn_gate ? 4 : 3);
 
     /* Per-head norm and RoPE; keys and values go into the cache. */
 #pragma omp for schedule(static)
@@ -253,7 +278,7 @@ static void attention(const FlmConfig *c, const FlmWeights *w, const FlmLayer *L
             for (int d = 0; d < hd; d++) out[d] *= sigmoid(g[d]);
         }
     }
-    matmul(s->xb2, s->xb, L->wo, L->bo, T, qd, dim, c->wtype);
+    matmul(s, s->xb2, s->xb, L->wo, L->bo, T, qd, dim, c->wtype);
 }
 
 static float l2_scale(const float *x, int n) {
@@ -290,7 +315,7 @@ static void linear_attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
 
     MatJob jobs[4] = {{s->lin, L->w_qkv, NULL, cd, ld}, {s->gate, L->w_z, NULL, vd, vd},
                       {s->lin + cd, L->w_b, NULL, hv, ld}, {s->lin + cd + hv, L->w_a, NULL, hv, ld}};
-    matmul_multi(s->xb, T, dim, c->wtype, jobs, 4);
+    matmul_multi(s, s->xb, T, dim, c->wtype, jobs, 4);
 
     /* Conv over the window of the last K-1 inputs, channel by channel. */
 #pragma omp for schedule(static)
@@ -338,7 +363,7 @@ static void linear_attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
                 o[j] = (L->lin_norm[j] * (o[j] * inv)) * (z[j] / (1.0f + expf(-z[j])));
         }
     }
-    matmul(s->xb2, s->xb, L->w_out, NULL, T, vd, dim, c->wtype);
+    matmul(s, s->xb2, s->xb, L->w_out, NULL, T, vd, dim, c->wtype);
 }
 
 /* ---------------------------------------------------------------- forward */
@@ -374,7 +399,7 @@ static void forward_chunk(const FlmConfig *c, const FlmWeights *w, FlmState *s,
             }
 
             gate_up(c, L, s, T);
-            matmul(s->xb2, s->hb, L->w_down, L->b_down, T, hidden, dim, c->wtype);
+            matmul(s, s->xb2, s->hb, L->w_down, L->b_down, T, hidden, dim, c->wtype);
 #pragma omp for schedule(static)
             for (int t = 0; t < T; t++) {
                 float *x = s->x + (size_t)t * dim, *o = s->xb2 + (size_t)t * dim;
@@ -392,7 +417,7 @@ static void forward_chunk(const FlmConfig *c, const FlmWeights *w, FlmState *s,
             for (int t = first; t < T; t++)
                 rmsnorm(s->xb + (size_t)(t - first) * dim, s->x + (size_t)t * dim, w->norm, dim,
                         c->norm_eps);
-            matmul(logits, s->xb, w->lm_head, NULL, T - first, dim, c->vocab_size, c->wtype);
+            matmul(s, logits, s->xb, w->lm_head, NULL, T - first, dim, c->vocab_size, c->wtype);
         }
     }
 }

@@ -95,6 +95,8 @@ typedef struct {
     float *att;       /* (max_threads, seq_len) attention scores */
     float *gate;      /* (max_batch, max(q_dim, Hv*dv)) attention gate or z */
     float *lin;       /* (max_batch, conv_dim + 2*Hv) projections of a linear layer */
+    uint16_t *xq;     /* (max_batch, max matmul input, even) matmul input as bf16,
+                         where bf16 weights take bf16 activations */
     float *lin_state; /* (n_layers, conv_dim*(K-1) + Hv*dk*dv) conv windows and
                          recurrent states of the linear layers */
     float *key_cache;   /* (n_layers, seq_len, n_kv_heads*head_dim) */

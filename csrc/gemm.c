@@ -318,6 +318,100 @@ AVX512 void flm_gemm_bf16_avx512(float *out, int ldo, const float *x, int ldx, c
     }
 }
 
+/* ---- AVX512_BF16: x arrives as bf16 pairs (one 32-bit word per k pair), and
+ * one vdpbf16ps adds both products of a pair to each row's lane. */
+#define DPBF16 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+#define DP(acc, xw, wv) (acc) = _mm512_dpbf16_ps((acc), (__m512bh)_mm512_set1_epi32((int)(xw)), (__m512bh)(wv))
+
+static DPBF16 void dp_6x4(float *out, int ldo, const uint32_t *x, int ldx, const uint16_t *b0,
+                          size_t pstride, int K, int p, int N) {
+    const uint16_t *b1 = b0 + pstride, *b2 = b1 + pstride, *b3 = b2 + pstride;
+    const uint32_t *x0 = x, *x1 = x + ldx, *x2 = x1 + ldx, *x3 = x2 + ldx, *x4 = x3 + ldx, *x5 = x4 + ldx;
+    const __mmask16 m0 = row_mask(p, N), m1 = row_mask(p + 1, N), m2 = row_mask(p + 2, N), m3 = row_mask(p + 3, N);
+    const int pairs = (K + 1) / 2;
+    for (int jb = 0; jb < pairs; jb += KBLOCK / 2) {
+        __m512 z = _mm512_setzero_ps();
+        __m512 a00 = z, a01 = z, a02 = z, a03 = z, a10 = z, a11 = z, a12 = z, a13 = z;
+        __m512 a20 = z, a21 = z, a22 = z, a23 = z, a30 = z, a31 = z, a32 = z, a33 = z;
+        __m512 a40 = z, a41 = z, a42 = z, a43 = z, a50 = z, a51 = z, a52 = z, a53 = z;
+        for (int j = jb; j < imin(pairs, jb + KBLOCK / 2); j++) {
+            __m512i q0 = BF_PAIR(b0, j), q1 = BF_PAIR(b1, j), q2 = BF_PAIR(b2, j), q3 = BF_PAIR(b3, j);
+#define ROW(t) DP(a##t##0, x##t[j], q0); DP(a##t##1, x##t[j], q1); DP(a##t##2, x##t[j], q2); DP(a##t##3, x##t[j], q3);
+            ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5)
+#undef ROW
+        }
+#define STORE(t)                                                                           \
+        flush16(out + (size_t)t * ldo, a##t##0, m0, jb == 0);                              \
+        flush16(out + (size_t)t * ldo + 16, a##t##1, m1, jb == 0);                         \
+        flush16(out + (size_t)t * ldo + 32, a##t##2, m2, jb == 0);                         \
+        flush16(out + (size_t)t * ldo + 48, a##t##3, m3, jb == 0);
+        STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5)
+#undef STORE
+    }
+}
+
+static DPBF16 void dp_1x4(float *out, const uint32_t *x, const uint16_t *b0, size_t pstride, int K, int p, int N) {
+    const uint16_t *b1 = b0 + pstride, *b2 = b1 + pstride, *b3 = b2 + pstride;
+    const int pairs = (K + 1) / 2;
+    for (int jb = 0; jb < pairs; jb += KBLOCK / 2) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int j = jb; j < imin(pairs, jb + KBLOCK / 2); j++) {
+            DP(a0, x[j], BF_PAIR(b0, j)); DP(a1, x[j], BF_PAIR(b1, j));
+            DP(a2, x[j], BF_PAIR(b2, j)); DP(a3, x[j], BF_PAIR(b3, j));
+        }
+        flush16(out, a0, row_mask(p, N), jb == 0);
+        flush16(out + 16, a1, row_mask(p + 1, N), jb == 0);
+        flush16(out + 32, a2, row_mask(p + 2, N), jb == 0);
+        flush16(out + 48, a3, row_mask(p + 3, N), jb == 0);
+    }
+}
+
+static DPBF16 void dp_1x1(float *out, const uint32_t *x, const uint16_t *b0, int K, int p, int N) {
+    const int pairs = (K + 1) / 2;
+    for (int jb = 0; jb < pairs; jb += KBLOCK / 2) {
+        __m512 a = _mm512_setzero_ps();
+        for (int j = jb; j < imin(pairs, jb + KBLOCK / 2); j++) DP(a, x[j], BF_PAIR(b0, j));
+        flush16(out, a, row_mask(p, N), jb == 0);
+    }
+}
+
+DPBF16 void flm_gemm_bf16_dp_avx512(float *out, int ldo, const float *xf, int ldx, const void *wp, int K,
+                                    int T, int p0, int np, int N) {
+    const uint32_t *x = (const uint32_t *)xf;
+    const uint16_t *w = (const uint16_t *)wp;
+    const size_t ps = padded_k(K, FLM_BF16) * PANEL;
+    for (int t = 0; t < T;) {
+        int nt = T - t >= 6 ? 6 : 1;
+        for (int p = p0; p < p0 + np;) {
+            float *o = out + (size_t)t * ldo + p * PANEL;
+            if (p + 4 <= p0 + np) {
+                if (nt == 6) dp_6x4(o, ldo, x + (size_t)t * ldx, ldx, w + p * ps, ps, K, p, N);
+                else dp_1x4(o, x + (size_t)t * ldx, w + p * ps, ps, K, p, N);
+                p += 4;
+            } else {
+                for (int u = 0; u < nt; u++)
+                    dp_1x1(o + (size_t)u * ldo, x + (size_t)(t + u) * ldx, w + p * ps, K, p, N);
+                p += 1;
+            }
+        }
+        t += nt;
+    }
+}
+
+DPBF16 void flm_to_bf16_avx512(uint16_t *dst, const float *src, int n) {
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i));
+        _mm512_storeu_si512((void *)(dst + i), (__m512i)v);
+    }
+    for (; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __m256bh v = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + i));
+        _mm256_mask_storeu_epi16(dst + i, m, (__m256i)v);
+    }
+    if (n & 1) dst[n] = 0;
+}
+
 /* ---- AVX2: a panel is two vectors; tiles of 4 tokens x 1 panel. */
 
 /* Add one block's sums of rows row0.. into the output (the first block stores). */

@@ -73,7 +73,7 @@ static void delta_rule_generic(float *S, const float *q, const float *k, const f
 }
 
 static const FlmKernels kernels_generic = {
-    "generic", tile_f32_generic, flm_gemm_f32_generic, flm_gemm_bf16_generic, exp_sum_generic,
+    "generic", tile_f32_generic, flm_gemm_f32_generic, flm_gemm_bf16_generic, NULL, exp_sum_generic,
     weighted_sum_generic, delta_rule_generic,
 };
 
@@ -186,7 +186,7 @@ static AVX2 void weighted_sum_avx2(float *out, const float *p, const float *v, i
 }
 
 static const FlmKernels kernels_avx2 = {
-    "avx2", tile_f32_avx2, flm_gemm_f32_avx2, flm_gemm_bf16_avx2, exp_sum_generic, weighted_sum_avx2,
+    "avx2", tile_f32_avx2, flm_gemm_f32_avx2, flm_gemm_bf16_avx2, NULL, exp_sum_generic, weighted_sum_avx2,
     delta_rule_generic,
 };
 
@@ -391,8 +391,15 @@ static AVX512 void delta_rule_avx512(float *S, const float *q, const float *k, c
 }
 
 static const FlmKernels kernels_avx512 = {
-    "avx512", tile_f32_avx512, flm_gemm_f32_avx512, flm_gemm_bf16_avx512, exp_sum_avx512,
+    "avx512", tile_f32_avx512, flm_gemm_f32_avx512, flm_gemm_bf16_avx512, NULL, exp_sum_avx512,
     weighted_sum_avx512, delta_rule_avx512,
+};
+
+/* AVX-512 plus BF16 dot products: bf16 weights take bf16 activations, twice
+ * the multiplies per instruction at the cost of rounding the activations. */
+static const FlmKernels kernels_avx512_bf16 = {
+    "avx512_bf16", tile_f32_avx512, flm_gemm_f32_avx512, flm_gemm_bf16_dp_avx512, flm_to_bf16_avx512,
+    exp_sum_avx512, weighted_sum_avx512, delta_rule_avx512,
 };
 #endif /* x86 */
 
@@ -406,24 +413,30 @@ static int supported(const FlmKernels *k) {
     __builtin_cpu_init();
     if (k == &kernels_avx2)
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    if (k == &kernels_avx512)
+    if (k == &kernels_avx512 || k == &kernels_avx512_bf16)
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-               __builtin_cpu_supports("fma");
+               __builtin_cpu_supports("fma") &&
+               (k == &kernels_avx512 || __builtin_cpu_supports("avx512bf16"));
 #endif
     return 0;
 }
 
 static const FlmKernels *const all_paths[] = {
 #ifdef FLM_HAVE_X86
-    &kernels_avx512, &kernels_avx2,
+    &kernels_avx512_bf16, &kernels_avx512, &kernels_avx2,
 #endif
     &kernels_generic,
 };
 
+/* The widest path whose results stay within fp32 rounding of the reference.
+ * avx512_bf16 rounds activations to bf16 and is only used when asked for. */
 void flm_kernels_init(void) {
     for (size_t i = 0; i < sizeof all_paths / sizeof all_paths[0]; i++)
-        if (supported(all_paths[i])) { flm_kernels = all_paths[i]; return; }
+        if (all_paths[i]->to_bf16 == NULL && supported(all_paths[i])) {
+            flm_kernels = all_paths[i];
+            return;
+        }
 }
 
 int flm_kernels_select(const char *name) {

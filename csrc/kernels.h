@@ -24,6 +24,11 @@ typedef struct {
     flm_tile_fn tile_f32;     /* row-major rows: attention scores over the KV cache */
     flm_gemm_fn gemm_f32;     /* packed weights */
     flm_gemm_fn gemm_bf16;
+    /* Where set, bf16 weights multiply bf16 activations (AVX512_BF16
+     * dot products): matmul inputs are first rounded by to_bf16 (n values,
+     * nearest-even, zero-padded to even n), and gemm_bf16 then reads x as
+     * pairs of bf16, with ldx counted in pairs. */
+    void (*to_bf16)(uint16_t *dst, const float *src, int n);
     /* x[i] = exp(x[i] - max) for i < n; returns the sum of the new x. */
     float (*exp_sum)(float *x, int n, float max);
     /* out[d] = sum_j p[j] * v[j*ldv + d] for d < dim, j < n (j in order). */
@@ -43,6 +48,8 @@ void flm_gemm_f32_avx2(float *, int, const float *, int, const void *, int, int,
 void flm_gemm_bf16_avx2(float *, int, const float *, int, const void *, int, int, int, int, int);
 void flm_gemm_f32_avx512(float *, int, const float *, int, const void *, int, int, int, int, int);
 void flm_gemm_bf16_avx512(float *, int, const float *, int, const void *, int, int, int, int, int);
+void flm_gemm_bf16_dp_avx512(float *, int, const float *, int, const void *, int, int, int, int, int);
+void flm_to_bf16_avx512(uint16_t *dst, const float *src, int n);
 void flm_packed_row(float *out, const void *wp, int r, int K, int wtype);
 void flm_kernels_init(void);
 int flm_kernels_select(const char *name);

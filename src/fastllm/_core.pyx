@@ -47,6 +47,13 @@ _REQUIRED = {
 }
 
 
+def _path_from_environment():
+    name = os.environ.get("FASTLLM_SIMD")
+    if name and flm_set_simd_path(name.encode()) != 0:
+        raise ImportError(f"FASTLLM_SIMD={name!r}: no such SIMD path on this CPU "
+                          "(generic, avx2, avx512, avx512_bf16)")
+
+
 def simd_path():
     """The SIMD path this CPU runs: 'avx512', 'avx2' or 'generic'."""
     return flm_simd_path().decode()
@@ -278,3 +285,4 @@ cdef class Engine:
         return (result, trace) if hidden_states else result
 
 
+_path_from_environment()
