@@ -267,7 +267,9 @@ static void attention(const FlmConfig *c, const FlmWeights *w, const FlmLayer *L
         }
     }
 
-#pragma omp for schedule(static)
+    /* Causal attention costs more for later tokens: deal the (token, head)
+     * pairs out round-robin so every thread gets early and late ones. */
+#pragma omp for schedule(static, 1)
     for (int i = 0; i < T * nh; i++) {
         int t = i / nh, h = i % nh, kvh = h / group;
         float *out = s->xb + (size_t)t * qd + h * hd;
