@@ -101,6 +101,13 @@ static void matmul_panels(float *out, int ldo, const float *x, int ldx, const vo
  * decoding streams each panel once, and one-panel items balance threads. */
 static int item_panels(int T) { return T >= 6 ? 4 : 1; }
 
+/* Tokens per work item (a multiple of the 6-token tile): splitting a long
+ * prompt too evens out the threads when a matrix has few panel groups.
+ * Items run panel group by panel group, so one thread's consecutive items
+ * reuse the same weights from its cache. */
+#define TOKEN_BLOCK 60
+static int token_blocks(int T) { return (T + TOKEN_BLOCK - 1) / TOKEN_BLOCK; }
+
 typedef struct {
     float *out;
     const void *w;
@@ -109,9 +116,6 @@ typedef struct {
     int ldo;   /* row stride of out: N, or more when products share a buffer */
 } MatJob;
 
-/* Several products of the same input (q, k and v) in one parallel loop, so
- * the threads meet at one barrier instead of three. Called inside a
- * parallel region. */
 /* The matmul input as the kernels read it: x itself, or, where bf16 weights
  * take bf16 activations, x rounded to bf16 once for every product that
  * shares it. Called inside a parallel region. */
@@ -128,23 +132,27 @@ static const float *matmul_input(FlmState *s, const float *x, int T, int K, int 
     return (const float *)s->xq;
 }
 
+/* Several products of the same input (q, k and v) in one parallel loop, so
+ * the threads meet at one barrier instead of three. Called inside a
+ * parallel region. */
 static void matmul_multi(FlmState *s, const float *x, int T, int K, int wtype, const MatJob *jobs,
                          int njobs) {
     int ldx;
     x = matmul_input(s, x, T, K, wtype, &ldx);
-    const int per = item_panels(T);
+    const int per = item_panels(T), tb = token_blocks(T);
     int items[8], total = 0;
     for (int i = 0; i < njobs; i++) {
-        items[i] = ((jobs[i].N + FLM_PANEL - 1) / FLM_PANEL + per - 1) / per;
+        items[i] = ((jobs[i].N + FLM_PANEL - 1) / FLM_PANEL + per - 1) / per * tb;
         total += items[i];
     }
 #pragma omp for schedule(static)
     for (int g = 0; g < total; g++) {
         int i = 0, local = g;
         while (local >= items[i]) local -= items[i++];
-        int panels = (jobs[i].N + FLM_PANEL - 1) / FLM_PANEL, p0 = local * per;
-        matmul_panels(jobs[i].out, jobs[i].ldo, x, ldx, jobs[i].w, jobs[i].bias, T, K, jobs[i].N,
-                      wtype, p0, imin(per, panels - p0));
+        int panels = (jobs[i].N + FLM_PANEL - 1) / FLM_PANEL, p0 = local / tb * per;
+        int t0 = local % tb * TOKEN_BLOCK, nt = imin(TOKEN_BLOCK, T - t0);
+        matmul_panels(jobs[i].out + (size_t)t0 * jobs[i].ldo, jobs[i].ldo, x + (size_t)t0 * ldx, ldx,
+                      jobs[i].w, jobs[i].bias, nt, K, jobs[i].N, wtype, p0, imin(per, panels - p0));
     }
 }
 
@@ -155,10 +163,7 @@ static void matmul(FlmState *s, float *out, const float *x, const void *w, const
 }
 
 static void rmsnorm(float *out, const float *x, const float *weight, int n, float eps) {
-    float ss = 0.0f;
-    for (int i = 0; i < n; i++) ss += x[i] * x[i];
-    float inv = 1.0f / sqrtf(ss / (float)n + eps);
-    for (int i = 0; i < n; i++) out[i] = weight[i] * (x[i] * inv);
+    flm_kernels->rmsnorm(out, x, weight, n, eps);
 }
 
 /* Rotate adjacent pairs (2i, 2i+1) of the first rope_dim dims of one head.
@@ -172,26 +177,25 @@ static void rope(float *h, const float *cos_row, const float *sin_row, int rope_
     }
 }
 
-static float silu(float x) { return x / (1.0f + expf(-x)); }
-
 /* hb = silu(xb @ w_gate^T) * (xb @ w_up^T), group of rows by group of rows,
  * so the gate and up values are combined while still in cache. */
 static void gate_up(const FlmConfig *c, const FlmLayer *L, FlmState *s, int T) {
     const int hidden = c->hidden_dim, dim = c->dim;
-    const int per = item_panels(T);
+    const int per = item_panels(T), tb = token_blocks(T);
     const int panels = (hidden + FLM_PANEL - 1) / FLM_PANEL, groups = (panels + per - 1) / per;
     int ldx;
     const float *x = matmul_input(s, s->xb, T, dim, c->wtype, &ldx);
 #pragma omp for schedule(static)
-    for (int g = 0; g < groups; g++) {
-        int p0 = g * per, np = imin(per, panels - p0);
+    for (int g = 0; g < groups * tb; g++) {
+        int p0 = g / tb * per, np = imin(per, panels - p0);
         int r0 = p0 * FLM_PANEL, nr = imin(np * FLM_PANEL, hidden - r0);
-        matmul_panels(s->hb, hidden, x, ldx, L->w_gate, L->b_gate, T, dim, hidden, c->wtype, p0, np);
-        matmul_panels(s->hb2, hidden, x, ldx, L->w_up, L->b_up, T, dim, hidden, c->wtype, p0, np);
-        for (int t = 0; t < T; t++) {
-            float *gt = s->hb + (size_t)t * hidden, *ut = s->hb2 + (size_t)t * hidden;
-            for (int r = r0; r < r0 + nr; r++) gt[r] = silu(gt[r]) * ut[r];
-        }
+        int t0 = g % tb * TOKEN_BLOCK, nt = imin(TOKEN_BLOCK, T - t0);
+        matmul_panels(s->hb + (size_t)t0 * hidden, hidden, x + (size_t)t0 * ldx, ldx, L->w_gate,
+                      L->b_gate, nt, dim, hidden, c->wtype, p0, np);
+        matmul_panels(s->hb2 + (size_t)t0 * hidden, hidden, x + (size_t)t0 * ldx, ldx, L->w_up,
+                      L->b_up, nt, dim, hidden, c->wtype, p0, np);
+        for (int t = t0; t < t0 + nt; t++)
+            flm_kernels->silu_mul(s->hb + (size_t)t * hidden + r0, s->hb2 + (size_t)t * hidden + r0, nr);
     }
 }
 

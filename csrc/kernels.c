@@ -72,9 +72,20 @@ static void delta_rule_generic(float *S, const float *q, const float *k, const f
     }
 }
 
+static void rmsnorm_generic(float *out, const float *x, const float *weight, int n, float eps) {
+    float ss = 0.0f;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int i = 0; i < n; i++) out[i] = weight[i] * (x[i] * inv);
+}
+
+static void silu_mul_generic(float *g, const float *u, int n) {
+    for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
 static const FlmKernels kernels_generic = {
     "generic", tile_f32_generic, flm_gemm_f32_generic, flm_gemm_bf16_generic, NULL, exp_sum_generic,
-    weighted_sum_generic, delta_rule_generic,
+    weighted_sum_generic, delta_rule_generic, rmsnorm_generic, silu_mul_generic,
 };
 
 /* ------------------------------------------------------------------- x86 */
@@ -187,7 +198,7 @@ static AVX2 void weighted_sum_avx2(float *out, const float *p, const float *v, i
 
 static const FlmKernels kernels_avx2 = {
     "avx2", tile_f32_avx2, flm_gemm_f32_avx2, flm_gemm_bf16_avx2, NULL, exp_sum_generic, weighted_sum_avx2,
-    delta_rule_generic,
+    delta_rule_generic, rmsnorm_generic, silu_mul_generic,
 };
 
 /* ---- AVX-512: 16 lanes, masked tail.
@@ -390,16 +401,41 @@ static AVX512 void delta_rule_avx512(float *S, const float *q, const float *k, c
     }
 }
 
+static AVX512 void rmsnorm_avx512(float *out, const float *x, const float *weight, int n, float eps) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+        acc = _mm512_fmadd_ps(v, v, acc);
+    }
+    __m512 inv = _mm512_set1_ps(1.0f / sqrtf(hsum16(acc) / (float)n + eps));
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inv);
+        _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, weight + i), v));
+    }
+}
+
+static AVX512 void silu_mul_avx512(float *g, const float *u, int n) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __m512 v = _mm512_maskz_loadu_ps(m, g + i);
+        __m512 s = _mm512_div_ps(v, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), v))));
+        _mm512_mask_storeu_ps(g + i, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, u + i)));
+    }
+}
+
 static const FlmKernels kernels_avx512 = {
     "avx512", tile_f32_avx512, flm_gemm_f32_avx512, flm_gemm_bf16_avx512, NULL, exp_sum_avx512,
-    weighted_sum_avx512, delta_rule_avx512,
+    weighted_sum_avx512, delta_rule_avx512, rmsnorm_avx512, silu_mul_avx512,
 };
 
 /* AVX-512 plus BF16 dot products: bf16 weights take bf16 activations, twice
  * the multiplies per instruction at the cost of rounding the activations. */
 static const FlmKernels kernels_avx512_bf16 = {
     "avx512_bf16", tile_f32_avx512, flm_gemm_f32_avx512, flm_gemm_bf16_dp_avx512, flm_to_bf16_avx512,
-    exp_sum_avx512, weighted_sum_avx512, delta_rule_avx512,
+    exp_sum_avx512, weighted_sum_avx512, delta_rule_avx512, rmsnorm_avx512, silu_mul_avx512,
 };
 #endif /* x86 */
 

@@ -37,6 +37,10 @@ typedef struct {
      * S = decay*S; d = beta*(v - S^T k); S += k d^T; o = S^T q. */
     void (*delta_rule)(float *S, const float *q, const float *k, const float *v, float beta,
                        float decay, int dk, int dv, float *o);
+    /* out = weight * (x / sqrt(mean(x^2) + eps)); out may be x. */
+    void (*rmsnorm)(float *out, const float *x, const float *weight, int n, float eps);
+    /* g = silu(g) * u */
+    void (*silu_mul)(float *g, const float *u, int n);
 } FlmKernels;
 
 extern const FlmKernels *flm_kernels;

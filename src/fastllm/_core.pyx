@@ -120,7 +120,7 @@ cdef class Engine:
         self.layers = NULL
 
     def __init__(self, dict config, list layers, embed, norm, lm_head, rope_cos, rope_sin,
-                 int max_batch=256, int n_threads=1, int max_threads=0):
+                 int max_batch=512, int n_threads=1, int max_threads=0):
         cdef FlmConfig c
         c.dim = config["dim"]
         c.hidden_dim = config["hidden_dim"]

@@ -71,7 +71,7 @@ class Model:
 
     @classmethod
     def from_pretrained(cls, path=None, n_ctx: int | None = None, threads: int | None = None,
-                        dtype: str = "f32", max_batch: int = 256) -> "Model":
+                        dtype: str = "f32", max_batch: int = 512) -> "Model":
         """Load a HF model folder (config.json, model.safetensors, tokenizer.json),
         a .gguf file (converted once into the cache), or with no path the
         default model, SmolLM2-135M-Instruct."""
