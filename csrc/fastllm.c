@@ -29,6 +29,8 @@ static int imin(int a, int b) { return a < b ? a : b; }
 /* ------------------------------------------------------------ run state */
 
 static int q_dim(const FlmConfig *c) { return c->n_heads * c->head_dim; }
+/* Positions held by the cache, rounded up to whole blocks of 16 keys. */
+static size_t seq_cap(const FlmConfig *c) { return ((size_t)c->seq_len + 15) / 16 * 16; }
 static int kv_dim(const FlmConfig *c) { return c->n_kv_heads * c->head_dim; }
 static int lin_key_dim(const FlmConfig *c) { return c->lin_k_heads * c->lin_k_dim; }
 static int lin_value_dim(const FlmConfig *c) { return c->lin_v_heads * c->lin_v_dim; }
@@ -51,11 +53,11 @@ size_t flm_state_work_floats(const FlmConfig *c, int max_batch, int max_threads)
          + b * imax(q_dim(c), lin_value_dim(c)) /* gate */
          + b * (conv_dim(c) + 2 * (size_t)c->lin_v_heads) /* lin */
          + b * max_input_pairs(c)             /* xq (two bf16 per float) */
-         + (size_t)max_threads * c->seq_len;  /* att */
+         + (size_t)max_threads * seq_cap(c);  /* att */
 }
 
 size_t flm_state_cache_floats(const FlmConfig *c) {
-    return 2 * (size_t)c->n_layers * c->seq_len * kv_dim(c) + c->n_layers * lin_state_floats(c);
+    return 2 * (size_t)c->n_layers * seq_cap(c) * kv_dim(c) + c->n_layers * lin_state_floats(c);
 }
 
 void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, int max_threads,
@@ -78,8 +80,8 @@ void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, int max_thre
     s->trace = NULL;
     s->trace_tokens = s->trace_offset = 0;
     s->key_cache = cache;
-    s->value_cache = cache + (size_t)c->n_layers * c->seq_len * kv_dim(c);
-    s->lin_state = cache + 2 * (size_t)c->n_layers * c->seq_len * kv_dim(c);
+    s->value_cache = cache + (size_t)c->n_layers * seq_cap(c) * kv_dim(c);
+    s->lin_state = cache + 2 * (size_t)c->n_layers * seq_cap(c) * kv_dim(c);
 }
 
 /* --------------------------------------------------------------- kernels */
@@ -214,15 +216,15 @@ static void embed_row(float *out, const FlmWeights *w, int token, int dim, int w
     }
 }
 
-/* One query head of one token against the cached keys/values 0..pos. The
- * scores go through the matmul tile (keys are rows of stride kvd), so each
- * score is computed the same way whether the query came in a batch or not. */
-static void attend(float *out, const float *q, const float *kc, const float *vc,
+/* One query head of one token against the cached keys/values 0..pos. Keys
+ * are stored in blocks of 16 positions, each block (head_dim, 16), so the
+ * scores of 16 keys come from one multiply-add per dimension; each score is
+ * the same chain over the dimensions however the blocks are grouped, so
+ * batched and one-token passes agree bit for bit. */
+static void attend(float *out, const float *q, const float *kblocks, const float *vc,
                    float *att, int pos, int head_dim, int kvd, float scale) {
     const int n = pos + 1;
-    flm_tile_fn tile = flm_kernels->tile_f32;
-    for (int j = 0; j < n; j += FLM_TILE_R)
-        tile(att + j, 0, q, 0, kc + (size_t)j * kvd, kvd, head_dim, 1, imin(FLM_TILE_R, n - j));
+    flm_kernels->key_scores(att, q, kblocks, n, head_dim);
     float max = -INFINITY;
     for (int j = 0; j < n; j++) {
         att[j] *= scale;
@@ -243,9 +245,9 @@ static void attention(const FlmConfig *c, const FlmWeights *w, const FlmLayer *L
                       int l, int T, int pos) {
     const int dim = c->dim, hd = c->head_dim, qd = q_dim(c), kvd = kv_dim(c);
     const int nh = c->n_heads, nkv = c->n_kv_heads, group = nh / nkv, half = c->rope_dim / 2;
-    const size_t layer_cache = (size_t)c->seq_len * kvd;
-    float *kcache = s->key_cache + l * layer_cache;
-    float *vcache = s->value_cache + l * layer_cache;
+    const size_t layer_cache = seq_cap(c) * kvd, head_keys = seq_cap(c) * hd;
+    float *kcache = s->key_cache + l * layer_cache;   /* (nkv, seq_cap/16, hd, 16) */
+    float *vcache = s->value_cache + l * layer_cache; /* (seq_cap, nkv*hd) */
 
     MatJob jobs[4] = {{s->q, L->wq, L->bq, qd, qd}, {s->k, L->wk, L->bk, kvd, kvd},
                       {s->v, L->wv, L->bv, kvd, kvd}, {s->gate, L->w_attn_gate, NULL, qd, qd}};
@@ -265,7 +267,8 @@ static void attention(const FlmConfig *c, const FlmWeights *w, const FlmLayer *L
             float *kh_src = s->k + (size_t)t * kvd + kh * hd;
             if (L->k_norm) rmsnorm(kh_src, kh_src, L->k_norm, hd, c->norm_eps);
             rope(kh_src, cr, sr, c->rope_dim);
-            memcpy(kcache + (size_t)p * kvd + kh * hd, kh_src, sizeof(float) * hd);
+            float *kb = kcache + kh * head_keys + (size_t)(p / 16) * hd * 16 + p % 16;
+            for (int d = 0; d < hd; d++) kb[d * 16] = kh_src[d];
             memcpy(vcache + (size_t)p * kvd + kh * hd, s->v + (size_t)t * kvd + kh * hd,
                    sizeof(float) * hd);
         }
@@ -277,8 +280,8 @@ static void attention(const FlmConfig *c, const FlmWeights *w, const FlmLayer *L
     for (int i = 0; i < T * nh; i++) {
         int t = i / nh, h = i % nh, kvh = h / group;
         float *out = s->xb + (size_t)t * qd + h * hd;
-        attend(out, s->q + (size_t)t * qd + h * hd, kcache + kvh * hd, vcache + kvh * hd,
-               s->att + (size_t)thread_num() * c->seq_len, pos + t, hd, kvd, c->attn_scale);
+        attend(out, s->q + (size_t)t * qd + h * hd, kcache + kvh * head_keys, vcache + kvh * hd,
+               s->att + (size_t)thread_num() * seq_cap(c), pos + t, hd, kvd, c->attn_scale);
         if (L->w_attn_gate) {
             const float *g = s->gate + (size_t)t * qd + h * hd;
             for (int d = 0; d < hd; d++) out[d] *= sigmoid(g[d]);

@@ -92,15 +92,16 @@ typedef struct {
     float *v;         /* (max_batch, n_kv_heads*head_dim) */
     float *hb;        /* (max_batch, hidden_dim) */
     float *hb2;       /* (max_batch, hidden_dim) */
-    float *att;       /* (max_threads, seq_len) attention scores */
+    float *att;       /* (max_threads, seq_cap) attention scores; seq_cap = seq_len
+                         rounded up to a multiple of 16 */
     float *gate;      /* (max_batch, max(q_dim, Hv*dv)) attention gate or z */
     float *lin;       /* (max_batch, conv_dim + 2*Hv) projections of a linear layer */
     uint16_t *xq;     /* (max_batch, max matmul input, even) matmul input as bf16,
                          where bf16 weights take bf16 activations */
     float *lin_state; /* (n_layers, conv_dim*(K-1) + Hv*dk*dv) conv windows and
                          recurrent states of the linear layers */
-    float *key_cache;   /* (n_layers, seq_len, n_kv_heads*head_dim) */
-    float *value_cache; /* (n_layers, seq_len, n_kv_heads*head_dim) */
+    float *key_cache;   /* (n_layers, n_kv_heads, seq_cap/16, head_dim, 16): blocks of 16 keys */
+    float *value_cache; /* (n_layers, seq_cap, n_kv_heads*head_dim) */
     /* Optional, for oracles: when not NULL, each layer's output (the
      * residual stream) of the n tokens of a flm_forward call is copied to
      * trace[(layer*trace_tokens + i) * dim], i = 0..n-1 (trace_tokens = n). */

@@ -9,11 +9,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* out[t*ldo + r] = sum_k x[t*ldx + k] * w[r*ldw + k]  for t < nt <= 4, r < nr <= 4,
- * k < K. w is float (FLM_F32) or bf16 bit patterns (FLM_BF16). */
-typedef void (*flm_tile_fn)(float *out, int ldo, const float *x, int ldx,
-                            const void *w, size_t ldw, int K, int nt, int nr);
-
 /* out[t*ldo + r] = sum_k x[t*ldx + k] * W[r][k] for t < T and the rows r of
  * panels p0 .. p0+np-1 that are below N; W packed by flm_pack (gemm.c). */
 typedef void (*flm_gemm_fn)(float *out, int ldo, const float *x, int ldx, const void *wp, int K,
@@ -21,7 +16,6 @@ typedef void (*flm_gemm_fn)(float *out, int ldo, const float *x, int ldx, const 
 
 typedef struct {
     const char *name;
-    flm_tile_fn tile_f32;     /* row-major rows: attention scores over the KV cache */
     flm_gemm_fn gemm_f32;     /* packed weights */
     flm_gemm_fn gemm_bf16;
     /* Where set, bf16 weights multiply bf16 activations (AVX512_BF16
@@ -29,6 +23,9 @@ typedef struct {
      * nearest-even, zero-padded to even n), and gemm_bf16 then reads x as
      * pairs of bf16, with ldx counted in pairs. */
     void (*to_bf16)(uint16_t *dst, const float *src, int n);
+    /* att[j] = q . key j for j < n, keys in blocks of 16 ((hd, 16) each);
+     * att must have room for n rounded up to 16. */
+    void (*key_scores)(float *att, const float *q, const float *kblocks, int n, int hd);
     /* x[i] = exp(x[i] - max) for i < n; returns the sum of the new x. */
     float (*exp_sum)(float *x, int n, float max);
     /* out[d] = sum_j p[j] * v[j*ldv + d] for d < dim, j < n (j in order). */
@@ -57,8 +54,5 @@ void flm_to_bf16_avx512(uint16_t *dst, const float *src, int n);
 void flm_packed_row(float *out, const void *wp, int r, int K, int wtype);
 void flm_kernels_init(void);
 int flm_kernels_select(const char *name);
-
-#define FLM_TILE_T 4
-#define FLM_TILE_R 4
 
 #endif
