@@ -1,6 +1,6 @@
 """Build the C run loop (csrc/) and its Cython wrappers.
 
-The C core is compiled with -O3 and OpenMP but never with -march=native:
+The C core is compiled with -O3 and OpenMP but never for the build machine's CPU:
 SIMD paths are chosen at run time by CPU feature detection, so one wheel is
 fast on every x86-64 machine.
 """

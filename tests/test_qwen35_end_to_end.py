@@ -5,7 +5,6 @@ the same folder."""
 import json
 import shutil
 
-import numpy as np
 import pytest
 
 from fastllm import Model

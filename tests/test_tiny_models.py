@@ -172,3 +172,18 @@ def test_dynamic_rope_matches_token_by_token_decoding(tiny_model_dir):
     ok, compared, diverged = compare_greedy(got, want, margins)
     assert ok, f"token {diverged} differs with margin {margins[diverged]:.3g}"
     assert compared > 60, f"only {compared} tokens compared: the test never left the original context"
+
+
+@pytest.mark.parametrize("kind", ["llama-gqa", "qwen3", "qwen3_5-text"])
+def test_bench_command_runs_for_every_family(kind, tiny_model_dir):
+    import json
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "fastllm", "bench", "--model", str(tiny_model_dir(kind)),
+                          "-p", "16", "-n", "4", "-r", "2", "-t", "1,2", "--dtype", "f32,bf16", "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)["results"]
+    assert {(r["dtype"], r["threads"], r["test"]) for r in rows} == {
+        (d, t, test) for d in ("f32", "bf16") for t in (1, 2) for test in ("pp16", "tg4")}
+    assert all(r["tokens_per_s_median"] > 0 and len(r["runs"]) == 2 for r in rows)

@@ -65,9 +65,9 @@ def bench_model(model, n_prompt: int, n_gen: int, repetitions: int) -> list[dict
 
 
 def run_bench(model_path, n_prompt=512, n_gen=128, threads=None, repetitions=5, dtypes=("f32",)):
+    """Yield one result per (dtype, threads, test), loading each dtype once."""
     from .model import Model, physical_cores
     threads = threads or [physical_cores()]
-    out = []
     for dtype in dtypes:
         ctx = max(n_prompt, n_gen, 1)
         model = Model.from_pretrained(model_path, n_ctx=ctx, threads=threads[0], dtype=dtype)
@@ -75,10 +75,8 @@ def run_bench(model_path, n_prompt=512, n_gen=128, threads=None, repetitions=5, 
             model.threads = t
             for r in bench_model(model, n_prompt, n_gen, repetitions):
                 r["model"] = str(model.path.name)
-                out.append(r)
                 yield r
         del model
-    return out
 
 
 def cmd_bench(args) -> int:
