@@ -365,11 +365,8 @@ static void linear_attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
             flm_kernels->delta_rule(Sh, q, k, v, beta, decay, dk, dv, o);
             /* Gated RMSNorm: w * norm(o) * silu(z). */
             const float *z = s->gate + (size_t)t * vd + h * dv;
-            float ss = 0.0f;
-            for (int j = 0; j < dv; j++) ss += o[j] * o[j];
-            float inv = 1.0f / sqrtf(ss / (float)dv + c->norm_eps);
-            for (int j = 0; j < dv; j++)
-                o[j] = (L->lin_norm[j] * (o[j] * inv)) * (z[j] / (1.0f + expf(-z[j])));
+            rmsnorm(o, o, L->lin_norm, dv, c->norm_eps);
+            for (int j = 0; j < dv; j++) o[j] *= z[j] / (1.0f + expf(-z[j]));
         }
     }
     matmul(s, s->xb2, s->xb, L->w_out, NULL, T, vd, dim, c->wtype);

@@ -274,49 +274,37 @@ static AVX512 void bf16_1x1(float *out, const float *x, const uint16_t *b0, int 
     }
 }
 
-AVX512 void flm_gemm_f32_avx512(float *out, int ldo, const float *x, int ldx, const void *wp, int K,
-                         int T, int p0, int np, int N) {
-    const float *w = (const float *)wp;
-    const size_t ps = (size_t)K * PANEL;
-    for (int t = 0; t < T;) {
-        int nt = T - t >= 6 ? 6 : 1;
-        for (int p = p0; p < p0 + np;) {
-            float *o = out + (size_t)t * ldo + p * PANEL;
-            if (p + 4 <= p0 + np) {
-                if (nt == 6) f32_6x4(o, ldo, x + (size_t)t * ldx, ldx, w + p * ps, ps, K, p, N);
-                else f32_1x4(o, x + (size_t)t * ldx, w + p * ps, ps, K, p, N);
-                p += 4;
-            } else {
-                for (int u = 0; u < nt; u++)
-                    f32_1x1(o + (size_t)u * ldo, x + (size_t)(t + u) * ldx, w + p * ps, K, p, N);
-                p += 1;
-            }
-        }
-        t += nt;
-    }
+/* The tiling shared by the AVX-512 kernels: 6 tokens x 4 panels where it
+ * fits, one token x 4 panels for leftover tokens, one panel at a time for
+ * leftover panels. XT is how x is stored, PS the elements per panel. */
+#define DEFINE_GEMM(NAME, TARGET, XT, WT, PS, K6x4, K1x4, K1x1)                                \
+TARGET void NAME(float *out, int ldo, const float *xf, int ldx, const void *wp, int K,           \
+                 int T, int p0, int np, int N) {                                                 \
+    const XT *x = (const XT *)xf;                                                                \
+    const WT *w = (const WT *)wp;                                                                \
+    const size_t ps = (PS);                                                                      \
+    for (int t = 0; t < T;) {                                                                    \
+        int nt = T - t >= 6 ? 6 : 1;                                                             \
+        for (int p = p0; p < p0 + np;) {                                                         \
+            float *o = out + (size_t)t * ldo + p * PANEL;                                        \
+            if (p + 4 <= p0 + np) {                                                              \
+                if (nt == 6) K6x4(o, ldo, x + (size_t)t * ldx, ldx, w + p * ps, ps, K, p, N);    \
+                else K1x4(o, x + (size_t)t * ldx, w + p * ps, ps, K, p, N);                      \
+                p += 4;                                                                          \
+            } else {                                                                             \
+                for (int u = 0; u < nt; u++)                                                     \
+                    K1x1(o + (size_t)u * ldo, x + (size_t)(t + u) * ldx, w + p * ps, K, p, N);   \
+                p += 1;                                                                          \
+            }                                                                                    \
+        }                                                                                        \
+        t += nt;                                                                                 \
+    }                                                                                            \
 }
 
-AVX512 void flm_gemm_bf16_avx512(float *out, int ldo, const float *x, int ldx, const void *wp, int K,
-                          int T, int p0, int np, int N) {
-    const uint16_t *w = (const uint16_t *)wp;
-    const size_t ps = padded_k(K, FLM_BF16) * PANEL;
-    for (int t = 0; t < T;) {
-        int nt = T - t >= 6 ? 6 : 1;
-        for (int p = p0; p < p0 + np;) {
-            float *o = out + (size_t)t * ldo + p * PANEL;
-            if (p + 4 <= p0 + np) {
-                if (nt == 6) bf16_6x4(o, ldo, x + (size_t)t * ldx, ldx, w + p * ps, ps, K, p, N);
-                else bf16_1x4(o, x + (size_t)t * ldx, w + p * ps, ps, K, p, N);
-                p += 4;
-            } else {
-                for (int u = 0; u < nt; u++)
-                    bf16_1x1(o + (size_t)u * ldo, x + (size_t)(t + u) * ldx, w + p * ps, K, p, N);
-                p += 1;
-            }
-        }
-        t += nt;
-    }
-}
+DEFINE_GEMM(flm_gemm_f32_avx512, AVX512, float, float, (size_t)K * PANEL, f32_6x4, f32_1x4, f32_1x1)
+
+DEFINE_GEMM(flm_gemm_bf16_avx512, AVX512, float, uint16_t, padded_k(K, FLM_BF16) * PANEL, bf16_6x4,
+            bf16_1x4, bf16_1x1)
 
 /* ---- AVX512_BF16: x arrives as bf16 pairs (one 32-bit word per k pair), and
  * one vdpbf16ps adds both products of a pair to each row's lane. */
@@ -375,28 +363,8 @@ static DPBF16 void dp_1x1(float *out, const uint32_t *x, const uint16_t *b0, int
     }
 }
 
-DPBF16 void flm_gemm_bf16_dp_avx512(float *out, int ldo, const float *xf, int ldx, const void *wp, int K,
-                                    int T, int p0, int np, int N) {
-    const uint32_t *x = (const uint32_t *)xf;
-    const uint16_t *w = (const uint16_t *)wp;
-    const size_t ps = padded_k(K, FLM_BF16) * PANEL;
-    for (int t = 0; t < T;) {
-        int nt = T - t >= 6 ? 6 : 1;
-        for (int p = p0; p < p0 + np;) {
-            float *o = out + (size_t)t * ldo + p * PANEL;
-            if (p + 4 <= p0 + np) {
-                if (nt == 6) dp_6x4(o, ldo, x + (size_t)t * ldx, ldx, w + p * ps, ps, K, p, N);
-                else dp_1x4(o, x + (size_t)t * ldx, w + p * ps, ps, K, p, N);
-                p += 4;
-            } else {
-                for (int u = 0; u < nt; u++)
-                    dp_1x1(o + (size_t)u * ldo, x + (size_t)(t + u) * ldx, w + p * ps, K, p, N);
-                p += 1;
-            }
-        }
-        t += nt;
-    }
-}
+DEFINE_GEMM(flm_gemm_bf16_dp_avx512, DPBF16, uint32_t, uint16_t, padded_k(K, FLM_BF16) * PANEL, dp_6x4,
+            dp_1x4, dp_1x1)
 
 DPBF16 void flm_to_bf16_avx512(uint16_t *dst, const float *src, int n) {
     int i = 0;

@@ -57,13 +57,11 @@ SHAPES = {
                              linear_num_key_heads=1, linear_num_value_heads=3, linear_key_head_dim=32,
                              linear_value_head_dim=16, linear_conv_kernel_dim=3,
                              full_attention_interval=2, tie_word_embeddings=True),
-    "qwen3_5-wrapper": dict(model_type="qwen3_5", vocab_size=256, hidden_size=64, intermediate_size=96,
-                            num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
-                            linear_value_head_dim=24, linear_conv_kernel_dim=4,
-                            layer_types=["linear_attention", "full_attention", "full_attention",
-                                         "linear_attention"], tie_word_embeddings=True),
 }
+# The multimodal wrapper around the same text model, tied, another layer order.
+SHAPES["qwen3_5-wrapper"] = dict(SHAPES["qwen3_5-text"], model_type="qwen3_5", tie_word_embeddings=True,
+                                 layer_types=["linear_attention", "full_attention", "full_attention",
+                                              "linear_attention"])
 
 
 def _make_qwen35(spec: dict, seed: int, scale: float):
