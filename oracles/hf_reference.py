@@ -1,10 +1,23 @@
-"""transformers as the reference for logits, layer outputs and greedy decoding."""
+"""transformers as the reference for logits, layer outputs and greedy decoding.
+
+The reference runs in float64: the checkpoint is upcast, so its own rounding
+is some 1e-16 and a bound measures fastllm's fp32 error alone. Two fp32
+engines compared with each other differ by the sum of both engines'
+rounding, and torch's share of it changes with the CPU's kernels (AVX2,
+AVX-512, NEON, oneDNN): a 1e-4 bound against an fp32 reference held on one
+machine and failed on another. fastllm's own arithmetic is fixed by its SIMD
+path (no fast-math, no contraction, a fixed summation order for any thread
+count), so its distance from a float64 reference is the same on every CPU
+that takes the same path. transformers still rounds a few steps to float32
+even in a float64 model (RMSNorm's mean of squares, RoPE's angles); those are
+steps fastllm rounds the same way, and they move the logits by ~1e-7.
+"""
 from __future__ import annotations
 
 import numpy as np
 
 
-def load_hf(folder, dtype="float32"):
+def load_hf(folder, dtype="float64"):
     import torch
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype))
@@ -16,7 +29,7 @@ def hf_logits(model, ids) -> np.ndarray:
     import torch
     with torch.no_grad():
         out = model(torch.tensor([list(ids)], dtype=torch.long))
-    return out.logits[0].float().numpy()
+    return out.logits[0].double().numpy()
 
 
 def hf_layer_outputs(model, ids) -> np.ndarray:
@@ -25,7 +38,7 @@ def hf_layer_outputs(model, ids) -> np.ndarray:
     outs = []
 
     def hook(_module, _inputs, output):
-        outs.append((output[0] if isinstance(output, tuple) else output)[0].float().numpy().copy())
+        outs.append((output[0] if isinstance(output, tuple) else output)[0].double().numpy().copy())
     inner = getattr(model.model, "language_model", model.model)  # multimodal wrappers
     handles = [layer.register_forward_hook(hook) for layer in inner.layers]
     try:
@@ -46,13 +59,27 @@ def hf_greedy(model, ids, n_new: int):
     with torch.no_grad():
         out = model(torch.tensor([list(ids)], dtype=torch.long), use_cache=True)
         for _ in range(n_new):
-            logits = out.logits[0, -1].float()
+            logits = out.logits[0, -1].double()
             top2 = torch.topk(logits, 2)
             tokens.append(int(top2.indices[0]))
             margins.append(float(top2.values[0] - top2.values[1]))
             out = model(torch.tensor([[tokens[-1]]], dtype=torch.long),
                         past_key_values=out.past_key_values, use_cache=True)
     return tokens, margins
+
+
+def hf_teacher_forced(model, ids, continuation):
+    """What the reference's greedy decoding would pick after ids + each
+    prefix of continuation, from one forward pass: (picks, margins, logits
+    over the whole sequence). While continuation agrees with the picks it is
+    the reference's own greedy sequence, so compare_greedy(continuation,
+    picks, margins) judges it exactly as it would judge hf_greedy's output."""
+    n = len(ids)
+    logits = hf_logits(model, list(ids) + list(continuation))
+    steps = logits[n - 1:n - 1 + len(continuation)]
+    top2 = np.sort(steps, axis=1)[:, -2:]
+    picks = [int(t) for t in steps.argmax(axis=1)]
+    return picks, list(top2[:, 1] - top2[:, 0]), logits
 
 
 def within(got, ref, atol=1e-4, rtol=1e-4):
