@@ -4,6 +4,7 @@
     model = Model.from_pretrained()          # SmolLM2-135M-Instruct
     print(model.generate("The capital of France is", max_new_tokens=20))
 """
+from . import _openmp  # noqa: F401  (first: starts OpenMP with fastllm's wait policy)
 from .errors import FastLLMError, ModelFileError
 from .model import GenerationStats, Model
 from .sampling import SamplingParams
