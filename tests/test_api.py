@@ -2,10 +2,13 @@
 that bad input must produce."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import struct
+import warnings
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -64,9 +67,14 @@ def test_prompt_longer_than_the_context_is_refused(model):
 
 
 def test_generation_ends_when_the_context_is_full(smollm2_dir):
+    from fastllm.model import ContextFullWarning
     small = Model.from_pretrained(smollm2_dir, n_ctx=16, threads=2)
-    small.generate("1, 2, 3,", max_new_tokens=100)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        small.generate("1, 2, 3,", max_new_tokens=100)
     assert small.last_stats.finish_reason in ("context", "stop")
+    full = [w for w in caught if issubclass(w.category, ContextFullWarning)]
+    assert len(full) == (small.last_stats.finish_reason == "context")
     assert small.last_stats.prompt_tokens + small.last_stats.generated_tokens <= 16
 
 
@@ -196,3 +204,14 @@ def test_repl_commands(smollm2_dir):
     assert out.returncode == 0, out.stderr
     assert "Paris" in out.stdout
     assert "[temp 0]" in out.stderr and "[steps 8]" in out.stderr and "unknown command" in out.stderr
+
+
+def test_cli_run_defaults_do_not_loop(smollm2_dir):
+    # 128 tokens with a mild repetition penalty: greedy SmolLM2 used to
+    # repeat the same sentence over and over at 256 tokens with none.
+    out = _cli(["run", "--model", str(smollm2_dir), "--verbose", "The three primary colors are"])
+    assert out.returncode == 0, out.stderr
+    assert "generated: 128 tokens" in out.stderr or "stop: stop" in out.stderr
+    words = re.findall(r"\w+", out.stdout.lower())
+    sixgrams = Counter(tuple(words[i:i + 6]) for i in range(len(words) - 5))
+    assert len(words) > 50 and max(sixgrams.values()) == 1, sixgrams.most_common(3)

@@ -21,8 +21,9 @@ def add_bench_parser(sub):
     p.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens (0 skips tg)")
     p.add_argument("-t", "--threads", default=None,
                    help="comma-separated thread counts (default: physical cores)")
-    p.add_argument("-r", "--repetitions", type=int, default=5)
-    p.add_argument("--dtype", default="f32", help="comma-separated: f32,bf16")
+    p.add_argument("-r", "--repetitions", type=int, default=5,
+                   help="timed runs per test, after one warm-up run (default: 5)")
+    p.add_argument("--dtype", default="f32", help="comma-separated weight precisions to test: f32, bf16 (default: f32)")
     p.add_argument("--json", action="store_true", help="print results as JSON")
     return p
 

@@ -7,15 +7,35 @@ from pathlib import Path
 
 from .errors import FastLLMError
 
-REPL_HELP = """commands:
-  /temp X     sampling temperature (0 = greedy)
-  /topp X     nucleus sampling mass
-  /topk N     keep the N most likely tokens (0 = off)
-  /seed N     seed for sampling (reproducible runs)
-  /steps N    most tokens to generate per reply
+REPL_HELP = """Type a prompt and press Enter. Longer input:
+  end a line with \\ to continue on the next line, or
+  put the text between lines starting and ending with \"\"\" (pasted text works too).
+commands:
+  /temp X       sampling temperature (0 = greedy)
+  /topp X       nucleus sampling: keep the most likely tokens up to mass X (1 = off)
+  /topk N       keep the N most likely tokens (0 = off)
+  /minp X       drop tokens less likely than X times the most likely one (0 = off)
+  /repeat X     repetition penalty (1 = off)
+  /lastn N      tokens the repetition penalty looks back on (-1 = all, 0 = none)
+  /seed N       seed for sampling (reproducible runs); /seed alone: a random seed
+  /steps N      most tokens to generate per reply
+  /stop STR     also stop at STR (repeatable); /stop alone clears the stop strings
+  /system TEXT  system message for chat mode; /system alone removes it
   /chat on|off  use the chat template (multi-turn) or plain continuation
-  /reset      forget the conversation
-  /quit       leave (Ctrl-D works too)"""
+  /reset        forget the conversation
+  /show         print every current setting
+  /help         this text
+  /quit         leave (Ctrl-D works too)"""
+
+# Defaults of the commands that generate, used where neither a flag nor the
+# model's generation_config.json sets a value. A mild repetition penalty over
+# the last 64 tokens (llama.cpp's classic --repeat-penalty 1.1
+# --repeat-last-n 64) keeps a small model's greedy text from looping.
+CLI_DEFAULTS = dict(temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.1,
+                    repeat_last_n=64, seed=None)
+STEPS = {"run": 128, "repl": 128, "chat": 512}
+_SETTINGS = ("max_new_tokens",) + tuple(CLI_DEFAULTS)
+_GEN_SOURCE = "generation_config.json"
 
 
 def _model_args(p: argparse.ArgumentParser):
@@ -24,53 +44,73 @@ def _model_args(p: argparse.ArgumentParser):
     p.add_argument("--threads", "-t", type=int, default=None,
                    help="threads for the run loop (default: physical cores)")
     p.add_argument("--ctx", "-c", type=int, default=None,
-                   help="context length (default: the model's max_position_embeddings)")
+                   help="context length in tokens (default: the model's max_position_embeddings)")
     p.add_argument("--dtype", choices=("f32", "bf16"), default="f32",
                    help="weight precision in memory (default: f32)")
 
 
 def _sampling_args(p: argparse.ArgumentParser, steps: int):
-    p.add_argument("--max-tokens", "-n", "--steps", dest="max_tokens", type=int, default=steps,
-                   help=f"most tokens to generate (default: {steps})")
-    p.add_argument("--temp", "--temperature", dest="temperature", type=float, default=0.0,
-                   help="sampling temperature; 0 is greedy (default: 0)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--repeat-penalty", dest="repetition_penalty", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
-    p.add_argument("--verbose", "-v", action="store_true", help="print tokens/s to stderr")
+    # Defaults are None so that a value the user did not give can come from
+    # the model's generation_config.json before fastllm's own default.
+    gen = "default: the model's generation_config.json, else"
+    p.add_argument("--max-tokens", "-n", "--steps", dest="max_new_tokens", type=int, default=None,
+                   metavar="N", help=f"most tokens to generate ({gen} {steps})")
+    p.add_argument("--temp", "--temperature", dest="temperature", type=float, default=None,
+                   metavar="T", help=f"sampling temperature; 0 is greedy ({gen} 0)")
+    p.add_argument("--top-p", type=float, default=None, metavar="P",
+                   help=f"nucleus sampling: keep the most likely tokens up to mass P; 1 is off ({gen} 1)")
+    p.add_argument("--top-k", type=int, default=None, metavar="K",
+                   help=f"keep only the K most likely tokens; 0 is off ({gen} 0)")
+    p.add_argument("--min-p", type=float, default=None, metavar="P",
+                   help=f"drop tokens less likely than P times the most likely one; 0 is off ({gen} 0)")
+    p.add_argument("--repeat-penalty", "--repetition-penalty", dest="repetition_penalty", type=float,
+                   default=None, metavar="X",
+                   help="penalise tokens already in the prompt or reply (positive logits divided by X, "
+                        f"negative ones multiplied); 1 is off ({gen} 1.1)")
+    p.add_argument("--repeat-last-n", dest="repeat_last_n", type=int, default=None, metavar="N",
+                   help="tokens the repetition penalty looks back on; -1 is all of them, 0 none "
+                        "(default: 64)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed for sampling, for reproducible runs (default: random)")
+    p.add_argument("--stop", action="append", default=None, metavar="STR",
+                   help="also stop generating at STR (repeatable)")
+    p.add_argument("--verbose", "-v", action="store_true",
+                   help="print token counts, tokens/s and why generation stopped to stderr")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fastllm", description="CPU LLM inference. With no command: an interactive REPL.")
     from . import __version__
-    parser.add_argument("--version", action="version", version=f"fastllm {__version__}")
-    sub = parser.add_subparsers(dest="command")
+    parser.add_argument("--version", action="version", version=f"fastllm {__version__}",
+                        help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND",
+                                help="what to do (default: repl; a prompt alone means run)")
 
     p = sub.add_parser("run", help="stream the continuation of a prompt")
     _model_args(p)
-    _sampling_args(p, 256)
+    _sampling_args(p, STEPS["run"])
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     p.add_argument("prompt", nargs="?", help="prompt text ('-' reads stdin; none opens the REPL)")
 
     p = sub.add_parser("repl", help="interactive prompt (the default command)")
     _model_args(p)
-    _sampling_args(p, 256)
+    _sampling_args(p, STEPS["repl"])
     p.add_argument("--chat", action="store_true", help="start in chat mode")
+    p.add_argument("--system", default=None, help="system message for chat mode")
 
     p = sub.add_parser("chat", help="multi-turn chat using the model's chat template")
     _model_args(p)
-    _sampling_args(p, 512)
+    _sampling_args(p, STEPS["chat"])
     p.add_argument("--system", default=None, help="system message")
 
     p = sub.add_parser("convert", help="convert a GGUF file into a HF model folder")
     p.add_argument("input", help="the .gguf file")
     p.add_argument("output", help="folder to create")
-    p.add_argument("--dtype", choices=("bf16", "f32"), default="bf16",
-                   help="safetensors precision (default: bf16)")
+    from .convert import DEFAULT_DTYPE
+    p.add_argument("--dtype", choices=("f32", "bf16"), default=DEFAULT_DTYPE,
+                   help="safetensors precision: f32 keeps the dequantized values exactly, "
+                        f"bf16 halves the size (default: {DEFAULT_DTYPE})")
 
     p = sub.add_parser("info", help="config, parameter count and memory of a model")
     _model_args(p)
@@ -88,6 +128,9 @@ def main(argv=None) -> int:
     elif argv[0] not in commands and not argv[0].startswith("-"):
         argv = ["run"] + argv  # `fastllm "some prompt"` reads as `fastllm run "some prompt"`
     args = build_parser().parse_args(argv)
+    import warnings
+    from .model import ContextFullWarning
+    warnings.simplefilter("ignore", ContextFullWarning)  # the CLI prints its own notice
     try:
         if args.command == "convert":
             return cmd_convert(args)
@@ -110,17 +153,56 @@ def _load(args):
     return Model.from_pretrained(args.model, n_ctx=args.ctx, threads=args.threads, dtype=args.dtype)
 
 
-def _sampling_kwargs(args) -> dict:
-    return dict(max_new_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
-                seed=args.seed, stop=args.stop)
+class Settings:
+    """The generation settings of a command: what the user set (flags, REPL
+    commands) over the model's generation_config.json over CLI_DEFAULTS."""
+
+    def __init__(self, model, args, steps: int):
+        self.model = model
+        self.steps = steps
+        self.given = {k: getattr(args, k) for k in _SETTINGS if getattr(args, k, None) is not None}
+        self.stop = list(getattr(args, "stop", None) or [])
+
+    def value(self, key):
+        """(value, where it comes from) of one setting."""
+        if key in self.given:
+            return self.given[key], "set"
+        gen = self.model.generation_defaults
+        if key in gen:
+            return gen[key], _GEN_SOURCE
+        if key == "max_new_tokens" and "max_length" in self.model.generation_config:
+            return None, f"max_length {self.model.generation_config['max_length']} in {_GEN_SOURCE}"
+        return (self.steps if key == "max_new_tokens" else CLI_DEFAULTS[key]), "default"
+
+    def kwargs(self) -> dict:
+        """Keywords for Model.stream/chat. Values from generation_config.json
+        are left for the model to fill in, so max_length works per prompt."""
+        kw = {k: v for k in _SETTINGS for v, src in [self.value(k)] if src in ("set", "default")}
+        kw["stop"] = list(self.stop) or None
+        return kw
+
+    def check(self):
+        """Raise ValueError when a setting is out of range."""
+        from .sampling import SamplingParams
+        n = self.value("max_new_tokens")[0]
+        if n is not None and n < 1:
+            raise ValueError(f"max tokens must be at least 1, got {n}")
+        SamplingParams(**{k: self.value(k)[0] for k in CLI_DEFAULTS}).validate()
 
 
-def _print_stream(pieces, model, verbose: bool):
+def _context_notice(model, repl: bool):
+    if model.last_stats.finish_reason == "context":
+        hint = "use --ctx N or /reset" if repl else "use --ctx N"
+        print(f"[context full: {model.n_ctx} tokens; {hint}]", file=sys.stderr)
+
+
+def _print_stream(pieces, model, verbose: bool, repl: bool = False):
     for piece in pieces:
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")
+    sys.stdout.flush()
+    _context_notice(model, repl)
     if verbose:
         s = model.last_stats
         print(f"[prompt: {s.prompt_tokens} tokens, {s.prompt_tps:.1f} tok/s | "
@@ -131,11 +213,20 @@ def _print_stream(pieces, model, verbose: bool):
 def cmd_run(args) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     model = _load(args)
+    settings = Settings(model, args, STEPS["run"])
+    settings.check()
+    kw = settings.kwargs()
     if args.chat:
-        pieces = model.chat([{"role": "user", "content": prompt}], stream=True, **_sampling_kwargs(args))
+        pieces = model.chat([{"role": "user", "content": prompt}], stream=True, **kw)
     else:
-        pieces = model.stream(prompt, **_sampling_kwargs(args))
-    _print_stream(pieces, model, args.verbose)
+        pieces = model.stream(prompt, **kw)
+    try:
+        _print_stream(pieces, model, args.verbose)
+    except ValueError as e:
+        if "context" not in str(e):
+            raise
+        print(f"fastllm: error: {e}\n[context full: {model.n_ctx} tokens; use --ctx N]", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -144,6 +235,10 @@ def _setup_readline():
         import readline
     except ImportError:  # Windows without pyreadline: plain input() still works
         return
+    if "libedit" not in (readline.__doc__ or ""):
+        # Python turns bracketed paste off; on, a pasted block of lines
+        # arrives as one input (GNU readline 8 and later).
+        readline.parse_and_bind("set enable-bracketed-paste on")
     from .hub import cache_dir
     history = Path(cache_dir()) / "history"
     try:
@@ -162,85 +257,183 @@ def _setup_readline():
     atexit.register(save)
 
 
-def _repl(model, args, chat: bool, system: str | None = None) -> int:
-    _setup_readline()
-    kw = _sampling_kwargs(args)
-    messages = [{"role": "system", "content": system}] if system else []
+def read_message(read, prompt: str, more: str = "... "):
+    """One message from the user: (text, quoted), where quoted says it was a
+    \"\"\" block (never a command). A line ending in \\ continues on the next
+    line; a line starting with \"\"\" opens a block that a line ending in \"\"\"
+    closes; text pasted as several lines at once arrives in one read. read is
+    input(); EOFError before any text propagates."""
+    line = read(prompt)
+    if line.lstrip().startswith('"""'):
+        rest = line.lstrip()[3:]
+        lines = []
+        while True:
+            if rest.rstrip().endswith('"""'):
+                last = rest.rstrip()[:-3]
+                if last:
+                    lines.append(last)
+                break
+            if rest or lines:  # text may begin on the line after the opening quotes
+                lines.append(rest)
+            try:
+                rest = read(more)
+            except EOFError:
+                break
+        return "\n".join(lines), True
+    lines = []
+    while line.endswith("\\"):
+        lines.append(line[:-1])
+        try:
+            line = read(more)
+        except EOFError:
+            line = ""
+            break
+    lines.append(line)
+    return "\n".join(lines), False
+
+
+def _show(model, settings: Settings, chat: bool, system, history: list):
+    names = {"max_new_tokens": "max tokens (/steps)", "temperature": "temperature (/temp)",
+             "top_p": "top_p (/topp)", "top_k": "top_k (/topk)", "min_p": "min_p (/minp)",
+             "repetition_penalty": "repeat penalty (/repeat)", "repeat_last_n": "repeat last n (/lastn)",
+             "seed": "seed (/seed)"}
+    rows = [("model", f"{model.path} ({model.config.model_type})"),
+            ("threads", model.threads),
+            ("context (--ctx)", f"{model.n_ctx} tokens"),
+            ("dtype", model.dtype),
+            ("mode (/chat)", "chat" if chat else "plain continuation"),
+            ("system (/system)", repr(system) if system else "none"),
+            ("conversation", f"{len(history) // 2} turns" if chat else "-")]
+    for key in _SETTINGS:
+        v, src = settings.value(key)
+        shown = ("random" if key == "seed" else "-") if v is None else v
+        rows.append((names[key], f"{shown} ({src})"))
+    rows.append(("stop (/stop)", ", ".join(repr(s) for s in settings.stop) or "none"))
+    rows.append(("end-of-sequence ids", ", ".join(str(i) for i in sorted(model.eos_token_ids)) or "none"))
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"  {k:<{width}}  {v}", file=sys.stderr)
+
+
+# REPL command: (settings key, type) for the commands that set one value
+_SETTERS = {"temp": ("temperature", float), "topp": ("top_p", float), "topk": ("top_k", int),
+            "minp": ("min_p", float), "repeat": ("repetition_penalty", float),
+            "lastn": ("repeat_last_n", int), "seed": ("seed", int), "steps": ("max_new_tokens", int)}
+
+
+def _repl(model, args, chat: bool, system: str | None = None, read=None, steps: int = 128) -> int:
+    interactive = read is None and sys.stdin.isatty()
+    if interactive:
+        _setup_readline()
+    read = read or input
+    settings = Settings(model, args, steps)
+    settings.check()
+    history = []   # the conversation in chat mode, without the system message
     print(f"fastllm {'chat' if chat else 'REPL'} with {model.path.name} "
-          f"({model.threads} threads). /help for commands, /quit to leave.", file=sys.stderr)
+          f"({model.threads} threads, context {model.n_ctx}). /help for commands, /quit to leave.",
+          file=sys.stderr)
     while True:
         try:
-            line = input("you> " if chat else "> ")
+            # Prompts only at a terminal: piped output stays the model's text.
+            text, quoted = read_message(read, ("you> " if chat else "> ") if interactive else "",
+                                        "... " if interactive else "")
         except EOFError:
             print(file=sys.stderr)
             return 0
         except KeyboardInterrupt:
             print(file=sys.stderr)
             continue
-        if not line.strip():
+        if not text.strip():
             continue
-        if line.startswith("/"):
-            cmd, _, value = line[1:].strip().partition(" ")
+        if text.startswith("/") and not quoted:
+            cmd, value = (text[1:].split(None, 1) + ["", ""])[:2]
             value = value.strip()
-            try:
-                if cmd in ("quit", "exit", "q"):
-                    return 0
-                elif cmd == "help":
-                    print(REPL_HELP, file=sys.stderr)
-                elif cmd == "temp":
-                    kw["temperature"] = float(value)
-                elif cmd == "topp":
-                    kw["top_p"] = float(value)
-                elif cmd == "topk":
-                    kw["top_k"] = int(value)
-                elif cmd == "seed":
-                    kw["seed"] = int(value)
-                elif cmd == "steps":
-                    kw["max_new_tokens"] = int(value)
-                elif cmd == "chat" and value in ("on", "off"):
-                    chat = value == "on"
-                    messages = [m for m in messages if m["role"] == "system"]
-                elif cmd == "reset":
-                    messages = [m for m in messages if m["role"] == "system"]
-                else:
-                    print(f"unknown command {line!r}; /help lists them", file=sys.stderr)
+            if cmd in ("quit", "exit", "q"):
+                return 0
+            elif cmd == "help":
+                print(REPL_HELP, file=sys.stderr)
+                continue
+            elif cmd == "show":
+                _show(model, settings, chat, system, history)
+                continue
+            elif cmd in _SETTERS:
+                key, kind = _SETTERS[cmd]
+                old = settings.given.get(key)
+                try:
+                    if value:
+                        settings.given[key] = kind(value)
+                    elif cmd == "seed":
+                        settings.given.pop(key, None)
+                    else:
+                        raise ValueError(f"/{cmd} needs a value")
+                    settings.check()
+                except ValueError as e:
+                    if old is None:
+                        settings.given.pop(key, None)
+                    else:
+                        settings.given[key] = old
+                    print(f"bad value for /{cmd}: {value!r} ({e})", file=sys.stderr)
                     continue
-                print(f"[{cmd} {value}]".replace(" ]", "]"), file=sys.stderr)
-            except ValueError:
-                print(f"bad value for /{cmd}: {value!r}", file=sys.stderr)
+            elif cmd == "stop":
+                if value:
+                    settings.stop.append(value)
+                else:
+                    settings.stop.clear()
+            elif cmd == "system":
+                system = value or None
+            elif cmd == "chat" and value in ("on", "off"):
+                chat = value == "on"
+                history = []
+            elif cmd == "reset":
+                history = []
+            else:
+                print(f"unknown command {text.splitlines()[0]!r}; /help lists them", file=sys.stderr)
+                continue
+            shown = {"stop": f"stop strings: {settings.stop!r}" if settings.stop else "stop strings cleared",
+                     "system": "system message set" if system else "system message removed",
+                     "seed": "seed random" if not value else None}.get(cmd)
+            if cmd == "system" and not chat and system:
+                shown += " (used in chat mode: /chat on)"
+            print(f"[{shown or (cmd + ' ' + value).strip()}]", file=sys.stderr)
             continue
+        kw = settings.kwargs()
         try:
             if chat:
-                messages.append({"role": "user", "content": line})
+                messages = ([{"role": "system", "content": system}] if system else []) + history
+                messages.append({"role": "user", "content": text})
                 reply = []
                 for piece in model.chat(messages, stream=True, **kw):
                     reply.append(piece)
                     sys.stdout.write(piece)
                     sys.stdout.flush()
-                messages.append({"role": "assistant", "content": "".join(reply)})
+                history += [messages[-1], {"role": "assistant", "content": "".join(reply)}]
                 sys.stdout.write("\n")
+                sys.stdout.flush()
+                _context_notice(model, repl=True)
             else:
-                _print_stream(model.stream(line, **kw), model, False)
+                _print_stream(model.stream(text, **kw), model, False, repl=True)
         except KeyboardInterrupt:
             print("\n[interrupted]", file=sys.stderr)
             continue
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
-            if chat and messages and messages[-1]["role"] == "user":
-                messages.pop()
+            if "context" in str(e):
+                print(f"[context full: {model.n_ctx} tokens; use --ctx N or /reset]", file=sys.stderr)
             continue
         if args.verbose:
             s = model.last_stats
             print(f"[{s.prompt_tokens} prompt tokens at {s.prompt_tps:.1f} tok/s, "
-                  f"{s.generated_tokens} generated at {s.generate_tps:.1f} tok/s]", file=sys.stderr)
+                  f"{s.generated_tokens} generated at {s.generate_tps:.1f} tok/s, "
+                  f"stop: {s.finish_reason}]", file=sys.stderr)
 
 
 def cmd_repl(args) -> int:
-    return _repl(_load(args), args, chat=bool(getattr(args, "chat", False)))
+    return _repl(_load(args), args, chat=bool(getattr(args, "chat", False)),
+                 system=getattr(args, "system", None), steps=STEPS["repl"])
 
 
 def cmd_chat(args) -> int:
-    return _repl(_load(args), args, chat=True, system=args.system)
+    return _repl(_load(args), args, chat=True, system=args.system, steps=STEPS["chat"])
 
 
 def cmd_convert(args) -> int:
@@ -272,6 +465,7 @@ def cmd_info(args) -> int:
         ("KV cache at full context", f"{kv_bytes / 2**20:.1f} MiB (f32)"),
         ("threads", model.threads),
         ("SIMD path", __import__("fastllm._core", fromlist=["simd_path"]).simd_path()),
+        ("OpenMP wait", __import__("fastllm._openmp", fromlist=["wait_policy"]).wait_policy()),
     ]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:

@@ -841,14 +841,20 @@ def _write_json(path: Path, obj) -> None:
 # --------------------------------------------------------------------------
 # Entry point
 
+# The one default precision of converted folders: `fastllm convert`, the
+# default model and GGUF files converted on first use all write float32,
+# the dequantized values exactly, so results match a float32 reference.
+DEFAULT_DTYPE = "f32"
 
-def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = "bf16",
+
+def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DTYPE,
                  progress: Union[None, bool, ProgressFn] = None, *, overwrite: bool = False,
                  extra_files: Optional[dict] = None) -> Path:
     """Convert a GGUF file into a HuggingFace model folder at out_dir.
 
-    dtype: "bf16" (weights rounded to bfloat16 as torch rounds) or "f32"
-    (the exact dequantized values).
+    dtype: "f32" (the exact dequantized values; the default, as for the
+    default model and for GGUF files converted on first use) or "bf16"
+    (weights rounded to bfloat16 as torch rounds: half the size).
     progress: a callable progress(done, total) called after each tensor,
     True/False to force the stderr progress bar on/off, or None for a bar
     only when stderr is a terminal.

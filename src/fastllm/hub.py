@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Union
 
-from .convert import OutputExistsError, convert_gguf, is_complete_model_dir
+from .convert import DEFAULT_DTYPE, OutputExistsError, convert_gguf, is_complete_model_dir
 from .errors import FastLLMError
 
 __all__ = [
@@ -130,12 +130,12 @@ def _convert_cached(gguf: Path, target: Path, dtype: str, stamp: dict) -> Path:
 def default_model_dir() -> Path:
     """The default model as a HuggingFace folder, converting it on first use.
 
-    Stored as float32, exactly the GGUF's dequantized values, in
-    <cache>/SmolLM2-135M-Instruct-f32/.
+    Stored as DEFAULT_DTYPE (float32, exactly the GGUF's dequantized
+    values), in <cache>/SmolLM2-135M-Instruct-f32/.
     """
     gguf = default_gguf_path()
-    target = cache_dir() / f"{DEFAULT_MODEL}-f32"
-    return _convert_cached(gguf, target, "f32", _stamp_for(gguf, "f32"))
+    target = cache_dir() / f"{DEFAULT_MODEL}-{DEFAULT_DTYPE}"
+    return _convert_cached(gguf, target, DEFAULT_DTYPE, _stamp_for(gguf, DEFAULT_DTYPE))
 
 
 def _gguf_cache_dir(gguf: Path, dtype: str) -> Path:
@@ -145,7 +145,7 @@ def _gguf_cache_dir(gguf: Path, dtype: str) -> Path:
     return cache_dir() / f"{gguf.stem}-{dtype}-{digest}"
 
 
-def resolve_model(path_or_none: Optional[PathLike] = None, dtype: str = "f32") -> Path:
+def resolve_model(path_or_none: Optional[PathLike] = None, dtype: str = DEFAULT_DTYPE) -> Path:
     """A model folder for what the user named.
 
     None or the default model's name: the default model. A folder: itself.

@@ -1,9 +1,9 @@
 """Model: a loaded checkpoint with its tokenizer, and text generation."""
 from __future__ import annotations
 
-import json
 import os
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -13,10 +13,19 @@ import numpy as np
 from . import _core
 from .config import ModelConfig
 from .errors import ModelFileError
-from .sampling import Sampler, SamplingParams
+from .sampling import Sampler, SamplingParams, generation_defaults, read_generation_config
 from .weights import load_weights
 
 DTYPES = ("f32", "bf16")
+
+# Keyword defaults of stream/generate/chat when neither the call nor the
+# model's generation_config.json sets a value (chat: max_new_tokens 256).
+API_DEFAULTS = dict(max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0,
+                    repetition_penalty=1.0, repeat_last_n=-1, seed=None)
+
+
+class ContextFullWarning(UserWarning):
+    """Generation stopped because the context (n_ctx tokens) is full."""
 
 
 def physical_cores() -> int:
@@ -42,7 +51,7 @@ class GenerationStats:
     prompt_seconds: float = 0.0
     generated_tokens: int = 0
     generate_seconds: float = 0.0
-    finish_reason: str = ""
+    finish_reason: str = ""   # "stop" (eos or stop string), "length" (max_new_tokens), "context" (n_ctx full)
 
     @property
     def prompt_tps(self) -> float:
@@ -57,13 +66,17 @@ class Model:
     """A model ready to generate. Build it with Model.from_pretrained."""
 
     def __init__(self, engine, config: ModelConfig, tokenizer, path: Path, dtype: str,
-                 eos_token_ids: set):
+                 eos_token_ids: set, generation_config: dict | None = None):
         self._engine = engine
         self.config = config
         self.tokenizer = tokenizer
         self.path = path
         self.dtype = dtype
         self.eos_token_ids = eos_token_ids
+        # The checked settings of generation_config.json, and the keyword
+        # defaults they give generate/stream/chat (a keyword passed wins).
+        self.generation_config = dict(generation_config or {})
+        self.generation_defaults = generation_defaults(self.generation_config)
         self.last_stats = GenerationStats()
         self._cached = []   # tokens whose keys/values are in the cache, in order
 
@@ -83,6 +96,7 @@ class Model:
         if not folder.is_dir():
             raise ModelFileError(folder, "not a model folder")
         config = ModelConfig.from_file(folder / "config.json")
+        gen_config = read_generation_config(folder / "generation_config.json")
         seq_len = config.max_position_embeddings if n_ctx is None else int(n_ctx)
         if seq_len < 1:
             raise ValueError(f"n_ctx must be positive, got {n_ctx}")
@@ -111,7 +125,8 @@ class Model:
         if (folder / "tokenizer.json").exists():
             from .tokenizer import Tokenizer
             tokenizer = Tokenizer.from_pretrained(folder)
-        return cls(engine, config, tokenizer, folder, dtype, _eos_ids(folder, config, tokenizer))
+        return cls(engine, config, tokenizer, folder, dtype, _eos_ids(gen_config, config, tokenizer),
+                   gen_config)
 
     # ------------------------------------------------------------ settings
 
@@ -200,34 +215,59 @@ class Model:
 
     # ---------------------------------------------------------------- text
 
-    def stream(self, prompt: str, max_new_tokens: int = 128, temperature: float = 0.0,
-               top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0,
-               repetition_penalty: float = 1.0, seed: int | None = None, stop=None,
-               add_special_tokens: bool = True) -> Iterator[str]:
+    def stream(self, prompt: str, max_new_tokens: int | None = None, temperature: float | None = None,
+               top_p: float | None = None, top_k: int | None = None, min_p: float | None = None,
+               repetition_penalty: float | None = None, seed: int | None = None, stop=None,
+               add_special_tokens: bool = True, repeat_last_n: int | None = None) -> Iterator[str]:
         """Yield the continuation of prompt as text pieces, each a whole
-        number of characters, as tokens are generated."""
+        number of characters, as tokens are generated.
+
+        A setting left at None comes from the model's generation_config.json
+        when that sets it, else from API_DEFAULTS (greedy, no repetition
+        penalty, 128 new tokens). Afterwards last_stats.finish_reason says
+        why generation ended; "context" (the context is full) also gives a
+        ContextFullWarning."""
         ids = self._need_tokenizer().encode(prompt, add_special_tokens=add_special_tokens)
-        yield from self._stream_ids(ids, max_new_tokens, SamplingParams(
-            temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-            repetition_penalty=repetition_penalty, seed=seed), stop)
+        n, sampling = self._settings(len(ids), dict(
+            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+            min_p=min_p, repetition_penalty=repetition_penalty, seed=seed,
+            repeat_last_n=repeat_last_n))
+        yield from self._stream_ids(ids, n, sampling, stop)
+
+    def _settings(self, n_prompt: int, given: dict, default_max: int = 128):
+        """(max_new_tokens, SamplingParams): each setting from the caller, else
+        generation_config.json, else API_DEFAULTS."""
+        kw = {}
+        for k, default in API_DEFAULTS.items():
+            v = given.get(k)
+            if v is None:
+                v = self.generation_defaults.get(k, default)
+            kw[k] = v
+        if given.get("max_new_tokens") is None and "max_new_tokens" not in self.generation_defaults:
+            limit = self.generation_config.get("max_length")
+            # max_length counts the prompt too, as in transformers
+            kw["max_new_tokens"] = default_max if limit is None else max(limit - n_prompt, 0)
+        n = kw.pop("max_new_tokens")
+        return n, SamplingParams(**kw).validate()
 
     def generate(self, prompt: str, **kwargs) -> str:
         """The continuation of prompt as one string (arguments as for stream)."""
         return "".join(self.stream(prompt, **kwargs))
 
-    def chat(self, messages, max_new_tokens: int = 256, stream: bool = False, **kwargs):
+    def chat(self, messages, max_new_tokens: int | None = None, stream: bool = False, **kwargs):
         """Render messages with the model's chat template (as transformers
-        does) and generate the assistant's reply."""
+        does) and generate the assistant's reply. Settings as for stream;
+        max_new_tokens defaults to 256."""
         template_kwargs = kwargs.pop("template_kwargs", None) or {}
         text = self._need_tokenizer().apply_chat_template(messages, add_generation_prompt=True,
                                                   **template_kwargs)
         ids = self.tokenizer.encode(text, add_special_tokens=False)
-        sampling = SamplingParams(**{k: kwargs.pop(k) for k in list(kwargs)
-                                     if k in SamplingParams.__dataclass_fields__})
+        given = {k: kwargs.pop(k) for k in list(kwargs) if k in SamplingParams.__dataclass_fields__}
         stop = kwargs.pop("stop", None)
         if kwargs:
             raise TypeError(f"unexpected arguments: {', '.join(sorted(kwargs))}")
-        pieces = self._stream_ids(ids, max_new_tokens, sampling, stop)
+        n, sampling = self._settings(len(ids), dict(given, max_new_tokens=max_new_tokens), 256)
+        pieces = self._stream_ids(ids, n, sampling, stop)
         return pieces if stream else "".join(pieces)
 
     def _need_tokenizer(self):
@@ -267,6 +307,9 @@ class Model:
                     self.last_stats.finish_reason = "stop"
             if held:
                 yield held
+            if self.last_stats.finish_reason == "context":
+                warnings.warn(f"the context is full ({self.n_ctx} tokens): generation stopped early; "
+                              "load the model with a larger n_ctx", ContextFullWarning, stacklevel=3)
         finally:
             tokens.close()
 
@@ -286,18 +329,12 @@ def _partial_stop_suffix(text: str, stops) -> int:
     return best
 
 
-def _eos_ids(folder: Path, config: ModelConfig, tokenizer) -> set:
-    """End-of-sequence ids as generate() would use them: generation_config.json
-    first, then config.json, then the tokenizer's eos token."""
-    ids = []
-    gen = folder / "generation_config.json"
-    if gen.exists():
-        try:
-            eos = json.loads(gen.read_text(encoding="utf-8")).get("eos_token_id")
-        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
-            raise ModelFileError(gen, f"not valid JSON: {e}") from None
-        if eos is not None:
-            ids = eos if isinstance(eos, list) else [eos]
+def _eos_ids(gen_config: dict, config: ModelConfig, tokenizer) -> set:
+    """End-of-sequence ids as transformers' generate uses them: those of
+    generation_config.json (an id or a list), else config.json's, else the
+    tokenizer's eos token."""
+    eos = gen_config.get("eos_token_id")
+    ids = [] if eos is None else list(eos) if isinstance(eos, list) else [eos]
     if not ids:
         ids = list(config.eos_token_id)
     if not ids and tokenizer is not None and tokenizer.eos_token_id is not None:

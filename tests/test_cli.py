@@ -1,0 +1,432 @@
+"""The command line: every option documented, the REPL (multi-line input,
+settings commands, bad values), generation_config.json and its precedence,
+the context-full notice and the default conversion dtype.
+
+Most tests run a tiny random llama with a byte-level tokenizer: fast, and
+its text is noise, so they check what the CLI does, not what the model says.
+"""
+import argparse
+import inspect
+import json
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from fastllm import FastLLMError, Model
+from fastllm import cli
+from fastllm.model import ContextFullWarning
+from fastllm.sampling import GenerationConfigError
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def _byte_chars():
+    bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+          + list(range(ord("®"), ord("ÿ") + 1)))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def write_byte_tokenizer(folder: Path, vocab_size: int):
+    """A byte-level BPE tokenizer without merges (one token per byte), three
+    ChatML specials (<|im_end|> = 2 is eos) and filler tokens up to vocab_size."""
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    vocab = {t: i for i, t in enumerate(specials)}
+    for ch in _byte_chars().values():
+        vocab[ch] = len(vocab)
+    while len(vocab) < vocab_size:
+        vocab[f"<x{len(vocab)}>"] = len(vocab)
+    tok = {"version": "1.0", "truncation": None, "padding": None,
+           "added_tokens": [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+                             "normalized": False, "special": True} for i, t in enumerate(specials)],
+           "normalizer": None,
+           "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                             "use_regex": True},
+           "post_processor": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False,
+                              "use_regex": True},
+           "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+           "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                     "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                     "ignore_merges": False, "vocab": vocab, "merges": []}}
+    (folder / "tokenizer.json").write_text(json.dumps(tok))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": CHATML, "eos_token": "<|im_end|>", "bos_token": None, "add_bos_token": False}))
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tiny_model_dir, tmp_path_factory):
+    """A tiny llama with a tokenizer and no generation_config.json."""
+    d = tmp_path_factory.mktemp("cli") / "tiny"
+    shutil.copytree(tiny_model_dir("llama-gqa"), d)
+    (d / "generation_config.json").unlink(missing_ok=True)
+    write_byte_tokenizer(d, json.loads((d / "config.json").read_text())["vocab_size"])
+    return d
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_dir):
+    return Model.from_pretrained(tiny_dir, n_ctx=128, threads=1)
+
+
+def with_gen_config(src: Path, dst: Path, gen: dict) -> Path:
+    shutil.copytree(src, dst)
+    (dst / "generation_config.json").write_text(json.dumps(gen))
+    return dst
+
+
+def _cli(args, stdin=None):
+    return subprocess.run([sys.executable, "-m", "fastllm", *args], input=stdin, capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ))
+
+
+# ------------------------------------------------------------------ options
+
+def _parsers(parser):
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _parsers(sub)
+
+
+def test_every_option_of_every_command_has_help():
+    parsers = list(_parsers(cli.build_parser()))
+    assert {p.prog.split()[-1] for p in parsers} >= {"run", "repl", "chat", "convert", "info", "bench"}
+    missing = [f"{p.prog}: {a.option_strings or a.dest}" for p in parsers for a in p._actions
+               if not (a.help and a.help.strip()) or a.help == argparse.SUPPRESS]
+    assert missing == []
+
+
+def test_cli_defaults():
+    p = cli.build_parser()
+    assert cli.CLI_DEFAULTS["repetition_penalty"] == 1.1 and cli.CLI_DEFAULTS["repeat_last_n"] == 64
+    assert cli.STEPS["run"] == 128
+    args = p.parse_args(["run", "hi"])
+    # unset flags stay None so generation_config.json can fill them
+    assert args.max_new_tokens is None and args.repetition_penalty is None and args.temperature is None
+    assert "--repeat-last-n" in p._subparsers._group_actions[0].choices["run"].format_help()
+
+
+def test_convert_defaults_to_f32():
+    from fastllm import convert, hub
+    assert convert.DEFAULT_DTYPE == "f32"
+    assert inspect.signature(convert.convert_gguf).parameters["dtype"].default == "f32"
+    assert inspect.signature(hub.resolve_model).parameters["dtype"].default == "f32"
+    assert cli.build_parser().parse_args(["convert", "a.gguf", "out"]).dtype == "f32"
+
+
+# ------------------------------------------------------------- multi-line input
+
+def _reader(lines):
+    it = iter(lines)
+
+    def read(prompt=""):
+        try:
+            return next(it)
+        except StopIteration:
+            raise EOFError from None
+    return read
+
+
+@pytest.mark.parametrize("lines, text, quoted", [
+    (["hello"], "hello", False),
+    (["first \\", "second\\", "third"], "first \nsecond\nthird", False),
+    (['"""', "a", "", "b", '"""'], "a\n\nb", True),
+    (['"""a', 'b"""'], "a\nb", True),
+    (['"""/temp 5"""'], "/temp 5", True),
+    (['"""', "never closed"], "never closed", True),
+    (["pasted\nat once"], "pasted\nat once", False),   # what bracketed paste delivers
+])
+def test_read_message(lines, text, quoted):
+    assert cli.read_message(_reader(lines), "> ") == (text, quoted)
+
+
+def test_read_message_eof():
+    with pytest.raises(EOFError):
+        cli.read_message(_reader([]), "> ")
+
+
+# ------------------------------------------------------------------- the REPL
+
+class Recorder:
+    """Wraps a model, recording the prompts and keywords each turn gets."""
+
+    def __init__(self, model):
+        self._model = model
+        self.calls = []
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def stream(self, prompt, **kw):
+        self.calls.append(("stream", prompt, kw))
+        return self._model.stream(prompt, **kw)
+
+    def chat(self, messages, **kw):
+        self.calls.append(("chat", [dict(m) for m in messages], kw))
+        return self._model.chat(messages, **kw)
+
+
+def run_repl(model, lines, argv=(), chat=False, system=None, capsys=None):
+    args = cli.build_parser().parse_args(["repl", *argv])
+    rec = Recorder(model)
+    rc = cli._repl(rec, args, chat=chat, system=system, read=_reader(lines))
+    out = capsys.readouterr() if capsys else None
+    return rc, rec, out
+
+
+def test_multiline_input_is_one_turn(tiny, capsys):
+    rc, rec, out = run_repl(tiny, ["line one\\", "line two\\", "line three",
+                                   '"""', "block one", "block two", "block three", '"""',
+                                   "/quit"], ["-n", "3"], capsys=capsys)
+    assert rc == 0
+    prompts = [c[1] for c in rec.calls]
+    assert prompts == ["line one\nline two\nline three", "block one\nblock two\nblock three"]
+
+
+def test_settings_commands_change_what_generation_gets(tiny, capsys):
+    rc, rec, out = run_repl(tiny, ["/minp 0.05", "/repeat 1.3", "/lastn 16", "/topk 7", "/topp 0.9",
+                                   "/temp 0.8", "/seed 5", "/steps 4", "/stop zz", "/stop yy", "hello",
+                                   "/stop", "/seed", "again"], capsys=capsys)
+    assert rc == 0
+    (_, _, kw1), (_, _, kw2) = rec.calls
+    assert kw1 == dict(max_new_tokens=4, temperature=0.8, top_p=0.9, top_k=7, min_p=0.05,
+                       repetition_penalty=1.3, repeat_last_n=16, seed=5, stop=["zz", "yy"])
+    assert kw2["stop"] is None and kw2["seed"] is None
+    for shown in ("[minp 0.05]", "[repeat 1.3]", "[lastn 16]", "[steps 4]", "stop strings cleared"):
+        assert shown in out.err
+
+
+def test_show_prints_every_setting(tiny, tiny_dir, capsys):
+    rc, rec, out = run_repl(tiny, ["/minp 0.1", "/system Be terse.", "/stop END", "/show"],
+                            ["--top-k", "3"], capsys=capsys)
+    err = out.err
+    for text in (str(tiny_dir), "threads", "128 tokens", "f32", "plain continuation", "'Be terse.'",
+                 "min_p (/minp)             0.1 (set)", "top_k (/topk)             3 (set)",
+                 "temperature (/temp)       0.0 (default)", "repeat penalty (/repeat)  1.1 (default)",
+                 "repeat last n (/lastn)    64 (default)", "max tokens (/steps)       128 (default)",
+                 "'END'", "end-of-sequence ids"):
+        assert text in err, text
+
+
+def test_bad_values_are_refused_and_the_repl_goes_on(tiny, capsys):
+    rc, rec, out = run_repl(tiny, ["/temp -1", "/temp warm", "/topk 2.5", "/topp 0", "/minp 2",
+                                   "/repeat 0", "/lastn -2", "/steps 0", "/steps", "/chat maybe",
+                                   "/nonsense", "hi"], ["-n", "2"], capsys=capsys)
+    assert rc == 0
+    assert out.err.count("bad value for /") == 9
+    assert "unknown command '/chat maybe'" in out.err and "unknown command '/nonsense'" in out.err
+    assert "Traceback" not in out.err
+    (_, _, kw), = rec.calls   # the settings are as before the bad values
+    assert kw["temperature"] == 0.0 and kw["top_k"] == 0 and kw["max_new_tokens"] == 2
+
+
+def test_chat_mode_system_message_and_reset(tiny, capsys):
+    rc, rec, out = run_repl(tiny, ["/system You are a cat.", "/chat on", "one", "two\\", "lines",
+                                   "/reset", "three", "/system", "four"], ["-n", "2"], capsys=capsys)
+    assert rc == 0
+    msgs = [c[1] for c in rec.calls]
+    assert [m["role"] for m in msgs[0]] == ["system", "user"]
+    assert msgs[0][0]["content"] == "You are a cat."
+    assert [m["role"] for m in msgs[1]] == ["system", "user", "assistant", "user"]
+    assert msgs[1][-1]["content"] == "two\nlines"
+    assert [m["role"] for m in msgs[2]] == ["system", "user"]          # after /reset
+    assert [m["role"] for m in msgs[3]] == ["user", "assistant", "user"]  # system removed
+
+
+def test_repl_through_stdin(tiny_dir):
+    script = '/steps 3\n/show\n"""\nmany\nlines\n"""\nsome\\\nmore\n/minp 7\n/help\n/quit\n'
+    out = _cli(["--model", str(tiny_dir), "--ctx", "64", "-t", "1"], stdin=script)
+    assert out.returncode == 0, out.stderr
+    assert "Traceback" not in out.stderr
+    assert "max tokens (/steps)       3 (set)" in out.stderr
+    assert "bad value for /minp" in out.stderr and "/system TEXT" in out.stderr
+    assert not out.stdout.startswith(">")   # no prompts when stdin is not a terminal
+
+
+# ------------------------------------------------------------ context full
+
+def test_context_full_python_api(tiny_dir):
+    small = Model.from_pretrained(tiny_dir, n_ctx=16, threads=1)
+    with pytest.warns(ContextFullWarning, match="16 tokens"):
+        small.generate("abcdef", max_new_tokens=100, stop=None)
+    assert small.last_stats.finish_reason == "context"
+    assert small.last_stats.prompt_tokens + small.last_stats.generated_tokens == 16
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        small.generate("abcdef", max_new_tokens=3)   # no warning when it fits
+    assert small.last_stats.finish_reason == "length"
+
+
+def test_context_full_cli_notice(tiny_dir):
+    out = _cli(["run", "--model", str(tiny_dir), "--ctx", "16", "-t", "1", "-n", "100", "abcdef"])
+    assert out.returncode == 0, out.stderr
+    assert "[context full: 16 tokens; use --ctx N]" in out.stderr
+    assert "ContextFullWarning" not in out.stderr
+    out = _cli(["run", "--model", str(tiny_dir), "--ctx", "16", "-t", "1", "-n", "5", "abcdef"])
+    assert "context full" not in out.stderr
+    out = _cli(["run", "--model", str(tiny_dir), "--ctx", "4", "-t", "1", "abcdef"])
+    assert out.returncode == 1 and "context full" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.filterwarnings("ignore::fastllm.model.ContextFullWarning")  # main() silences it
+def test_context_full_repl_notice(tiny_dir, capsys):
+    model = Model.from_pretrained(tiny_dir, n_ctx=40, threads=1)
+    rc, rec, out = run_repl(model, ["/chat on", "hello", "again", "/reset", "hi"], ["-n", "100"],
+                            capsys=capsys)
+    assert rc == 0
+    assert "[context full: 40 tokens; use --ctx N or /reset]" in out.err
+    assert "error:" in out.err   # the second turn no longer fits
+    assert len(rec.calls) == 3
+
+
+# ----------------------------------------------------- generation_config.json
+
+SAMPLED = dict(do_sample=True, temperature=0.7, top_p=0.9, top_k=5, min_p=0.01, repetition_penalty=1.2,
+               max_new_tokens=7)
+
+
+def test_generation_config_is_the_python_default(tiny_dir, tmp_path):
+    d = with_gen_config(tiny_dir, tmp_path / "m", dict(SAMPLED, eos_token_id=[7, 8]))
+    m = Model.from_pretrained(d, n_ctx=128, threads=1)
+    assert m.generation_defaults == dict(temperature=0.7, top_p=0.9, top_k=5, min_p=0.01,
+                                         repetition_penalty=1.2, max_new_tokens=7)
+    assert m.eos_token_ids == {7, 8}   # the file's ids replace config.json's, as in transformers
+    n, p = m._settings(3, {})
+    assert n == 7 and (p.temperature, p.top_p, p.top_k, p.min_p, p.repetition_penalty) == (0.7, 0.9, 5, 0.01, 1.2)
+    # a keyword passed wins over the file
+    n, p = m._settings(3, dict(max_new_tokens=2, temperature=0.0, top_k=0))
+    assert n == 2 and p.temperature == 0.0 and p.top_k == 0 and p.top_p == 0.9
+    # generation really uses the file's values: same text as passing them by hand
+    plain = Model.from_pretrained(tiny_dir, n_ctx=128, threads=1)
+    by_file = m.generate("abc", seed=3)
+    by_hand = plain.generate("abc", seed=3, temperature=0.7, top_p=0.9, top_k=5, min_p=0.01,
+                             repetition_penalty=1.2, max_new_tokens=7)
+    assert m.last_stats.generated_tokens <= 7
+    assert by_file == by_hand
+    chat = m.chat([{"role": "user", "content": "hi"}], seed=3)
+    assert m.last_stats.generated_tokens <= 7 and isinstance(chat, str)
+
+
+@pytest.mark.parametrize("gen, temperature", [
+    (dict(do_sample=False, temperature=0.9), 0.0),   # greedy, as transformers
+    (dict(temperature=0.9), 0.0),                    # no do_sample: transformers ignores temperature
+    (dict(do_sample=True), 1.0),                     # sampling at transformers' default temperature
+])
+def test_do_sample(tiny_dir, tmp_path, gen, temperature):
+    m = Model.from_pretrained(with_gen_config(tiny_dir, tmp_path / "m", gen), n_ctx=64, threads=1)
+    assert m._settings(1, {})[1].temperature == temperature
+
+
+def test_max_length_counts_the_prompt(tiny_dir, tmp_path):
+    m = Model.from_pretrained(with_gen_config(tiny_dir, tmp_path / "m", {"max_length": 10}), n_ctx=64,
+                              threads=1)
+    assert m._settings(4, {})[0] == 6
+    assert m._settings(4, {"max_new_tokens": 20})[0] == 20
+    m.generate("abcd", stop=None)
+    assert m.last_stats.prompt_tokens + m.last_stats.generated_tokens <= 10
+
+
+def test_cli_precedence_flag_over_file_over_default(tiny_dir, tmp_path, capsys):
+    d = with_gen_config(tiny_dir, tmp_path / "m", dict(SAMPLED))
+    m = Model.from_pretrained(d, n_ctx=64, threads=1)
+    rc, rec, out = run_repl(m, ["/show", "hi"], ["--top-k", "3"], capsys=capsys)
+    (_, _, kw), = rec.calls
+    assert kw["top_k"] == 3                                  # flag
+    assert "temperature" not in kw and "max_new_tokens" not in kw   # left to the file
+    assert kw["repeat_last_n"] == 64                          # fastllm default
+    assert "temperature (/temp)       0.7 (generation_config.json)" in out.err
+    assert "top_k (/topk)             3 (set)" in out.err
+    assert m.last_stats.generated_tokens <= 7
+    # without a file the CLI defaults apply
+    rc, rec, out = run_repl(Model.from_pretrained(tiny_dir, n_ctx=64, threads=1), ["hi"], capsys=capsys)
+    (_, _, kw), = rec.calls
+    assert kw["repetition_penalty"] == 1.1 and kw["max_new_tokens"] == 128 and kw["temperature"] == 0.0
+
+
+@pytest.mark.parametrize("gen, problem", [
+    ({"temperature": "hot"}, "temperature must be a number >= 0"),
+    ({"top_p": 1.5}, "top_p must be a number in"),
+    ({"top_k": -1}, "top_k must be a whole number"),
+    ({"min_p": 2}, "min_p must be"),
+    ({"repetition_penalty": 0}, "repetition_penalty must be a number > 0"),
+    ({"do_sample": "yes"}, "do_sample must be true or false"),
+    ({"max_new_tokens": 0}, "max_new_tokens must be"),
+    ({"eos_token_id": "2"}, "eos_token_id must be"),
+    ([1, 2], "expected a JSON object"),
+])
+def test_invalid_generation_config(tiny_dir, tmp_path, gen, problem):
+    d = with_gen_config(tiny_dir, tmp_path / "m", gen)
+    with pytest.raises(GenerationConfigError, match="generation_config.json") as e:
+        Model.from_pretrained(d)
+    assert problem in str(e.value) and isinstance(e.value, FastLLMError)
+
+
+def test_invalid_generation_config_cli(tiny_dir, tmp_path):
+    d = with_gen_config(tiny_dir, tmp_path / "m", {})
+    (d / "generation_config.json").write_text("{not json")
+    out = _cli(["run", "--model", str(d), "hi"])
+    assert out.returncode == 1 and "generation_config.json: not valid JSON" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_null_values_count_as_unset(tiny_dir, tmp_path):
+    d = with_gen_config(tiny_dir, tmp_path / "m", {"temperature": None, "top_k": None, "eos_token_id": None})
+    assert Model.from_pretrained(d, n_ctx=32).generation_defaults == {}
+
+
+def _gnu_readline():
+    try:
+        import readline
+    except ImportError:
+        return False
+    return "libedit" not in (readline.__doc__ or "")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not _gnu_readline(),
+                    reason="needs a pty and GNU readline")
+def test_pasted_lines_are_one_turn_at_a_terminal(tiny_dir, tmp_path):
+    # A terminal with bracketed paste wraps pasted text in ESC[200~ ... ESC[201~;
+    # readline then returns all of it from one input().
+    import pty
+    import select
+    import time
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the REPL on a terminal (its history file under tmp_path)
+        os.environ["FASTLLM_HOME"] = str(tmp_path)
+        os.execv(sys.executable, [sys.executable, "-m", "fastllm", "--model", str(tiny_dir),
+                                  "--ctx", "64", "-t", "1", "-n", "2"])
+    out = b""
+
+    def read_until(marker: bytes, count: int):
+        nonlocal out
+        deadline = time.time() + 120
+        while out.count(marker) < count and time.time() < deadline:
+            if select.select([fd], [], [], 0.5)[0]:
+                try:
+                    out += os.read(fd, 65536)
+                except OSError:
+                    break
+    try:
+        read_until(b"> ", 1)
+        os.write(fd, b"\x1b[200~first line\nsecond line\nthird line\x1b[201~\r")
+        read_until(b"> ", 2)
+        os.write(fd, b"/quit\r")
+        _, status = os.waitpid(pid, 0)
+    finally:
+        os.close(fd)
+    assert b"Traceback" not in out
+    assert out.count(b"> ") == 2, out   # one reply, then the next prompt
+    assert os.WEXITSTATUS(status) == 0
