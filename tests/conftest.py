@@ -14,6 +14,28 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # the oracles/ package
 
 
+def _start_torch_with_a_short_spin():
+    """torch brings its own OpenMP runtime, which spins for milliseconds
+    after each parallel region; in one process with fastllm's threads, on
+    2 cores, the two pools take turns stealing each other's cores. torch is
+    started here with the short spin fastllm uses (fastllm first, so that
+    fastllm's own default is what its tests see)."""
+    import fastllm  # noqa: F401
+    from fastllm._openmp import SPIN_COUNT
+    if "GOMP_SPINCOUNT" in os.environ or "OMP_WAIT_POLICY" in os.environ:
+        return
+    os.environ["GOMP_SPINCOUNT"] = SPIN_COUNT
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        pass  # the tests that need torch say so themselves
+    finally:
+        del os.environ["GOMP_SPINCOUNT"]
+
+
+_start_torch_with_a_short_spin()
+
+
 @pytest.fixture(scope="session")
 def fastllm_home(tmp_path_factory):
     home = tmp_path_factory.mktemp("fastllm_home")

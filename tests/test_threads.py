@@ -58,3 +58,11 @@ def test_the_setting_reaches_no_child_process():
 def test_wait_policy_says_when_the_user_set_it():
     out = start("from fastllm._openmp import wait_policy; print(wait_policy())", GOMP_SPINCOUNT="42")
     assert out.stdout.strip() == "GOMP_SPINCOUNT=42 (set by the user)"
+
+
+def test_info_shows_the_wait_policy():
+    from pathlib import Path
+    tiny = Path(__file__).parent / "data" / "tiny-llama"
+    out = start(f"import sys; from fastllm.cli import main; sys.exit(main(['info', '--model', {str(tiny)!r}]))",
+                GOMP_SPINCOUNT="42")
+    assert "OpenMP wait" in out.stdout and "GOMP_SPINCOUNT=42 (set by the user)" in out.stdout

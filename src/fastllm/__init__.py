@@ -6,9 +6,9 @@
 """
 from . import _openmp  # noqa: F401  (first: starts OpenMP with fastllm's wait policy)
 from .errors import FastLLMError, ModelFileError
-from .model import GenerationStats, Model
+from .model import ContextFullWarning, GenerationStats, Model
 from .sampling import SamplingParams
 
 __version__ = "0.1.0"
-__all__ = ["Model", "SamplingParams", "GenerationStats", "FastLLMError", "ModelFileError",
-           "__version__"]
+__all__ = ["Model", "SamplingParams", "GenerationStats", "ContextFullWarning", "FastLLMError",
+           "ModelFileError", "__version__"]

@@ -1,12 +1,14 @@
 """Start the OpenMP runtime of the run loop with a short spin-then-sleep wait.
 
 A thread that reaches a barrier first spins, then sleeps. libgomp spins
-300,000 rounds by default, milliseconds, longer than a scheduler time slice:
-on cores shared with other work the spinning thread keeps the core its
-sibling needs to reach the barrier, and two threads fell to a few tokens/s
-(benchmarks/wait_policy.py measures it). fastllm asks for a short spin,
-tens of microseconds, which covers the skew between threads at a barrier on
-an idle machine and gives the core away soon on a busy one.
+300,000 rounds by default, 7 ms on a current x86 core, longer than a
+scheduler time slice: on cores shared with other work the spinning thread
+keeps the core its sibling needs to reach the barrier, and two threads fell
+to a third of their speed (benchmarks/wait_policy.py measures it). fastllm
+asks for 3,000 rounds (about 70 us), which still covers the skew between
+threads at a barrier on an idle machine (there it is as fast as libgomp's
+default, where 1,000 rounds lost 7% of decode speed and never spinning lost
+25%) and gives the core away soon on a busy one.
 
 A wait setting of the user's own (OMP_WAIT_POLICY, GOMP_SPINCOUNT,
 KMP_BLOCKTIME) is left alone. The variables are set only while the runtime
@@ -22,8 +24,9 @@ import os
 import numpy as np
 
 # libgomp busy-wait rounds before sleeping (GOMP_SPINCOUNT), and LLVM libomp's
-# equivalent in milliseconds (KMP_BLOCKTIME).
-SPIN_COUNT = "1000"
+# equivalent in milliseconds (KMP_BLOCKTIME; its smallest step above 0, not
+# measured: no libomp platform was at hand).
+SPIN_COUNT = "3000"
 BLOCK_TIME_MS = "1"
 USER_WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 
