@@ -31,6 +31,7 @@ def qwen35_dir(request, tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow
 def test_chat_renders_tokenizes_and_generates_like_transformers(qwen35_dir):
     from transformers import AutoTokenizer
     ours = Model.from_pretrained(qwen35_dir, threads=2, n_ctx=256)

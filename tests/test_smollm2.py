@@ -143,6 +143,7 @@ def test_c_logits_every_position(path, ours, ref_logits):
     print(f"{path}: worst err/bound over all positions: {worst:.3f}")
 
 
+@pytest.mark.slow
 def test_d_greedy_generation(ours, ref, hf_tok):
     smallest, drift, compared = np.inf, 0.0, 0
     for prompt in PROMPTS:
@@ -193,6 +194,7 @@ print(json.dumps({{"rss": int(hwm) * 1024,
     assert r["rss"] <= budget
 
 
+@pytest.mark.slow
 def test_bf16_dot_product_path_within_its_stated_tolerance(smollm2_dir, hf_tok):
     """FASTLLM_SIMD=avx512_bf16 multiplies bf16 weights by bf16-rounded
     activations (AVX512_BF16), as llama.cpp's BF16 path does: 8 significant

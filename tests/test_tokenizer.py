@@ -55,6 +55,7 @@ def test_smollm2_pre_tokenizer_splits_digits(smollm2):
         "in 2024, 1234567.", add_special_tokens=False).ids
 
 
+@pytest.mark.slow
 def test_smollm2_corpus_matches_hf_tokenizers(smollm2):
     ours, hf = smollm2
     texts = corpus(20000, seed=11, specials=SPECIAL_MARKERS)
