@@ -21,22 +21,10 @@ from fastllm import FastLLMError, Model
 from fastllm import cli
 from fastllm.model import ContextFullWarning
 from fastllm.sampling import GenerationConfigError
+from fastllm.tokenizer import _bytes_to_unicode  # GPT-2's byte -> character table
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-
-
-def _byte_chars():
-    bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-          + list(range(ord("®"), ord("ÿ") + 1)))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
 
 
 def write_byte_tokenizer(folder: Path, vocab_size: int):
@@ -44,7 +32,7 @@ def write_byte_tokenizer(folder: Path, vocab_size: int):
     ChatML specials (<|im_end|> = 2 is eos) and filler tokens up to vocab_size."""
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     vocab = {t: i for i, t in enumerate(specials)}
-    for ch in _byte_chars().values():
+    for ch in _bytes_to_unicode():
         vocab[ch] = len(vocab)
     while len(vocab) < vocab_size:
         vocab[f"<x{len(vocab)}>"] = len(vocab)

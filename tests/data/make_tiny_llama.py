@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fastllm.tokenizer import _bytes_to_unicode  # GPT-2's byte -> character table
+
 SEED = 20260101
 EOT = "<|endoftext|>"
 N_MERGES = 43          # 256 byte tokens + 43 merges + <|endoftext|> = 300
@@ -47,22 +49,6 @@ CORPUS = ("hello world. the quick brown fox jumps over the lazy dog. "
           "there is no other text in the test data; this is the tokenizer corpus.")
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}assistant:{% endif %}")
-
-
-def bytes_to_unicode() -> list[str]:
-    """GPT-2's byte -> printable character table (as in tokenizers' ByteLevel)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    table = [""] * 256
-    for b, c in zip(bs, cs):
-        table[b] = chr(c)
-    return table
 
 
 def learn_merges(text: str, n: int, chars: list[str]) -> list[tuple[str, str]]:
@@ -194,7 +180,7 @@ def write_safetensors(path: Path, tensors: dict) -> None:
 
 def main(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    chars = bytes_to_unicode()
+    chars = _bytes_to_unicode()
     merges = learn_merges(CORPUS, N_MERGES, chars)
 
     def dump(name, obj):
