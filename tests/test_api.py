@@ -215,3 +215,22 @@ def test_cli_run_defaults_do_not_loop(smollm2_dir):
     words = re.findall(r"\w+", out.stdout.lower())
     sixgrams = Counter(tuple(words[i:i + 6]) for i in range(len(words) - 5))
     assert len(words) > 50 and max(sixgrams.values()) == 1, sixgrams.most_common(3)
+
+
+@pytest.mark.parametrize("bad", [2**32 + 5, -2**32 + 5, 2**63, 2**64 + 1])
+def test_token_ids_are_checked_before_they_are_narrowed(model, bad):
+    """Ids that wrap to a valid int32 (2**32 + 5 -> 5) must be refused, not run."""
+    calls = [lambda: model.logits([1, bad]),
+             lambda: list(model.generate_tokens([1, bad], 2)),
+             lambda: model._engine.forward([1, bad], 0)]
+    for call in calls:
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            call()
+
+
+@pytest.mark.parametrize("pos", [2**31 - 1, 2**31, 2**32, 2**63, -1])
+def test_positions_are_checked_without_wrapping(model, pos):
+    with pytest.raises(ValueError, match="do not fit the context"):
+        model._engine.forward([1, 2], pos)
+    with pytest.raises(TypeError):
+        model._engine.forward([1, 2], 1.0)

@@ -71,6 +71,25 @@ def packed_size(int N, int K, wtype):
     return flm_packed_bytes(N, K, FLM_BF16 if bf16 else FLM_F32) // (2 if bf16 else 4)
 
 
+def check_token_ids(tokens, long long vocab_size):
+    """tokens as a contiguous int32 array, once every id is known to lie in
+    0..vocab_size-1. Ids are checked as the caller's own integers, before
+    anything narrows them to int32 (where 2**32 + 5 would become 5); a list
+    is read as Python integers, which numpy would turn into floats past 2**63."""
+    ids = tokens if isinstance(tokens, np.ndarray) else np.array(tokens, dtype=object)
+    if ids.dtype == object:
+        integers = all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in ids.flat)
+    else:
+        integers = np.issubdtype(ids.dtype, np.integer)
+    if ids.ndim != 1 or ids.size == 0 or not integers:
+        raise ValueError("token ids must be a non-empty 1-D sequence of integers")
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= vocab_size:
+        raise ValueError(f"token id {lo if lo < 0 else hi} is outside the vocabulary "
+                         f"(0..{vocab_size - 1})")
+    return np.ascontiguousarray(ids, dtype=np.int32)
+
+
 def pack(matrix, int n_threads=0):
     """Pack an (N, K) float32 matrix, or bf16 bit patterns as uint16, into
     the panel layout the run loop reads: a new 1-D array of the same dtype."""
@@ -252,21 +271,20 @@ cdef class Engine:
     def vocab_size(self):
         return self.cfg.vocab_size
 
-    def forward(self, tokens, int pos, bint all_logits=False, bint hidden_states=False):
+    def forward(self, tokens, pos, bint all_logits=False, bint hidden_states=False):
         """Run tokens at positions pos.. and return float32 logits:
         (vocab,) for the last token, or (n, vocab) with all_logits.
         With hidden_states, also return each layer's output, (n_layers, n, dim)."""
-        cdef cnp.ndarray[int32_t, ndim=1, mode="c"] toks = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
-        cdef int n = toks.shape[0]
-        if n == 0:
-            raise ValueError("no tokens to run")
-        if pos < 0 or pos + n > self.cfg.seq_len:
-            raise ValueError(f"positions {pos}..{pos + n - 1} do not fit the context of "
+        ids = check_token_ids(tokens, self.cfg.vocab_size)
+        if isinstance(pos, bool) or not isinstance(pos, (int, np.integer)):
+            raise TypeError(f"pos must be an integer, got {type(pos).__name__}")
+        first = int(pos)
+        cdef int n = ids.shape[0]
+        if first < 0 or first + n > self.cfg.seq_len:
+            raise ValueError(f"positions {first}..{first + n - 1} do not fit the context of "
                              f"{self.cfg.seq_len} tokens")
-        lo, hi = int(toks.min()), int(toks.max())
-        if lo < 0 or hi >= self.cfg.vocab_size:
-            raise ValueError(f"token id {lo if lo < 0 else hi} is outside the vocabulary "
-                             f"(0..{self.cfg.vocab_size - 1})")
+        cdef cnp.ndarray[int32_t, ndim=1, mode="c"] toks = ids
+        cdef int start = first
         cdef cnp.ndarray[float, ndim=2, mode="c"] out = np.empty(
             (n if all_logits else 1, self.cfg.vocab_size), np.float32)
         cdef int nt = max(1, self.n_threads)
@@ -277,7 +295,7 @@ cdef class Engine:
             self.state.trace_tokens = n
         try:
             with nogil:
-                flm_forward(&self.cfg, &self.w, &self.state, &toks[0], n, pos,
+                flm_forward(&self.cfg, &self.w, &self.state, &toks[0], n, start,
                             &out[0, 0], all_logits, nt)
         finally:
             self.state.trace = NULL

@@ -155,13 +155,11 @@ class Model:
         return out
 
     def _check_ids(self, token_ids) -> np.ndarray:
-        ids = np.asarray(token_ids)
-        if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
-            raise ValueError("token_ids must be a non-empty 1-D sequence of integers")
+        ids = _core.check_token_ids(token_ids, self.config.vocab_size)
         if ids.size > self.n_ctx:
             raise ValueError(f"{ids.size} tokens do not fit the context of {self.n_ctx} "
                              "(load the model with a larger n_ctx)")
-        return ids.astype(np.int32)
+        return ids
 
     def _prefill(self, ids: list) -> np.ndarray:
         """Logits after ids, reusing the cached keys/values of a common prefix."""
