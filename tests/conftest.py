@@ -68,3 +68,21 @@ def tiny_model_dir(tmp_path_factory):
             made[key] = make_tiny_model(kind, root / f"{kind}-{dtype}", dtype=dtype)
         return made[key]
     return get
+
+
+@pytest.fixture
+def simd_path():
+    """simd_path(name) runs the rest of the test on that SIMD path, skipping
+    it where the CPU lacks the instructions; the path in use before is
+    restored afterwards."""
+    from fastllm import _core
+    before = _core.simd_path()
+
+    def use(path):
+        try:
+            _core.set_simd_path(path)
+        except ValueError:
+            assert path != "generic", "the portable path must always be available"
+            pytest.skip(f"this CPU cannot run the {path} path")
+    yield use
+    _core.set_simd_path(before)

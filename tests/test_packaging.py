@@ -89,13 +89,19 @@ def test_tiny_model_matches_generator():
 
 # ------------------------------------------------------------------ wheel
 
-def _wheel():
-    path = os.environ.get("FASTLLM_WHEEL")
+def _built(variable):
+    """The built wheel or sdist that the environment variable names; the
+    test is skipped when it is unset."""
+    path = os.environ.get(variable)
     if not path:
-        pytest.skip("FASTLLM_WHEEL is not set")
+        pytest.skip(f"{variable} is not set")
     path = Path(path)
-    assert path.is_file(), f"FASTLLM_WHEEL={path} is not a file"
+    assert path.is_file(), f"{variable}={path} is not a file"
     return path
+
+
+def _wheel():
+    return _built("FASTLLM_WHEEL")
 
 
 def _is_binary(name: str) -> bool:
@@ -178,11 +184,7 @@ SDIST_REQUIRED = (
 
 
 def _sdist_names():
-    path = os.environ.get("FASTLLM_SDIST")
-    if not path:
-        pytest.skip("FASTLLM_SDIST is not set")
-    path = Path(path)
-    assert path.is_file(), f"FASTLLM_SDIST={path} is not a file"
+    path = _built("FASTLLM_SDIST")
     with tarfile.open(path) as t:
         names = [m.name for m in t.getmembers() if m.isfile()]
     tops = {n.split("/", 1)[0] for n in names}

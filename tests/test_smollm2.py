@@ -124,22 +124,14 @@ def ref_logits(ref, hf_tok):
 
 
 @pytest.mark.parametrize("path", ["generic", "avx2", "avx512"])
-def test_c_logits_every_position(path, ours, ref_logits):
+def test_c_logits_every_position(path, ours, ref_logits, simd_path):
     """Each SIMD path that this CPU can run: another CPU may pick another."""
-    before = _core.simd_path()
-    try:
-        _core.set_simd_path(path)
-    except ValueError:
-        assert path != "generic", "the portable path must always be available"
-        pytest.skip(f"this CPU cannot run the {path} path")
-    try:
-        worst = 0.0
-        for prompt, ids, want in ref_logits:
-            ok, err, ratio = within(ours.logits(ids), want)
-            worst = max(worst, ratio)
-            assert ok, f"{path} {prompt!r}: max |err| {err:.3g} (err/bound {ratio:.2f})"
-    finally:
-        _core.set_simd_path(before)
+    simd_path(path)
+    worst = 0.0
+    for prompt, ids, want in ref_logits:
+        ok, err, ratio = within(ours.logits(ids), want)
+        worst = max(worst, ratio)
+        assert ok, f"{path} {prompt!r}: max |err| {err:.3g} (err/bound {ratio:.2f})"
     print(f"{path}: worst err/bound over all positions: {worst:.3f}")
 
 

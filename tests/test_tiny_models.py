@@ -92,28 +92,19 @@ def test_threads_do_not_change_results(threads, tiny_model_dir):
 
 
 @pytest.mark.parametrize("path", ["generic", "avx2", "avx512"])
-def test_every_simd_path_matches_transformers(path, tiny_model_dir):
-    from fastllm import _core
-    before = _core.simd_path()
-    try:
-        _core.set_simd_path(path)
-    except ValueError:
-        assert path != "generic", "the portable path must always be available"
-        pytest.skip(f"this CPU cannot run the {path} path")
-    try:
-        for kind in ("llama-headdim-bias", "qwen3_5-text"):
-            folder = tiny_model_dir(kind)
-            ours = Model.from_pretrained(folder, threads=2)
-            ids = sequences(ours.config.vocab_size, seed=4)[3][:60]
-            ok, err, _ = within(ours.logits(ids), hf_logits(load_hf(folder), ids))
-            assert ok, f"{path} {kind}: max err {err:.3g}"
-            # One token at a time must equal the batched pass on every path.
-            step = Model.from_pretrained(folder, threads=1)
-            full = ours.logits(ids)
-            for i, t in enumerate(ids[:12]):
-                assert np.array_equal(step._engine.forward(np.array([t]), i), full[i])
-    finally:
-        _core.set_simd_path(before)
+def test_every_simd_path_matches_transformers(path, tiny_model_dir, simd_path):
+    simd_path(path)
+    for kind in ("llama-headdim-bias", "qwen3_5-text"):
+        folder = tiny_model_dir(kind)
+        ours = Model.from_pretrained(folder, threads=2)
+        ids = sequences(ours.config.vocab_size, seed=4)[3][:60]
+        ok, err, _ = within(ours.logits(ids), hf_logits(load_hf(folder), ids))
+        assert ok, f"{path} {kind}: max err {err:.3g}"
+        # One token at a time must equal the batched pass on every path.
+        step = Model.from_pretrained(folder, threads=1)
+        full = ours.logits(ids)
+        for i, t in enumerate(ids[:12]):
+            assert np.array_equal(step._engine.forward(np.array([t]), i), full[i])
 
 
 @pytest.mark.parametrize("kind", ["llama-gqa", "qwen3", "qwen3_5-text"])
