@@ -26,6 +26,8 @@ static int thread_num(void) {
 }
 static int imin(int a, int b) { return a < b ? a : b; }
 
+static int kernels_ready = 0;
+
 /* ------------------------------------------------------------ run state */
 
 static int q_dim(const FlmConfig *c) { return c->n_heads * c->head_dim; }
@@ -121,7 +123,7 @@ typedef struct {
 /* The matmul input as the kernels read it: x itself, or, where bf16 weights
  * take bf16 activations, x rounded to bf16 once for every product that
  * shares it. Called inside a parallel region. */
-static const float *matmul_input(FlmState *s, const float *x, int T, int K, int wtype, int *ldx) {
+static const float *matmul_input(uint16_t *xq, const float *x, int T, int K, int wtype, int *ldx) {
     if (wtype != FLM_BF16 || !flm_kernels->to_bf16) {
         *ldx = K;
         return x;
@@ -129,18 +131,18 @@ static const float *matmul_input(FlmState *s, const float *x, int T, int K, int 
     const int pairs = (K + 1) / 2;
 #pragma omp for schedule(static)
     for (int t = 0; t < T; t++)
-        flm_kernels->to_bf16(s->xq + (size_t)t * pairs * 2, x + (size_t)t * K, K);
+        flm_kernels->to_bf16(xq + (size_t)t * pairs * 2, x + (size_t)t * K, K);
     *ldx = pairs;
-    return (const float *)s->xq;
+    return (const float *)xq;
 }
 
 /* Several products of the same input (q, k and v) in one parallel loop, so
  * the threads meet at one barrier instead of three. Called inside a
  * parallel region. */
-static void matmul_multi(FlmState *s, const float *x, int T, int K, int wtype, const MatJob *jobs,
+static void matmul_multi(uint16_t *xq, const float *x, int T, int K, int wtype, const MatJob *jobs,
                          int njobs) {
     int ldx;
-    x = matmul_input(s, x, T, K, wtype, &ldx);
+    x = matmul_input(xq, x, T, K, wtype, &ldx);
     const int per = item_panels(T), tb = token_blocks(T);
     int items[8], total = 0;
     for (int i = 0; i < njobs; i++) {
@@ -161,7 +163,15 @@ static void matmul_multi(FlmState *s, const float *x, int T, int K, int wtype, c
 static void matmul(FlmState *s, float *out, const float *x, const void *w, const float *bias,
                    int T, int K, int N, int wtype) {
     MatJob job = {out, w, bias, N, N};
-    matmul_multi(s, x, T, K, wtype, &job, 1);
+    matmul_multi(s->xq, x, T, K, wtype, &job, 1);
+}
+
+void flm_matmul(float *out, const float *x, const void *w, int T, int K, int N, int wtype,
+                uint16_t *xq, int n_threads) {
+    if (!kernels_ready) { flm_kernels_init(); kernels_ready = 1; }
+    MatJob job = {out, w, NULL, N, N};
+#pragma omp parallel num_threads(n_threads > 0 ? n_threads : 1)
+    matmul_multi(xq, x, T, K, wtype, &job, 1);
 }
 
 static void rmsnorm(float *out, const float *x, const float *weight, int n, float eps) {
@@ -186,7 +196,7 @@ static void gate_up(const FlmConfig *c, const FlmLayer *L, FlmState *s, int T) {
     const int per = item_panels(T), tb = token_blocks(T);
     const int panels = (hidden + FLM_PANEL - 1) / FLM_PANEL, groups = (panels + per - 1) / per;
     int ldx;
-    const float *x = matmul_input(s, s->xb, T, dim, c->wtype, &ldx);
+    const float *x = matmul_input(s->xq, s->xb, T, dim, c->wtype, &ldx);
 #pragma omp for schedule(static)
     for (int g = 0; g < groups * tb; g++) {
         int p0 = g / tb * per, np = imin(per, panels - p0);
@@ -251,7 +261,7 @@ static void attention(const FlmConfig *c, const FlmWeights *w, const FlmLayer *L
 
     MatJob jobs[4] = {{s->q, L->wq, L->bq, qd, qd}, {s->k, L->wk, L->bk, kvd, kvd},
                       {s->v, L->wv, L->bv, kvd, kvd}, {s->gate, L->w_attn_gate, NULL, qd, qd}};
-    matmul_multi(s, s->xb, T, dim, c->wtype, jobs, L->w_attn_gate ? 4 : 3);
+    matmul_multi(s->xq, s->xb, T, dim, c->wtype, jobs, L->w_attn_gate ? 4 : 3);
 
     /* Per-head norm and RoPE; keys and values go into the cache. */
 #pragma omp for schedule(static)
@@ -324,7 +334,7 @@ static void linear_attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
 
     MatJob jobs[4] = {{s->lin, L->w_qkv, NULL, cd, ld}, {s->gate, L->w_z, NULL, vd, vd},
                       {s->lin + cd, L->w_b, NULL, hv, ld}, {s->lin + cd + hv, L->w_a, NULL, hv, ld}};
-    matmul_multi(s, s->xb, T, dim, c->wtype, jobs, 4);
+    matmul_multi(s->xq, s->xb, T, dim, c->wtype, jobs, 4);
 
     /* Conv over the window of the last K-1 inputs, channel by channel. */
 #pragma omp for schedule(static)
@@ -427,8 +437,6 @@ static void forward_chunk(const FlmConfig *c, const FlmWeights *w, FlmState *s,
         }
     }
 }
-
-static int kernels_ready = 0;
 
 void flm_forward(const FlmConfig *c, const FlmWeights *w, FlmState *s,
                  const int32_t *tokens, int n, int pos,

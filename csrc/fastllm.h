@@ -138,6 +138,13 @@ void flm_forward(const FlmConfig *c, const FlmWeights *w, FlmState *s,
                  const int32_t *tokens, int n, int pos,
                  float *logits, int all_logits, int n_threads);
 
+/* out (T, N) = x (T, K) @ W^T, W packed by flm_pack, split over threads as
+ * the run loop splits its matmuls (for benchmarks of the kernels alone).
+ * xq: room for T * (K+1)/2 * 2 bf16 values, used where bf16 weights take bf16
+ * activations. */
+void flm_matmul(float *out, const float *x, const void *w, int T, int K, int N, int wtype,
+                uint16_t *xq, int n_threads);
+
 /* Name of the SIMD path chosen for this CPU ("avx512", "avx2", "generic"). */
 const char *flm_simd_path(void);
 /* Force a path by name (for tests); returns 0 on success, -1 if unsupported. */

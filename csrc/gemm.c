@@ -122,31 +122,45 @@ void flm_gemm_bf16_generic(float *out, int ldo, const float *x, int ldx, const v
 #define AVX512 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq")))
 
 /* ---- AVX-512: a panel is one vector. Tiles of 6 tokens x 4 panels keep 24
- * accumulators in registers; smaller tiles take the same steps. */
+ * accumulators in registers; smaller tiles take the same steps.
+ *
+ * A batch of tokens walks K in chunks of KC: the 4 panels' weights of one
+ * chunk (32 KB of fp32) stay in L1 while every 6-token tile of the batch
+ * passes over them, instead of streaming the whole panels from L2 or L3 once
+ * per tile. bf16 weights are widened to fp32 once per chunk for the same
+ * reason: the tiles then spend their cycles on multiply-adds. Chunks are
+ * whole KBLOCKs, and the block sums are added in order, so the chunking does
+ * not change a bit of the result. Decoding (T < 6) reads each weight once
+ * anyway, and walks K in one piece. */
+#define KC 128
+#define TILE_T 6
 
 static inline AVX512 __mmask16 row_mask(int p, int N) {
     int left = N - p * PANEL;
     return left >= PANEL ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
 }
 
-#define F32_STEP(W, k) _mm512_loadu_ps((W) + (size_t)(k) * PANEL)
-
-/* Add one block's sums into the output (the first block stores). */
+/* Add one block's sums into the output (the first block of the row stores). */
 static inline AVX512 void flush16(float *o, __m512 acc, __mmask16 m, int first) {
     _mm512_mask_storeu_ps(o, m, first ? acc : _mm512_add_ps(_mm512_maskz_loadu_ps(m, o), acc));
 }
 
-static AVX512 void f32_6x4(float *out, int ldo, const float *x, int ldx, const float *b0, size_t pstride,
-                           int K, int p, int N) {
-    const float *b1 = b0 + pstride, *b2 = b1 + pstride, *b3 = b2 + pstride;
+/* The kernels take x and the panels already offset to the chunk's first k,
+ * nk k steps (a whole number of KBLOCKs except at the end of K), and first
+ * when the chunk starts at k = 0. */
+#define F32_STEP(W, k) _mm512_loadu_ps((W) + (size_t)(k) * PANEL)
+
+static AVX512 void f32_6x4(float *out, int ldo, const float *x, int ldx, const float *b0, size_t ps,
+                           int nk, int first, int p, int N) {
+    const float *b1 = b0 + ps, *b2 = b1 + ps, *b3 = b2 + ps;
     const float *x0 = x, *x1 = x + ldx, *x2 = x1 + ldx, *x3 = x2 + ldx, *x4 = x3 + ldx, *x5 = x4 + ldx;
     const __mmask16 m0 = row_mask(p, N), m1 = row_mask(p + 1, N), m2 = row_mask(p + 2, N), m3 = row_mask(p + 3, N);
-    for (int kb = 0; kb < K; kb += KBLOCK) {
+    for (int kb = 0; kb < nk; kb += KBLOCK) {
     __m512 z = _mm512_setzero_ps();
     __m512 a00 = z, a01 = z, a02 = z, a03 = z, a10 = z, a11 = z, a12 = z, a13 = z;
     __m512 a20 = z, a21 = z, a22 = z, a23 = z, a30 = z, a31 = z, a32 = z, a33 = z;
     __m512 a40 = z, a41 = z, a42 = z, a43 = z, a50 = z, a51 = z, a52 = z, a53 = z;
-    for (int k = kb; k < imin(K, kb + KBLOCK); k++) {
+    for (int k = kb; k < imin(nk, kb + KBLOCK); k++) {
         __m512 w0 = F32_STEP(b0, k), w1 = F32_STEP(b1, k), w2 = F32_STEP(b2, k), w3 = F32_STEP(b3, k);
         __m512 v;
 #define ROW(t)                                                          \
@@ -158,40 +172,43 @@ static AVX512 void f32_6x4(float *out, int ldo, const float *x, int ldx, const f
         ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5)
 #undef ROW
     }
-#define STORE(t)                                                                           \
-    flush16(out + (size_t)t * ldo, a##t##0, m0, kb == 0);                                  \
-    flush16(out + (size_t)t * ldo + 16, a##t##1, m1, kb == 0);                             \
-    flush16(out + (size_t)t * ldo + 32, a##t##2, m2, kb == 0);                             \
-    flush16(out + (size_t)t * ldo + 48, a##t##3, m3, kb == 0);
+    const int f = first && kb == 0;
+#define STORE(t)                                                        \
+    flush16(out + (size_t)t * ldo, a##t##0, m0, f);                     \
+    flush16(out + (size_t)t * ldo + 16, a##t##1, m1, f);                \
+    flush16(out + (size_t)t * ldo + 32, a##t##2, m2, f);                \
+    flush16(out + (size_t)t * ldo + 48, a##t##3, m3, f);
     STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5)
 #undef STORE
     }
 }
 
-static AVX512 void f32_1x4(float *out, const float *x, const float *b0, size_t pstride, int K, int p, int N) {
-    const float *b1 = b0 + pstride, *b2 = b1 + pstride, *b3 = b2 + pstride;
-    for (int kb = 0; kb < K; kb += KBLOCK) {
+static AVX512 void f32_1x4(float *out, const float *x, const float *b0, size_t ps, int nk, int first,
+                           int p, int N) {
+    const float *b1 = b0 + ps, *b2 = b1 + ps, *b3 = b2 + ps;
+    for (int kb = 0; kb < nk; kb += KBLOCK) {
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int k = kb; k < imin(K, kb + KBLOCK); k++) {
+        for (int k = kb; k < imin(nk, kb + KBLOCK); k++) {
             __m512 v = _mm512_set1_ps(x[k]);
             a0 = _mm512_fmadd_ps(v, F32_STEP(b0, k), a0);
             a1 = _mm512_fmadd_ps(v, F32_STEP(b1, k), a1);
             a2 = _mm512_fmadd_ps(v, F32_STEP(b2, k), a2);
             a3 = _mm512_fmadd_ps(v, F32_STEP(b3, k), a3);
         }
-        flush16(out, a0, row_mask(p, N), kb == 0);
-        flush16(out + 16, a1, row_mask(p + 1, N), kb == 0);
-        flush16(out + 32, a2, row_mask(p + 2, N), kb == 0);
-        flush16(out + 48, a3, row_mask(p + 3, N), kb == 0);
+        const int f = first && kb == 0;
+        flush16(out, a0, row_mask(p, N), f);
+        flush16(out + 16, a1, row_mask(p + 1, N), f);
+        flush16(out + 32, a2, row_mask(p + 2, N), f);
+        flush16(out + 48, a3, row_mask(p + 3, N), f);
     }
 }
 
-static AVX512 void f32_1x1(float *out, const float *x, const float *b0, int K, int p, int N) {
-    for (int kb = 0; kb < K; kb += KBLOCK) {
+static AVX512 void f32_1x1(float *out, const float *x, const float *b0, int nk, int first, int p, int N) {
+    for (int kb = 0; kb < nk; kb += KBLOCK) {
         __m512 a = _mm512_setzero_ps();
-        for (int k = kb; k < imin(K, kb + KBLOCK); k++)
+        for (int k = kb; k < imin(nk, kb + KBLOCK); k++)
             a = _mm512_fmadd_ps(_mm512_set1_ps(x[k]), F32_STEP(b0, k), a);
-        flush16(out, a, row_mask(p, N), kb == 0);
+        flush16(out, a, row_mask(p, N), first && kb == 0);
     }
 }
 
@@ -200,68 +217,7 @@ static AVX512 void f32_1x1(float *out, const float *x, const float *b0, int K, i
 #define BF_HI(v) _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xFFFF0000)))
 #define BF_PAIR(W, j) _mm512_loadu_si512((const void *)((W) + (size_t)(j) * 2 * PANEL))
 
-static AVX512 void bf16_6x4(float *out, int ldo, const float *x, int ldx, const uint16_t *b0,
-                            size_t pstride, int K, int p, int N) {
-    const uint16_t *b1 = b0 + pstride, *b2 = b1 + pstride, *b3 = b2 + pstride;
-    const float *x0 = x, *x1 = x + ldx, *x2 = x1 + ldx, *x3 = x2 + ldx, *x4 = x3 + ldx, *x5 = x4 + ldx;
-    const __mmask16 m0 = row_mask(p, N), m1 = row_mask(p + 1, N), m2 = row_mask(p + 2, N), m3 = row_mask(p + 3, N);
-    for (int kb = 0; kb < K; kb += KBLOCK) {
-    __m512 z = _mm512_setzero_ps();
-    __m512 a00 = z, a01 = z, a02 = z, a03 = z, a10 = z, a11 = z, a12 = z, a13 = z;
-    __m512 a20 = z, a21 = z, a22 = z, a23 = z, a30 = z, a31 = z, a32 = z, a33 = z;
-    __m512 a40 = z, a41 = z, a42 = z, a43 = z, a50 = z, a51 = z, a52 = z, a53 = z;
-    for (int k = kb; k < imin(K, kb + KBLOCK); k += 2) {
-        __m512i q0 = BF_PAIR(b0, k / 2), q1 = BF_PAIR(b1, k / 2), q2 = BF_PAIR(b2, k / 2), q3 = BF_PAIR(b3, k / 2);
-        __m512 w0 = BF_LO(q0), w1 = BF_LO(q1), w2 = BF_LO(q2), w3 = BF_LO(q3), v;
-#define ROW(t, kk)                                                      \
-        v = _mm512_set1_ps(x##t[kk]);                                   \
-        a##t##0 = _mm512_fmadd_ps(v, w0, a##t##0);                      \
-        a##t##1 = _mm512_fmadd_ps(v, w1, a##t##1);                      \
-        a##t##2 = _mm512_fmadd_ps(v, w2, a##t##2);                      \
-        a##t##3 = _mm512_fmadd_ps(v, w3, a##t##3);
-        ROW(0, k) ROW(1, k) ROW(2, k) ROW(3, k) ROW(4, k) ROW(5, k)
-        if (k + 1 < K) {
-            w0 = BF_HI(q0); w1 = BF_HI(q1); w2 = BF_HI(q2); w3 = BF_HI(q3);
-            ROW(0, k + 1) ROW(1, k + 1) ROW(2, k + 1) ROW(3, k + 1) ROW(4, k + 1) ROW(5, k + 1)
-        }
-#undef ROW
-    }
-#define STORE(t)                                                                           \
-    flush16(out + (size_t)t * ldo, a##t##0, m0, kb == 0);                                  \
-    flush16(out + (size_t)t * ldo + 16, a##t##1, m1, kb == 0);                             \
-    flush16(out + (size_t)t * ldo + 32, a##t##2, m2, kb == 0);                             \
-    flush16(out + (size_t)t * ldo + 48, a##t##3, m3, kb == 0);
-    STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5)
-#undef STORE
-    }
-}
-
-static AVX512 void bf16_1x4(float *out, const float *x, const uint16_t *b0, size_t pstride, int K, int p, int N) {
-    const uint16_t *b1 = b0 + pstride, *b2 = b1 + pstride, *b3 = b2 + pstride;
-    for (int kb = 0; kb < K; kb += KBLOCK) {
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int k = kb; k < imin(K, kb + KBLOCK); k += 2) {
-        __m512i q0 = BF_PAIR(b0, k / 2), q1 = BF_PAIR(b1, k / 2), q2 = BF_PAIR(b2, k / 2), q3 = BF_PAIR(b3, k / 2);
-        __m512 v = _mm512_set1_ps(x[k]);
-        a0 = _mm512_fmadd_ps(v, BF_LO(q0), a0);
-        a1 = _mm512_fmadd_ps(v, BF_LO(q1), a1);
-        a2 = _mm512_fmadd_ps(v, BF_LO(q2), a2);
-        a3 = _mm512_fmadd_ps(v, BF_LO(q3), a3);
-        if (k + 1 < K) {
-            v = _mm512_set1_ps(x[k + 1]);
-            a0 = _mm512_fmadd_ps(v, BF_HI(q0), a0);
-            a1 = _mm512_fmadd_ps(v, BF_HI(q1), a1);
-            a2 = _mm512_fmadd_ps(v, BF_HI(q2), a2);
-            a3 = _mm512_fmadd_ps(v, BF_HI(q3), a3);
-        }
-    }
-    flush16(out, a0, row_mask(p, N), kb == 0);
-    flush16(out + 16, a1, row_mask(p + 1, N), kb == 0);
-    flush16(out + 32, a2, row_mask(p + 2, N), kb == 0);
-    flush16(out + 48, a3, row_mask(p + 3, N), kb == 0);
-    }
-}
-
+/* Decoding with bf16 weights: one token, panels read straight from memory. */
 static AVX512 void bf16_1x1(float *out, const float *x, const uint16_t *b0, int K, int p, int N) {
     for (int kb = 0; kb < K; kb += KBLOCK) {
         __m512 a = _mm512_setzero_ps();
@@ -274,97 +230,160 @@ static AVX512 void bf16_1x1(float *out, const float *x, const uint16_t *b0, int 
     }
 }
 
-/* The tiling shared by the AVX-512 kernels: 6 tokens x 4 panels where it
- * fits, one token x 4 panels for leftover tokens, one panel at a time for
- * leftover panels. XT is how x is stored, PS the elements per panel. */
-#define DEFINE_GEMM(NAME, TARGET, XT, WT, PS, K6x4, K1x4, K1x1)                                \
-TARGET void NAME(float *out, int ldo, const float *xf, int ldx, const void *wp, int K,           \
-                 int T, int p0, int np, int N) {                                                 \
-    const XT *x = (const XT *)xf;                                                                \
-    const WT *w = (const WT *)wp;                                                                \
-    const size_t ps = (PS);                                                                      \
-    for (int t = 0; t < T;) {                                                                    \
-        int nt = T - t >= 6 ? 6 : 1;                                                             \
-        for (int p = p0; p < p0 + np;) {                                                         \
-            float *o = out + (size_t)t * ldo + p * PANEL;                                        \
-            if (p + 4 <= p0 + np) {                                                              \
-                if (nt == 6) K6x4(o, ldo, x + (size_t)t * ldx, ldx, w + p * ps, ps, K, p, N);    \
-                else K1x4(o, x + (size_t)t * ldx, w + p * ps, ps, K, p, N);                      \
-                p += 4;                                                                          \
-            } else {                                                                             \
-                for (int u = 0; u < nt; u++)                                                     \
-                    K1x1(o + (size_t)u * ldo, x + (size_t)(t + u) * ldx, w + p * ps, K, p, N);   \
-                p += 1;                                                                          \
-            }                                                                                    \
-        }                                                                                        \
-        t += nt;                                                                                 \
-    }                                                                                            \
+/* Panel p's bf16 weights for k = 0 .. nk-1 (from a chunk start), as fp32 panel rows. */
+static AVX512 void widen_panel(float *dst, const uint16_t *src, int nk) {
+    for (int j = 0; j < (nk + 1) / 2; j++) {
+        __m512i q = BF_PAIR(src, j);
+        _mm512_storeu_ps(dst + (size_t)2 * j * PANEL, BF_LO(q));
+        _mm512_storeu_ps(dst + (size_t)(2 * j + 1) * PANEL, BF_HI(q));
+    }
 }
 
-DEFINE_GEMM(flm_gemm_f32_avx512, AVX512, float, float, (size_t)K * PANEL, f32_6x4, f32_1x4, f32_1x1)
+/* Panels p .. p+g-1 (g <= 4) of a chunk for tokens 0..T-1: 6x4 tiles where
+ * they fit, one token x 4 panels for leftover tokens, one panel at a time
+ * for a group of fewer than 4. */
+static AVX512 void f32_tiles(float *out, int ldo, const float *x, int ldx, const float *w, size_t ps,
+                             int nk, int first, int T, int p, int g, int N) {
+    for (int t = 0; t < T;) {
+        const int nt = T - t >= TILE_T ? TILE_T : 1;
+        float *o = out + (size_t)t * ldo;
+        const float *xt = x + (size_t)t * ldx;
+        if (g == 4 && nt == TILE_T) f32_6x4(o, ldo, xt, ldx, w, ps, nk, first, p, N);
+        else if (g == 4) f32_1x4(o, xt, w, ps, nk, first, p, N);
+        else
+            for (int u = 0; u < nt; u++)
+                for (int i = 0; i < g; i++)
+                    f32_1x1(o + (size_t)u * ldo + i * PANEL, xt + (size_t)u * ldx, w + i * ps, nk, first,
+                            p + i, N);
+        t += nt;
+    }
+}
 
-DEFINE_GEMM(flm_gemm_bf16_avx512, AVX512, float, uint16_t, padded_k(K, FLM_BF16) * PANEL, bf16_6x4,
-            bf16_1x4, bf16_1x1)
+static AVX512 void gemm_avx512(int bf16, float *out, int ldo, const float *x, int ldx, const void *wp,
+                               int K, int T, int p0, int np, int N) {
+    const size_t ps = bf16 ? padded_k(K, FLM_BF16) * PANEL : (size_t)K * PANEL;
+    if (bf16 && T < TILE_T) {
+        for (int t = 0; t < T; t++)
+            for (int p = p0; p < p0 + np; p++)
+                bf16_1x1(out + (size_t)t * ldo + p * PANEL, x + (size_t)t * ldx,
+                         (const uint16_t *)wp + p * ps, K, p, N);
+        return;
+    }
+    float wide[4 * KC * PANEL] __attribute__((aligned(64)));
+    const int chunk = T >= TILE_T ? KC : K;
+    for (int kc = 0; kc < K; kc += chunk) {
+        const int nk = imin(chunk, K - kc);
+        for (int p = p0; p < p0 + np; p += 4) {
+            const int g = imin(4, p0 + np - p);
+            float *o = out + p * PANEL;
+            if (bf16) {
+                for (int i = 0; i < g; i++)
+                    widen_panel(wide + (size_t)i * KC * PANEL, (const uint16_t *)wp + (p + i) * ps + (size_t)kc * PANEL, nk);
+                f32_tiles(o, ldo, x + kc, ldx, wide, (size_t)KC * PANEL, nk, kc == 0, T, p, g, N);
+            } else {
+                f32_tiles(o, ldo, x + kc, ldx, (const float *)wp + p * ps + (size_t)kc * PANEL, ps, nk,
+                          kc == 0, T, p, g, N);
+            }
+        }
+    }
+}
+
+AVX512 void flm_gemm_f32_avx512(float *out, int ldo, const float *x, int ldx, const void *wp, int K,
+                                int T, int p0, int np, int N) {
+    gemm_avx512(0, out, ldo, x, ldx, wp, K, T, p0, np, N);
+}
+
+AVX512 void flm_gemm_bf16_avx512(float *out, int ldo, const float *x, int ldx, const void *wp, int K,
+                                 int T, int p0, int np, int N) {
+    gemm_avx512(1, out, ldo, x, ldx, wp, K, T, p0, np, N);
+}
 
 /* ---- AVX512_BF16: x arrives as bf16 pairs (one 32-bit word per k pair), and
- * one vdpbf16ps adds both products of a pair to each row's lane. */
+ * one vdpbf16ps adds both products of a pair to each row's lane. The kernels
+ * count in pairs: x and the panels offset to the chunk's first pair, nj
+ * pairs. */
 #define DPBF16 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 #define DP(acc, xw, wv) (acc) = _mm512_dpbf16_ps((acc), (__m512bh)_mm512_set1_epi32((int)(xw)), (__m512bh)(wv))
+#define JBLOCK (KBLOCK / 2)
 
 static DPBF16 void dp_6x4(float *out, int ldo, const uint32_t *x, int ldx, const uint16_t *b0,
-                          size_t pstride, int K, int p, int N) {
-    const uint16_t *b1 = b0 + pstride, *b2 = b1 + pstride, *b3 = b2 + pstride;
+                          size_t ps, int nj, int first, int p, int N) {
+    const uint16_t *b1 = b0 + ps, *b2 = b1 + ps, *b3 = b2 + ps;
     const uint32_t *x0 = x, *x1 = x + ldx, *x2 = x1 + ldx, *x3 = x2 + ldx, *x4 = x3 + ldx, *x5 = x4 + ldx;
     const __mmask16 m0 = row_mask(p, N), m1 = row_mask(p + 1, N), m2 = row_mask(p + 2, N), m3 = row_mask(p + 3, N);
-    const int pairs = (K + 1) / 2;
-    for (int jb = 0; jb < pairs; jb += KBLOCK / 2) {
+    for (int jb = 0; jb < nj; jb += JBLOCK) {
         __m512 z = _mm512_setzero_ps();
         __m512 a00 = z, a01 = z, a02 = z, a03 = z, a10 = z, a11 = z, a12 = z, a13 = z;
         __m512 a20 = z, a21 = z, a22 = z, a23 = z, a30 = z, a31 = z, a32 = z, a33 = z;
         __m512 a40 = z, a41 = z, a42 = z, a43 = z, a50 = z, a51 = z, a52 = z, a53 = z;
-        for (int j = jb; j < imin(pairs, jb + KBLOCK / 2); j++) {
+        for (int j = jb; j < imin(nj, jb + JBLOCK); j++) {
             __m512i q0 = BF_PAIR(b0, j), q1 = BF_PAIR(b1, j), q2 = BF_PAIR(b2, j), q3 = BF_PAIR(b3, j);
 #define ROW(t) DP(a##t##0, x##t[j], q0); DP(a##t##1, x##t[j], q1); DP(a##t##2, x##t[j], q2); DP(a##t##3, x##t[j], q3);
             ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5)
 #undef ROW
         }
-#define STORE(t)                                                                           \
-        flush16(out + (size_t)t * ldo, a##t##0, m0, jb == 0);                              \
-        flush16(out + (size_t)t * ldo + 16, a##t##1, m1, jb == 0);                         \
-        flush16(out + (size_t)t * ldo + 32, a##t##2, m2, jb == 0);                         \
-        flush16(out + (size_t)t * ldo + 48, a##t##3, m3, jb == 0);
+        const int f = first && jb == 0;
+#define STORE(t)                                                        \
+        flush16(out + (size_t)t * ldo, a##t##0, m0, f);                 \
+        flush16(out + (size_t)t * ldo + 16, a##t##1, m1, f);            \
+        flush16(out + (size_t)t * ldo + 32, a##t##2, m2, f);            \
+        flush16(out + (size_t)t * ldo + 48, a##t##3, m3, f);
         STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5)
 #undef STORE
     }
 }
 
-static DPBF16 void dp_1x4(float *out, const uint32_t *x, const uint16_t *b0, size_t pstride, int K, int p, int N) {
-    const uint16_t *b1 = b0 + pstride, *b2 = b1 + pstride, *b3 = b2 + pstride;
-    const int pairs = (K + 1) / 2;
-    for (int jb = 0; jb < pairs; jb += KBLOCK / 2) {
+static DPBF16 void dp_1x4(float *out, const uint32_t *x, const uint16_t *b0, size_t ps, int nj, int first,
+                          int p, int N) {
+    const uint16_t *b1 = b0 + ps, *b2 = b1 + ps, *b3 = b2 + ps;
+    for (int jb = 0; jb < nj; jb += JBLOCK) {
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int j = jb; j < imin(pairs, jb + KBLOCK / 2); j++) {
+        for (int j = jb; j < imin(nj, jb + JBLOCK); j++) {
             DP(a0, x[j], BF_PAIR(b0, j)); DP(a1, x[j], BF_PAIR(b1, j));
             DP(a2, x[j], BF_PAIR(b2, j)); DP(a3, x[j], BF_PAIR(b3, j));
         }
-        flush16(out, a0, row_mask(p, N), jb == 0);
-        flush16(out + 16, a1, row_mask(p + 1, N), jb == 0);
-        flush16(out + 32, a2, row_mask(p + 2, N), jb == 0);
-        flush16(out + 48, a3, row_mask(p + 3, N), jb == 0);
+        const int f = first && jb == 0;
+        flush16(out, a0, row_mask(p, N), f);
+        flush16(out + 16, a1, row_mask(p + 1, N), f);
+        flush16(out + 32, a2, row_mask(p + 2, N), f);
+        flush16(out + 48, a3, row_mask(p + 3, N), f);
     }
 }
 
-static DPBF16 void dp_1x1(float *out, const uint32_t *x, const uint16_t *b0, int K, int p, int N) {
-    const int pairs = (K + 1) / 2;
-    for (int jb = 0; jb < pairs; jb += KBLOCK / 2) {
+static DPBF16 void dp_1x1(float *out, const uint32_t *x, const uint16_t *b0, int nj, int first, int p, int N) {
+    for (int jb = 0; jb < nj; jb += JBLOCK) {
         __m512 a = _mm512_setzero_ps();
-        for (int j = jb; j < imin(pairs, jb + KBLOCK / 2); j++) DP(a, x[j], BF_PAIR(b0, j));
-        flush16(out, a, row_mask(p, N), jb == 0);
+        for (int j = jb; j < imin(nj, jb + JBLOCK); j++) DP(a, x[j], BF_PAIR(b0, j));
+        flush16(out, a, row_mask(p, N), first && jb == 0);
     }
 }
 
-DEFINE_GEMM(flm_gemm_bf16_dp_avx512, DPBF16, uint32_t, uint16_t, padded_k(K, FLM_BF16) * PANEL, dp_6x4,
-            dp_1x4, dp_1x1)
+DPBF16 void flm_gemm_bf16_dp_avx512(float *out, int ldo, const float *xf, int ldx, const void *wp, int K,
+                                    int T, int p0, int np, int N) {
+    const uint32_t *x = (const uint32_t *)xf;
+    const size_t ps = padded_k(K, FLM_BF16) * PANEL;
+    const int pairs = (K + 1) / 2, chunk = T >= TILE_T ? KC : 2 * pairs;
+    for (int jc = 0; jc < pairs; jc += chunk / 2) {
+        const int nj = imin(chunk / 2, pairs - jc);
+        for (int p = p0; p < p0 + np; p += 4) {
+            const int g = imin(4, p0 + np - p);
+            const uint16_t *w = (const uint16_t *)wp + p * ps + (size_t)jc * 2 * PANEL;
+            for (int t = 0; t < T;) {
+                const int nt = T - t >= TILE_T ? TILE_T : 1;
+                float *o = out + (size_t)t * ldo + p * PANEL;
+                const uint32_t *xt = x + (size_t)t * ldx + jc;
+                if (g == 4 && nt == TILE_T) dp_6x4(o, ldo, xt, ldx, w, ps, nj, jc == 0, p, N);
+                else if (g == 4) dp_1x4(o, xt, w, ps, nj, jc == 0, p, N);
+                else
+                    for (int u = 0; u < nt; u++)
+                        for (int i = 0; i < g; i++)
+                            dp_1x1(o + (size_t)u * ldo + i * PANEL, xt + (size_t)u * ldx, w + i * ps, nj,
+                                   jc == 0, p + i, N);
+                t += nt;
+            }
+        }
+    }
+}
 
 DPBF16 void flm_to_bf16_avx512(uint16_t *dst, const float *src, int n) {
     int i = 0;

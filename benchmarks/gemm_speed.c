@@ -1,0 +1,90 @@
+/* GFLOP/s of fastllm's matmul, per core, for the matrix shapes of real models.
+ *
+ * Each case runs flm_matmul (the run loop's own split over threads) on a
+ * random packed matrix: T = 512 tokens for prefill, T = 1 for decoding,
+ * where it also reports the weight bytes streamed per second. Median of
+ * several repetitions.
+ *
+ *   cc -O2 -fopenmp -Icsrc csrc/fastllm.c csrc/kernels.c csrc/gemm.c \
+ *      benchmarks/gemm_speed.c -lm -o /tmp/gemm_speed
+ *   /tmp/gemm_speed [threads] [path] [f32|bf16] [T]
+ *
+ * path: a SIMD path name (default: the best this CPU has).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "fastllm.h"
+
+static const struct { const char *what; int N, K; } SHAPES[] = {
+    {"135M qkv/o    576x576", 576, 576},
+    {"135M up      1536x576", 1536, 576},
+    {"135M down    576x1536", 576, 1536},
+    {"1.7B q/o    2048x2048", 2048, 2048},
+    {"1.7B up     8192x2048", 8192, 2048},
+    {"1.7B down   2048x8192", 2048, 8192},
+    {"7B up     14336x4096", 14336, 4096},
+    {"head      49152x2048", 49152, 2048},
+};
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int main(int argc, char **argv) {
+    int threads = argc > 1 ? atoi(argv[1]) : 1;
+    if (argc > 2 && flm_set_simd_path(argv[2]) != 0) {
+        fprintf(stderr, "no SIMD path %s on this CPU\n", argv[2]);
+        return 2;
+    }
+    int wtype = argc > 3 && !strcmp(argv[3], "bf16") ? FLM_BF16 : FLM_F32;
+    int only_T = argc > 4 ? atoi(argv[4]) : 0;
+    size_t esize = wtype == FLM_BF16 ? 2 : 4;
+    printf("path %s, %s weights, %d threads\n", flm_simd_path(), wtype == FLM_BF16 ? "bf16" : "f32", threads);
+    printf("%-22s %6s %12s %10s\n", "matrix (N x K)", "T", "GFLOP/s/core", "GB/s");
+    for (size_t i = 0; i < sizeof SHAPES / sizeof SHAPES[0]; i++) {
+        const int N = SHAPES[i].N, K = SHAPES[i].K;
+        void *raw = malloc((size_t)N * K * esize);
+        for (size_t j = 0; j < (size_t)N * K; j++) {
+            float f = (float)((j * 2654435761u) % 1000) / 1000.0f - 0.5f;
+            if (wtype == FLM_BF16) { uint32_t u; memcpy(&u, &f, 4); ((uint16_t *)raw)[j] = u >> 16; }
+            else ((float *)raw)[j] = f;
+        }
+        void *w = malloc(flm_packed_bytes(N, K, wtype));
+        flm_pack(w, raw, N, K, wtype, threads);
+        free(raw);
+        const int Ts[2] = {512, 1};
+        for (int ti = 0; ti < 2; ti++) {
+            const int T = Ts[ti];
+            if (only_T && T != only_T) continue;
+            float *x = malloc(sizeof(float) * T * K), *out = malloc(sizeof(float) * T * N);
+            uint16_t *xq = malloc(2 * (size_t)T * (K + 1));
+            for (size_t j = 0; j < (size_t)T * K; j++) x[j] = (float)(j % 97) / 97.0f - 0.5f;
+            double flop = 2.0 * T * N * K, t[9];
+            int reps = 0;
+            double start = now();
+            flm_matmul(out, x, w, T, K, N, wtype, xq, threads);  /* warm-up */
+            while (reps < 9 && (reps < 3 || now() - start < 2.0)) {
+                double t0 = now();
+                flm_matmul(out, x, w, T, K, N, wtype, xq, threads);
+                t[reps++] = now() - t0;
+            }
+            qsort(t, reps, sizeof t[0], cmp);
+            double med = t[reps / 2];
+            printf("%-22s %6d %12.1f %10.1f\n", SHAPES[i].what, T, flop / med / threads * 1e-9,
+                   (double)flm_packed_bytes(N, K, wtype) / med * 1e-9);
+            free(x); free(out); free(xq);
+        }
+        free(w);
+    }
+    return 0;
+}
