@@ -105,12 +105,12 @@ static void matmul_panels(float *out, int ldo, const float *x, int ldx, const vo
  * decoding streams each panel once, and one-panel items balance threads. */
 static int item_panels(int T) { return T >= 6 ? 4 : 1; }
 
-/* Tokens per work item (a multiple of the 6-token tile): splitting a long
- * prompt too evens out the threads when a matrix has few panel groups.
- * Items run panel group by panel group, so one thread's consecutive items
- * reuse the same weights from its cache. */
-#define TOKEN_BLOCK 60
-static int token_blocks(int T) { return (T + TOKEN_BLOCK - 1) / TOKEN_BLOCK; }
+/* Tokens per work item (a whole number of the gemm's token tiles):
+ * splitting a long prompt too evens out the threads when a matrix has few
+ * panel groups. Items run panel group by panel group, so one thread's
+ * consecutive items reuse the same weights from its cache. */
+static int token_block(void) { return flm_kernels->token_block ? flm_kernels->token_block : 60; }
+static int token_blocks(int T) { return (T + token_block() - 1) / token_block(); }
 
 typedef struct {
     float *out;
@@ -154,7 +154,7 @@ static void matmul_multi(uint16_t *xq, const float *x, int T, int K, int wtype, 
         int i = 0, local = g;
         while (local >= items[i]) local -= items[i++];
         int panels = (jobs[i].N + FLM_PANEL - 1) / FLM_PANEL, p0 = local / tb * per;
-        int t0 = local % tb * TOKEN_BLOCK, nt = imin(TOKEN_BLOCK, T - t0);
+        int t0 = local % tb * token_block(), nt = imin(token_block(), T - t0);
         matmul_panels(jobs[i].out + (size_t)t0 * jobs[i].ldo, jobs[i].ldo, x + (size_t)t0 * ldx, ldx,
                       jobs[i].w, jobs[i].bias, nt, K, jobs[i].N, wtype, p0, imin(per, panels - p0));
     }
@@ -201,7 +201,7 @@ static void gate_up(const FlmConfig *c, const FlmLayer *L, FlmState *s, int T) {
     for (int g = 0; g < groups * tb; g++) {
         int p0 = g / tb * per, np = imin(per, panels - p0);
         int r0 = p0 * FLM_PANEL, nr = imin(np * FLM_PANEL, hidden - r0);
-        int t0 = g % tb * TOKEN_BLOCK, nt = imin(TOKEN_BLOCK, T - t0);
+        int t0 = g % tb * token_block(), nt = imin(token_block(), T - t0);
         matmul_panels(s->hb + (size_t)t0 * hidden, hidden, x + (size_t)t0 * ldx, ldx, L->w_gate,
                       L->b_gate, nt, dim, hidden, c->wtype, p0, np);
         matmul_panels(s->hb2 + (size_t)t0 * hidden, hidden, x + (size_t)t0 * ldx, ldx, L->w_up,

@@ -399,6 +399,124 @@ DPBF16 void flm_to_bf16_avx512(uint16_t *dst, const float *src, int n) {
     if (n & 1) dst[n] = 0;
 }
 
+/* ---- AMX-BF16: bf16 weights times bf16 activations on the tile unit.
+ *
+ * A panel's bf16 pairs ([k/2][16 rows][2]) are already the layout a tile
+ * multiply wants for its second operand: 16 pairs of one panel are one 1 KB
+ * tile (16 rows of 64 bytes). The activations, rounded to bf16 pairs as for
+ * avx512_bf16, give the first operand: up to 16 tokens x 16 pairs. Each
+ * product adds into 16 tokens x 16 rows of fp32 sums held in a tile across
+ * the whole of K. Tiles: 0-3 sums (token group a, panel b at 2a+b), 4-5 two
+ * token groups, 6-7 two panels. A token's sums never depend on the other rows
+ * of its tile, so batched and one-token passes agree bit for bit; the last
+ * step of an odd K is zero-padded in a copy. */
+#define AMX __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")))
+
+typedef struct {
+    uint8_t palette, start_row, zero[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} TileConfig;
+
+/* Every tile 16 rows of 64 bytes, except the first token group (and its
+ * sums) when fewer than 16 tokens are left. */
+static AMX void tile_config(int rows) {
+    TileConfig c __attribute__((aligned(64)));
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int i = 0; i < 8; i++) {
+        c.colsb[i] = 64;
+        c.rows[i] = 16;
+    }
+    c.rows[0] = c.rows[1] = c.rows[4] = (uint8_t)rows;
+    _tile_loadconfig(&c);
+}
+
+/* Rows r < rows of a 16x16 sum tile into out (token stride ldo), panel p. */
+static AMX void store_sums(float *out, int ldo, const float *sums, int rows, int p, int N) {
+    for (int r = 0; r < rows; r++)
+        _mm512_mask_storeu_ps(out + (size_t)r * ldo, row_mask(p, N), _mm512_load_ps(sums + r * PANEL));
+}
+
+AMX void flm_gemm_bf16_amx(float *out, int ldo, const float *xf, int ldx, const void *wp, int K, int T,
+                           int p0, int np, int N) {
+    const uint32_t *x = (const uint32_t *)xf;
+    const size_t ps = padded_k(K, FLM_BF16) * PANEL;
+    const int pairs = (K + 1) / 2, full = pairs / 16 * 16, rem = pairs - full;
+    uint32_t xtail[32 * 16] __attribute__((aligned(64)));
+    uint16_t wtail[2][16 * 2 * PANEL] __attribute__((aligned(64)));
+    float sums[16 * PANEL] __attribute__((aligned(64)));
+    int configured = 0;
+    for (int t = 0; t < T;) {
+        const int two = T - t >= 32, rows = two ? 16 : imin(16, T - t), tokens = two ? 32 : rows;
+        if (rows != configured) {
+            tile_config(rows);
+            configured = rows;
+        }
+        const uint32_t *xa = x + (size_t)t * ldx, *xb = xa + (size_t)16 * ldx;
+        if (rem) {
+            memset(xtail, 0, sizeof xtail);
+            for (int u = 0; u < tokens; u++) memcpy(xtail + u * 16, xa + (size_t)u * ldx + full, rem * 4);
+        }
+        for (int p = p0; p < p0 + np; p += 2) {
+            const int both = p + 1 < p0 + np;
+            const uint16_t *b0 = (const uint16_t *)wp + p * ps, *b1 = b0 + ps;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int j = 0; j < full; j += 16) {
+                _tile_loadd(4, xa + j, ldx * 4);
+                _tile_loadd(6, b0 + (size_t)j * 2 * PANEL, 64);
+                _tile_dpbf16ps(0, 4, 6);
+                if (two) {
+                    _tile_loadd(5, xb + j, ldx * 4);
+                    _tile_dpbf16ps(2, 5, 6);
+                }
+                if (both) {
+                    _tile_loadd(7, b1 + (size_t)j * 2 * PANEL, 64);
+                    _tile_dpbf16ps(1, 4, 7);
+                    if (two) _tile_dpbf16ps(3, 5, 7);
+                }
+            }
+            if (rem) {
+                memset(wtail, 0, sizeof wtail);
+                memcpy(wtail[0], b0 + (size_t)full * 2 * PANEL, (size_t)rem * 4 * PANEL);
+                if (both) memcpy(wtail[1], b1 + (size_t)full * 2 * PANEL, (size_t)rem * 4 * PANEL);
+                _tile_loadd(4, xtail, 64);
+                _tile_loadd(6, wtail[0], 64);
+                _tile_dpbf16ps(0, 4, 6);
+                if (two) {
+                    _tile_loadd(5, xtail + 16 * 16, 64);
+                    _tile_dpbf16ps(2, 5, 6);
+                }
+                if (both) {
+                    _tile_loadd(7, wtail[1], 64);
+                    _tile_dpbf16ps(1, 4, 7);
+                    if (two) _tile_dpbf16ps(3, 5, 7);
+                }
+            }
+            float *o = out + (size_t)t * ldo + p * PANEL;
+            _tile_stored(0, sums, 64);
+            store_sums(o, ldo, sums, rows, p, N);
+            if (both) {
+                _tile_stored(1, sums, 64);
+                store_sums(o + PANEL, ldo, sums, rows, p + 1, N);
+            }
+            if (two) {
+                _tile_stored(2, sums, 64);
+                store_sums(o + (size_t)16 * ldo, ldo, sums, 16, p, N);
+                if (both) {
+                    _tile_stored(3, sums, 64);
+                    store_sums(o + (size_t)16 * ldo + PANEL, ldo, sums, 16, p + 1, N);
+                }
+            }
+        }
+        t += tokens;
+    }
+    _tile_release();
+}
+
 /* ---- AVX2: a panel is two vectors; tiles of 4 tokens x 1 panel. */
 
 /* Add one block's sums of rows row0.. into the output (the first block stores). */

@@ -78,7 +78,12 @@ static const FlmKernels kernels_generic = {
 /* ------------------------------------------------------------------- x86 */
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #define FLM_HAVE_X86 1
+#include <cpuid.h>
 #include <immintrin.h>
+#ifdef __linux__
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #define AVX2 __attribute__((target("avx2,fma")))
 #define AVX512 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq")))
@@ -261,6 +266,25 @@ static const FlmKernels kernels_avx512_bf16 = {
     "avx512_bf16", flm_gemm_f32_avx512, flm_gemm_bf16_dp_avx512, flm_to_bf16_avx512,
     key_scores_avx512, exp_sum_avx512, weighted_sum_avx512, delta_rule_avx512, rmsnorm_avx512, silu_mul_avx512,
 };
+
+/* The same, with the bf16 matmuls on AMX tiles. */
+static const FlmKernels kernels_amx_bf16 = {
+    "amx_bf16", flm_gemm_f32_avx512, flm_gemm_bf16_amx, flm_to_bf16_avx512,
+    key_scores_avx512, exp_sum_avx512, weighted_sum_avx512, delta_rule_avx512, rmsnorm_avx512, silu_mul_avx512,
+    64,
+};
+
+/* AMX needs the CPU's tile unit and the kernel's leave to use its 8 KB of
+ * tile state (Linux grants it per process on request). */
+static int amx_usable(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) || !(d & (1u << 24))) return 0;
+#ifdef __linux__
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+#else
+    return 0;
+#endif
+}
 #endif /* x86 */
 
 /* -------------------------------------------------------------- dispatch */
@@ -273,24 +297,26 @@ static int supported(const FlmKernels *k) {
     __builtin_cpu_init();
     if (k == &kernels_avx2)
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    if (k == &kernels_avx512 || k == &kernels_avx512_bf16)
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-               __builtin_cpu_supports("fma") &&
-               (k == &kernels_avx512 || __builtin_cpu_supports("avx512bf16"));
+    int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                 __builtin_cpu_supports("fma");
+    if (k == &kernels_avx512) return avx512;
+    if (k == &kernels_avx512_bf16) return avx512 && __builtin_cpu_supports("avx512bf16");
+    if (k == &kernels_amx_bf16) return avx512 && __builtin_cpu_supports("avx512bf16") && amx_usable();
 #endif
     return 0;
 }
 
 static const FlmKernels *const all_paths[] = {
 #ifdef FLM_HAVE_X86
-    &kernels_avx512_bf16, &kernels_avx512, &kernels_avx2,
+    &kernels_amx_bf16, &kernels_avx512_bf16, &kernels_avx512, &kernels_avx2,
 #endif
     &kernels_generic,
 };
 
 /* The widest path whose results stay within fp32 rounding of the reference.
- * avx512_bf16 rounds activations to bf16 and is only used when asked for. */
+ * avx512_bf16 and amx_bf16 round activations to bf16 and are only used when
+ * asked for. */
 void flm_kernels_init(void) {
     for (size_t i = 0; i < sizeof all_paths / sizeof all_paths[0]; i++)
         if (all_paths[i]->to_bf16 == NULL && supported(all_paths[i])) {

@@ -38,6 +38,9 @@ typedef struct {
     void (*rmsnorm)(float *out, const float *x, const float *weight, int n, float eps);
     /* g = silu(g) * u */
     void (*silu_mul)(float *g, const float *u, int n);
+    /* Tokens per parallel work item of a batched matmul, suited to the
+     * gemm's tiles (0: 60, ten 6-token tiles). */
+    int token_block;
 } FlmKernels;
 
 extern const FlmKernels *flm_kernels;
@@ -50,6 +53,7 @@ void flm_gemm_bf16_avx2(float *, int, const float *, int, const void *, int, int
 void flm_gemm_f32_avx512(float *, int, const float *, int, const void *, int, int, int, int, int);
 void flm_gemm_bf16_avx512(float *, int, const float *, int, const void *, int, int, int, int, int);
 void flm_gemm_bf16_dp_avx512(float *, int, const float *, int, const void *, int, int, int, int, int);
+void flm_gemm_bf16_amx(float *, int, const float *, int, const void *, int, int, int, int, int);
 void flm_to_bf16_avx512(uint16_t *dst, const float *src, int n);
 void flm_packed_row(float *out, const void *wp, int r, int K, int wtype);
 void flm_kernels_init(void);

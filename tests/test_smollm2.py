@@ -187,38 +187,31 @@ print(json.dumps({{"rss": int(hwm) * 1024,
 
 
 @pytest.mark.slow
-def test_bf16_dot_product_path_within_its_stated_tolerance(smollm2_dir, hf_tok):
-    """FASTLLM_SIMD=avx512_bf16 multiplies bf16 weights by bf16-rounded
-    activations (AVX512_BF16), as llama.cpp's BF16 path does: 8 significant
-    bits per matmul input. Stated tolerance against a reference with bf16
-    weights: |err| <= 0.5 + 0.02*|ref| on the logits, and greedy tokens
-    identical wherever the reference's margin exceeds 0.5. The exact paths
-    keep the 1e-4 bound (test_tiny_models)."""
+@pytest.mark.parametrize("path", ["avx512_bf16", "amx_bf16"])
+def test_bf16_dot_product_path_within_its_stated_tolerance(path, smollm2_dir, hf_tok, simd_path):
+    """FASTLLM_SIMD=avx512_bf16 (AVX512_BF16 dot products) and amx_bf16 (AMX
+    tiles) multiply bf16 weights by bf16-rounded activations, as llama.cpp's
+    BF16 path does: 8 significant bits per matmul input. Stated tolerance
+    against a reference with bf16 weights: |err| <= 0.5 + 0.02*|ref| on the
+    logits, and greedy tokens identical wherever the reference's margin
+    exceeds 0.5. The exact paths keep the 1e-4 bound (test_tiny_models)."""
     import torch
-    before = _core.simd_path()
-    try:
-        _core.set_simd_path("avx512_bf16")
-    except ValueError:
-        assert "avx512bf16" not in open("/proc/cpuinfo").read().replace("_bf16", "bf16")
-        pytest.skip("this CPU has no BF16 dot products: the path cannot run here")
-    try:
-        ours = Model.from_pretrained(smollm2_dir, n_ctx=512, threads=2, dtype="bf16")
-        ref = load_hf(smollm2_dir)
-        with torch.no_grad():
-            for p in ref.parameters():
-                if p.dim() == 2:
-                    p.copy_(p.to(torch.bfloat16).to(p.dtype))
-        worst = 0.0
-        for prompt in PROMPTS[:5]:
-            ids = hf_tok(prompt)["input_ids"]
-            want_logits = hf_logits(ref, ids)
-            ok, err, ratio = within(ours.logits(ids), want_logits, atol=0.5, rtol=0.02)
-            worst = max(worst, err)
-            assert ok, f"{prompt!r}: max |err| {err:.3g}"
-            want, margins = hf_greedy(ref, ids, 32)
-            got = list(ours.generate_tokens(ids, 32, stop_token_ids=()))
-            ok, n, diverged = compare_greedy(got, want, margins, min_margin=0.5)
-            assert ok, f"{prompt!r}: token {diverged} differs where the margin is {margins[diverged]:.3g}"
-        print(f"bf16 dot products: largest logit error {worst:.3g}")
-    finally:
-        _core.set_simd_path(before)
+    simd_path(path)
+    ours = Model.from_pretrained(smollm2_dir, n_ctx=512, threads=2, dtype="bf16")
+    ref = load_hf(smollm2_dir)
+    with torch.no_grad():
+        for p in ref.parameters():
+            if p.dim() == 2:
+                p.copy_(p.to(torch.bfloat16).to(p.dtype))
+    worst = 0.0
+    for prompt in PROMPTS[:5]:
+        ids = hf_tok(prompt)["input_ids"]
+        want_logits = hf_logits(ref, ids)
+        ok, err, ratio = within(ours.logits(ids), want_logits, atol=0.5, rtol=0.02)
+        worst = max(worst, err)
+        assert ok, f"{prompt!r}: max |err| {err:.3g}"
+        want, margins = hf_greedy(ref, ids, 32)
+        got = list(ours.generate_tokens(ids, 32, stop_token_ids=()))
+        ok, n, diverged = compare_greedy(got, want, margins, min_margin=0.5)
+        assert ok, f"{prompt!r}: token {diverged} differs where the margin is {margins[diverged]:.3g}"
+    print(f"{path}: largest logit error {worst:.3g}")
