@@ -26,6 +26,14 @@ static int thread_num(void) {
 }
 static int imin(int a, int b) { return a < b ? a : b; }
 
+static int num_threads(void) {
+#ifdef _OPENMP
+    return omp_get_num_threads();
+#else
+    return 1;
+#endif
+}
+
 static int kernels_ready = 0;
 
 /* ------------------------------------------------------------ run state */
@@ -284,17 +292,24 @@ static void attention(const FlmConfig *c, const FlmWeights *w, const FlmLayer *L
         }
     }
 
-    /* Causal attention costs more for later tokens: deal the (token, head)
-     * pairs out round-robin so every thread gets early and late ones. */
+    /* Work items are runs of consecutive queries of one head, so a head's
+     * keys and values stay in this core's cache from one query to the next
+     * (a long prompt's would otherwise stream from memory once per query).
+     * Runs shrink until every thread has several; causal attention costs more
+     * for later tokens, so the items are dealt out round-robin. */
+    int run = 16;
+    while (run > 1 && (T + run - 1) / run * nh < 4 * num_threads()) run /= 2;
 #pragma omp for schedule(static, 1)
-    for (int i = 0; i < T * nh; i++) {
-        int t = i / nh, h = i % nh, kvh = h / group;
-        float *out = s->xb + (size_t)t * qd + h * hd;
-        attend(out, s->q + (size_t)t * qd + h * hd, kcache + kvh * head_keys, vcache + kvh * hd,
-               s->att + (size_t)thread_num() * seq_cap(c), pos + t, hd, kvd, c->attn_scale);
-        if (L->w_attn_gate) {
-            const float *g = s->gate + (size_t)t * qd + h * hd;
-            for (int d = 0; d < hd; d++) out[d] *= sigmoid(g[d]);
+    for (int i = 0; i < (T + run - 1) / run * nh; i++) {
+        const int h = i % nh, kvh = h / group;
+        for (int t = i / nh * run; t < imin(T, (i / nh + 1) * run); t++) {
+            float *out = s->xb + (size_t)t * qd + h * hd;
+            attend(out, s->q + (size_t)t * qd + h * hd, kcache + kvh * head_keys, vcache + kvh * hd,
+                   s->att + (size_t)thread_num() * seq_cap(c), pos + t, hd, kvd, c->attn_scale);
+            if (L->w_attn_gate) {
+                const float *g = s->gate + (size_t)t * qd + h * hd;
+                for (int d = 0; d < hd; d++) out[d] *= sigmoid(g[d]);
+            }
         }
     }
     matmul(s, s->xb2, s->xb, L->wo, L->bo, T, qd, dim, c->wtype);
