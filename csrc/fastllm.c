@@ -117,7 +117,7 @@ static int item_panels(int T) { return T >= 6 ? 4 : 1; }
  * splitting a long prompt too evens out the threads when a matrix has few
  * panel groups. Items run panel group by panel group, so one thread's
  * consecutive items reuse the same weights from its cache. */
-static int token_block(void) { return flm_kernels->token_block ? flm_kernels->token_block : 60; }
+static int token_block(void) { return flm_kernels->token_block; }
 static int token_blocks(int T) { return (T + token_block() - 1) / token_block(); }
 
 typedef struct {

@@ -6,7 +6,7 @@
  * allocated and every input validated by the caller before C is called.
  *
  * Weight matrices are HF's (out_features, in_features) matrices in fp32 or
- * bf16 (FlmConfig.wtype), packed by flm_pack into panels of 16 rows. Q and K
+ * bf16 (FlmConfig.wtype), packed by flm_pack into panels (gemm.h). Q and K
  * rows are expected permuted so that RoPE rotates adjacent pairs (2i, 2i+1)
  * of each head.
  */

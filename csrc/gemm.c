@@ -1,10 +1,4 @@
-/* Weight matrices packed in panels of 16 rows, and the matmul over them.
- *
- * A panel holds, for each k, the 16 weights W[p*16 + i][k] side by side, so
- * one vector load brings 16 rows' weights and each output row accumulates
- * x[t][k] * W[r][k] in its own lane, k after k: no horizontal sums, and the
- * weights stream through memory in order. bf16 panels hold pairs of k
- * ([k/2][16][2]) so that one 64-byte load gives two k steps for 16 rows.
+/* The matmul over packed panels (layout: gemm.h), for each SIMD path.
  *
  * Every output is summed the same way whatever tile it is computed in: a
  * chain of multiply-adds over each block of KBLOCK consecutive k, and the
@@ -13,9 +7,10 @@
 #include <string.h>
 
 #include "fastllm.h"
-#include "kernels.h"
+#include "gemm.h"
+#include "simd.h"
 
-#define PANEL 16
+#define PANEL FLM_PANEL
 #define KBLOCK 32
 
 static int imin(int a, int b) { return a < b ? a : b; }
@@ -115,11 +110,7 @@ void flm_gemm_bf16_generic(float *out, int ldo, const float *x, int ldx, const v
     }
 }
 
-#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-
-#define AVX2 __attribute__((target("avx2,fma")))
-#define AVX512 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq")))
+#ifdef FLM_X86
 
 /* ---- AVX-512: a panel is one vector. Tiles of 6 tokens x 4 panels keep 24
  * accumulators in registers; smaller tiles take the same steps.
@@ -135,10 +126,7 @@ void flm_gemm_bf16_generic(float *out, int ldo, const float *x, int ldx, const v
 #define KC 128
 #define TILE_T 6
 
-static inline AVX512 __mmask16 row_mask(int p, int N) {
-    int left = N - p * PANEL;
-    return left >= PANEL ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-}
+static inline AVX512 __mmask16 row_mask(int p, int N) { return tail_mask(N - p * PANEL); }
 
 /* Add one block's sums into the output (the first block of the row stores). */
 static inline AVX512 void flush16(float *o, __m512 acc, __mmask16 m, int first) {
@@ -302,11 +290,10 @@ AVX512 void flm_gemm_bf16_avx512(float *out, int ldo, const float *x, int ldx, c
  * one vdpbf16ps adds both products of a pair to each row's lane. The kernels
  * count in pairs: x and the panels offset to the chunk's first pair, nj
  * pairs. */
-#define DPBF16 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 #define DP(acc, xw, wv) (acc) = _mm512_dpbf16_ps((acc), (__m512bh)_mm512_set1_epi32((int)(xw)), (__m512bh)(wv))
 #define JBLOCK (KBLOCK / 2)
 
-static DPBF16 void dp_6x4(float *out, int ldo, const uint32_t *x, int ldx, const uint16_t *b0,
+static AVX512BF16 void dp_6x4(float *out, int ldo, const uint32_t *x, int ldx, const uint16_t *b0,
                           size_t ps, int nj, int first, int p, int N) {
     const uint16_t *b1 = b0 + ps, *b2 = b1 + ps, *b3 = b2 + ps;
     const uint32_t *x0 = x, *x1 = x + ldx, *x2 = x1 + ldx, *x3 = x2 + ldx, *x4 = x3 + ldx, *x5 = x4 + ldx;
@@ -333,7 +320,7 @@ static DPBF16 void dp_6x4(float *out, int ldo, const uint32_t *x, int ldx, const
     }
 }
 
-static DPBF16 void dp_1x4(float *out, const uint32_t *x, const uint16_t *b0, size_t ps, int nj, int first,
+static AVX512BF16 void dp_1x4(float *out, const uint32_t *x, const uint16_t *b0, size_t ps, int nj, int first,
                           int p, int N) {
     const uint16_t *b1 = b0 + ps, *b2 = b1 + ps, *b3 = b2 + ps;
     for (int jb = 0; jb < nj; jb += JBLOCK) {
@@ -350,7 +337,7 @@ static DPBF16 void dp_1x4(float *out, const uint32_t *x, const uint16_t *b0, siz
     }
 }
 
-static DPBF16 void dp_1x1(float *out, const uint32_t *x, const uint16_t *b0, int nj, int first, int p, int N) {
+static AVX512BF16 void dp_1x1(float *out, const uint32_t *x, const uint16_t *b0, int nj, int first, int p, int N) {
     for (int jb = 0; jb < nj; jb += JBLOCK) {
         __m512 a = _mm512_setzero_ps();
         for (int j = jb; j < imin(nj, jb + JBLOCK); j++) DP(a, x[j], BF_PAIR(b0, j));
@@ -358,7 +345,7 @@ static DPBF16 void dp_1x1(float *out, const uint32_t *x, const uint16_t *b0, int
     }
 }
 
-DPBF16 void flm_gemm_bf16_dp_avx512(float *out, int ldo, const float *xf, int ldx, const void *wp, int K,
+AVX512BF16 void flm_gemm_bf16_dp_avx512(float *out, int ldo, const float *xf, int ldx, const void *wp, int K,
                                     int T, int p0, int np, int N) {
     const uint32_t *x = (const uint32_t *)xf;
     const size_t ps = padded_k(K, FLM_BF16) * PANEL;
@@ -385,14 +372,14 @@ DPBF16 void flm_gemm_bf16_dp_avx512(float *out, int ldo, const float *xf, int ld
     }
 }
 
-DPBF16 void flm_to_bf16_avx512(uint16_t *dst, const float *src, int n) {
+AVX512BF16 void flm_to_bf16_avx512(uint16_t *dst, const float *src, int n) {
     int i = 0;
     for (; i + 32 <= n; i += 32) {
         __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i));
         _mm512_storeu_si512((void *)(dst + i), (__m512i)v);
     }
     for (; i < n; i += 16) {
-        __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __mmask16 m = tail_mask(n - i);
         __m256bh v = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + i));
         _mm256_mask_storeu_epi16(dst + i, m, (__m256i)v);
     }
@@ -410,7 +397,6 @@ DPBF16 void flm_to_bf16_avx512(uint16_t *dst, const float *src, int n) {
  * token groups, 6-7 two panels. A token's sums never depend on the other rows
  * of its tile, so batched and one-token passes agree bit for bit; the last
  * step of an odd K is zero-padded in a copy. */
-#define AMX __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")))
 
 typedef struct {
     uint8_t palette, start_row, zero[14];

@@ -1,6 +1,7 @@
 /* Attention, softmax, delta-rule and elementwise kernels for each path:
  * generic C, AVX2+FMA, AVX-512; the dispatch table (matmul kernels: gemm.c). */
 #include "kernels.h"
+#include "simd.h"
 
 #include <math.h>
 #include <string.h>
@@ -73,21 +74,17 @@ static const FlmKernels kernels_generic = {
     "generic", flm_gemm_f32_generic, flm_gemm_bf16_generic, NULL,
     key_scores_generic, exp_sum_generic,
     weighted_sum_generic, delta_rule_generic, rmsnorm_generic, silu_mul_generic,
+    60,
 };
 
 /* ------------------------------------------------------------------- x86 */
-#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
-#define FLM_HAVE_X86 1
+#ifdef FLM_X86
 #include <cpuid.h>
-#include <immintrin.h>
 #ifdef __linux__
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
 
-#define AVX2 __attribute__((target("avx2,fma")))
-#define AVX512 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq")))
-#define INLINE static inline __attribute__((always_inline))
 
 /* ---- AVX2: 8 lanes */
 
@@ -123,6 +120,7 @@ static const FlmKernels kernels_avx2 = {
     "avx2", flm_gemm_f32_avx2, flm_gemm_bf16_avx2, NULL, key_scores_avx2,
     exp_sum_generic, weighted_sum_avx2,
     delta_rule_generic, rmsnorm_generic, silu_mul_generic,
+    60,
 };
 
 /* ---- AVX-512: 16 lanes, masked tails */
@@ -174,7 +172,7 @@ static AVX512 void key_scores_avx512(float *att, const float *q, const float *kb
 static AVX512 float exp_sum_avx512(float *x, int n, float max) {
     __m512 acc = _mm512_setzero_ps(), mx = _mm512_set1_ps(max);
     for (int i = 0; i < n; i += 16) {
-        __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __mmask16 m = tail_mask(n - i);
         __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), mx));
         _mm512_mask_storeu_ps(x + i, m, e);
         acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(m, e));
@@ -185,10 +183,7 @@ static AVX512 float exp_sum_avx512(float *x, int n, float max) {
 static AVX512 void weighted_sum_avx512(float *out, const float *p, const float *v, int n, size_t ldv, int dim) {
     for (int d = 0; d < dim; d += 64) {
         __mmask16 m[4];
-        for (int i = 0; i < 4; i++) {
-            int left = dim - d - 16 * i;
-            m[i] = left >= 16 ? (__mmask16)0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
-        }
+        for (int i = 0; i < 4; i++) m[i] = tail_mask(dim - d - 16 * i);
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         const float *vd = v + d;
         for (int j = 0; j < n; j++, vd += ldv) {
@@ -209,7 +204,7 @@ static AVX512 void delta_rule_avx512(float *S, const float *q, const float *k, c
                                      float beta, float decay, int dk, int dv, float *o) {
     const __m512 dec = _mm512_set1_ps(decay);
     for (int j = 0; j < dv; j += 16) {
-        __mmask16 m = dv - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (dv - j)) - 1);
+        __mmask16 m = tail_mask(dv - j);
         __m512 kv = _mm512_setzero_ps();
         for (int i = 0; i < dk; i++) {
             float *Sij = S + (size_t)i * dv + j;
@@ -232,13 +227,13 @@ static AVX512 void delta_rule_avx512(float *S, const float *q, const float *k, c
 static AVX512 void rmsnorm_avx512(float *out, const float *x, const float *weight, int n, float eps) {
     __m512 acc = _mm512_setzero_ps();
     for (int i = 0; i < n; i += 16) {
-        __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __mmask16 m = tail_mask(n - i);
         __m512 v = _mm512_maskz_loadu_ps(m, x + i);
         acc = _mm512_fmadd_ps(v, v, acc);
     }
     __m512 inv = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(acc) / (float)n + eps));
     for (int i = 0; i < n; i += 16) {
-        __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __mmask16 m = tail_mask(n - i);
         __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inv);
         _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, weight + i), v));
     }
@@ -247,7 +242,7 @@ static AVX512 void rmsnorm_avx512(float *out, const float *x, const float *weigh
 static AVX512 void silu_mul_avx512(float *g, const float *u, int n) {
     const __m512 one = _mm512_set1_ps(1.0f);
     for (int i = 0; i < n; i += 16) {
-        __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __mmask16 m = tail_mask(n - i);
         __m512 v = _mm512_maskz_loadu_ps(m, g + i);
         __m512 s = _mm512_div_ps(v, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), v))));
         _mm512_mask_storeu_ps(g + i, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, u + i)));
@@ -258,6 +253,7 @@ static const FlmKernels kernels_avx512 = {
     "avx512", flm_gemm_f32_avx512, flm_gemm_bf16_avx512, NULL, key_scores_avx512,
     exp_sum_avx512,
     weighted_sum_avx512, delta_rule_avx512, rmsnorm_avx512, silu_mul_avx512,
+    60,
 };
 
 /* AVX-512 plus BF16 dot products: bf16 weights take bf16 activations, twice
@@ -265,6 +261,7 @@ static const FlmKernels kernels_avx512 = {
 static const FlmKernels kernels_avx512_bf16 = {
     "avx512_bf16", flm_gemm_f32_avx512, flm_gemm_bf16_dp_avx512, flm_to_bf16_avx512,
     key_scores_avx512, exp_sum_avx512, weighted_sum_avx512, delta_rule_avx512, rmsnorm_avx512, silu_mul_avx512,
+    60,
 };
 
 /* The same, with the bf16 matmuls on AMX tiles. */
@@ -293,7 +290,7 @@ const FlmKernels *flm_kernels = &kernels_generic;
 
 static int supported(const FlmKernels *k) {
     if (k == &kernels_generic) return 1;
-#ifdef FLM_HAVE_X86
+#ifdef FLM_X86
     __builtin_cpu_init();
     if (k == &kernels_avx2)
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -308,7 +305,7 @@ static int supported(const FlmKernels *k) {
 }
 
 static const FlmKernels *const all_paths[] = {
-#ifdef FLM_HAVE_X86
+#ifdef FLM_X86
     &kernels_amx_bf16, &kernels_avx512_bf16, &kernels_avx512, &kernels_avx2,
 #endif
     &kernels_generic,

@@ -9,10 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* out[t*ldo + r] = sum_k x[t*ldx + k] * W[r][k] for t < T and the rows r of
- * panels p0 .. p0+np-1 that are below N; W packed by flm_pack (gemm.c). */
-typedef void (*flm_gemm_fn)(float *out, int ldo, const float *x, int ldx, const void *wp, int K,
-                            int T, int p0, int np, int N);
+#include "gemm.h"
 
 typedef struct {
     const char *name;
@@ -38,24 +35,13 @@ typedef struct {
     void (*rmsnorm)(float *out, const float *x, const float *weight, int n, float eps);
     /* g = silu(g) * u */
     void (*silu_mul)(float *g, const float *u, int n);
-    /* Tokens per parallel work item of a batched matmul, suited to the
-     * gemm's tiles (0: 60, ten 6-token tiles). */
+    /* Tokens per parallel work item of a batched matmul: a whole number
+     * of the gemm's token tiles. */
     int token_block;
 } FlmKernels;
 
 extern const FlmKernels *flm_kernels;
 
-#define FLM_PANEL 16
-void flm_gemm_f32_generic(float *, int, const float *, int, const void *, int, int, int, int, int);
-void flm_gemm_bf16_generic(float *, int, const float *, int, const void *, int, int, int, int, int);
-void flm_gemm_f32_avx2(float *, int, const float *, int, const void *, int, int, int, int, int);
-void flm_gemm_bf16_avx2(float *, int, const float *, int, const void *, int, int, int, int, int);
-void flm_gemm_f32_avx512(float *, int, const float *, int, const void *, int, int, int, int, int);
-void flm_gemm_bf16_avx512(float *, int, const float *, int, const void *, int, int, int, int, int);
-void flm_gemm_bf16_dp_avx512(float *, int, const float *, int, const void *, int, int, int, int, int);
-void flm_gemm_bf16_amx(float *, int, const float *, int, const void *, int, int, int, int, int);
-void flm_to_bf16_avx512(uint16_t *dst, const float *src, int n);
-void flm_packed_row(float *out, const void *wp, int r, int K, int wtype);
 void flm_kernels_init(void);
 int flm_kernels_select(const char *name);
 
