@@ -2,7 +2,9 @@
  *  - in one batched call and one token at a time (must agree bit for bit),
  *  - with 1 and 3 threads (bit for bit),
  *  - on every SIMD path this CPU has, against the portable path (close),
- *  - with fp32 and bf16 weights.
+ *  - with fp32 and bf16 weights, q/k norms, biases, the attention output
+ *    gate and a Gated DeltaNet layer.
+ * Everything it allocates is freed, so it runs clean under LeakSanitizer.
  * Build: cc -O2 -fopenmp csrc/fastllm.c csrc/kernels.c csrc/gemm.c csrc/test_core.c -lm */
 #include <math.h>
 #include <stdio.h>
@@ -17,6 +19,17 @@ static float frand(void) { /* xorshift64, uniform in [-1, 1) */
     return (float)((rng_state >> 40) / 8388608.0 - 1.0);
 }
 
+/* Every buffer of the model under test, freed when the test is done. */
+static void *owned[128];
+static int n_owned = 0;
+static void *own(void *p) {
+    owned[n_owned++] = p;
+    return p;
+}
+static void free_owned(void) {
+    while (n_owned) free(owned[--n_owned]);
+}
+
 static void *alloc(size_t n, int wtype, float scale) {
     if (wtype == FLM_BF16) {
         uint16_t *p = malloc(n * 2);
@@ -29,7 +42,7 @@ static void *alloc(size_t n, int wtype, float scale) {
 }
 
 static void *packed(const void *m, int N, int K, int wtype) {
-    void *p = malloc(flm_packed_bytes(N, K, wtype));
+    void *p = own(malloc(flm_packed_bytes(N, K, wtype)));
     flm_pack(p, m, N, K, wtype, 2);
     return p;
 }
@@ -42,7 +55,7 @@ static void *mat(int N, int K, int wtype, float scale) {
 }
 
 static float *vec(size_t n, float base, float scale) {
-    float *p = malloc(n * 4);
+    float *p = own(malloc(n * 4));
     for (size_t i = 0; i < n; i++) p[i] = base + frand() * scale;
     return p;
 }
@@ -66,24 +79,47 @@ static void run(const FlmConfig *c, const FlmWeights *w, const int32_t *tok, int
     free(cache);
 }
 
-static void test_model(int wtype, int qk_norm, int bias) {
+/* A Gated DeltaNet layer's mixer, as in Qwen3.5 (Hv != Hk, dk != dv). */
+static void linear_layer(FlmLayer *L, const FlmConfig *c, int wtype) {
+    int kd = c->lin_k_heads * c->lin_k_dim, vd = c->lin_v_heads * c->lin_v_dim, conv = 2 * kd + vd;
+    L->kind = FLM_LINEAR_ATTENTION;
+    L->w_qkv = mat(conv, c->dim, wtype, 0.3f);
+    L->w_z = mat(vd, c->dim, wtype, 0.3f);
+    L->w_b = mat(c->lin_v_heads, c->dim, wtype, 0.3f);
+    L->w_a = mat(c->lin_v_heads, c->dim, wtype, 0.3f);
+    L->conv_w = vec((size_t)conv * c->conv_kernel, 0.0f, 0.5f);
+    L->lin_A = vec(c->lin_v_heads, -1.0f, 0.5f);  /* -exp(A_log) < 0 */
+    L->dt_bias = vec(c->lin_v_heads, 0.0f, 0.5f);
+    L->lin_norm = vec(c->lin_v_dim, 1.0f, 0.2f);
+    L->w_out = mat(c->dim, vd, wtype, 0.3f);
+}
+
+static void test_model(int wtype, int qk_norm, int bias, int gate, int linear) {
     FlmConfig c = {.dim = 71, .hidden_dim = 100, .n_layers = 2, .n_heads = 6, .n_kv_heads = 2,
                    .head_dim = 20, .vocab_size = 97, .seq_len = 40, .rope_dim = 16, .wtype = wtype,
                    .norm_eps = 1e-5f, .attn_scale = 1.0f / sqrtf(20.0f)};
+    if (linear) {
+        c.lin_k_heads = 2; c.lin_v_heads = 4; c.lin_k_dim = 12; c.lin_v_dim = 10; c.conv_kernel = 4;
+    }
     int qd = c.n_heads * c.head_dim, kvd = c.n_kv_heads * c.head_dim;
     FlmLayer layers[2];
     for (int l = 0; l < c.n_layers; l++) {
         FlmLayer *L = &layers[l];
         memset(L, 0, sizeof *L);
-        L->wq = mat(qd, c.dim, wtype, 0.3f);
-        L->wk = mat(kvd, c.dim, wtype, 0.3f);
-        L->wv = mat(kvd, c.dim, wtype, 0.3f);
-        L->wo = mat(c.dim, qd, wtype, 0.3f);
         L->w_gate = mat(c.hidden_dim, c.dim, wtype, 0.3f);
         L->w_up = mat(c.hidden_dim, c.dim, wtype, 0.3f);
         L->w_down = mat(c.dim, c.hidden_dim, wtype, 0.3f);
         L->attn_norm = vec(c.dim, 1.0f, 0.2f);
         L->ffn_norm = vec(c.dim, 1.0f, 0.2f);
+        if (linear && l == 0) {
+            linear_layer(L, &c, wtype);
+            continue;
+        }
+        if (gate) L->w_attn_gate = mat(qd, c.dim, wtype, 0.3f);
+        L->wq = mat(qd, c.dim, wtype, 0.3f);
+        L->wk = mat(kvd, c.dim, wtype, 0.3f);
+        L->wv = mat(kvd, c.dim, wtype, 0.3f);
+        L->wo = mat(c.dim, qd, wtype, 0.3f);
         if (qk_norm) { L->q_norm = vec(c.head_dim, 1.0f, 0.2f); L->k_norm = vec(c.head_dim, 1.0f, 0.2f); }
         if (bias) {
             L->bq = vec(qd, 0, 0.1f); L->bk = vec(kvd, 0, 0.1f); L->bv = vec(kvd, 0, 0.1f);
@@ -91,14 +127,14 @@ static void test_model(int wtype, int qk_norm, int bias) {
             L->b_up = vec(c.hidden_dim, 0, 0.1f); L->b_down = vec(c.dim, 0, 0.1f);
         }
     }
-    float *cosv = malloc((size_t)c.seq_len * c.rope_dim / 2 * 4), *sinv = malloc((size_t)c.seq_len * c.rope_dim / 2 * 4);
+    float *cosv = own(malloc((size_t)c.seq_len * c.rope_dim / 2 * 4)), *sinv = own(malloc((size_t)c.seq_len * c.rope_dim / 2 * 4));
     for (int p = 0; p < c.seq_len; p++)
         for (int i = 0; i < c.rope_dim / 2; i++) {
             float a = p * powf(10000.0f, -2.0f * i / c.rope_dim);
             cosv[p * c.rope_dim / 2 + i] = cosf(a);
             sinv[p * c.rope_dim / 2 + i] = sinf(a);
         }
-    FlmWeights w = {.embed = alloc((size_t)c.vocab_size * c.dim, wtype, 1.0f), .layers = layers,
+    FlmWeights w = {.embed = own(alloc((size_t)c.vocab_size * c.dim, wtype, 1.0f)), .layers = layers,
                     .norm = vec(c.dim, 1.0f, 0.2f), .rope_cos = cosv, .rope_sin = sinv};
     w.lm_head = packed(w.embed, c.vocab_size, c.dim, wtype);
 
@@ -106,7 +142,7 @@ static void test_model(int wtype, int qk_norm, int bias) {
     int32_t tok[37];
     for (int i = 0; i < n; i++) tok[i] = (int32_t)((i * 31 + 7) % c.vocab_size);
     size_t sz = (size_t)n * c.vocab_size;
-    float *full = malloc(sz * 4), *other = malloc(sz * 4), *generic = malloc(sz * 4);
+    float *full = own(malloc(sz * 4)), *other = own(malloc(sz * 4)), *generic = own(malloc(sz * 4));
 
     flm_set_simd_path("generic");
     run(&c, &w, tok, n, 64, 0, 2, generic);
@@ -118,11 +154,12 @@ static void test_model(int wtype, int qk_norm, int bias) {
         CHECK(memcmp(full, other, sz * 4) == 0, "%s wtype=%d: one token at a time differs from batched", paths[pi], wtype);
         run(&c, &w, tok, n, 5, 0, 3, other);
         CHECK(memcmp(full, other, sz * 4) == 0, "%s wtype=%d: 3 threads / batch 5 differ", paths[pi], wtype);
-        /* bf16 weights on the BF16 dot-product path also round the
-         * activations to bf16 (8 significant bits): a bound to match. */
-        double tol = (wtype == FLM_BF16 && pi >= 3) ? 0.15 : 1e-4;
+        /* bf16 weights on the BF16 dot-product and AMX paths also round
+         * the activations to bf16 (8 significant bits): a bound to match.
+         * The portable path is the reference the others are held to. */
+        double tol = (wtype == FLM_BF16 && pi >= 3) ? 0.25 : 1e-4;
         double maxerr = 0;
-        for (size_t i = 0; i < sz; i++) {
+        for (size_t i = 0; pi > 0 && i < sz; i++) {
             double e = fabs(full[i] - generic[i]) / (tol + tol * fabs(generic[i]));
             if (e > maxerr) maxerr = e;
         }
@@ -135,16 +172,20 @@ static void test_model(int wtype, int qk_norm, int bias) {
         int finite = 1;
         for (size_t i = 0; i < sz; i++) finite &= isfinite(full[i]);
         CHECK(finite, "%s: non-finite logits", paths[pi]);
-        printf("ok  %-8s wtype=%d qk_norm=%d bias=%d  (err/bound vs portable %.3f)\n", paths[pi], wtype, qk_norm, bias, maxerr);
+        printf("ok  %-11s wtype=%d qk_norm=%d bias=%d gate=%d linear=%d  (err/bound vs portable %.3f)\n",
+               paths[pi], wtype, qk_norm, bias, gate, linear, maxerr);
     }
+    free_owned();
 }
 
 int main(void) {
     printf("SIMD path of this CPU: %s\n", flm_simd_path());
-    test_model(FLM_F32, 0, 0);
-    test_model(FLM_F32, 1, 1);
-    test_model(FLM_BF16, 0, 1);
-    test_model(FLM_BF16, 1, 0);
+    test_model(FLM_F32, 0, 0, 0, 0);
+    test_model(FLM_F32, 1, 1, 0, 0);
+    test_model(FLM_BF16, 0, 1, 0, 0);
+    test_model(FLM_BF16, 1, 0, 0, 0);
+    test_model(FLM_F32, 1, 0, 1, 1);   /* Qwen3.5: gated attention beside a Gated DeltaNet layer */
+    test_model(FLM_BF16, 1, 0, 1, 1);
     printf(failures ? "%d failed\n" : "all passed\n", failures);
     return failures != 0;
 }
