@@ -138,16 +138,32 @@ static inline AVX512 void flush16(float *o, __m512 acc, __mmask16 m, int first) 
  * when the chunk starts at k = 0. */
 #define F32_STEP(W, k) _mm512_loadu_ps((W) + (size_t)(k) * PANEL)
 
+/* The 24 accumulators of a 6-token x 4-panel tile (a<token><panel>), and
+ * adding them into the output rows (masks m0..m3) at the end of a block. */
+#define TILE_6x4_ZERO                                                                       \
+    __m512 z = _mm512_setzero_ps();                                                         \
+    __m512 a00 = z, a01 = z, a02 = z, a03 = z, a10 = z, a11 = z, a12 = z, a13 = z;         \
+    __m512 a20 = z, a21 = z, a22 = z, a23 = z, a30 = z, a31 = z, a32 = z, a33 = z;         \
+    __m512 a40 = z, a41 = z, a42 = z, a43 = z, a50 = z, a51 = z, a52 = z, a53 = z;
+#define TILE_ROW_FLUSH(t, f)                                                                \
+    flush16(out + (size_t)t * ldo, a##t##0, m0, f);                                         \
+    flush16(out + (size_t)t * ldo + 16, a##t##1, m1, f);                                    \
+    flush16(out + (size_t)t * ldo + 32, a##t##2, m2, f);                                    \
+    flush16(out + (size_t)t * ldo + 48, a##t##3, m3, f);
+#define TILE_6x4_FLUSH(first)                                                               \
+    {                                                                                       \
+        const int f = (first);                                                              \
+        TILE_ROW_FLUSH(0, f) TILE_ROW_FLUSH(1, f) TILE_ROW_FLUSH(2, f)                      \
+        TILE_ROW_FLUSH(3, f) TILE_ROW_FLUSH(4, f) TILE_ROW_FLUSH(5, f)                      \
+    }
+
 static AVX512 void f32_6x4(float *out, int ldo, const float *x, int ldx, const float *b0, size_t ps,
                            int nk, int first, int p, int N) {
     const float *b1 = b0 + ps, *b2 = b1 + ps, *b3 = b2 + ps;
     const float *x0 = x, *x1 = x + ldx, *x2 = x1 + ldx, *x3 = x2 + ldx, *x4 = x3 + ldx, *x5 = x4 + ldx;
     const __mmask16 m0 = row_mask(p, N), m1 = row_mask(p + 1, N), m2 = row_mask(p + 2, N), m3 = row_mask(p + 3, N);
     for (int kb = 0; kb < nk; kb += KBLOCK) {
-    __m512 z = _mm512_setzero_ps();
-    __m512 a00 = z, a01 = z, a02 = z, a03 = z, a10 = z, a11 = z, a12 = z, a13 = z;
-    __m512 a20 = z, a21 = z, a22 = z, a23 = z, a30 = z, a31 = z, a32 = z, a33 = z;
-    __m512 a40 = z, a41 = z, a42 = z, a43 = z, a50 = z, a51 = z, a52 = z, a53 = z;
+    TILE_6x4_ZERO
     for (int k = kb; k < imin(nk, kb + KBLOCK); k++) {
         __m512 w0 = F32_STEP(b0, k), w1 = F32_STEP(b1, k), w2 = F32_STEP(b2, k), w3 = F32_STEP(b3, k);
         __m512 v;
@@ -160,14 +176,7 @@ static AVX512 void f32_6x4(float *out, int ldo, const float *x, int ldx, const f
         ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5)
 #undef ROW
     }
-    const int f = first && kb == 0;
-#define STORE(t)                                                        \
-    flush16(out + (size_t)t * ldo, a##t##0, m0, f);                     \
-    flush16(out + (size_t)t * ldo + 16, a##t##1, m1, f);                \
-    flush16(out + (size_t)t * ldo + 32, a##t##2, m2, f);                \
-    flush16(out + (size_t)t * ldo + 48, a##t##3, m3, f);
-    STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5)
-#undef STORE
+    TILE_6x4_FLUSH(first && kb == 0)
     }
 }
 
@@ -299,24 +308,14 @@ static AVX512BF16 void dp_6x4(float *out, int ldo, const uint32_t *x, int ldx, c
     const uint32_t *x0 = x, *x1 = x + ldx, *x2 = x1 + ldx, *x3 = x2 + ldx, *x4 = x3 + ldx, *x5 = x4 + ldx;
     const __mmask16 m0 = row_mask(p, N), m1 = row_mask(p + 1, N), m2 = row_mask(p + 2, N), m3 = row_mask(p + 3, N);
     for (int jb = 0; jb < nj; jb += JBLOCK) {
-        __m512 z = _mm512_setzero_ps();
-        __m512 a00 = z, a01 = z, a02 = z, a03 = z, a10 = z, a11 = z, a12 = z, a13 = z;
-        __m512 a20 = z, a21 = z, a22 = z, a23 = z, a30 = z, a31 = z, a32 = z, a33 = z;
-        __m512 a40 = z, a41 = z, a42 = z, a43 = z, a50 = z, a51 = z, a52 = z, a53 = z;
+        TILE_6x4_ZERO
         for (int j = jb; j < imin(nj, jb + JBLOCK); j++) {
             __m512i q0 = BF_PAIR(b0, j), q1 = BF_PAIR(b1, j), q2 = BF_PAIR(b2, j), q3 = BF_PAIR(b3, j);
 #define ROW(t) DP(a##t##0, x##t[j], q0); DP(a##t##1, x##t[j], q1); DP(a##t##2, x##t[j], q2); DP(a##t##3, x##t[j], q3);
             ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5)
 #undef ROW
         }
-        const int f = first && jb == 0;
-#define STORE(t)                                                        \
-        flush16(out + (size_t)t * ldo, a##t##0, m0, f);                 \
-        flush16(out + (size_t)t * ldo + 16, a##t##1, m1, f);            \
-        flush16(out + (size_t)t * ldo + 32, a##t##2, m2, f);            \
-        flush16(out + (size_t)t * ldo + 48, a##t##3, m3, f);
-        STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5)
-#undef STORE
+        TILE_6x4_FLUSH(first && jb == 0)
     }
 }
 
