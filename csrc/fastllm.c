@@ -66,8 +66,16 @@ size_t flm_state_work_floats(const FlmConfig *c, int max_batch, int max_threads)
          + (size_t)max_threads * seq_cap(c);  /* att */
 }
 
+/* Bytes of one value of the KV cache, and the address of element i of it. */
+static size_t kv_size(const FlmConfig *c) { return c->kv_type == FLM_F32 ? 4 : 2; }
+static void *kv_elem(const FlmConfig *c, void *base, size_t i) { return (char *)base + i * kv_size(c); }
+
+/* Keys and values of one layer: elements, and floats of storage. */
+static size_t layer_kv(const FlmConfig *c) { return seq_cap(c) * kv_dim(c); }
+static size_t kv_floats(const FlmConfig *c) { return (2 * c->n_layers * layer_kv(c) * kv_size(c) + 3) / 4; }
+
 size_t flm_state_cache_floats(const FlmConfig *c) {
-    return 2 * (size_t)c->n_layers * seq_cap(c) * kv_dim(c) + c->n_layers * lin_state_floats(c);
+    return c->n_layers * lin_state_floats(c) + kv_floats(c);
 }
 
 void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, int max_threads,
@@ -89,9 +97,9 @@ void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, int max_thre
     s->att = work;
     s->trace = NULL;
     s->trace_tokens = s->trace_offset = 0;
-    s->key_cache = cache;
-    s->value_cache = cache + (size_t)c->n_layers * seq_cap(c) * kv_dim(c);
-    s->lin_state = cache + 2 * (size_t)c->n_layers * seq_cap(c) * kv_dim(c);
+    s->lin_state = cache;
+    s->key_cache = cache + c->n_layers * lin_state_floats(c);
+    s->value_cache = kv_elem(c, s->key_cache, c->n_layers * layer_kv(c));
 }
 
 /* --------------------------------------------------------------- kernels */
@@ -239,10 +247,10 @@ static void embed_row(float *out, const FlmWeights *w, int token, int dim, int w
  * scores of 16 keys come from one multiply-add per dimension; each score is
  * the same chain over the dimensions however the blocks are grouped, so
  * batched and one-token passes agree bit for bit. */
-static void attend(float *out, const float *q, const float *kblocks, const float *vc,
+static void attend(float *out, const float *q, const void *kblocks, const void *vc, int kv_type,
                    float *att, int pos, int head_dim, int kvd, float scale) {
     const int n = pos + 1;
-    flm_kernels->key_scores(att, q, kblocks, n, head_dim);
+    flm_kernels->key_scores(att, q, kblocks, n, head_dim, kv_type);
     float max = -INFINITY;
     for (int j = 0; j < n; j++) {
         att[j] *= scale;
@@ -250,7 +258,17 @@ static void attend(float *out, const float *q, const float *kblocks, const float
     }
     float inv = 1.0f / flm_kernels->exp_sum(att, n, max);
     for (int j = 0; j < n; j++) att[j] *= inv;
-    flm_kernels->weighted_sum(out, att, vc, n, kvd, head_dim);
+    flm_kernels->weighted_sum(out, att, vc, n, kvd, head_dim, kv_type);
+}
+
+/* Store n values into the KV cache at element i (stride elements apart),
+ * rounded to its type. */
+static void kv_store(const FlmConfig *c, void *cache, size_t i, size_t stride, const float *x, int n) {
+    for (int d = 0; d < n; d++, i += stride) {
+        if (c->kv_type == FLM_F32) ((float *)cache)[i] = x[d];
+        else if (c->kv_type == FLM_BF16) ((uint16_t *)cache)[i] = flm_f32_to_bf16(x[d]);
+        else ((uint16_t *)cache)[i] = flm_f32_to_f16(x[d]);
+    }
 }
 
 /* ----------------------------------------------------------- mixers */
@@ -263,9 +281,9 @@ static void attention(const FlmConfig *c, const FlmWeights *w, const FlmLayer *L
                       int l, int T, int pos) {
     const int dim = c->dim, hd = c->head_dim, qd = q_dim(c), kvd = kv_dim(c);
     const int nh = c->n_heads, nkv = c->n_kv_heads, group = nh / nkv, half = c->rope_dim / 2;
-    const size_t layer_cache = seq_cap(c) * kvd, head_keys = seq_cap(c) * hd;
-    float *kcache = s->key_cache + l * layer_cache;   /* (nkv, seq_cap/16, hd, 16) */
-    float *vcache = s->value_cache + l * layer_cache; /* (seq_cap, nkv*hd) */
+    const size_t head_keys = seq_cap(c) * hd;
+    void *kcache = kv_elem(c, s->key_cache, l * layer_kv(c));     /* (nkv, seq_cap/16, hd, 16) */
+    void *vcache = kv_elem(c, s->value_cache, l * layer_kv(c));   /* (seq_cap, nkv*hd) */
 
     MatJob jobs[4] = {{s->q, L->wq, L->bq, qd, qd}, {s->k, L->wk, L->bk, kvd, kvd},
                       {s->v, L->wv, L->bv, kvd, kvd}, {s->gate, L->w_attn_gate, NULL, qd, qd}};
@@ -285,10 +303,8 @@ static void attention(const FlmConfig *c, const FlmWeights *w, const FlmLayer *L
             float *kh_src = s->k + (size_t)t * kvd + kh * hd;
             if (L->k_norm) rmsnorm(kh_src, kh_src, L->k_norm, hd, c->norm_eps);
             rope(kh_src, cr, sr, c->rope_dim);
-            float *kb = kcache + kh * head_keys + (size_t)(p / 16) * hd * 16 + p % 16;
-            for (int d = 0; d < hd; d++) kb[d * 16] = kh_src[d];
-            memcpy(vcache + (size_t)p * kvd + kh * hd, s->v + (size_t)t * kvd + kh * hd,
-                   sizeof(float) * hd);
+            kv_store(c, kcache, kh * head_keys + (size_t)(p / 16) * hd * 16 + p % 16, 16, kh_src, hd);
+            kv_store(c, vcache, (size_t)p * kvd + kh * hd, 1, s->v + (size_t)t * kvd + kh * hd, hd);
         }
     }
 
@@ -304,7 +320,8 @@ static void attention(const FlmConfig *c, const FlmWeights *w, const FlmLayer *L
         const int h = i % nh, kvh = h / group;
         for (int t = i / nh * run; t < imin(T, (i / nh + 1) * run); t++) {
             float *out = s->xb + (size_t)t * qd + h * hd;
-            attend(out, s->q + (size_t)t * qd + h * hd, kcache + kvh * head_keys, vcache + kvh * hd,
+            attend(out, s->q + (size_t)t * qd + h * hd, kv_elem(c, kcache, kvh * head_keys),
+                   kv_elem(c, vcache, (size_t)kvh * hd), c->kv_type,
                    s->att + (size_t)thread_num() * seq_cap(c), pos + t, hd, kvd, c->attn_scale);
             if (L->w_attn_gate) {
                 const float *g = s->gate + (size_t)t * qd + h * hd;

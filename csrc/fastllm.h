@@ -20,7 +20,7 @@
 extern "C" {
 #endif
 
-enum { FLM_F32 = 0, FLM_BF16 = 1 };
+enum { FLM_F32 = 0, FLM_BF16 = 1, FLM_F16 = 2 };
 enum { FLM_ATTENTION = 0, FLM_LINEAR_ATTENTION = 1 };
 
 typedef struct {
@@ -34,6 +34,8 @@ typedef struct {
     int seq_len;      /* KV cache length (n_ctx): positions 0 .. seq_len-1 */
     int rope_dim;     /* rotated dims per head, even, <= head_dim */
     int wtype;        /* FLM_F32 or FLM_BF16: storage of matrices and embedding */
+    int kv_type;      /* FLM_F32, FLM_BF16 or FLM_F16: storage of the KV cache (keys and
+                         values are rounded to it, nearest-even, when written) */
     float norm_eps;   /* RMSNorm epsilon */
     float attn_scale; /* softmax scale, usually 1/sqrt(head_dim) */
     /* Gated DeltaNet (linear attention) layers, as in Qwen3.5; all 0 when
@@ -100,8 +102,9 @@ typedef struct {
                          where bf16 weights take bf16 activations */
     float *lin_state; /* (n_layers, conv_dim*(K-1) + Hv*dk*dv) conv windows and
                          recurrent states of the linear layers */
-    float *key_cache;   /* (n_layers, n_kv_heads, seq_cap/16, head_dim, 16): blocks of 16 keys */
-    float *value_cache; /* (n_layers, seq_cap, n_kv_heads*head_dim) */
+    /* In kv_type: */
+    void *key_cache;    /* (n_layers, n_kv_heads, seq_cap/16, head_dim, 16): blocks of 16 keys */
+    void *value_cache;  /* (n_layers, seq_cap, n_kv_heads*head_dim) */
     /* Optional, for oracles: when not NULL, each layer's output (the
      * residual stream) of the n tokens of a flm_forward call is copied to
      * trace[(layer*trace_tokens + i) * dim], i = 0..n-1 (trace_tokens = n). */

@@ -15,12 +15,12 @@ static inline float reduce8(const float *acc) {
     return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 
-static void key_scores_generic(float *att, const float *q, const float *kb, int n, int hd) {
+static void key_scores_generic(float *att, const float *q, const void *kb, int n, int hd, int kv) {
     for (int b = 0; b < n; b += 16) {
         float acc[16] = {0};
-        const float *blk = kb + (size_t)b * hd;
+        const size_t blk = (size_t)b * hd;
         for (int d = 0; d < hd; d++)
-            for (int i = 0; i < 16; i++) acc[i] += q[d] * blk[d * 16 + i];
+            for (int i = 0; i < 16; i++) acc[i] += q[d] * flm_kv_at(kb, blk + d * 16 + i, kv);
         for (int i = 0; i < 16; i++) att[b + i] = acc[i];
     }
 }
@@ -34,10 +34,11 @@ static float exp_sum_generic(float *x, int n, float max) {
     return reduce8(acc);
 }
 
-static void weighted_sum_generic(float *out, const float *p, const float *v, int n, size_t ldv, int dim) {
+static void weighted_sum_generic(float *out, const float *p, const void *v, int n, size_t ldv, int dim,
+                                 int kv) {
     for (int d = 0; d < dim; d++) out[d] = 0.0f;
     for (int j = 0; j < n; j++)
-        for (int d = 0; d < dim; d++) out[d] += p[j] * v[j * ldv + d];
+        for (int d = 0; d < dim; d++) out[d] += p[j] * flm_kv_at(v, j * ldv + d, kv);
 }
 
 /* Column j of S only ever meets column j of the update, so each column is
@@ -88,32 +89,57 @@ static const FlmKernels kernels_generic = {
 
 /* ---- AVX2: 8 lanes */
 
-static AVX2 void key_scores_avx2(float *att, const float *q, const float *kb, int n, int hd) {
+/* 8 values of a KV cache array stored as kv, from element i. */
+INLINE AVX2 __m256 kv_load8(const void *p, size_t i, int kv) {
+    if (kv == FLM_F32) return _mm256_loadu_ps((const float *)p + i);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
+    if (kv == FLM_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return _mm256_cvtph_ps(h);
+}
+
+INLINE AVX2 void key_scores_avx2_kv(float *att, const float *q, const void *kb, int n, int hd, int kv) {
     for (int b = 0; b < n; b += 16) {
-        const float *blk = kb + (size_t)b * hd;
+        const size_t blk = (size_t)b * hd;
         __m256 lo = _mm256_setzero_ps(), hi = lo;
         for (int d = 0; d < hd; d++) {
             __m256 qd = _mm256_set1_ps(q[d]);
-            lo = _mm256_fmadd_ps(qd, _mm256_loadu_ps(blk + d * 16), lo);
-            hi = _mm256_fmadd_ps(qd, _mm256_loadu_ps(blk + d * 16 + 8), hi);
+            lo = _mm256_fmadd_ps(qd, kv_load8(kb, blk + d * 16, kv), lo);
+            hi = _mm256_fmadd_ps(qd, kv_load8(kb, blk + d * 16 + 8, kv), hi);
         }
         _mm256_storeu_ps(att + b, lo);
         _mm256_storeu_ps(att + b + 8, hi);
     }
 }
 
-static AVX2 void weighted_sum_avx2(float *out, const float *p, const float *v, int n, size_t ldv, int dim) {
+INLINE AVX2 void weighted_sum_avx2_kv(float *out, const float *p, const void *v, int n, size_t ldv, int dim,
+                                      int kv) {
     int d = 0;
     for (; d + 8 <= dim; d += 8) {
         __m256 a = _mm256_setzero_ps();
-        for (int j = 0; j < n; j++) a = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v + j * ldv + d), a);
+        for (int j = 0; j < n; j++) a = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), kv_load8(v, j * ldv + d, kv), a);
         _mm256_storeu_ps(out + d, a);
     }
     for (; d < dim; d++) {
         float a = 0.0f;
-        for (int j = 0; j < n; j++) a = __builtin_fmaf(p[j], v[j * ldv + d], a);
+        for (int j = 0; j < n; j++) a = __builtin_fmaf(p[j], flm_kv_at(v, j * ldv + d, kv), a);
         out[d] = a;
     }
+}
+
+/* One copy of each loop per storage type, so the type is not tested per load. */
+#define KV_DISPATCH(call, kv) \
+    do { if ((kv) == FLM_F32) call(FLM_F32); else if ((kv) == FLM_BF16) call(FLM_BF16); else call(FLM_F16); } while (0)
+
+static AVX2 void key_scores_avx2(float *att, const float *q, const void *kb, int n, int hd, int kv) {
+#define CALL(t) key_scores_avx2_kv(att, q, kb, n, hd, t)
+    KV_DISPATCH(CALL, kv);
+#undef CALL
+}
+
+static AVX2 void weighted_sum_avx2(float *out, const float *p, const void *v, int n, size_t ldv, int dim, int kv) {
+#define CALL(t) weighted_sum_avx2_kv(out, p, v, n, ldv, dim, t)
+    KV_DISPATCH(CALL, kv);
+#undef CALL
 }
 
 static const FlmKernels kernels_avx2 = {
@@ -143,18 +169,28 @@ INLINE AVX512 __m512 exp16(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
+/* 16 values of a KV cache array stored as kv, from element i (lanes
+ * outside m read as 0). */
+INLINE AVX512 __m512 kv_load16(__mmask16 m, const void *p, size_t i, int kv) {
+    if (kv == FLM_F32) return _mm512_maskz_loadu_ps(m, (const float *)p + i);
+    __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i);
+    if (kv == FLM_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return _mm512_cvtph_ps(h);
+}
+#define KV16(p, i, kv) kv_load16((__mmask16)0xFFFF, p, i, kv)
+
 /* Four blocks of 16 keys at a time: four independent chains. */
-static AVX512 void key_scores_avx512(float *att, const float *q, const float *kb, int n, int hd) {
+INLINE AVX512 void key_scores_avx512_kv(float *att, const float *q, const void *kb, int n, int hd, int kv) {
     int b = 0;
     for (; b + 64 <= n + 15; b += 64) {
-        const float *k0 = kb + (size_t)b * hd, *k1 = k0 + 16 * hd, *k2 = k1 + 16 * hd, *k3 = k2 + 16 * hd;
+        const size_t k0 = (size_t)b * hd, k1 = k0 + 16 * hd, k2 = k1 + 16 * hd, k3 = k2 + 16 * hd;
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         for (int d = 0; d < hd; d++) {
             __m512 qd = _mm512_set1_ps(q[d]);
-            a0 = _mm512_fmadd_ps(qd, _mm512_loadu_ps(k0 + d * 16), a0);
-            a1 = _mm512_fmadd_ps(qd, _mm512_loadu_ps(k1 + d * 16), a1);
-            a2 = _mm512_fmadd_ps(qd, _mm512_loadu_ps(k2 + d * 16), a2);
-            a3 = _mm512_fmadd_ps(qd, _mm512_loadu_ps(k3 + d * 16), a3);
+            a0 = _mm512_fmadd_ps(qd, KV16(kb, k0 + d * 16, kv), a0);
+            a1 = _mm512_fmadd_ps(qd, KV16(kb, k1 + d * 16, kv), a1);
+            a2 = _mm512_fmadd_ps(qd, KV16(kb, k2 + d * 16, kv), a2);
+            a3 = _mm512_fmadd_ps(qd, KV16(kb, k3 + d * 16, kv), a3);
         }
         _mm512_storeu_ps(att + b, a0);
         _mm512_storeu_ps(att + b + 16, a1);
@@ -162,11 +198,17 @@ static AVX512 void key_scores_avx512(float *att, const float *q, const float *kb
         _mm512_storeu_ps(att + b + 48, a3);
     }
     for (; b < n; b += 16) {
-        const float *k0 = kb + (size_t)b * hd;
+        const size_t k0 = (size_t)b * hd;
         __m512 a0 = _mm512_setzero_ps();
-        for (int d = 0; d < hd; d++) a0 = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), _mm512_loadu_ps(k0 + d * 16), a0);
+        for (int d = 0; d < hd; d++) a0 = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), KV16(kb, k0 + d * 16, kv), a0);
         _mm512_storeu_ps(att + b, a0);
     }
+}
+
+static AVX512 void key_scores_avx512(float *att, const float *q, const void *kb, int n, int hd, int kv) {
+#define CALL(t) key_scores_avx512_kv(att, q, kb, n, hd, t)
+    KV_DISPATCH(CALL, kv);
+#undef CALL
 }
 
 static AVX512 float exp_sum_avx512(float *x, int n, float max) {
@@ -180,24 +222,32 @@ static AVX512 float exp_sum_avx512(float *x, int n, float max) {
     return _mm512_reduce_add_ps(acc);
 }
 
-static AVX512 void weighted_sum_avx512(float *out, const float *p, const float *v, int n, size_t ldv, int dim) {
+INLINE AVX512 void weighted_sum_avx512_kv(float *out, const float *p, const void *v, int n, size_t ldv,
+                                          int dim, int kv) {
     for (int d = 0; d < dim; d += 64) {
         __mmask16 m[4];
         for (int i = 0; i < 4; i++) m[i] = tail_mask(dim - d - 16 * i);
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        const float *vd = v + d;
-        for (int j = 0; j < n; j++, vd += ldv) {
+        for (int j = 0; j < n; j++) {
+            const size_t vd = j * ldv + d;
             __m512 pj = _mm512_set1_ps(p[j]);
-            a0 = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(m[0], vd), a0);
-            a1 = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(m[1], vd + 16), a1);
-            a2 = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(m[2], vd + 32), a2);
-            a3 = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(m[3], vd + 48), a3);
+            a0 = _mm512_fmadd_ps(pj, kv_load16(m[0], v, vd, kv), a0);
+            a1 = _mm512_fmadd_ps(pj, kv_load16(m[1], v, vd + 16, kv), a1);
+            a2 = _mm512_fmadd_ps(pj, kv_load16(m[2], v, vd + 32, kv), a2);
+            a3 = _mm512_fmadd_ps(pj, kv_load16(m[3], v, vd + 48, kv), a3);
         }
         _mm512_mask_storeu_ps(out + d, m[0], a0);
         _mm512_mask_storeu_ps(out + d + 16, m[1], a1);
         _mm512_mask_storeu_ps(out + d + 32, m[2], a2);
         _mm512_mask_storeu_ps(out + d + 48, m[3], a3);
     }
+}
+
+static AVX512 void weighted_sum_avx512(float *out, const float *p, const void *v, int n, size_t ldv, int dim,
+                                       int kv) {
+#define CALL(t) weighted_sum_avx512_kv(out, p, v, n, ldv, dim, t)
+    KV_DISPATCH(CALL, kv);
+#undef CALL
 }
 
 static AVX512 void delta_rule_avx512(float *S, const float *q, const float *k, const float *v,
@@ -271,6 +321,13 @@ static const FlmKernels kernels_amx_bf16 = {
     64,
 };
 
+/* F16C converts the f16 KV cache (every AVX2 CPU has it; compilers cannot
+ * all name it to __builtin_cpu_supports). */
+static int has_f16c(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+}
+
 /* AMX needs the CPU's tile unit and the kernel's leave to use its 8 KB of
  * tile state (Linux grants it per process on request). */
 static int amx_usable(void) {
@@ -293,7 +350,7 @@ static int supported(const FlmKernels *k) {
 #ifdef FLM_X86
     __builtin_cpu_init();
     if (k == &kernels_avx2)
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
     int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                  __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
                  __builtin_cpu_supports("fma");

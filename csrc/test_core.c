@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "fastllm.h"
+#include "kernels.h"
 
 static unsigned long long rng_state = 88172645463325252ULL;
 static float frand(void) { /* xorshift64, uniform in [-1, 1) */
@@ -23,6 +24,7 @@ static float frand(void) { /* xorshift64, uniform in [-1, 1) */
 static void *owned[128];
 static int n_owned = 0;
 static void *own(void *p) {
+    if (n_owned == (int)(sizeof owned / sizeof owned[0])) abort();
     owned[n_owned++] = p;
     return p;
 }
@@ -174,12 +176,69 @@ static void test_model(int wtype, int qk_norm, int bias, int gate, int linear) {
         CHECK(finite, "%s: non-finite logits", paths[pi]);
         printf("ok  %-11s wtype=%d qk_norm=%d bias=%d gate=%d linear=%d  (err/bound vs portable %.3f)\n",
                paths[pi], wtype, qk_norm, bias, gate, linear, maxerr);
+        /* A 16-bit KV cache: keys and values rounded once when written, then
+         * read exactly, so every run of it agrees with itself bit for bit,
+         * and it stays near the fp32 cache (bf16 keeps 8 bits, f16 11; where
+         * activations are rounded to bf16 too, the bound is that path's). */
+        for (int kv = FLM_BF16; kv <= FLM_F16; kv++) {
+            FlmConfig c16 = c;
+            c16.kv_type = kv;
+            float *half = own(malloc(sz * 4));
+            run(&c16, &w, tok, n, 64, 0, 2, half);
+            run(&c16, &w, tok, n, 64, 1, 1, other);
+            CHECK(memcmp(half, other, sz * 4) == 0, "%s kv_type=%d: one token at a time differs", paths[pi], kv);
+            run(&c16, &w, tok, n, 5, 0, 3, other);
+            CHECK(memcmp(half, other, sz * 4) == 0, "%s kv_type=%d: 3 threads / batch 5 differ", paths[pi], kv);
+            double kvtol = pi >= 3 && wtype == FLM_BF16 ? 0.3 : kv == FLM_BF16 ? 0.15 : 0.1, kverr = 0;
+            for (size_t i = 0; i < sz; i++) {
+                double e = fabs(half[i] - full[i]) / (kvtol + kvtol * fabs(full[i]));
+                if (e > kverr) kverr = e;
+            }
+            CHECK(kverr <= 1.0, "%s kv_type=%d: too far from the fp32 cache (err/bound %.2f)", paths[pi], kv, kverr);
+            printf("    kv_type=%d: err/bound vs fp32 cache %.3f\n", kv, kverr);
+        }
     }
     free_owned();
 }
 
+/* The KV cache's f16 and bf16 conversions against the compiler's own
+ * (_Float16 where it has one; bf16 by its definition: the top half of a
+ * float, rounded to nearest-even). */
+static void test_conversions(void) {
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = flm_f16_to_f32((uint16_t)h);
+#ifdef __FLT16_MAX__
+        _Float16 ref;
+        uint16_t hb = (uint16_t)h;
+        memcpy(&ref, &hb, 2);
+        if (!((float)ref == f || (f != f && ref != ref))) bad++;
+#endif
+        if (f == f && flm_f32_to_f16(f) != h) bad++;  /* every f16 value goes back to itself */
+    }
+    for (int i = 0; i < 1000000; i++) {
+        uint32_t u = (uint32_t)i * 2654435761u ^ (uint32_t)i << 7;
+        float f;
+        memcpy(&f, &u, 4);
+        if (f != f) continue;
+#ifdef __FLT16_MAX__
+        _Float16 ref = (_Float16)f;
+        uint16_t hb;
+        memcpy(&hb, &ref, 2);
+        if (flm_f32_to_f16(f) != hb) bad++;
+#endif
+        double lo = flm_bf16_to_f32((uint16_t)(u >> 16)), hi = flm_bf16_to_f32((uint16_t)((u >> 16) + 1));
+        float got = flm_bf16_to_f32(flm_f32_to_bf16(f));
+        if (fabsf(f) < 3e38f && got != (fabs(f - lo) < fabs(hi - f) ? lo : fabs(f - lo) > fabs(hi - f) ? hi
+                                        : ((u >> 16) & 1) ? hi : lo)) bad++;
+    }
+    CHECK(bad == 0, "f16/bf16 conversions: %d wrong", bad);
+    printf("ok  f16/bf16 conversions\n");
+}
+
 int main(void) {
     printf("SIMD path of this CPU: %s\n", flm_simd_path());
+    test_conversions();
     test_model(FLM_F32, 0, 0, 0, 0);
     test_model(FLM_F32, 1, 1, 0, 0);
     test_model(FLM_BF16, 0, 1, 0, 0);

@@ -157,6 +157,7 @@ cdef class Engine:
         c.lin_k_dim = config.get("lin_k_dim", 0)
         c.lin_v_dim = config.get("lin_v_dim", 0)
         c.conv_kernel = config.get("conv_kernel", 0)
+        c.kv_type = {"f32": FLM_F32, "bf16": FLM_BF16, "f16": FLM_F16}[config.get("kv_dtype", "f32")]
         wdtype = np.dtype(config["wtype"])
         if wdtype == np.float32:
             c.wtype = FLM_F32

@@ -24,6 +24,8 @@ def add_bench_parser(sub):
     p.add_argument("-r", "--repetitions", type=int, default=5,
                    help="timed runs per test, after one warm-up run (default: 5)")
     p.add_argument("--dtype", default="f32", help="comma-separated weight precisions to test: f32, bf16 (default: f32)")
+    p.add_argument("--kv-dtype", choices=("f32", "bf16", "f16"), default="f32",
+                   help="KV cache precision (default: f32)")
     p.add_argument("--json", action="store_true", help="print results as JSON")
     return p
 
@@ -56,7 +58,7 @@ def bench_model(model, n_prompt: int, n_gen: int, repetitions: int) -> list[dict
                 speeds.append(n / dt)
         model._cached = []
         results.append({
-            "test": f"{test}{n}", "threads": model.threads, "dtype": model.dtype,
+            "test": f"{test}{n}", "threads": model.threads, "dtype": model.dtype, "kv_dtype": model.kv_dtype,
             "tokens_per_s_mean": statistics.mean(speeds),
             "tokens_per_s_sd": statistics.stdev(speeds) if len(speeds) > 1 else 0.0,
             "tokens_per_s_median": statistics.median(speeds),
@@ -65,13 +67,15 @@ def bench_model(model, n_prompt: int, n_gen: int, repetitions: int) -> list[dict
     return results
 
 
-def run_bench(model_path, n_prompt=512, n_gen=128, threads=None, repetitions=5, dtypes=("f32",)):
+def run_bench(model_path, n_prompt=512, n_gen=128, threads=None, repetitions=5, dtypes=("f32",),
+              kv_dtype="f32"):
     """Yield one result per (dtype, threads, test), loading each dtype once."""
     from .model import Model, physical_cores
     threads = threads or [physical_cores()]
     for dtype in dtypes:
         ctx = max(n_prompt, n_gen, 1)
-        model = Model.from_pretrained(model_path, n_ctx=ctx, threads=threads[0], dtype=dtype)
+        model = Model.from_pretrained(model_path, n_ctx=ctx, threads=threads[0], dtype=dtype,
+                                      kv_dtype=kv_dtype)
         for t in threads:
             model.threads = t
             for r in bench_model(model, n_prompt, n_gen, repetitions):
@@ -94,7 +98,8 @@ def cmd_bench(args) -> int:
     if not args.json:
         print(f"| model | dtype | threads | test | t/s (mean ± sd) | median |   [SIMD: {simd_path()}]")
         print("|---|---|---|---|---|---|")
-    for r in run_bench(args.model, args.n_prompt, args.n_gen, threads, args.repetitions, dtypes):
+    for r in run_bench(args.model, args.n_prompt, args.n_gen, threads, args.repetitions, dtypes,
+                       args.kv_dtype):
         rows.append(r)
         if not args.json:
             print(f"| {r['model']} | {r['dtype']} | {r['threads']} | {r['test']} | "

@@ -5,6 +5,7 @@ cdef extern from "fastllm.h" nogil:
     enum:
         FLM_F32
         FLM_BF16
+        FLM_F16
     enum:
         FLM_ATTENTION
         FLM_LINEAR_ATTENTION
@@ -20,6 +21,7 @@ cdef extern from "fastllm.h" nogil:
         int seq_len
         int rope_dim
         int wtype
+        int kv_type
         float norm_eps
         float attn_scale
         int lin_k_heads

@@ -47,6 +47,8 @@ def _model_args(p: argparse.ArgumentParser):
                    help="context length in tokens (default: the model's max_position_embeddings)")
     p.add_argument("--dtype", choices=("f32", "bf16"), default="f32",
                    help="weight precision in memory (default: f32)")
+    p.add_argument("--kv-dtype", choices=("f32", "bf16", "f16"), default="f32",
+                   help="KV cache precision: bf16/f16 halve what attention reads (default: f32)")
 
 
 def _sampling_args(p: argparse.ArgumentParser, steps: int):
@@ -150,7 +152,8 @@ def main(argv=None) -> int:
 
 def _load(args):
     from .model import Model
-    return Model.from_pretrained(args.model, n_ctx=args.ctx, threads=args.threads, dtype=args.dtype)
+    return Model.from_pretrained(args.model, n_ctx=args.ctx, threads=args.threads, dtype=args.dtype,
+                                 kv_dtype=args.kv_dtype)
 
 
 class Settings:
@@ -301,6 +304,7 @@ def _show(model, settings: Settings, chat: bool, system, history: list):
             ("threads", model.threads),
             ("context (--ctx)", f"{model.n_ctx} tokens"),
             ("dtype", model.dtype),
+            ("kv_dtype", model.kv_dtype),
             ("mode (/chat)", "chat" if chat else "plain continuation"),
             ("system (/system)", repr(system) if system else "none"),
             ("conversation", f"{len(history) // 2} turns" if chat else "-")]

@@ -17,6 +17,9 @@ from .sampling import Sampler, SamplingParams, generation_defaults, read_generat
 from .weights import load_weights
 
 DTYPES = ("f32", "bf16")
+# The KV cache: f32 keeps attention exact; bf16 and f16 halve what it reads
+# (keys and values rounded once when stored, nearest-even).
+KV_DTYPES = ("f32", "bf16", "f16")
 
 # Keyword defaults of stream/generate/chat when neither the call nor the
 # model's generation_config.json sets a value (chat: max_new_tokens 256).
@@ -84,7 +87,7 @@ class Model:
 
     @classmethod
     def from_pretrained(cls, path=None, n_ctx: int | None = None, threads: int | None = None,
-                        dtype: str = "f32", max_batch: int = 512) -> "Model":
+                        dtype: str = "f32", max_batch: int = 512, kv_dtype: str = "f32") -> "Model":
         """Load a HF model folder (config.json, model.safetensors, tokenizer.json),
         a .gguf file (converted once into the cache), or with no path the
         default model, SmolLM2-135M-Instruct."""
@@ -92,6 +95,8 @@ class Model:
 
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+        if kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
         folder = Path(resolve_model(path))
         if not folder.is_dir():
             raise ModelFileError(folder, "not a model folder")
@@ -112,7 +117,7 @@ class Model:
             "n_kv_heads": config.num_key_value_heads, "head_dim": config.head_dim,
             "vocab_size": config.vocab_size, "seq_len": seq_len, "rope_dim": config.rope_dim,
             "norm_eps": config.rms_norm_eps, "attn_scale": config.head_dim ** -0.5,
-            "wtype": np.uint16 if dtype == "bf16" else np.float32,
+            "wtype": np.uint16 if dtype == "bf16" else np.float32, "kv_dtype": kv_dtype,
             "lin_k_heads": config.linear_num_key_heads, "lin_v_heads": config.linear_num_value_heads,
             "lin_k_dim": config.linear_key_head_dim, "lin_v_dim": config.linear_value_head_dim,
             "conv_kernel": config.linear_conv_kernel_dim,
@@ -125,8 +130,10 @@ class Model:
         if (folder / "tokenizer.json").exists():
             from .tokenizer import Tokenizer
             tokenizer = Tokenizer.from_pretrained(folder)
-        return cls(engine, config, tokenizer, folder, dtype, _eos_ids(gen_config, config, tokenizer),
-                   gen_config)
+        model = cls(engine, config, tokenizer, folder, dtype, _eos_ids(gen_config, config, tokenizer),
+                    gen_config)
+        model.kv_dtype = kv_dtype
+        return model
 
     # ------------------------------------------------------------ settings
 
