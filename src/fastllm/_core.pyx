@@ -51,7 +51,7 @@ def _path_from_environment():
     name = os.environ.get("FASTLLM_SIMD")
     if name and flm_set_simd_path(name.encode()) != 0:
         raise ImportError(f"FASTLLM_SIMD={name!r}: no such SIMD path on this CPU "
-                          "(generic, avx2, avx512, avx512_bf16)")
+                          "(generic, avx2, avx512, avx512_bf16, amx_bf16)")
 
 
 def simd_path():
