@@ -7,9 +7,10 @@
  *
  *   cc -O2 -fopenmp -Icsrc csrc/fastllm.c csrc/kernels.c csrc/gemm.c \
  *      benchmarks/gemm_speed.c -lm -o /tmp/gemm_speed
- *   /tmp/gemm_speed [threads] [path] [f32|bf16] [T]
+ *   /tmp/gemm_speed [threads] [path] [f32|bf16] [T] [shapes]
  *
- * path: a SIMD path name (default: the best this CPU has).
+ * path: a SIMD path name (default: the best this CPU has); T: 512 or 1
+ * (default both); shapes: only those whose name contains this text.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,11 +49,13 @@ int main(int argc, char **argv) {
     }
     int wtype = argc > 3 && !strcmp(argv[3], "bf16") ? FLM_BF16 : FLM_F32;
     int only_T = argc > 4 ? atoi(argv[4]) : 0;
+    const char *only_shapes = argc > 5 ? argv[5] : "";
     size_t esize = wtype == FLM_BF16 ? 2 : 4;
     printf("path %s, %s weights, %d threads\n", flm_simd_path(), wtype == FLM_BF16 ? "bf16" : "f32", threads);
     printf("%-22s %6s %12s %10s\n", "matrix (N x K)", "T", "GFLOP/s/core", "GB/s");
     for (size_t i = 0; i < sizeof SHAPES / sizeof SHAPES[0]; i++) {
         const int N = SHAPES[i].N, K = SHAPES[i].K;
+        if (!strstr(SHAPES[i].what, only_shapes)) continue;
         void *raw = malloc((size_t)N * K * esize);
         for (size_t j = 0; j < (size_t)N * K; j++) {
             float f = (float)((j * 2654435761u) % 1000) / 1000.0f - 0.5f;
