@@ -8,6 +8,7 @@
 
 #include <math.h>
 #include <string.h>
+#include <time.h>
 
 #include "kernels.h"
 
@@ -35,6 +36,26 @@ static int num_threads(void) {
 }
 
 static int kernels_ready = 0;
+
+static double wall_time(void) {
+#ifdef _OPENMP
+    return omp_get_wtime();
+#else
+    return (double)clock() / CLOCKS_PER_SEC;
+#endif
+}
+
+/* Close the current phase of s->profile. Called by every thread right after
+ * a work-sharing loop, whose barrier has just brought them all together. */
+static void mark(FlmState *s, int phase) {
+    if (!s->profile) return;
+#pragma omp master
+    {
+        double now = wall_time();
+        s->profile[phase] += now - s->profile_mark;
+        s->profile_mark = now;
+    }
+}
 
 /* ------------------------------------------------------------ run state */
 
@@ -97,6 +118,7 @@ void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, int max_thre
     s->att = work;
     s->trace = NULL;
     s->trace_tokens = s->trace_offset = 0;
+    s->profile = NULL;
     s->lin_state = cache;
     s->key_cache = cache + c->n_layers * lin_state_floats(c);
     s->value_cache = kv_elem(c, s->key_cache, c->n_layers * layer_kv(c));
@@ -288,6 +310,7 @@ static void attention(const FlmConfig *c, const FlmWeights *w, const FlmLayer *L
     MatJob jobs[4] = {{s->q, L->wq, L->bq, qd, qd}, {s->k, L->wk, L->bk, kvd, kvd},
                       {s->v, L->wv, L->bv, kvd, kvd}, {s->gate, L->w_attn_gate, NULL, qd, qd}};
     matmul_multi(s->xq, s->xb, T, dim, c->wtype, jobs, L->w_attn_gate ? 4 : 3);
+    mark(s, FLM_PHASE_QKV);
 
     /* Per-head norm and RoPE; keys and values go into the cache. */
 #pragma omp for schedule(static)
@@ -329,7 +352,9 @@ static void attention(const FlmConfig *c, const FlmWeights *w, const FlmLayer *L
             }
         }
     }
+    mark(s, FLM_PHASE_ATTENTION);
     matmul(s, s->xb2, s->xb, L->wo, L->bo, T, qd, dim, c->wtype);
+    mark(s, FLM_PHASE_OUT_PROJ);
 }
 
 static float l2_scale(const float *x, int n) {
@@ -367,6 +392,7 @@ static void linear_attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
     MatJob jobs[4] = {{s->lin, L->w_qkv, NULL, cd, ld}, {s->gate, L->w_z, NULL, vd, vd},
                       {s->lin + cd, L->w_b, NULL, hv, ld}, {s->lin + cd + hv, L->w_a, NULL, hv, ld}};
     matmul_multi(s->xq, s->xb, T, dim, c->wtype, jobs, 4);
+    mark(s, FLM_PHASE_QKV);
 
     /* Conv over the window of the last K-1 inputs, channel by channel. */
 #pragma omp for schedule(static)
@@ -411,7 +437,9 @@ static void linear_attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
             for (int j = 0; j < dv; j++) o[j] *= z[j] / (1.0f + expf(-z[j]));
         }
     }
+    mark(s, FLM_PHASE_RECURRENCE);
     matmul(s, s->xb2, s->xb, L->w_out, NULL, T, vd, dim, c->wtype);
+    mark(s, FLM_PHASE_OUT_PROJ);
 }
 
 /* ---------------------------------------------------------------- forward */
@@ -421,6 +449,7 @@ static void forward_chunk(const FlmConfig *c, const FlmWeights *w, FlmState *s,
                           float *logits, int all_logits, int n_threads) {
     const int dim = c->dim, hidden = c->hidden_dim;
 
+    if (s->profile) s->profile_mark = wall_time();
 #pragma omp parallel num_threads(n_threads)
     {
 #pragma omp for schedule(static)
@@ -433,6 +462,7 @@ static void forward_chunk(const FlmConfig *c, const FlmWeights *w, FlmState *s,
 #pragma omp for schedule(static)
             for (int t = 0; t < T; t++)
                 rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, L->attn_norm, dim, c->norm_eps);
+            mark(s, FLM_PHASE_NORMS);
 
             if (L->kind == FLM_LINEAR_ATTENTION)
                 linear_attention(c, L, s, l, T, pos);
@@ -445,9 +475,12 @@ static void forward_chunk(const FlmConfig *c, const FlmWeights *w, FlmState *s,
                 for (int i = 0; i < dim; i++) x[i] += o[i];
                 rmsnorm(s->xb + (size_t)t * dim, x, L->ffn_norm, dim, c->norm_eps);
             }
+            mark(s, FLM_PHASE_NORMS);
 
             gate_up(c, L, s, T);
+            mark(s, FLM_PHASE_MLP_UP);
             matmul(s, s->xb2, s->hb, L->w_down, L->b_down, T, hidden, dim, c->wtype);
+            mark(s, FLM_PHASE_MLP_DOWN);
 #pragma omp for schedule(static)
             for (int t = 0; t < T; t++) {
                 float *x = s->x + (size_t)t * dim, *o = s->xb2 + (size_t)t * dim;
@@ -456,6 +489,7 @@ static void forward_chunk(const FlmConfig *c, const FlmWeights *w, FlmState *s,
                     memcpy(s->trace + ((size_t)l * s->trace_tokens + s->trace_offset + t) * dim, x,
                            sizeof(float) * dim);
             }
+            mark(s, FLM_PHASE_NORMS);
         }
 
         /* Only the tokens whose logits are wanted go through the LM head. */
@@ -465,7 +499,9 @@ static void forward_chunk(const FlmConfig *c, const FlmWeights *w, FlmState *s,
             for (int t = first; t < T; t++)
                 rmsnorm(s->xb + (size_t)(t - first) * dim, s->x + (size_t)t * dim, w->norm, dim,
                         c->norm_eps);
+            mark(s, FLM_PHASE_NORMS);
             matmul(s, logits, s->xb, w->lm_head, NULL, T - first, dim, c->vocab_size, c->wtype);
+            mark(s, FLM_PHASE_LM_HEAD);
         }
     }
 }

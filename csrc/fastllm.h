@@ -111,7 +111,24 @@ typedef struct {
     float *trace;
     int trace_tokens;
     int trace_offset;   /* set by flm_forward: tokens before this chunk */
+    /* Optional, for benchmarks: when not NULL, the wall-clock seconds of
+     * each phase of every pass are added to profile[FLM_PHASE_...]. */
+    double *profile;
+    double profile_mark;
 } FlmState;
+
+/* Phases of a forward pass, as FlmState.profile counts them. */
+enum {
+    FLM_PHASE_NORMS,       /* embedding, RMSNorms, residual adds */
+    FLM_PHASE_QKV,         /* projections into the mixer (q/k/v and gate, or Gated DeltaNet's) */
+    FLM_PHASE_ATTENTION,   /* RoPE, KV cache writes, scores, softmax, weighted sums */
+    FLM_PHASE_RECURRENCE,  /* Gated DeltaNet's conv and delta rule */
+    FLM_PHASE_OUT_PROJ,    /* the mixer's output projection */
+    FLM_PHASE_MLP_UP,      /* gate and up projections, SiLU */
+    FLM_PHASE_MLP_DOWN,
+    FLM_PHASE_LM_HEAD,
+    FLM_PHASES
+};
 
 /* Bytes of an (N, K) matrix packed in panels, and the packing itself. */
 size_t flm_packed_bytes(int N, int K, int wtype);

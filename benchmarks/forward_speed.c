@@ -1,0 +1,155 @@
+/* Tokens/s of the C run loop alone on a model of a real shape, with the time
+ * of each phase of the pass (matmuls, attention, norms, ...): the profile
+ * that says where a slow configuration spends it. Random weights, made here:
+ * no checkpoint, no Python.
+ *
+ *   cc -O2 -fopenmp -Icsrc csrc/fastllm.c csrc/kernels.c csrc/gemm.c \
+ *      benchmarks/forward_speed.c -lm -o /tmp/forward_speed
+ *   /tmp/forward_speed SHAPE f32|bf16 THREADS [PP [TG [PATH [KV]]]]
+ *
+ * SHAPE: 135m, 360m, 1.7b (SmolLM2) or 7b (Llama-2); PP prompt tokens
+ * (default 512, 0 skips), TG generated tokens (default 64, 0 skips); PATH a
+ * SIMD path; KV f32, bf16 or f16. pp is one pass over PP tokens from an
+ * empty cache, tg TG one-token steps from an empty cache; median of 3 after
+ * a warm-up.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+
+#include "fastllm.h"
+
+static const char *PHASE_NAMES[FLM_PHASES] = {"norms", "qkv", "attention", "recurrence",
+                                              "out_proj", "mlp_up", "mlp_down", "lm_head"};
+
+/* An (N, K) matrix of small pseudo-random values, packed. */
+static void *random_matrix(int N, int K, int wtype, unsigned seed, int threads) {
+    size_t n = (size_t)N * K;
+    void *raw = malloc(n * (wtype == FLM_BF16 ? 2 : 4));
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        unsigned h = (unsigned)(i * 2654435761u) ^ (seed * 40503u);
+        h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
+        float f = ((float)(h & 0xFFFF) / 65536.0f - 0.5f) * 0.1f;
+        if (wtype == FLM_BF16) { unsigned u; memcpy(&u, &f, 4); ((unsigned short *)raw)[i] = (unsigned short)(u >> 16); }
+        else ((float *)raw)[i] = f;
+    }
+    void *p = malloc(flm_packed_bytes(N, K, wtype));
+    flm_pack(p, raw, N, K, wtype, threads);
+    free(raw);
+    return p;
+}
+
+static float *ones(int n) {
+    float *p = malloc(sizeof(float) * n);
+    for (int i = 0; i < n; i++) p[i] = 1.0f;
+    return p;
+}
+
+static int cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 4) {
+        fprintf(stderr, "usage: %s SHAPE f32|bf16 THREADS [PP [TG [PATH [KV]]]]\n", argv[0]);
+        return 2;
+    }
+    FlmConfig c = {0};
+    if (!strcmp(argv[1], "135m")) {
+        c.dim = 576; c.hidden_dim = 1536; c.n_layers = 30; c.n_heads = 9; c.n_kv_heads = 3;
+    } else if (!strcmp(argv[1], "360m")) {
+        c.dim = 960; c.hidden_dim = 2560; c.n_layers = 32; c.n_heads = 15; c.n_kv_heads = 5;
+    } else if (!strcmp(argv[1], "1.7b")) {
+        c.dim = 2048; c.hidden_dim = 8192; c.n_layers = 24; c.n_heads = 32; c.n_kv_heads = 32;
+    } else if (!strcmp(argv[1], "7b")) {
+        c.dim = 4096; c.hidden_dim = 11008; c.n_layers = 32; c.n_heads = 32; c.n_kv_heads = 32;
+    } else {
+        fprintf(stderr, "unknown shape %s\n", argv[1]);
+        return 2;
+    }
+    c.head_dim = c.dim / c.n_heads;
+    c.vocab_size = !strcmp(argv[1], "7b") ? 32000 : 49152;
+    c.wtype = !strcmp(argv[2], "bf16") ? FLM_BF16 : FLM_F32;
+    const int threads = atoi(argv[3]);
+    const int pp = argc > 4 ? atoi(argv[4]) : 512, tg = argc > 5 ? atoi(argv[5]) : 64;
+    if (argc > 6 && flm_set_simd_path(argv[6]) != 0) {
+        fprintf(stderr, "no SIMD path %s on this CPU\n", argv[6]);
+        return 2;
+    }
+    c.kv_type = argc > 7 ? (!strcmp(argv[7], "bf16") ? FLM_BF16 : !strcmp(argv[7], "f16") ? FLM_F16 : FLM_F32) : FLM_F32;
+    c.seq_len = (pp > tg ? pp : tg) + 1;
+    c.rope_dim = c.head_dim;
+    c.norm_eps = 1e-5f;
+    c.attn_scale = 1.0f / sqrtf((float)c.head_dim);
+
+    const int qd = c.n_heads * c.head_dim, kvd = c.n_kv_heads * c.head_dim;
+    FlmLayer *layers = calloc(c.n_layers, sizeof *layers);
+    for (int l = 0; l < c.n_layers; l++) {
+        FlmLayer *L = &layers[l];
+        unsigned seed = 16 * (unsigned)l;
+        L->kind = FLM_ATTENTION;
+        L->wq = random_matrix(qd, c.dim, c.wtype, seed + 1, threads);
+        L->wk = random_matrix(kvd, c.dim, c.wtype, seed + 2, threads);
+        L->wv = random_matrix(kvd, c.dim, c.wtype, seed + 3, threads);
+        L->wo = random_matrix(c.dim, qd, c.wtype, seed + 4, threads);
+        L->w_gate = random_matrix(c.hidden_dim, c.dim, c.wtype, seed + 5, threads);
+        L->w_up = random_matrix(c.hidden_dim, c.dim, c.wtype, seed + 6, threads);
+        L->w_down = random_matrix(c.dim, c.hidden_dim, c.wtype, seed + 7, threads);
+        L->attn_norm = ones(c.dim);
+        L->ffn_norm = ones(c.dim);
+    }
+    const int half = c.rope_dim / 2;
+    float *cosv = malloc(sizeof(float) * c.seq_len * half), *sinv = malloc(sizeof(float) * c.seq_len * half);
+    for (int p = 0; p < c.seq_len; p++)
+        for (int i = 0; i < half; i++) {
+            double a = p * pow(10000.0, -2.0 * i / c.rope_dim);
+            cosv[p * half + i] = (float)cos(a);
+            sinv[p * half + i] = (float)sin(a);
+        }
+    FlmWeights w = {.embed = NULL, .layers = layers, .norm = ones(c.dim),
+                    .lm_head = random_matrix(c.vocab_size, c.dim, c.wtype, 9999, threads),
+                    .rope_cos = cosv, .rope_sin = sinv};
+
+    const int batch = pp > 0 ? pp : 1;
+    FlmState s;
+    float *work = calloc(flm_state_work_floats(&c, batch, threads), sizeof(float));
+    float *cache = calloc(flm_state_cache_floats(&c), sizeof(float));
+    flm_state_init(&s, &c, batch, threads, work, cache);
+    float *logits = malloc(sizeof(float) * c.vocab_size);
+    int32_t *tokens = malloc(sizeof(int32_t) * (batch > tg ? batch : tg));
+    for (int i = 0; i < (batch > tg ? batch : tg); i++) tokens[i] = (int32_t)((i * 7919) % c.vocab_size);
+
+    printf("shape %s, %s weights, %s KV, %d threads, path %s\n", argv[1], argv[2],
+           argc > 7 ? argv[7] : "f32", threads, flm_simd_path());
+    for (int test = 0; test < 2; test++) {
+        const int n = test == 0 ? pp : tg;
+        if (n <= 0) continue;
+        double times[3], profile[FLM_PHASES] = {0};
+        for (int rep = -1; rep < 3; rep++) {
+            double prof[FLM_PHASES] = {0};
+            s.profile = prof;
+            double t0 = omp_get_wtime();
+            if (test == 0) flm_forward(&c, &w, &s, tokens, pp, 0, logits, 0, threads);
+            else
+                for (int i = 0; i < tg; i++) flm_forward(&c, &w, &s, tokens + i, 1, i, logits, 0, threads);
+            double dt = omp_get_wtime() - t0;
+            if (rep < 0) continue;
+            times[rep] = dt;
+            for (int k = 0; k < FLM_PHASES; k++) profile[k] += prof[k] / 3;
+        }
+        double sorted[3] = {times[0], times[1], times[2]};
+        qsort(sorted, 3, sizeof sorted[0], cmp);
+        double med = sorted[1], total = 0;
+        for (int k = 0; k < FLM_PHASES; k++) total += profile[k];
+        printf("%s%d: %.1f tok/s  (ms per pass: %.2f; phases:", test == 0 ? "pp" : "tg", n, n / med,
+               med * 1e3 / (test == 0 ? 1 : tg));
+        for (int k = 0; k < FLM_PHASES; k++)
+            if (profile[k] > 0) printf(" %s %.0f%%", PHASE_NAMES[k], 100 * profile[k] / total);
+        printf(")\n");
+    }
+    return 0;
+}
