@@ -576,11 +576,10 @@ def parse_args(argv=None):
     return args
 
 
-def skip(state: dict, cases: list, why: str) -> list:
+def skip(state: dict, cases: list, why: str) -> None:
     for c in cases:
         state["skipped"].append({"case": str(c), "why": why})
         log(f"skip {c}: {why}")
-    return []
 
 
 def run_cases(pending: list, deadline: float, args, art: Artifacts, state: dict, out: Path) -> None:
@@ -658,6 +657,12 @@ def main(argv=None) -> int:
         if n not in state.setdefault("notes", []):
             state["notes"].append(n)
 
+    deadline = t_start + args.time_budget if args.time_budget is not None else math.inf
+    pending = [] if args.prepare_only else plan(args)
+    if time.monotonic() >= deadline:  # nothing to make files for
+        skip(state, pending, "no time left in the budget")
+        save(state, out)
+        return 0
     art = Artifacts(cache, Path(args.tokenizer), Path(args.convert), args.quantize, logs)
     ggufs = []
     if "llama.cpp" in args.engines or args.prepare_only:
@@ -669,10 +674,6 @@ def main(argv=None) -> int:
         save(state, out)
         return 0
 
-    deadline = t_start + args.time_budget if args.time_budget is not None else math.inf
-    pending = plan(args)
-    if time.monotonic() >= deadline:
-        pending = skip(state, pending, "no time left in the budget")
     missing = [t for t in args.threads if str(t) not in state["membw_gb_s"]]
     if missing and pending:
         log("memory bandwidth ...")
