@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The scaling run for a 16-core test machine without network, in one go of at
-# most SCALE_SECONDS (default 510) of wall time. From the checkout root:
+# most SCALE_SECONDS (default 560) of wall time. From the checkout root:
 #
 #   bash benchmarks/device_run.sh        # results into $OUT (default: ./scale-out)
 #
@@ -14,10 +14,11 @@
 # extension built natively (build.sh, in the background) while the random
 # checkpoints and GGUF files are made; then scale.py runs, most important
 # first, each given the time left minus what the later ones need:
+#   0. the C core alone (benchmarks/kernels_run.sh): C test, matmul speed, profile
 #   1. SmolLM2-1.7B shape, bf16 and f32, fastllm vs llama.cpp, 4/8/16 threads, pp512 tg64
-#   2. SmolLM2-135M shape, f32 and bf16, fastllm vs llama.cpp, 1/2/4/8/16 threads
-#   3. transformers, 1.7B bf16, 16 threads, pp512
-#   4. pp4096, 1.7B bf16, 16 threads, fastllm vs llama.cpp with flash attention on
+#   2. transformers, 1.7B bf16, 16 threads, pp512
+#   3. SmolLM2-135M shape, f32 and bf16, fastllm vs llama.cpp, 1/2/4/8/16 threads
+#   4. pp4096, 1.7B bf16, 16 threads, llama.cpp with flash attention on, then fastllm
 # Every case is written to $OUT as it finishes, so a run stopped early keeps
 # what it measured.
 #
@@ -26,7 +27,7 @@
 # SCALE_PREP the shapes prepared while building (default 1.7b,135m).
 set -u
 T0=$(date +%s)
-BUDGET=${SCALE_SECONDS:-510}
+BUDGET=${SCALE_SECONDS:-560}
 OUT=${OUT:-$PWD/scale-out}
 T=${TMPDIR:-$(python3 -c "import tempfile; print(tempfile.gettempdir())")}
 CACHE=$T/fastllm-scale-cache
@@ -60,6 +61,13 @@ LB=$T/llb/bin/llama-bench
 python3 -c "import fastllm._core" || { echo "the fastllm extension did not build" >&2; exit 1; }
 [ -x "$LB" ] || echo "no llama-bench at $LB: llama.cpp is left out" >&2
 
+# The C core alone, before the engines side by side (benchmarks/kernels_run.sh).
+if [ -z "${SCALE_ARGS:-}" ] && [ -z "${SKIP_KERNELS:-}" ]; then
+  phase "kernels: C test, matmul speed, per-phase profile (at most ${KERNEL_SECONDS:-200} s)"
+  timeout "${KERNEL_SECONDS:-200}" bash benchmarks/kernels_run.sh "$T/fastllm-kernels" >"$OUT/kernels.txt" 2>&1
+  cat "$OUT/kernels.txt" >&2
+fi
+
 scale() {  # scale NAME RESERVE ARGS...: one scale.py run, keeping RESERVE s for later phases
   local name=$1 reserve=$2; shift 2
   phase "$name (budget $(left "$reserve") s)"
@@ -70,13 +78,13 @@ if [ -n "${SCALE_ARGS:-}" ]; then
   # shellcheck disable=SC2086  # split into arguments on purpose
   scale quick 5 $SCALE_ARGS
 else
-  scale 1.7b 100 --shapes 1.7b --dtypes bf16,f32 --threads 4,8,16 --engines fastllm,llama.cpp \
+  scale 1.7b 170 --shapes 1.7b --dtypes bf16,f32 --threads 4,8,16 --engines fastllm,llama.cpp \
     --pp 512 --tg 64 --reps 1
-  scale 135m 15 --shapes 135m --dtypes f32,bf16 --threads 1,2,4,8,16 --engines fastllm,llama.cpp \
-    --pp 512 --tg 64 --reps 2
-  scale transformers 0 --shapes 1.7b --dtypes bf16 --threads 16 --engines transformers \
+  scale transformers 150 --shapes 1.7b --dtypes bf16 --threads 16 --engines transformers \
     --pp 512 --tg 0 --reps 2
-  scale long-prompt 0 --shapes 1.7b --dtypes bf16 --threads 16 --engines fastllm,llama.cpp \
+  scale 135m 70 --shapes 135m --dtypes f32,bf16 --threads 1,2,4,8,16 --engines fastllm,llama.cpp \
+    --pp 512 --tg 64 --reps 2
+  scale long-prompt 0 --shapes 1.7b --dtypes bf16 --threads 16 --engines llama.cpp,fastllm \
     --pp 0 --tg 0 --long-pp 4096 --reps 1
 fi
 phase "done"

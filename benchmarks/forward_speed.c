@@ -10,8 +10,8 @@
  * SHAPE: 135m, 360m, 1.7b (SmolLM2) or 7b (Llama-2); PP prompt tokens
  * (default 512, 0 skips), TG generated tokens (default 64, 0 skips); PATH a
  * SIMD path; KV f32, bf16 or f16. pp is one pass over PP tokens from an
- * empty cache, tg TG one-token steps from an empty cache; median of 3 after
- * a warm-up.
+ * empty cache, tg TG one-token steps from an empty cache; the median of
+ * FS_REPS runs (default 3) after a warm-up.
  */
 #include <math.h>
 #include <stdio.h>
@@ -76,6 +76,8 @@ int main(int argc, char **argv) {
     c.wtype = !strcmp(argv[2], "bf16") ? FLM_BF16 : FLM_F32;
     const int threads = atoi(argv[3]);
     const int pp = argc > 4 ? atoi(argv[4]) : 512, tg = argc > 5 ? atoi(argv[5]) : 64;
+    int reps = getenv("FS_REPS") ? atoi(getenv("FS_REPS")) : 3;
+    reps = reps < 1 ? 1 : reps > 16 ? 16 : reps;
     if (argc > 6 && flm_set_simd_path(argv[6]) != 0) {
         fprintf(stderr, "no SIMD path %s on this CPU\n", argv[6]);
         return 2;
@@ -128,8 +130,8 @@ int main(int argc, char **argv) {
     for (int test = 0; test < 2; test++) {
         const int n = test == 0 ? pp : tg;
         if (n <= 0) continue;
-        double times[3], profile[FLM_PHASES] = {0};
-        for (int rep = -1; rep < 3; rep++) {
+        double times[16], profile[FLM_PHASES] = {0};
+        for (int rep = -1; rep < reps; rep++) {
             double prof[FLM_PHASES] = {0};
             s.profile = prof;
             double t0 = omp_get_wtime();
@@ -139,11 +141,10 @@ int main(int argc, char **argv) {
             double dt = omp_get_wtime() - t0;
             if (rep < 0) continue;
             times[rep] = dt;
-            for (int k = 0; k < FLM_PHASES; k++) profile[k] += prof[k] / 3;
+            for (int k = 0; k < FLM_PHASES; k++) profile[k] += prof[k] / reps;
         }
-        double sorted[3] = {times[0], times[1], times[2]};
-        qsort(sorted, 3, sizeof sorted[0], cmp);
-        double med = sorted[1], total = 0;
+        qsort(times, reps, sizeof times[0], cmp);
+        double med = times[reps / 2], total = 0;
         for (int k = 0; k < FLM_PHASES; k++) total += profile[k];
         printf("%s%d: %.1f tok/s  (ms per pass: %.2f; phases:", test == 0 ? "pp" : "tg", n, n / med,
                med * 1e3 / (test == 0 ? 1 : tg));

@@ -385,6 +385,7 @@ AVX512BF16 void flm_to_bf16_avx512(uint16_t *dst, const float *src, int n) {
     if (n & 1) dst[n] = 0;
 }
 
+#ifdef FLM_AMX
 /* ---- AMX-BF16: bf16 weights times bf16 activations on the tile unit.
  *
  * A panel's bf16 pairs ([k/2][16 rows][2]) are already the layout a tile
@@ -501,6 +502,7 @@ AMX void flm_gemm_bf16_amx(float *out, int ldo, const float *xf, int ldx, const 
     }
     _tile_release();
 }
+#endif /* FLM_AMX */
 
 /* ---- AVX2: a panel is two vectors; tiles of 4 tokens x 1 panel. */
 

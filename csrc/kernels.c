@@ -314,19 +314,20 @@ static const FlmKernels kernels_avx512_bf16 = {
     60,
 };
 
-/* The same, with the bf16 matmuls on AMX tiles. */
-static const FlmKernels kernels_amx_bf16 = {
-    "amx_bf16", flm_gemm_f32_avx512, flm_gemm_bf16_amx, flm_to_bf16_avx512,
-    key_scores_avx512, exp_sum_avx512, weighted_sum_avx512, delta_rule_avx512, rmsnorm_avx512, silu_mul_avx512,
-    64,
-};
-
 /* F16C converts the f16 KV cache (every AVX2 CPU has it; compilers cannot
  * all name it to __builtin_cpu_supports). */
 static int has_f16c(void) {
     unsigned a, b, c, d;
     return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
 }
+
+#ifdef FLM_AMX
+/* The same, with the bf16 matmuls on AMX tiles. */
+static const FlmKernels kernels_amx_bf16 = {
+    "amx_bf16", flm_gemm_f32_avx512, flm_gemm_bf16_amx, flm_to_bf16_avx512,
+    key_scores_avx512, exp_sum_avx512, weighted_sum_avx512, delta_rule_avx512, rmsnorm_avx512, silu_mul_avx512,
+    64,
+};
 
 /* AMX needs the CPU's tile unit and the kernel's leave to use its 8 KB of
  * tile state (Linux grants it per process on request). */
@@ -339,6 +340,7 @@ static int amx_usable(void) {
     return 0;
 #endif
 }
+#endif
 #endif /* x86 */
 
 /* -------------------------------------------------------------- dispatch */
@@ -356,14 +358,19 @@ static int supported(const FlmKernels *k) {
                  __builtin_cpu_supports("fma");
     if (k == &kernels_avx512) return avx512;
     if (k == &kernels_avx512_bf16) return avx512 && __builtin_cpu_supports("avx512bf16");
+#ifdef FLM_AMX
     if (k == &kernels_amx_bf16) return avx512 && __builtin_cpu_supports("avx512bf16") && amx_usable();
+#endif
 #endif
     return 0;
 }
 
 static const FlmKernels *const all_paths[] = {
 #ifdef FLM_X86
-    &kernels_amx_bf16, &kernels_avx512_bf16, &kernels_avx512, &kernels_avx2,
+#ifdef FLM_AMX
+    &kernels_amx_bf16,
+#endif
+    &kernels_avx512_bf16, &kernels_avx512, &kernels_avx2,
 #endif
     &kernels_generic,
 };

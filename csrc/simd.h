@@ -12,7 +12,12 @@
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
 #define AVX512BF16 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+/* AMX intrinsics need GCC 11 or clang 12; older compilers build without
+ * the amx_bf16 path. */
+#if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11)
+#define FLM_AMX 1
 #define AMX __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")))
+#endif
 #define INLINE static inline __attribute__((always_inline))
 
 /* The first `left` of 16 lanes (none when left <= 0, all when >= 16). */
