@@ -4,24 +4,21 @@ from .chars import CHAR_TO_BYTE
 from .errors import UnsupportedTokenizerError
 
 
-def _utf8_lossy(b):
-    # Python's 'replace' handler substitutes one U+FFFD per maximal invalid
-    # subsequence, which is what Rust's String::from_utf8_lossy does.
-    return b.decode("utf-8", "replace")
+def token_bytes(t):
+    """The bytes a ByteLevel token stands for.  A token with any character
+    outside the byte alphabet (an added token, typically) is taken as its own
+    UTF-8 text."""
+    try:
+        return bytes([CHAR_TO_BYTE[c] for c in t])
+    except KeyError:
+        return t.encode("utf-8")
 
 
 class ByteLevel:
     def decode_chain(self, tokens):
-        buf = bytearray()
-        c2b = CHAR_TO_BYTE
-        for t in tokens:
-            try:
-                buf.extend([c2b[c] for c in t])
-            except KeyError:
-                # A token with any character outside the byte alphabet (an
-                # added token, typically) is taken as its own UTF-8 text.
-                buf.extend(t.encode("utf-8"))
-        return [_utf8_lossy(bytes(buf))]
+        # Python's 'replace' handler substitutes one U+FFFD per maximal invalid
+        # subsequence, which is what Rust's String::from_utf8_lossy does.
+        return [b"".join([token_bytes(t) for t in tokens]).decode("utf-8", "replace")]
 
 
 def byte_token_value(t):
