@@ -171,16 +171,14 @@ class Tokenizer:
         for i, e in enumerate(entries):
             if not isinstance(e, dict) or not isinstance(e.get("content"), str):
                 raise TokenizerError(f"{where}: added_tokens[{i}] is malformed: {e!r}")
-            self._add_token(e["content"], bool(e.get("special", False)),
-                            single_word=bool(e.get("single_word", False)),
-                            lstrip=bool(e.get("lstrip", False)), rstrip=bool(e.get("rstrip", False)),
-                            normalized=bool(e.get("normalized", not e.get("special", False))))
+            self._add_token(e["content"], bool(e.get("special", False)), e)
         self._refresh_added()
 
-    def _add_token(self, content, special, single_word=False, lstrip=False, rstrip=False,
-                   normalized=None):
-        if normalized is None:
-            normalized = not special
+    def _add_token(self, content, special, flags=None):
+        """Add a token; flags: its object in tokenizer.json or tokenizer_config.json."""
+        flags = flags or {}
+        single_word, lstrip, rstrip = (bool(flags.get(k, False)) for k in ("single_word", "lstrip", "rstrip"))
+        normalized = bool(flags.get("normalized", not special))
         if not content:
             return
         # Ids are assigned the way tokenizers does when it loads a file: an
@@ -287,10 +285,7 @@ class Tokenizer:
             raise ModelFileError(cfg_path, "added_tokens_decoder keys must be token ids") from None
         for _, t in entries:
             if isinstance(t, dict) and t.get("content") and t["content"] not in self._added:
-                self._add_token(t["content"], bool(t.get("special", False)),
-                                single_word=bool(t.get("single_word", False)),
-                                lstrip=bool(t.get("lstrip", False)), rstrip=bool(t.get("rstrip", False)),
-                                normalized=bool(t.get("normalized", not t.get("special", False))))
+                self._add_token(t["content"], bool(t.get("special", False)), t)
                 changed = True
         self.special_tokens_map = {}
         for k, v in named.items():
@@ -299,12 +294,7 @@ class Tokenizer:
                 raise ModelFileError(cfg_path, f"{k} must be a string or a token object, got {v!r}")
             self.special_tokens_map[k] = s
             if s not in self._added:
-                if isinstance(v, dict):
-                    self._add_token(s, True, single_word=bool(v.get("single_word", False)),
-                                    lstrip=bool(v.get("lstrip", False)), rstrip=bool(v.get("rstrip", False)),
-                                    normalized=bool(v.get("normalized", False)))
-                else:
-                    self._add_token(s, True)
+                self._add_token(s, True, v if isinstance(v, dict) else None)
                 changed = True
         if changed:
             self._refresh_added()
