@@ -49,34 +49,24 @@ def _apply_behavior(spans, behavior):
         return [(a, b) for a, b, _ in spans]
     if behavior == "Removed":
         return [(a, b) for a, b, m in spans if not m]
+    if behavior not in ("Contiguous", "MergedWithPrevious", "MergedWithNext"):
+        raise TokenizerError(f"unknown split behavior {behavior!r}")
+    # Contiguous joins a span to the previous one of its kind; a delimiter
+    # joins the piece before it (MergedWithPrevious) or, read from the end,
+    # the piece after it (MergedWithNext).
+    contiguous = behavior == "Contiguous"
+    backwards = behavior == "MergedWithNext"
     out = []
     prev_match = False
-    if behavior == "Contiguous":
-        for a, b, m in spans:
-            if m == prev_match and out:
-                out[-1] = (out[-1][0], b)
-            else:
-                out.append((a, b))
-            prev_match = m
-        return out
-    if behavior == "MergedWithPrevious":
-        for a, b, m in spans:
-            if m and not prev_match and out:
-                out[-1] = (out[-1][0], b)
-            else:
-                out.append((a, b))
-            prev_match = m
-        return out
-    if behavior == "MergedWithNext":
-        for a, b, m in reversed(spans):
-            if m and not prev_match and out:
-                out[-1] = (a, out[-1][1])
-            else:
-                out.append((a, b))
-            prev_match = m
+    for a, b, m in (reversed(spans) if backwards else spans):
+        if out and (m == prev_match if contiguous else m and not prev_match):
+            out[-1] = (a, out[-1][1]) if backwards else (out[-1][0], b)
+        else:
+            out.append((a, b))
+        prev_match = m
+    if backwards:
         out.reverse()
-        return out
-    raise TokenizerError(f"unknown split behavior {behavior!r}")
+    return out
 
 
 _BEHAVIORS = {"isolated": "Isolated", "removed": "Removed", "contiguous": "Contiguous",
