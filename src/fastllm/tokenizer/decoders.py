@@ -137,11 +137,9 @@ def build(d, where="decoder"):
             scheme = "always" if d.get("add_prefix_space", True) else "never"
         return Metaspace(d.get("replacement", "\u2581"), scheme)
     if t == "Sequence":
-        return Sequence([build(x, f"{where}.decoders[{i}]")
-                                 for i, x in enumerate(d.get("decoders", []))])
+        return Sequence([build(x, f"{where}.decoders[{i}]") for i, x in enumerate(d.get("decoders", []))])
     raise UnsupportedTokenizerError(f"{where}: decoder type {t!r} is not supported (supported: "
                                     "ByteLevel, ByteFallback, Fuse, Strip, Replace, Metaspace, Sequence)")
-
 
 
 def uses(decoder, kind):

@@ -12,33 +12,18 @@ from .errors import TokenizerError, UnsupportedTokenizerError
 from .patterns import compile_pattern, onig_matches
 
 
-def _lstrip_ws_count(s):
-    n = 0
-    for c in s:
-        if c not in WHITESPACE:
-            break
-        n += 1
-    return n
+_WHITESPACE = "".join(sorted(WHITESPACE))   # for str.strip: Rust's whitespace, not Python's
 
 
-def _rstrip_ws_count(s):
-    n = 0
-    for c in reversed(s):
-        if c not in WHITESPACE:
-            break
-        n += 1
-    return n
+class _Rewrite:
+    """A normalizer that rewrites characters where they stand: the first z
+    characters of s become normalize(s[:z])."""
+
+    def normalize_z(self, s, z):
+        return self.normalize(s), (len(self.normalize(s[:z])) if z else 0)
 
 
-def _lower_per_char(s):
-    # tokenizers lowercases char by char, so it never applies the Final_Sigma
-    # rule that str.lower() applies to a word-final capital sigma.
-    if "\u03a3" in s:
-        s = s.replace("\u03a3", "\u03c3")
-    return s.lower()
-
-
-class NF:
+class NF(_Rewrite):
     def __init__(self, form):
         self.form = form
 
@@ -47,16 +32,14 @@ class NF:
             return s
         return unicodedata.normalize(self.form, s)
 
-    def normalize_z(self, s, z):
-        return self.normalize(s), (len(self.normalize(s[:z])) if z else 0)
 
-
-class Lowercase:
+class Lowercase(_Rewrite):
     def normalize(self, s):
-        return _lower_per_char(s)
-
-    def normalize_z(self, s, z):
-        return _lower_per_char(s), (len(_lower_per_char(s[:z])) if z else 0)
+        # tokenizers lowercases char by char, so it never applies the Final_Sigma
+        # rule that str.lower() applies to a word-final capital sigma.
+        if "\u03a3" in s:
+            s = s.replace("\u03a3", "\u03c3")
+        return s.lower()
 
 
 class Prepend:
@@ -81,10 +64,10 @@ class Strip:
         return self.normalize_z(s, 0)[0]
 
     def normalize_z(self, s, z):
-        lead = _lstrip_ws_count(s) if self.left else 0
+        lead = len(s) - len(s.lstrip(_WHITESPACE)) if self.left else 0
         if lead == len(s):
             return "", 0
-        trail = _rstrip_ws_count(s) if self.right else 0
+        trail = len(s) - len(s.rstrip(_WHITESPACE)) if self.right else 0
         return s[lead:len(s) - trail], max(0, z - lead)
 
 

@@ -80,7 +80,7 @@ def build(d, where="post_processor"):
         return Wrap(d)
     if t == "Sequence":
         return Sequence([build(x, f"{where}.processors[{i}]")
-                                   for i, x in enumerate(d.get("processors", []))])
+                         for i, x in enumerate(d.get("processors", []))])
     raise UnsupportedTokenizerError(f"{where}: post-processor type {t!r} is not supported "
                                     "(supported: TemplateProcessing, ByteLevel, Sequence)")
 
