@@ -120,6 +120,17 @@ def test_wheel_holds_no_sources():
     assert any(n.endswith("LICENSE") for n in names), "no LICENSE in the wheel's dist-info"
 
 
+def test_wheel_holds_every_module():
+    """Subpackages (fastllm.tokenizer) are listed in pyproject.toml by name:
+    one left out there would be missing here."""
+    with zipfile.ZipFile(_wheel()) as z:
+        names = set(z.namelist())
+    src = ROOT / "src"
+    missing = [f.relative_to(src).as_posix() for f in src.glob("fastllm/**/*.py")
+               if f.relative_to(src).as_posix() not in names]
+    assert not missing, f"modules missing from the wheel: {missing}"
+
+
 def test_wheel_binaries_name_no_build_paths():
     """fastllm's own extension modules; libraries the repair tools copy in
     (libgomp, libomp in fastllm/.dylibs, vcomp140) are built by others and
@@ -197,7 +208,7 @@ def test_sdist_holds_everything_to_build_and_test():
     missing = [f for f in SDIST_REQUIRED if f not in names]
     assert not missing, f"missing from the sdist: {missing}"
     # Every C file and header of this checkout, and every test module.
-    for pattern in ("csrc/*.c", "csrc/*.h", "tests/test_*.py", "oracles/*.py", "src/fastllm/*.py",
+    for pattern in ("csrc/*.c", "csrc/*.h", "tests/test_*.py", "oracles/*.py", "src/fastllm/**/*.py",
                     "src/fastllm/*.pyx", "src/fastllm/*.pxd"):
         for f in ROOT.glob(pattern):
             rel = f.relative_to(ROOT).as_posix()

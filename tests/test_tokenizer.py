@@ -18,7 +18,7 @@ from tokenizers import models, pre_tokenizers, processors, trainers
 from tokenizers.decoders import DecodeStream
 
 from fastllm.errors import FastLLMError, ModelFileError
-from fastllm.tokenizer import Tokenizer, TokenizerError, UnsupportedTokenizerError
+from fastllm.tokenizer import Tokenizer, TokenizerError, UnsupportedTokenizerError, _bytes_to_unicode
 from oracles.tokenizer_strings import EDGE_CASES, SPECIAL_MARKERS, corpus, random_strings
 
 # --------------------------------------------------------------------------
@@ -139,19 +139,24 @@ def _random_id_streams(ours, n, seed):
 
 
 @pytest.mark.parametrize("skip_special_tokens", [True, False])
-def test_incremental_decoder_matches_decode_stream(smollm2, skip_special_tokens):
+def test_incremental_decoder_keeps_up_with_decode_stream(smollm2, skip_special_tokens):
+    # HF's DecodeStream holds back all new text while it ends in U+FFFD;
+    # fastllm holds back only an incomplete character.  So fastllm's text is
+    # never behind DecodeStream's, is the same whenever DecodeStream releases
+    # text, and never has to be taken back.
     ours, hf = smollm2
     for ids in _random_id_streams(ours, 300, seed=5):
         ref_stream = DecodeStream(skip_special_tokens=skip_special_tokens)
         inc = ours.incremental_decoder(skip_special_tokens=skip_special_tokens)
-        pieces = []
+        full = hf.decode(ids, skip_special_tokens=skip_special_tokens)
+        got = want = ""
         for i in ids:
-            got = inc.add(i)
-            want = ref_stream.step(hf, i)
-            assert got == (want or ""), ids
-            pieces.append(got)
-        pieces.append(inc.flush())
-        assert "".join(pieces) == ours.decode(ids, skip_special_tokens=skip_special_tokens)
+            got += inc.add(i)
+            released = ref_stream.step(hf, i)
+            want += released or ""
+            assert got.startswith(want) and full.startswith(got), ids
+            assert got == want or not released, ids
+        assert got + inc.flush() == full
 
 
 def test_incremental_decoder_never_splits_a_character(smollm2):
@@ -163,6 +168,42 @@ def test_incremental_decoder_never_splits_a_character(smollm2):
     assert "".join(out) == text
     assert all("\ufffd" not in p for p in out)
     assert any(p == "" for p in out)   # multi-byte characters were held back
+
+
+def _stream_lone_continuation_bytes(tok, token, monkeypatch, n=8000):
+    """Streams n random lone UTF-8 continuation bytes, each a token made by
+    token(byte); returns the texts released and how many ids were decoded."""
+    rng = random.Random(3)
+    ids = [tok.token_to_id(token(rng.randrange(0x80, 0xC0))) for _ in range(n)]
+    decoded = []
+    decode = tok.decode
+    monkeypatch.setattr(tok, "decode", lambda ids, **kw: decoded.append(len(ids)) or decode(ids, **kw))
+    inc = tok.incremental_decoder()
+    pieces = [inc.add(i) for i in ids]
+    pieces.append(inc.flush())
+    monkeypatch.undo()
+    assert "".join(pieces) == tok.decode(ids) == "\ufffd" * n
+    return pieces, sum(decoded)
+
+
+def test_incremental_decoder_releases_bytes_that_cannot_complete(smollm2, monkeypatch):
+    # Each lone continuation byte is a U+FFFD of its own in decode(), so none
+    # is held back; before, all were, and each add() decoded all of them.
+    byte_char = _bytes_to_unicode()
+    pieces, decoded = _stream_lone_continuation_bytes(smollm2[0], lambda b: byte_char[b], monkeypatch)
+    assert pieces[:-1] == ["\ufffd"] * (len(pieces) - 1)
+    assert decoded == 0
+
+
+def test_incremental_decoder_holds_back_only_an_incomplete_character(smollm2):
+    ours, _ = smollm2
+    byte_char = _bytes_to_unicode()
+    data = "a\u65e5\u672c\u00e9\U0001f600!".encode()
+    inc = ours.incremental_decoder()
+    got = ""
+    for k, b in enumerate(data, 1):
+        got += inc.add(ours.token_to_id(byte_char[b]))
+        assert got == data[:k].decode("utf-8", "ignore")
 
 
 # --------------------------------------------------------------------------
@@ -474,6 +515,13 @@ def test_incremental_decoder_with_byte_fallback(base_models, decoder):
                 assert full.startswith(emitted), (ids, emitted, full)
             emitted += inc.flush()
             assert emitted == full
+
+
+def test_incremental_decoder_releases_byte_fallback_runs_that_cannot_be_valid(base_models, monkeypatch):
+    ours = Tokenizer.from_str(json.dumps(_spec(base_models, "spm", pre=_ms("first"), decoder=_LLAMA_DECODER)))
+    pieces, decoded = _stream_lone_continuation_bytes(ours, lambda b: "<0x%02X>" % b, monkeypatch)
+    assert pieces[:-1] == ["\ufffd"] * (len(pieces) - 1)
+    assert decoded <= 3   # the run when it turns invalid, its last byte as the prefix, flush()
 
 
 # --------------------------------------------------------------------------

@@ -1,0 +1,138 @@
+"""The BPE model: ids of one pre-token, merged by the Cython module _bpe."""
+from array import array
+
+from .. import _bpe
+from .chars import BYTE_CHARS, byte_level
+from .errors import TokenizerError, UnsupportedTokenizerError
+
+
+class BPE:
+    def __init__(self, d, where="model"):
+        t = d.get("type", "BPE")
+        if t != "BPE":
+            raise UnsupportedTokenizerError(
+                f"{where}: model type {t!r} is not supported; fastllm implements BPE models only")
+        if "vocab" not in d or "merges" not in d:
+            raise TokenizerError(f"{where}: a BPE model needs 'vocab' and 'merges'")
+        dropout = d.get("dropout")
+        if dropout not in (None, 0, 0.0):
+            raise UnsupportedTokenizerError(
+                f"{where}: BPE dropout={dropout!r} is random at encode time; fastllm refuses it")
+        self.vocab = d["vocab"]
+        if not isinstance(self.vocab, dict):
+            raise TokenizerError(f"{where}.vocab: expected an object mapping tokens to ids")
+        self.merges = d["merges"]
+        if not isinstance(self.merges, list):
+            raise TokenizerError(f"{where}.merges: expected a list")
+        self.unk_token = d.get("unk_token")
+        self.prefix = d.get("continuing_subword_prefix") or ""
+        self.suffix = d.get("end_of_word_suffix") or ""
+        self.fuse_unk = bool(d.get("fuse_unk", False))
+        self.byte_fallback = bool(d.get("byte_fallback", False))
+        self.ignore_merges = bool(d.get("ignore_merges", False))
+        self.where = where
+        self._table = None
+        self._vocab_r = None
+        self._byte_ids = None
+
+    # Building the merge table costs ~0.2 s for a 250k-merge file, so it is
+    # deferred to the first encode that misses the cache.
+    @property
+    def table(self):
+        if self._table is None:
+            table = _bpe.MergeTable(len(self.merges))
+            err = table.load_merges(self.merges, self.vocab, len(self.prefix))
+            if err is not None:
+                i, tok = err
+                if tok is None:
+                    raise TokenizerError(f"{self.where}.merges[{i}]: {self.merges[i]!r} is not a pair of tokens")
+                raise TokenizerError(f"{self.where}.merges[{i}]: token {tok!r} is not in the vocabulary")
+            self._table = table
+        return self._table
+
+    def validate(self):
+        self.table  # noqa: B018 - raises on a broken merges list
+
+    @property
+    def vocab_r(self):
+        if self._vocab_r is None:
+            self._vocab_r = {v: k for k, v in self.vocab.items()}
+        return self._vocab_r
+
+    def byte_ids(self):
+        """Vocabulary ids of the 256 byte-level characters, or None if the
+        model cannot use the fast byte path."""
+        if self._byte_ids is None:
+            ids = [self.vocab.get(c) for c in BYTE_CHARS]
+            if None in ids or self.prefix or self.suffix:
+                self._byte_ids = False
+            else:
+                self._byte_ids = array("i", ids)
+        return self._byte_ids or None
+
+    def _unk_id(self):
+        uid = self.vocab.get(self.unk_token)
+        if uid is None:
+            raise TokenizerError(f"{self.where}: unk_token {self.unk_token!r} is not in the vocabulary")
+        return uid
+
+    def tokenize(self, w):
+        """Ids of one pre-token (already in the model's alphabet)."""
+        if not w:
+            return []
+        vocab = self.vocab
+        if self.ignore_merges:
+            tid = vocab.get(w)
+            if tid is not None:
+                return [tid]
+        ids = []
+        unk = None
+        last = len(w) - 1
+        prefix, suffix = self.prefix, self.suffix
+        for i, ch in enumerate(w):
+            s = ch
+            if i and prefix:
+                s = prefix + s
+            if i == last and suffix:
+                s = s + suffix
+            tid = vocab.get(s)
+            if tid is not None:
+                if unk is not None:
+                    ids.append(unk)
+                    unk = None
+                ids.append(tid)
+                continue
+            if self.byte_fallback:
+                bts = [vocab.get("<0x%02X>" % b) for b in s.encode("utf-8")]
+                if None not in bts:
+                    # A pending unk is deliberately not flushed here: tokenizers
+                    # keeps it until the next known character.
+                    ids.extend(bts)
+                    continue
+            if self.unk_token is not None:
+                uid = self._unk_id()
+                if unk is not None and not self.fuse_unk:
+                    ids.append(unk)
+                unk = uid
+        if unk is not None:
+            ids.append(unk)
+        return self.table.merge_ids(ids)
+
+    def byte_miss(self):
+        """Function computing the ids of a raw pre-token on the byte path."""
+        table = self.table
+        byte_ids = self.byte_ids()
+        merge = table.merge_bytes
+        if self.ignore_merges:
+            vocab = self.vocab
+
+            def miss(piece):
+                tid = vocab.get(byte_level(piece))
+                if tid is not None:
+                    return [tid]
+                return merge(piece.encode("utf-8"), byte_ids)
+        else:
+            def miss(piece):
+                return merge(piece.encode("utf-8"), byte_ids)
+        return miss
+

@@ -1,0 +1,151 @@
+"""Decoders: each maps a list of token strings to a list of strings."""
+from . import normalizers
+from .chars import CHAR_TO_BYTE
+from .errors import UnsupportedTokenizerError
+
+
+def token_bytes(t):
+    """The bytes a ByteLevel token stands for.  A token with any character
+    outside the byte alphabet (an added token, typically) is taken as its own
+    UTF-8 text."""
+    try:
+        return bytes([CHAR_TO_BYTE[c] for c in t])
+    except KeyError:
+        return t.encode("utf-8")
+
+
+class ByteLevel:
+    def decode_chain(self, tokens):
+        # Python's 'replace' handler substitutes one U+FFFD per maximal invalid
+        # subsequence, which is what Rust's String::from_utf8_lossy does.
+        return [b"".join([token_bytes(t) for t in tokens]).decode("utf-8", "replace")]
+
+
+def byte_token_value(t):
+    if len(t) == 6 and t.startswith("<0x") and t.endswith(">"):
+        h = t[3:5]
+        # Rust's u8::from_str_radix accepts an optional '+' sign, nothing else.
+        digits = h[1:] if h[0] == "+" else h
+        if digits and all(c in "0123456789abcdefABCDEF" for c in digits):
+            return int(digits, 16)
+    return None
+
+
+class ByteFallback:
+    def decode_chain(self, tokens):
+        out = []
+        pending = bytearray()
+
+        def flush():
+            try:
+                out.append(bytes(pending).decode("utf-8"))
+            except UnicodeDecodeError:
+                out.extend(["\ufffd"] * len(pending))
+            pending.clear()
+
+        for t in tokens:
+            b = byte_token_value(t)
+            if b is not None:
+                pending.append(b)
+                continue
+            if pending:
+                flush()
+            out.append(t)
+        if pending:
+            flush()
+        return out
+
+
+class Fuse:
+    def decode_chain(self, tokens):
+        return ["".join(tokens)]
+
+
+class Strip:
+    def __init__(self, content, start, stop):
+        self.content = content
+        self.start = start
+        self.stop = stop
+
+    def decode_chain(self, tokens):
+        out = []
+        c = self.content
+        for t in tokens:
+            a = 0
+            while a < self.start and a < len(t) and t[a] == c:
+                a += 1
+            b = len(t)
+            k = 0
+            while k < self.stop and b > a and t[b - 1] == c:
+                b -= 1
+                k += 1
+            out.append(t[a:b])
+        return out
+
+
+class Replace:
+    def __init__(self, pattern, content, where):
+        self.norm = normalizers.Replace(pattern, content, where)
+
+    def decode_chain(self, tokens):
+        return [self.norm.normalize(t) for t in tokens]
+
+
+class Metaspace:
+    def __init__(self, replacement, prepend_scheme):
+        self.replacement = replacement
+        self.prepend_scheme = prepend_scheme
+
+    def decode_chain(self, tokens):
+        out = []
+        for i, t in enumerate(tokens):
+            if i == 0 and self.prepend_scheme != "never":
+                out.append(t.replace(self.replacement, ""))
+            else:
+                out.append(t.replace(self.replacement, " "))
+        return out
+
+
+class Sequence:
+    def __init__(self, items):
+        self.items = items
+
+    def decode_chain(self, tokens):
+        for d in self.items:
+            tokens = d.decode_chain(tokens)
+        return tokens
+
+
+def build(d, where="decoder"):
+    if d is None:
+        return None
+    t = d.get("type")
+    if t == "ByteLevel":
+        return ByteLevel()
+    if t == "ByteFallback":
+        return ByteFallback()
+    if t == "Fuse":
+        return Fuse()
+    if t == "Strip":
+        content = d.get("content", " ")
+        return Strip(content, int(d.get("start", 0)), int(d.get("stop", 0)))
+    if t == "Replace":
+        return Replace(d["pattern"], d["content"], where)
+    if t == "Metaspace":
+        scheme = d.get("prepend_scheme")
+        if scheme is None:
+            scheme = "always" if d.get("add_prefix_space", True) else "never"
+        return Metaspace(d.get("replacement", "\u2581"), scheme)
+    if t == "Sequence":
+        return Sequence([build(x, f"{where}.decoders[{i}]") for i, x in enumerate(d.get("decoders", []))])
+    raise UnsupportedTokenizerError(f"{where}: decoder type {t!r} is not supported (supported: "
+                                    "ByteLevel, ByteFallback, Fuse, Strip, Replace, Metaspace, Sequence)")
+
+
+def uses(decoder, kind):
+    """Whether the decoder, or a step of it, is of the given class."""
+    if isinstance(decoder, kind):
+        return True
+    if isinstance(decoder, Sequence):
+        return any(uses(d, kind) for d in decoder.items)
+    return False

@@ -1,0 +1,121 @@
+"""Streaming decode: text of generated ids as they come, adding up to decode()."""
+import codecs
+
+from . import decoders
+
+_utf8_decoder = codecs.getincrementaldecoder("utf-8")
+
+
+def _decode_chain(decoder, tokens):
+    return "".join(decoder.decode_chain(tokens))
+
+
+class IncrementalDecoder:
+    """Streaming detokenizer whose outputs concatenate to decode(all ids).
+
+    add() releases text as soon as no later id can change it, so little is
+    held back, and the work done for a stream grows linearly with its length.
+
+    With a ByteLevel decoder the text is the UTF-8 decoding of the tokens'
+    bytes, so they go through an incremental UTF-8 decoder: it holds back
+    only an incomplete character (at most 3 bytes), and bytes that can never
+    complete one come out at once as the U+FFFD that decode() shows for them.
+
+    Other decoders depend on where a token stands (Metaspace and Strip treat
+    the first one apart), so, as in tokenizers' DecodeStream, each add()
+    decodes the ids of the last release (the prefix) with the new ones, and
+    releases what the new ones add.  With a ByteFallback decoder a run of
+    <0xXX> tokens that is valid UTF-8 so far is held back, because one more
+    byte can turn the whole run into replacement characters; once it can
+    never be valid, each of its bytes is one U+FFFD, released as it comes.
+    """
+
+    def __init__(self, tokenizer, skip_special_tokens=True):
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        decoder = tokenizer.decoder
+        self._utf8 = _utf8_decoder("replace") if isinstance(decoder, decoders.ByteLevel) else None
+        self._byte_runs = decoders.uses(decoder, decoders.ByteFallback)
+        # Whether each byte of a run that can never be valid adds one U+FFFD,
+        # as in the ByteFallback chains in use (a step that rewrote <0xXX>
+        # tokens or U+FFFD would not: such runs are then held to their end).
+        self._release_invalid_runs = self._byte_runs and (
+            _decode_chain(decoder, ["<0xFF>"] * 2) == _decode_chain(decoder, ["<0xFF>"]) + "\ufffd")
+        # A ByteLevel step among others: text ending in U+FFFD may be an
+        # incomplete character, so it is held as DecodeStream holds it.
+        self._hold_fffd = decoders.uses(decoder, decoders.ByteLevel)
+        self._reset()
+
+    def _reset(self):
+        self.ids = []            # the prefix's ids, then the ones not yet released
+        self.prefix = ""
+        self.prefix_index = 0
+        # The open <0xXX> run: None (none), an incremental UTF-8 decoder (valid
+        # so far), "invalid" (can never be valid; held to its end) or
+        # "released" (can never be valid; each further byte is one U+FFFD).
+        self._run = None
+        if self._utf8 is not None:
+            self._utf8.reset()
+
+    def _decode(self, ids):
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+    def add(self, token_id):
+        """Feed one id; returns the newly completed text (possibly "")."""
+        token_id = int(token_id)
+        tokens = self.tokenizer._tokens_for_decode([token_id], self.skip_special_tokens)
+        if not tokens:
+            return ""   # an id decode() drops: unknown, or a skipped special token
+        if self._utf8 is not None:
+            return self._utf8.decode(decoders.token_bytes(tokens[0]))
+        byte = decoders.byte_token_value(tokens[0]) if self._byte_runs else None
+        if byte is not None and self._run == "released":
+            return "\ufffd"
+        ids = self.ids
+        if not self.prefix and ids and self._run is None:
+            p = self._decode(ids)
+            if not p.endswith("\ufffd"):
+                self.prefix = p
+                self.prefix_index = len(ids)
+        ids.append(token_id)
+        if byte is None:
+            self._run = None
+        elif self._run == "invalid":
+            return ""
+        else:
+            self._run = self._run or _utf8_decoder()
+            try:
+                self._run.decode(bytes([byte]))
+                return ""
+            except UnicodeDecodeError:
+                self._run = "invalid"
+        text = self._decode(ids)
+        if not text.startswith(self.prefix):
+            return ""
+        new = text[len(self.prefix):]
+        if self._run == "invalid":
+            if not self._release_invalid_runs:
+                return ""
+            # All of the run is U+FFFD whatever comes next: release it, and
+            # keep its last byte as the prefix for the token that ends it.
+            self._run = "released"
+            self._anchor([token_id])
+            return new
+        if new and not (self._hold_fffd and new.endswith("\ufffd")):
+            self._anchor(ids[self.prefix_index:])
+            return new
+        return ""
+
+    def _anchor(self, ids):
+        self.ids = ids
+        self.prefix = self._decode(ids)
+        self.prefix_index = len(ids)
+
+    def flush(self):
+        """Text still held back (an incomplete character decodes as U+FFFD)."""
+        if self._utf8 is not None:
+            out = self._utf8.decode(b"", final=True)
+        else:
+            out = self._decode(self.ids)[len(self.prefix):]
+        self._reset()
+        return out
