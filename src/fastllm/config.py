@@ -207,10 +207,9 @@ class ModelConfig:
 
     # ------------------------------------------------------------------ RoPE
 
-    def rope_inv_freq(self, seq_len: int) -> tuple[np.ndarray, float]:
-        """Inverse frequencies for a sequence of seq_len tokens, and the
-        attention scaling applied to cos/sin, computed in float32 as the
-        reference does."""
+    def rope_inv_freq(self, seq_len: int) -> np.ndarray:
+        """Inverse frequencies for a sequence of seq_len tokens, computed in
+        float32 as the reference does."""
         dim = self.rope_dim
         f32 = np.float32
         exponents = np.arange(0, dim, 2, dtype=np.float32) / f32(dim)
@@ -243,7 +242,7 @@ class ModelConfig:
         else:
             raise ModelFileError(self.path, f"rope_scaling type {kind!r} is not supported "
                                             "(supported: linear, dynamic, llama3)")
-        return inv_freq, 1.0
+        return inv_freq
 
     def rope_tables(self, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
         """cos and sin of every position's angles, shape (seq_len, rope_dim/2)."""
@@ -255,20 +254,15 @@ class ModelConfig:
             # rotated with the frequencies for a sequence of p+1 tokens.
             orig = int(self.rope_scaling.get("original_max_position_embeddings",
                                              self.max_position_embeddings))
-            base_freq, scale = self.rope_inv_freq(orig)
+            base_freq = self.rope_inv_freq(orig)
             angles = np.empty((seq_len, self.rope_dim // 2), np.float32)
             angles[:orig] = pos[:orig] * base_freq
             for p in range(orig, seq_len):
-                angles[p] = np.float32(p) * self.rope_inv_freq(p + 1)[0]
+                angles[p] = np.float32(p) * self.rope_inv_freq(p + 1)
         else:
-            inv_freq, scale = self.rope_inv_freq(seq_len)
-            angles = pos * inv_freq[None, :]
-        cos = np.cos(angles).astype(np.float32)
-        sin = np.sin(angles).astype(np.float32)
-        if scale != 1.0:
-            cos *= np.float32(scale)
-            sin *= np.float32(scale)
-        return np.ascontiguousarray(cos), np.ascontiguousarray(sin)
+            angles = pos * self.rope_inv_freq(seq_len)[None, :]
+        return (np.ascontiguousarray(np.cos(angles).astype(np.float32)),
+                np.ascontiguousarray(np.sin(angles).astype(np.float32)))
 
     def n_params(self) -> int:
         h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size

@@ -34,7 +34,6 @@ __all__ = [
     "SUPPORTED_PRE_TOKENIZERS",
     "MODEL_FILES",
     "convert_gguf",
-    "read_gguf_metadata",
     "is_complete_model_dir",
 ]
 
@@ -108,12 +107,6 @@ def _metadata(reader, path: Path) -> dict:
         except Exception as exc:
             raise ConversionError(path, f"cannot read metadata key {key!r}: {exc}") from exc
     return md
-
-
-def read_gguf_metadata(gguf_path: PathLike) -> dict:
-    """All metadata key/value pairs of a GGUF file as Python values."""
-    path = Path(gguf_path)
-    return _metadata(_open_reader(path), path)
 
 
 # --------------------------------------------------------------------------
@@ -195,15 +188,6 @@ def _rope_scaling(md: dict, arch: str, path: Path) -> Optional[dict]:
     factor = md.get(f"{arch}.rope.scaling.factor")
     if kind == "linear":
         return {"rope_type": "linear", "factor": _shortest_float32(factor)}
-    if kind == "yarn":
-        orig = int(_require(md, f"{arch}.rope.scaling.original_context_length", path))
-        out = {"rope_type": "yarn", "factor": _shortest_float32(factor), "original_max_position_embeddings": orig}
-        for gguf_key, hf_key in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow"),
-                                 ("yarn_ext_factor", "extrapolation_factor")):
-            v = md.get(f"{arch}.rope.scaling.{gguf_key}")
-            if v is not None:
-                out[hf_key] = _shortest_float32(v)
-        return out
     raise ConversionError(path, f"rope scaling type {kind!r} is not supported")
 
 
