@@ -13,7 +13,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from fastllm import Model, ModelFileError
+from fastllm import Model, ModelFileError, SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +52,24 @@ def test_streamed_pieces_are_whole_characters(model):
 def test_seeded_sampling_reproduces(model):
     kw = dict(max_new_tokens=16, temperature=1.0, top_p=0.9, top_k=40, seed=123)
     assert model.generate("My favourite food is", **kw) == model.generate("My favourite food is", **kw)
+
+
+def test_bad_settings_raise_at_the_call(model):
+    for call in (model.stream, model.generate):
+        with pytest.raises(ValueError, match="temperature"):
+            call("hi", temperature=-1)   # not at the first next()
+    with pytest.raises(ValueError, match="top_p"):
+        model.chat([{"role": "user", "content": "hi"}], stream=True, top_p=0)
+    with pytest.raises(TypeError):
+        model.generate("hi", temprature=0.5)
+
+
+def test_sampling_object_and_overrides(model):
+    params = SamplingParams(temperature=0.8, top_k=20, seed=11)
+    a = model.generate("Once upon a time", 12, sampling=params)
+    assert a == model.generate("Once upon a time", 12, temperature=0.8, top_k=20, seed=11)
+    assert model.generate("Once upon a time", 12, sampling=params, temperature=0) == \
+        model.generate("Once upon a time", 12)
 
 
 def test_chat_stops_at_end_of_turn(model):

@@ -18,11 +18,6 @@ from .weights import load_weights
 
 DTYPES = ("f32", "bf16")
 
-# Keyword defaults of stream/generate/chat when neither the call nor the
-# model's generation_config.json sets a value (chat: max_new_tokens 256).
-API_DEFAULTS = dict(max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0,
-                    repetition_penalty=1.0, repeat_last_n=-1, seed=None)
-
 
 class ContextFullWarning(UserWarning):
     """Generation stopped because the context (n_ctx tokens) is full."""
@@ -73,10 +68,13 @@ class Model:
         self.path = path
         self.dtype = dtype
         self.eos_token_ids = eos_token_ids
-        # The checked settings of generation_config.json, and the keyword
-        # defaults they give generate/stream/chat (a keyword passed wins).
+        # The checked settings of generation_config.json, what they set of
+        # generate/stream/chat's defaults, and the sampling those calls
+        # start from: SamplingParams' defaults under the file's values.
         self.generation_config = dict(generation_config or {})
         self.generation_defaults = generation_defaults(self.generation_config)
+        self.default_sampling = SamplingParams().replace(
+            **{k: v for k, v in self.generation_defaults.items() if k != "max_new_tokens"})
         self.last_stats = GenerationStats()
         self._cached = []   # tokens whose keys/values are in the cache, in order
 
@@ -213,59 +211,51 @@ class Model:
 
     # ---------------------------------------------------------------- text
 
-    def stream(self, prompt: str, max_new_tokens: int | None = None, temperature: float | None = None,
-               top_p: float | None = None, top_k: int | None = None, min_p: float | None = None,
-               repetition_penalty: float | None = None, seed: int | None = None, stop=None,
-               add_special_tokens: bool = True, repeat_last_n: int | None = None) -> Iterator[str]:
+    def stream(self, prompt: str, max_new_tokens: int | None = None, *, sampling: SamplingParams | None = None,
+               stop=None, add_special_tokens: bool = True, **overrides) -> Iterator[str]:
         """Yield the continuation of prompt as text pieces, each a whole
         number of characters, as tokens are generated.
 
-        A setting left at None comes from the model's generation_config.json
-        when that sets it, else from API_DEFAULTS (greedy, no repetition
-        penalty, 128 new tokens). Afterwards last_stats.finish_reason says
-        why generation ended; "context" (the context is full) also gives a
-        ContextFullWarning."""
+        sampling: the SamplingParams to use, else default_sampling (fastllm's
+        defaults under the model's generation_config.json); keyword overrides
+        (temperature=..., seed=..., any SamplingParams field; None leaves a
+        setting as it is) are applied on top, and checked here, at the call.
+        max_new_tokens: else default_max_new_tokens(). Afterwards
+        last_stats.finish_reason says why generation ended; "context" (the
+        context is full) also gives a ContextFullWarning."""
+        params = self._sampling(sampling, overrides)
         ids = self._need_tokenizer().encode(prompt, add_special_tokens=add_special_tokens)
-        n, sampling = self._settings(len(ids), dict(
-            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-            min_p=min_p, repetition_penalty=repetition_penalty, seed=seed,
-            repeat_last_n=repeat_last_n))
-        yield from self._stream_ids(ids, n, sampling, stop)
+        n = self.default_max_new_tokens(len(ids)) if max_new_tokens is None else max_new_tokens
+        return self._stream_ids(ids, n, params, stop)
 
-    def _settings(self, n_prompt: int, given: dict, default_max: int = 128):
-        """(max_new_tokens, SamplingParams): each setting from the caller, else
-        generation_config.json, else API_DEFAULTS."""
-        kw = {}
-        for k, default in API_DEFAULTS.items():
-            v = given.get(k)
-            if v is None:
-                v = self.generation_defaults.get(k, default)
-            kw[k] = v
-        if given.get("max_new_tokens") is None and "max_new_tokens" not in self.generation_defaults:
-            limit = self.generation_config.get("max_length")
-            # max_length counts the prompt too, as in transformers
-            kw["max_new_tokens"] = default_max if limit is None else max(limit - n_prompt, 0)
-        n = kw.pop("max_new_tokens")
-        return n, SamplingParams(**kw).validate()
+    def _sampling(self, sampling: SamplingParams | None, overrides: dict) -> SamplingParams:
+        base = self.default_sampling if sampling is None else sampling
+        return base.replace(**{k: v for k, v in overrides.items() if v is not None})
 
-    def generate(self, prompt: str, **kwargs) -> str:
+    def default_max_new_tokens(self, n_prompt: int, fallback: int = 128) -> int:
+        """generation_config.json's max_new_tokens, else what its max_length
+        (which counts the prompt too, as in transformers) leaves, else fallback."""
+        if "max_new_tokens" in self.generation_defaults:
+            return self.generation_defaults["max_new_tokens"]
+        limit = self.generation_config.get("max_length")
+        return fallback if limit is None else max(limit - n_prompt, 0)
+
+    def generate(self, prompt: str, max_new_tokens: int | None = None, **kwargs) -> str:
         """The continuation of prompt as one string (arguments as for stream)."""
-        return "".join(self.stream(prompt, **kwargs))
+        return "".join(self.stream(prompt, max_new_tokens, **kwargs))
 
-    def chat(self, messages, max_new_tokens: int | None = None, stream: bool = False, **kwargs):
+    def chat(self, messages, max_new_tokens: int | None = None, stream: bool = False, *,
+             sampling: SamplingParams | None = None, stop=None, template_kwargs: dict | None = None,
+             **overrides):
         """Render messages with the model's chat template (as transformers
         does) and generate the assistant's reply. Settings as for stream;
-        max_new_tokens defaults to 256."""
-        template_kwargs = kwargs.pop("template_kwargs", None) or {}
+        max_new_tokens falls back to 256."""
+        params = self._sampling(sampling, overrides)
         text = self._need_tokenizer().apply_chat_template(messages, add_generation_prompt=True,
-                                                  **template_kwargs)
+                                                          **(template_kwargs or {}))
         ids = self.tokenizer.encode(text, add_special_tokens=False)
-        given = {k: kwargs.pop(k) for k in list(kwargs) if k in SamplingParams.__dataclass_fields__}
-        stop = kwargs.pop("stop", None)
-        if kwargs:
-            raise TypeError(f"unexpected arguments: {', '.join(sorted(kwargs))}")
-        n, sampling = self._settings(len(ids), dict(given, max_new_tokens=max_new_tokens), 256)
-        pieces = self._stream_ids(ids, n, sampling, stop)
+        n = self.default_max_new_tokens(len(ids), 256) if max_new_tokens is None else max_new_tokens
+        pieces = self._stream_ids(ids, n, params, stop)
         return pieces if stream else "".join(pieces)
 
     def _need_tokenizer(self):
