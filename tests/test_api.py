@@ -238,17 +238,28 @@ def test_cli_run_defaults_do_not_loop(smollm2_dir):
 @pytest.mark.parametrize("bad", [2**32 + 5, -2**32 + 5, 2**63, 2**64 + 1])
 def test_token_ids_are_checked_before_they_are_narrowed(model, bad):
     """Ids that wrap to a valid int32 (2**32 + 5 -> 5) must be refused, not run."""
+    session = model.new_session()
     calls = [lambda: model.logits([1, bad]),
              lambda: list(model.generate_tokens([1, bad], 2)),
-             lambda: model._engine.forward([1, bad], 0)]
+             lambda: session.prefill([1, bad]),
+             lambda: session.step(bad)]
     for call in calls:
         with pytest.raises(ValueError, match="outside the vocabulary"):
             call()
+    assert session.position == 0
 
 
-@pytest.mark.parametrize("pos", [2**31 - 1, 2**31, 2**32, 2**63, -1])
-def test_positions_are_checked_without_wrapping(model, pos):
+def test_a_full_session_refuses_more_tokens(smollm2_dir):
+    small = Model.from_pretrained(smollm2_dir, n_ctx=8, threads=2)
+    session = small.new_session()
+    session.prefill([1, 2, 3, 4, 5, 6, 7])
+    session.step(8)
     with pytest.raises(ValueError, match="do not fit the context"):
-        model._engine.forward([1, 2], pos)
-    with pytest.raises(TypeError):
-        model._engine.forward([1, 2], 1.0)
+        session.step(9)
+    with pytest.raises(ValueError, match="do not fit the context"):
+        session.extend([1, 2])
+    with pytest.raises(ValueError, match="do not fit the context"):
+        session.prefill(list(range(1, 10)))
+    assert session.tokens == (1, 2, 3, 4, 5, 6, 7, 8)   # nothing was run, nothing changed
+    with pytest.raises(ValueError, match="integers"):
+        session.step(1.0)
