@@ -416,9 +416,8 @@ def verify_gguf(gguf_path: Path, folder: Path, dtype: str) -> str:
     fastllm computes. Returns a one-line summary; raises on a difference."""
     import gguf
     from fastllm.config import ModelConfig
-    from fastllm.convert import gguf_names, unpermute
-    from fastllm.safetensors import f32_to_bf16
-    from fastllm.weights import Checkpoint
+    from fastllm.formats.gguf import gguf_names, unpermute
+    from fastllm.formats.safetensors import Checkpoint, f32_to_bf16
 
     cfg = ModelConfig.from_file(folder / "config.json")
     ck = Checkpoint(folder)

@@ -144,7 +144,7 @@ def test_truncated_and_malformed_safetensors(tiny_model_dir, tmp_path):
 
 
 def test_shape_mismatch_and_missing_tensor(tiny_model_dir, tmp_path):
-    from fastllm.safetensors import load_file, save_file
+    from fastllm.formats.safetensors import load_file, save_file
     src = tiny_model_dir("llama-gqa")
     tensors = dict(load_file(src / "model.safetensors"))
     d = _copy(src, tmp_path / "shape")
@@ -164,7 +164,7 @@ def test_shape_mismatch_and_missing_tensor(tiny_model_dir, tmp_path):
 def test_safetensors_round_trip_and_bf16_rounding(tmp_path):
     import torch
     from safetensors.torch import load_file as torch_load
-    from fastllm.safetensors import SafetensorsFile, save_file
+    from fastllm.formats.safetensors import SafetensorsFile, save_file
     rng = np.random.default_rng(0)
     a = rng.standard_normal((7, 5)).astype(np.float32)
     a[0, :3] = [np.inf, -np.inf, np.nan]
@@ -181,7 +181,7 @@ def test_safetensors_round_trip_and_bf16_rounding(tmp_path):
 
 
 def test_sharded_checkpoint_loads(tiny_model_dir, tmp_path):
-    from fastllm.safetensors import load_file, save_file
+    from fastllm.formats.safetensors import load_file, save_file
     src = tiny_model_dir("qwen2")
     tensors = dict(load_file(src / "model.safetensors"))
     d = _copy(src, tmp_path / "sharded")

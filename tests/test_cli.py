@@ -108,7 +108,8 @@ def test_cli_defaults():
 
 
 def test_convert_defaults_to_f32():
-    from fastllm import convert, hub
+    from fastllm import hub
+    from fastllm.formats import gguf as convert
     assert convert.DEFAULT_DTYPE == "f32"
     assert inspect.signature(convert.convert_gguf).parameters["dtype"].default == "f32"
     assert "dtype" not in inspect.signature(hub.resolve_model).parameters   # always DEFAULT_DTYPE

@@ -1,4 +1,4 @@
-"""GGUF import (fastllm.convert) and the default model (fastllm.hub).
+"""GGUF import (fastllm.formats.gguf) and the default model (fastllm.hub).
 
 Oracles:
 * transformers' own GGUF loader (`from_pretrained(dir, gguf_file=...)`) on
@@ -36,14 +36,14 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa
 from transformers.convert_slow_tokenizer import bytes_to_unicode  # noqa: E402
 
 from fastllm import hub  # noqa: E402
-from fastllm.convert import (  # noqa: E402
+from fastllm.formats.gguf import (  # noqa: E402
     MODEL_FILES,
     ConversionError,
     OutputExistsError,
     convert_gguf,
     is_complete_model_dir,
 )
-from fastllm.safetensors import load_file  # noqa: E402
+from fastllm.formats.safetensors import load_file  # noqa: E402
 
 BYTE_CHARS = bytes_to_unicode()  # byte -> printable char, GPT-2's spelling
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"
@@ -690,7 +690,7 @@ def test_existing_output_is_kept_unless_overwrite(tiny_gguf, tmp_path):
 
 
 def test_stale_partial_folder_is_removed(tiny_gguf, tmp_path):
-    from fastllm.convert import _host_tag
+    from fastllm.formats.gguf import _host_tag
     _, gguf_path = tiny_gguf("qwen3")
     proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = int(proc.stdout)

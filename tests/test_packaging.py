@@ -197,7 +197,7 @@ def test_sdist_holds_everything_to_build_and_test():
     missing = [f for f in SDIST_REQUIRED if f not in names]
     assert not missing, f"missing from the sdist: {missing}"
     # Every C file and header of this checkout, and every test module.
-    for pattern in ("csrc/*.c", "csrc/*.h", "tests/test_*.py", "oracles/*.py", "src/fastllm/*.py",
+    for pattern in ("csrc/*.c", "csrc/*.h", "tests/test_*.py", "oracles/*.py", "src/fastllm/**/*.py",
                     "src/fastllm/*.pyx", "src/fastllm/*.pxd"):
         for f in ROOT.glob(pattern):
             rel = f.relative_to(ROOT).as_posix()

@@ -11,7 +11,7 @@ import pytest
 
 from fastllm import Model, families, schema
 from fastllm.config import ModelConfig
-from fastllm.safetensors import SafetensorsFile
+from fastllm.formats.safetensors import SafetensorsFile
 
 ROOT = Path(__file__).resolve().parents[1]
 

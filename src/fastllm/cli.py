@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("convert", help="convert a GGUF file into a HF model folder")
     p.add_argument("input", help="the .gguf file")
     p.add_argument("output", help="folder to create")
-    from .convert import DEFAULT_DTYPE
+    from .formats.gguf import DEFAULT_DTYPE
     p.add_argument("--dtype", choices=("f32", "bf16"), default=DEFAULT_DTYPE,
                    help="safetensors precision: f32 keeps the dequantized values exactly, "
                         f"bf16 halves the size (default: {DEFAULT_DTYPE})")
@@ -440,7 +440,7 @@ def cmd_chat(args) -> int:
 
 
 def cmd_convert(args) -> int:
-    from .convert import convert_gguf
+    from .formats.gguf import convert_gguf
     out = convert_gguf(args.input, args.output, dtype=args.dtype)
     print(f"wrote {out}", file=sys.stderr)
     return 0

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Union
 
-from .convert import DEFAULT_DTYPE, OutputExistsError, convert_gguf, is_complete_model_dir
+from .formats.gguf import DEFAULT_DTYPE, OutputExistsError, convert_gguf, is_complete_model_dir
 from .errors import FastLLMError
 
 __all__ = [

@@ -9,15 +9,13 @@ together, the C loop rotates (2i, 2i+1).
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 
 from . import _core, schema
 from .config import ModelConfig
 from .errors import ModelFileError
-from .safetensors import SafetensorsFile, bf16_to_f32, f32_to_bf16
+from .formats.safetensors import Checkpoint, SafetensorsFile, f32_to_bf16
+
 
 def rope_permutation(head_dim: int, rope_dim: int) -> np.ndarray:
     """Index map within one head: new row 2i is old row i, new row 2i+1 is
@@ -29,46 +27,6 @@ def rope_permutation(head_dim: int, rope_dim: int) -> np.ndarray:
     return perm
 
 
-class Checkpoint:
-    """The tensors of model.safetensors or of a sharded checkpoint."""
-
-    def __init__(self, folder):
-        folder = Path(folder)
-        index = folder / "model.safetensors.index.json"
-        single = folder / "model.safetensors"
-        self.files = {}
-        self.where = {}
-        if single.exists():
-            f = SafetensorsFile(single)
-            self.files[single.name] = f
-            self.where = {name: f for name in f.keys()}
-        elif index.exists():
-            try:
-                weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            except (KeyError, TypeError, json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise ModelFileError(index, f"not a valid safetensors index: {e}") from None
-            for name, shard in weight_map.items():
-                if shard not in self.files:
-                    if Path(shard).name != shard:
-                        raise ModelFileError(index, f"shard name {shard!r} is not a plain file name")
-                    self.files[shard] = SafetensorsFile(folder / shard)
-                if name not in self.files[shard]:
-                    raise ModelFileError(folder / shard, f"tensor {name!r} listed in the index is missing")
-                self.where[name] = self.files[shard]
-        else:
-            raise ModelFileError(folder, "no model.safetensors or model.safetensors.index.json")
-
-    def __contains__(self, name):
-        return name in self.where
-
-    def file_of(self, name) -> SafetensorsFile:
-        try:
-            return self.where[name]
-        except KeyError:
-            raise ModelFileError(next(iter(self.files.values())).path if self.files else None,
-                                 f"tensor {name!r} is missing") from None
-
-
 def _as_compute_dtype(f: SafetensorsFile, name: str, bf16: bool, perm=None, heads=None):
     """A tensor in the compute dtype, rows permuted per head if perm is given.
     Returns a view of the memory map when nothing has to change."""
@@ -76,22 +34,10 @@ def _as_compute_dtype(f: SafetensorsFile, name: str, bf16: bool, perm=None, head
     if perm is not None:
         shape = raw.shape
         raw = np.take(raw.reshape(heads, len(perm), *shape[1:]), perm, axis=1).reshape(shape)
-    dtype = f.dtype(name)
-    if bf16:
-        if dtype == "BF16":
-            return np.ascontiguousarray(raw)
-        return f32_to_bf16(_to_f32(raw, dtype, f, name))
-    return np.ascontiguousarray(_to_f32(raw, dtype, f, name))
-
-
-def _to_f32(raw, dtype, f, name):
-    if dtype == "F32":
-        return raw
-    if dtype == "BF16":
-        return bf16_to_f32(raw)
-    if dtype in ("F16", "F64"):
-        return raw.astype(np.float32)
-    raise ModelFileError(f.path, f"tensor {name!r}: dtype {dtype} is not a float type")
+    if bf16 and f.dtype(name) == "BF16":
+        return np.ascontiguousarray(raw)
+    arr = f.float32(name, raw)
+    return f32_to_bf16(arr) if bf16 else np.ascontiguousarray(arr)
 
 
 def load_weights(cfg: ModelConfig, folder, bf16: bool = False) -> dict:

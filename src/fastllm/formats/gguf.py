@@ -24,10 +24,10 @@ from typing import Callable, Optional, Union
 
 import numpy as np
 
-from . import schema
-from .config import ModelConfig
-from .errors import FastLLMError, ModelFileError
-from .families import FAMILIES, GGUF_ARCHITECTURES
+from .. import schema
+from ..config import ModelConfig
+from ..errors import FastLLMError, ModelFileError
+from ..families import FAMILIES, GGUF_ARCHITECTURES
 from .safetensors import f32_to_bf16
 
 __all__ = [
