@@ -121,7 +121,7 @@ cdef class Weights:
     cdef flm.FlmLayer *layers
     cdef readonly object config
     cdef object _keep
-    cdef public int n_threads
+    cdef int _n_threads
 
     def __cinit__(self, config, dict weights, int n_ctx, int n_threads=1):
         if n_ctx < 1:
@@ -176,6 +176,17 @@ cdef class Weights:
         free(self.layers)
 
     @property
+    def n_threads(self):
+        """Threads a forward pass uses (at most a State's max_threads)."""
+        return self._n_threads
+
+    @n_threads.setter
+    def n_threads(self, int n):
+        if n < 1:
+            raise ValueError(f"threads must be positive, got {n}")
+        self._n_threads = n
+
+    @property
     def seq_len(self):
         return self.cfg.seq_len
 
@@ -205,11 +216,11 @@ cdef class State:
 
     def __cinit__(self, Weights weights, int max_batch=512, int max_threads=0):
         if max_batch < 1:
-            raise ValueError("max_batch must be positive")
+            raise ValueError(f"max_batch must be positive, got {max_batch}")
         self.weights = weights
         # One attention score row per thread that may ever run. np.zeros maps
         # fresh zero pages: the KV cache costs memory only as it fills.
-        max_threads = max(max_threads, weights.n_threads, os.cpu_count() or 1)
+        max_threads = max(max_threads, weights._n_threads, os.cpu_count() or 1)
         self._work = np.zeros(flm.flm_state_work_floats(&weights.cfg, max_batch, max_threads), np.float32)
         self._cache = np.zeros(flm.flm_state_cache_floats(&weights.cfg), np.float32)
         flm.flm_state_init(&self.s, &weights.cfg, max_batch, max_threads,
@@ -228,7 +239,7 @@ cdef class State:
                              f"{w.cfg.seq_len} tokens")
         cdef cnp.ndarray[float, ndim=2, mode="c"] out = np.empty(
             (n if all_logits else 1, w.cfg.vocab_size), np.float32)
-        cdef int nt = max(1, w.n_threads)
+        cdef int nt = w._n_threads
         cdef cnp.ndarray trace = None
         if hidden_states:
             trace = np.empty((w.cfg.n_layers, n, w.cfg.dim), np.float32)

@@ -108,13 +108,7 @@ class Model:
         config = ModelConfig.from_file(folder / "config.json")
         gen_config = read_generation_config(folder / "generation_config.json")
         seq_len = config.max_position_embeddings if n_ctx is None else int(n_ctx)
-        if seq_len < 1:
-            raise ValueError(f"n_ctx must be positive, got {n_ctx}")
         threads = physical_cores() if threads is None else int(threads)
-        if threads < 1:
-            raise ValueError(f"threads must be positive, got {threads}")
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be positive, got {max_batch}")
 
         weights = _core.Weights(config, load_weights(config, folder, bf16=(dtype == "bf16")), seq_len,
                                 threads)
@@ -139,11 +133,7 @@ class Model:
 
     @threads.setter
     def threads(self, n: int):
-        if int(n) < 1:
-            raise ValueError(f"threads must be positive, got {n}")
         self._weights.n_threads = int(n)
-
-    # ---------------------------------------------------------------- core
 
     def new_session(self, max_batch: int | None = None) -> Session:
         """A Session of its own (KV cache and recurrent state) on these weights."""
