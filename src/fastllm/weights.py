@@ -41,7 +41,7 @@ def _as_compute_dtype(f: SafetensorsFile, name: str, bf16: bool, perm=None, head
 
 
 def load_weights(cfg: ModelConfig, folder, bf16: bool = False) -> dict:
-    """The arrays for fastllm._core.Engine: embed, norm, lm_head and a dict
+    """The arrays for fastllm._core.Weights: embed, norm, lm_head and a dict
     per layer (its kind and its tensors by FlmLayer field), each checked
     against the shape the config implies."""
     ck = Checkpoint(folder)
