@@ -170,7 +170,9 @@ cdef class Weights:
         cos, sin = config.rope_tables(n_ctx)
         self.w.rope_cos = <const float *>_ptr(cos, np.float32, (n_ctx, c.rope_dim // 2), "rope cos")
         self.w.rope_sin = <const float *>_ptr(sin, np.float32, (n_ctx, c.rope_dim // 2), "rope sin")
-        self._keep = (weights, cos, sin)
+        # Copies of the containers: the arrays stay alive whatever the caller
+        # later does with its dict and lists.
+        self._keep = (dict(weights, layers=[dict(d) for d in layers]), cos, sin)
 
     def __dealloc__(self):
         free(self.layers)
