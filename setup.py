@@ -161,9 +161,8 @@ extensions = [
         depends=[os.path.join("csrc", f) for f in sorted(os.listdir("csrc")) if f.endswith(".h")],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     ),
+    Extension("fastllm._bpe", sources=["src/fastllm/_bpe.pyx"]),
 ]
-if os.path.exists("src/fastllm/_bpe.pyx"):
-    extensions.append(Extension("fastllm._bpe", sources=["src/fastllm/_bpe.pyx"]))
 
 setup(
     ext_modules=cythonize(extensions, language_level=3, include_path=["src"],

@@ -134,7 +134,7 @@ class FastllmRunner:
     def __init__(self, folder: Path, dtype: str, n_ctx: int):
         from fastllm import Model
         self.model = Model.from_pretrained(folder, n_ctx=n_ctx, threads=1, dtype=dtype)
-        self.engine = self.model._engine
+        self.session = self.model.new_session()
         self.info = f"KV cache f32, n_ctx {n_ctx}"
 
     def set_threads(self, t: int) -> None:
@@ -143,19 +143,21 @@ class FastllmRunner:
     # The same calls as fastllm.bench.bench_model; that function brings a
     # warm-up run with each call, which the interleaving cannot afford.
     def pp(self, tokens: np.ndarray) -> float:
+        self.session.reset()
         t0 = time.perf_counter()
-        self.engine.forward(tokens, 0, False)
+        self.session.extend(tokens)
         return time.perf_counter() - t0
 
     def tg(self, tokens: np.ndarray) -> float:
-        forward = self.engine.forward
+        self.session.reset()
+        step = self.session.step
         t0 = time.perf_counter()
-        for i in range(len(tokens)):
-            forward(tokens[i:i + 1], i, False)
+        for token in tokens:
+            step(token)
         return time.perf_counter() - t0
 
     def close(self) -> None:
-        self.model = self.engine = None
+        self.model = self.session = None
 
 
 # --------------------------------------------------------------------------
@@ -408,56 +410,26 @@ class TransformersRunner:
 # GGUF files for llama.cpp
 
 
-# GGUF tensor names (llama.cpp) -> HF names, as in the model folder.
-_GGUF_TOP = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-_GGUF_BLOCK = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-
-
-def _hf_name(gguf_name: str):
-    if gguf_name in _GGUF_TOP:
-        return _GGUF_TOP[gguf_name]
-    parts = gguf_name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _GGUF_BLOCK:
-        return f"model.layers.{parts[1]}.{_GGUF_BLOCK[parts[2]]}.{parts[3]}"
-    return None
-
-
-def _rope_interleaved(w: np.ndarray, n_heads: int) -> np.ndarray:
-    """HF's Q/K row order (rotated halves) in llama.cpp's llama layout
-    (rotated pairs): within each head, row s*half + i becomes row 2i + s."""
-    shape = w.shape
-    return w.reshape(n_heads, 2, shape[0] // n_heads // 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
-
-
 def verify_gguf(gguf_path: Path, folder: Path, dtype: str) -> str:
     """Check every tensor of a llama.cpp GGUF against the model folder as
     fastllm loads it: float32 values, or for bf16 the nearest-even bf16 bits
     fastllm computes. Returns a one-line summary; raises on a difference."""
     import gguf
     from fastllm.config import ModelConfig
-    from fastllm.safetensors import f32_to_bf16
-    from fastllm.weights import Checkpoint
+    from fastllm.formats.gguf import gguf_names, unpermute
+    from fastllm.formats.safetensors import Checkpoint, f32_to_bf16
 
     cfg = ModelConfig.from_file(folder / "config.json")
     ck = Checkpoint(folder)
     reader = gguf.GGUFReader(str(gguf_path))
-    heads = {"attn_q": cfg.num_attention_heads, "attn_k": cfg.num_key_value_heads}
+    names = gguf_names(cfg)
+    heads = {"q": cfg.num_attention_heads, "k": cfg.num_key_value_heads}
     seen, permuted, skipped, as_bf16 = set(), 0, [], 0
     for t in reader.tensors:
-        hf = _hf_name(t.name)
-        if hf is None:
+        if t.name not in names:
             skipped.append(t.name)  # e.g. rope_freqs: baked into config.json
             continue
+        hf, tensor = names[t.name]
         if hf not in ck:
             raise ValueError(f"{gguf_path.name}: {t.name} has no counterpart {hf} in {folder}")
         ref = ck.file_of(hf).float32(hf)
@@ -472,8 +444,7 @@ def verify_gguf(gguf_path: Path, folder: Path, dtype: str) -> str:
         else:
             raise ValueError(f"{gguf_path.name}: {t.name} is {ttype}, expected F32 or BF16")
         if not np.array_equal(got, want):
-            kind = t.name.split(".")[2] if t.name.startswith("blk.") else ""
-            if kind in heads and np.array_equal(got, _rope_interleaved(want, heads[kind])):
+            if tensor.rope in heads and np.array_equal(unpermute(got, heads[tensor.rope]), want):
                 permuted += 1
             else:
                 diff = np.count_nonzero(got != want)
@@ -551,20 +522,6 @@ def prepare_gguf(llama_cpp, llama_log, source: Path, dtype: str, work: Path, fol
 
 # --------------------------------------------------------------------------
 # The run
-
-
-def count_params(folder: Path) -> int:
-    """Parameters of the checkpoint, a tied lm_head counted once."""
-    from fastllm.config import ModelConfig
-    from fastllm.weights import Checkpoint
-    cfg = ModelConfig.from_file(folder / "config.json")
-    ck = Checkpoint(folder)
-    total = 0
-    for name, f in ck.where.items():
-        if name == "lm_head.weight" and cfg.tie_word_embeddings:
-            continue
-        total += int(np.prod(f.shape(name)))
-    return total
 
 
 def parse_args(argv=None):
@@ -679,7 +636,9 @@ def main(argv=None) -> int:
                 raise SystemExit(f"llama.cpp would see other weights than fastllm: {e}\n"
                                  "(--no-verify compares them anyway)")
 
-    n_params = count_params(folder)
+    from fastllm.config import ModelConfig
+    config = ModelConfig.from_file(folder / "config.json")
+    n_params = config.n_params()
     n_ctx = max(args.n_prompt, args.n_gen, 1)
     tests = [(k, n) for k, n in (("pp", args.n_prompt), ("tg", args.n_gen)) if n > 0]
 
@@ -734,7 +693,7 @@ def main(argv=None) -> int:
                 runners.append(TransformersRunner(folder, dtype))
             for r in runners:
                 settings[f"{r.name} {dtype}"] = r.info
-            tokens = np.random.default_rng(0).integers(0, _vocab_size(folder),
+            tokens = np.random.default_rng(0).integers(0, config.vocab_size,
                                                        max(args.n_prompt, args.n_gen))
             tokens = tokens.astype(np.int32)
             for t in args.threads:
@@ -781,11 +740,6 @@ def main(argv=None) -> int:
         Path(args.json).write_text(json.dumps(out, indent=1))
         print(f"\nraw numbers: {args.json}")
     return 0
-
-
-def _vocab_size(folder: Path) -> int:
-    from fastllm.config import ModelConfig
-    return ModelConfig.from_file(folder / "config.json").vocab_size
 
 
 def print_report(args, results, bandwidth, n_params, settings, notes) -> None:

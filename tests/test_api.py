@@ -13,7 +13,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from fastllm import Model, ModelFileError
+from fastllm import Model, ModelFileError, SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +52,24 @@ def test_streamed_pieces_are_whole_characters(model):
 def test_seeded_sampling_reproduces(model):
     kw = dict(max_new_tokens=16, temperature=1.0, top_p=0.9, top_k=40, seed=123)
     assert model.generate("My favourite food is", **kw) == model.generate("My favourite food is", **kw)
+
+
+def test_bad_settings_raise_at_the_call(model):
+    for call in (model.stream, model.generate):
+        with pytest.raises(ValueError, match="temperature"):
+            call("hi", temperature=-1)   # not at the first next()
+    with pytest.raises(ValueError, match="top_p"):
+        model.chat([{"role": "user", "content": "hi"}], stream=True, top_p=0)
+    with pytest.raises(TypeError):
+        model.generate("hi", temprature=0.5)
+
+
+def test_sampling_object_and_overrides(model):
+    params = SamplingParams(temperature=0.8, top_k=20, seed=11)
+    a = model.generate("Once upon a time", 12, sampling=params)
+    assert a == model.generate("Once upon a time", 12, temperature=0.8, top_k=20, seed=11)
+    assert model.generate("Once upon a time", 12, sampling=params, temperature=0) == \
+        model.generate("Once upon a time", 12)
 
 
 def test_chat_stops_at_end_of_turn(model):
@@ -126,7 +144,7 @@ def test_truncated_and_malformed_safetensors(tiny_model_dir, tmp_path):
 
 
 def test_shape_mismatch_and_missing_tensor(tiny_model_dir, tmp_path):
-    from fastllm.safetensors import load_file, save_file
+    from fastllm.formats.safetensors import load_file, save_file
     src = tiny_model_dir("llama-gqa")
     tensors = dict(load_file(src / "model.safetensors"))
     d = _copy(src, tmp_path / "shape")
@@ -146,7 +164,7 @@ def test_shape_mismatch_and_missing_tensor(tiny_model_dir, tmp_path):
 def test_safetensors_round_trip_and_bf16_rounding(tmp_path):
     import torch
     from safetensors.torch import load_file as torch_load
-    from fastllm.safetensors import SafetensorsFile, save_file
+    from fastllm.formats.safetensors import SafetensorsFile, save_file
     rng = np.random.default_rng(0)
     a = rng.standard_normal((7, 5)).astype(np.float32)
     a[0, :3] = [np.inf, -np.inf, np.nan]
@@ -163,7 +181,7 @@ def test_safetensors_round_trip_and_bf16_rounding(tmp_path):
 
 
 def test_sharded_checkpoint_loads(tiny_model_dir, tmp_path):
-    from fastllm.safetensors import load_file, save_file
+    from fastllm.formats.safetensors import load_file, save_file
     src = tiny_model_dir("qwen2")
     tensors = dict(load_file(src / "model.safetensors"))
     d = _copy(src, tmp_path / "sharded")
@@ -220,17 +238,28 @@ def test_cli_run_defaults_do_not_loop(smollm2_dir):
 @pytest.mark.parametrize("bad", [2**32 + 5, -2**32 + 5, 2**63, 2**64 + 1])
 def test_token_ids_are_checked_before_they_are_narrowed(model, bad):
     """Ids that wrap to a valid int32 (2**32 + 5 -> 5) must be refused, not run."""
+    session = model.new_session()
     calls = [lambda: model.logits([1, bad]),
              lambda: list(model.generate_tokens([1, bad], 2)),
-             lambda: model._engine.forward([1, bad], 0)]
+             lambda: session.prefill([1, bad]),
+             lambda: session.step(bad)]
     for call in calls:
         with pytest.raises(ValueError, match="outside the vocabulary"):
             call()
+    assert session.position == 0
 
 
-@pytest.mark.parametrize("pos", [2**31 - 1, 2**31, 2**32, 2**63, -1])
-def test_positions_are_checked_without_wrapping(model, pos):
+def test_a_full_session_refuses_more_tokens(smollm2_dir):
+    small = Model.from_pretrained(smollm2_dir, n_ctx=8, threads=2)
+    session = small.new_session()
+    session.prefill([1, 2, 3, 4, 5, 6, 7])
+    session.step(8)
     with pytest.raises(ValueError, match="do not fit the context"):
-        model._engine.forward([1, 2], pos)
-    with pytest.raises(TypeError):
-        model._engine.forward([1, 2], 1.0)
+        session.step(9)
+    with pytest.raises(ValueError, match="do not fit the context"):
+        session.extend([1, 2])
+    with pytest.raises(ValueError, match="do not fit the context"):
+        session.prefill(list(range(1, 10)))
+    assert session.tokens == (1, 2, 3, 4, 5, 6, 7, 8)   # nothing was run, nothing changed
+    with pytest.raises(ValueError, match="integers"):
+        session.step(1.0)

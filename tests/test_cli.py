@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from fastllm import FastLLMError, Model
+from fastllm import FastLLMError, Model, SamplingParams
 from fastllm import cli
 from fastllm.model import ContextFullWarning
 from fastllm.sampling import GenerationConfigError
@@ -99,7 +99,7 @@ def test_every_option_of_every_command_has_help():
 
 def test_cli_defaults():
     p = cli.build_parser()
-    assert cli.CLI_DEFAULTS["repetition_penalty"] == 1.1 and cli.CLI_DEFAULTS["repeat_last_n"] == 64
+    assert cli.CLI_SAMPLING == SamplingParams(repetition_penalty=1.1, repeat_last_n=64)
     assert cli.STEPS["run"] == 128
     args = p.parse_args(["run", "hi"])
     # unset flags stay None so generation_config.json can fill them
@@ -108,10 +108,11 @@ def test_cli_defaults():
 
 
 def test_convert_defaults_to_f32():
-    from fastllm import convert, hub
+    from fastllm import hub
+    from fastllm.formats import gguf as convert
     assert convert.DEFAULT_DTYPE == "f32"
     assert inspect.signature(convert.convert_gguf).parameters["dtype"].default == "f32"
-    assert inspect.signature(hub.resolve_model).parameters["dtype"].default == "f32"
+    assert "dtype" not in inspect.signature(hub.resolve_model).parameters   # always DEFAULT_DTYPE
     assert cli.build_parser().parse_args(["convert", "a.gguf", "out"]).dtype == "f32"
 
 
@@ -190,9 +191,9 @@ def test_settings_commands_change_what_generation_gets(tiny, capsys):
                                    "/stop", "/seed", "again"], capsys=capsys)
     assert rc == 0
     (_, _, kw1), (_, _, kw2) = rec.calls
-    assert kw1 == dict(max_new_tokens=4, temperature=0.8, top_p=0.9, top_k=7, min_p=0.05,
-                       repetition_penalty=1.3, repeat_last_n=16, seed=5, stop=["zz", "yy"])
-    assert kw2["stop"] is None and kw2["seed"] is None
+    assert kw1 == dict(max_new_tokens=4, stop=["zz", "yy"], sampling=SamplingParams(
+        temperature=0.8, top_p=0.9, top_k=7, min_p=0.05, repetition_penalty=1.3, repeat_last_n=16, seed=5))
+    assert kw2["stop"] is None and kw2["sampling"] == kw1["sampling"].replace(seed=None)
     for shown in ("[minp 0.05]", "[repeat 1.3]", "[lastn 16]", "[steps 4]", "stop strings cleared"):
         assert shown in out.err
 
@@ -218,7 +219,7 @@ def test_bad_values_are_refused_and_the_repl_goes_on(tiny, capsys):
     assert "unknown command '/chat maybe'" in out.err and "unknown command '/nonsense'" in out.err
     assert "Traceback" not in out.err
     (_, _, kw), = rec.calls   # the settings are as before the bad values
-    assert kw["temperature"] == 0.0 and kw["top_k"] == 0 and kw["max_new_tokens"] == 2
+    assert kw["sampling"] == cli.CLI_SAMPLING and kw["max_new_tokens"] == 2
 
 
 def test_chat_mode_system_message_and_reset(tiny, capsys):
@@ -292,11 +293,9 @@ def test_generation_config_is_the_python_default(tiny_dir, tmp_path):
     assert m.generation_defaults == dict(temperature=0.7, top_p=0.9, top_k=5, min_p=0.01,
                                          repetition_penalty=1.2, max_new_tokens=7)
     assert m.eos_token_ids == {7, 8}   # the file's ids replace config.json's, as in transformers
-    n, p = m._settings(3, {})
-    assert n == 7 and (p.temperature, p.top_p, p.top_k, p.min_p, p.repetition_penalty) == (0.7, 0.9, 5, 0.01, 1.2)
-    # a keyword passed wins over the file
-    n, p = m._settings(3, dict(max_new_tokens=2, temperature=0.0, top_k=0))
-    assert n == 2 and p.temperature == 0.0 and p.top_k == 0 and p.top_p == 0.9
+    assert m.default_max_new_tokens(3) == 7
+    assert m.default_sampling == SamplingParams(temperature=0.7, top_p=0.9, top_k=5, min_p=0.01,
+                                                repetition_penalty=1.2)
     # generation really uses the file's values: same text as passing them by hand
     plain = Model.from_pretrained(tiny_dir, n_ctx=128, threads=1)
     by_file = m.generate("abc", seed=3)
@@ -304,6 +303,10 @@ def test_generation_config_is_the_python_default(tiny_dir, tmp_path):
                              repetition_penalty=1.2, max_new_tokens=7)
     assert m.last_stats.generated_tokens <= 7
     assert by_file == by_hand
+    # a keyword passed wins over the file
+    assert m.generate("abc", max_new_tokens=9, temperature=0.0) == plain.generate(
+        "abc", max_new_tokens=9, top_p=0.9, top_k=5, min_p=0.01, repetition_penalty=1.2)
+    assert m.last_stats.generated_tokens == 9
     chat = m.chat([{"role": "user", "content": "hi"}], seed=3)
     assert m.last_stats.generated_tokens <= 7 and isinstance(chat, str)
 
@@ -315,14 +318,13 @@ def test_generation_config_is_the_python_default(tiny_dir, tmp_path):
 ])
 def test_do_sample(tiny_dir, tmp_path, gen, temperature):
     m = Model.from_pretrained(with_gen_config(tiny_dir, tmp_path / "m", gen), n_ctx=64, threads=1)
-    assert m._settings(1, {})[1].temperature == temperature
+    assert m.default_sampling.temperature == temperature
 
 
 def test_max_length_counts_the_prompt(tiny_dir, tmp_path):
     m = Model.from_pretrained(with_gen_config(tiny_dir, tmp_path / "m", {"max_length": 10}), n_ctx=64,
                               threads=1)
-    assert m._settings(4, {})[0] == 6
-    assert m._settings(4, {"max_new_tokens": 20})[0] == 20
+    assert m.default_max_new_tokens(4) == 6
     m.generate("abcd", stop=None)
     assert m.last_stats.prompt_tokens + m.last_stats.generated_tokens <= 10
 
@@ -332,16 +334,17 @@ def test_cli_precedence_flag_over_file_over_default(tiny_dir, tmp_path, capsys):
     m = Model.from_pretrained(d, n_ctx=64, threads=1)
     rc, rec, out = run_repl(m, ["/show", "hi"], ["--top-k", "3"], capsys=capsys)
     (_, _, kw), = rec.calls
-    assert kw["top_k"] == 3                                  # flag
-    assert "temperature" not in kw and "max_new_tokens" not in kw   # left to the file
-    assert kw["repeat_last_n"] == 64                          # fastllm default
+    assert kw["sampling"].top_k == 3                          # flag
+    assert kw["sampling"].temperature == 0.7                  # the file
+    assert kw["max_new_tokens"] is None                       # left to the file, per prompt
+    assert kw["sampling"].repeat_last_n == 64                 # fastllm default
     assert "temperature (/temp)       0.7 (generation_config.json)" in out.err
     assert "top_k (/topk)             3 (set)" in out.err
     assert m.last_stats.generated_tokens <= 7
     # without a file the CLI defaults apply
     rc, rec, out = run_repl(Model.from_pretrained(tiny_dir, n_ctx=64, threads=1), ["hi"], capsys=capsys)
     (_, _, kw), = rec.calls
-    assert kw["repetition_penalty"] == 1.1 and kw["max_new_tokens"] == 128 and kw["temperature"] == 0.0
+    assert kw["sampling"] == cli.CLI_SAMPLING and kw["max_new_tokens"] == 128
 
 
 @pytest.mark.parametrize("gen, problem", [

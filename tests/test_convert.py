@@ -1,4 +1,4 @@
-"""GGUF import (fastllm.convert) and the default model (fastllm.hub).
+"""GGUF import (fastllm.formats.gguf) and the default model (fastllm.hub).
 
 Oracles:
 * transformers' own GGUF loader (`from_pretrained(dir, gguf_file=...)`) on
@@ -36,14 +36,14 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa
 from transformers.convert_slow_tokenizer import bytes_to_unicode  # noqa: E402
 
 from fastllm import hub  # noqa: E402
-from fastllm.convert import (  # noqa: E402
+from fastllm.formats.gguf import (  # noqa: E402
     MODEL_FILES,
     ConversionError,
     OutputExistsError,
     convert_gguf,
     is_complete_model_dir,
 )
-from fastllm.safetensors import load_file  # noqa: E402
+from fastllm.formats.safetensors import load_file  # noqa: E402
 
 BYTE_CHARS = bytes_to_unicode()  # byte -> printable char, GPT-2's spelling
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"
@@ -505,23 +505,28 @@ def test_tiny_tokenizer_matches_transformers_gguf(kind, pre, tiny_model_dir, tmp
     assert (cfg["bos_token"], cfg["eos_token"], cfg["pad_token"]) == ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
 
 
-def test_yarn_rope_and_named_chat_templates(tiny_model_dir, tmp_path):
-    folder = tiny_model_dir("qwen2")
-    tool_template = "{{ 'tools: ' }}" + CHATML
-
+def test_yarn_rope_is_refused(tiny_model_dir, tmp_path):
+    """fastllm cannot run yarn scaling, so a folder that says so would not load."""
     def extra(w):
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(4.0)
         w.add_rope_scaling_orig_ctx_len(128)
+
+    write_gguf(tmp_path / "m.gguf", tiny_model_dir("qwen2"), synthetic_vocab(300, "qwen2"), extra=extra)
+    with pytest.raises(ConversionError, match="rope scaling type 'yarn' is not supported"):
+        convert_gguf(tmp_path / "m.gguf", tmp_path / "out", dtype="f32", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_named_chat_templates(tiny_model_dir, tmp_path):
+    tool_template = "{{ 'tools: ' }}" + CHATML
+
+    def extra(w):
         w.add_chat_template([{"name": "default", "template": CHATML},
                              {"name": "tool_use", "template": tool_template}])
 
-    write_gguf(tmp_path / "m.gguf", folder, synthetic_vocab(300, "qwen2"), extra=extra)
+    write_gguf(tmp_path / "m.gguf", tiny_model_dir("qwen2"), synthetic_vocab(300, "qwen2"), extra=extra)
     out = convert_gguf(tmp_path / "m.gguf", tmp_path / "out", dtype="f32", progress=False)
-    config = json.loads((out / "config.json").read_text())
-    assert config["rope_scaling"] == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
-    loaded = AutoConfig.from_pretrained(out)
-    assert loaded.rope_parameters["rope_type"] == "yarn" and loaded.rope_parameters["factor"] == 4.0
     tok = AutoTokenizer.from_pretrained(out)
     messages = [{"role": "user", "content": "hi"}]
     assert tok.apply_chat_template(messages, tokenize=False) == "<|im_start|>user\nhi<|im_end|>\n"
@@ -685,7 +690,7 @@ def test_existing_output_is_kept_unless_overwrite(tiny_gguf, tmp_path):
 
 
 def test_stale_partial_folder_is_removed(tiny_gguf, tmp_path):
-    from fastllm.convert import _host_tag
+    from fastllm.formats.gguf import _host_tag
     _, gguf_path = tiny_gguf("qwen3")
     proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = int(proc.stdout)
@@ -811,8 +816,6 @@ def test_resolve_model_caches_gguf(tiny_gguf, tmp_path, monkeypatch):
     (first / "marker").write_text("old")
     assert hub.resolve_model(gguf_path) == first and not (first / "marker").exists()
     assert sorted(p.name for p in first.parent.iterdir() if p.name.startswith(".")) == []
-    bf16 = hub.resolve_model(gguf_path, dtype="bf16")
-    assert bf16 != first and json.loads((bf16 / "config.json").read_text())["torch_dtype"] == "bfloat16"
     with pytest.raises(FileNotFoundError, match="no-such-model"):
         hub.resolve_model(tmp_path / "no-such-model")
     notgguf = tmp_path / "weights.bin"

@@ -35,34 +35,37 @@ SETTINGS = [
 
 @pytest.mark.parametrize("setting", SETTINGS)
 def test_warpers_match_transformers(setting):
+    """The whole chain (repetition penalty over a real history, then the
+    warpers) against transformers' processors on the same history."""
     rng = np.random.default_rng(0)
     for trial in range(20):
         logits = (rng.standard_normal(500) * 3).astype(np.float32)
         previous = rng.integers(0, 500, 30).tolist()
         p = SamplingParams(**setting)
-        if p.repetition_penalty != 1.0:
-            seen = np.unique(previous)
-            v = logits[seen]
-            logits = logits.copy()
-            logits[seen] = np.where(v < 0, v * p.repetition_penalty, v / p.repetition_penalty)
-            want = hf_probs(np.asarray(logits), SamplingParams(temperature=p.temperature))
-            ref_rp = hf_probs(np.asarray(logits), p, ())
-            assert np.allclose(want, ref_rp)
-        ours = apply_warpers(np.asarray(logits), p)
-        want = hf_probs(np.asarray(logits), p)
+        ours = apply_warpers(Sampler(p).process(logits, previous), p)
+        want = hf_probs(logits, p, previous)
         assert np.array_equal(ours > 0, want > 0), f"kept sets differ in trial {trial}"
         assert np.allclose(ours, want, atol=1e-6)
 
 
-def test_repetition_penalty_matches_transformers():
+@pytest.mark.parametrize("penalty", [1.5, 0.7])
+def test_repetition_penalty_matches_transformers(penalty):
     rng = np.random.default_rng(1)
     logits = (rng.standard_normal(100) * 3).astype(np.float32)
-    previous = [3, 3, 7, 50, 99]
-    s = Sampler(SamplingParams(repetition_penalty=1.5))
-    ids = torch.tensor([previous])
-    hf = RepetitionPenaltyLogitsProcessor(1.5)(ids, torch.tensor(logits)[None])[0].numpy()
-    assert s(logits, previous) == int(np.argmax(hf))
-    assert s(logits, []) == int(np.argmax(logits))
+    previous = [3, 3, 7, 50, 99] + rng.integers(0, 100, 20).tolist()
+    full = RepetitionPenaltyLogitsProcessor(penalty)(torch.tensor([previous]), torch.tensor(logits)[None])
+    ours = Sampler(SamplingParams(repetition_penalty=penalty)).process(logits, previous)
+    assert np.array_equal(ours, full[0].numpy())
+    assert not np.array_equal(ours, logits)
+    # repeat_last_n looks back on the last N tokens only, as transformers does given those
+    hf = RepetitionPenaltyLogitsProcessor(penalty)(torch.tensor([previous[-4:]]), torch.tensor(logits)[None])
+    ours = Sampler(SamplingParams(repetition_penalty=penalty, repeat_last_n=4)).process(logits, previous)
+    assert np.array_equal(ours, hf[0].numpy())
+    # no history, or a window of 0: nothing changes
+    assert np.array_equal(Sampler(SamplingParams(repetition_penalty=penalty)).process(logits, []), logits)
+    off = Sampler(SamplingParams(repetition_penalty=penalty, repeat_last_n=0))
+    assert np.array_equal(off.process(logits, previous), logits)
+    assert Sampler(SamplingParams(repetition_penalty=penalty))(logits, previous) == int(np.argmax(full[0]))
 
 
 def test_greedy_is_argmax_and_seed_reproduces():
@@ -92,7 +95,10 @@ def test_top_k_one_is_greedy():
 
 
 @pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(top_k=-2),
-                                 dict(min_p=2), dict(repetition_penalty=0)])
-def test_bad_parameters_are_refused(bad):
-    with pytest.raises(ValueError):
-        Sampler(SamplingParams(**bad))
+                                 dict(top_k=2.5), dict(min_p=2), dict(repetition_penalty=0),
+                                 dict(temperature=float("nan")), dict(repeat_last_n=-2), dict(seed=1.5)])
+def test_bad_parameters_are_refused_when_made(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        SamplingParams(**bad)
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        SamplingParams().replace(**bad)

@@ -9,6 +9,7 @@ d. greedy generation, 64 tokens on 10+ prompts
 e. cached decoding bit-identical to recompute
 Bounds: |got - ref| <= 1e-4 + 1e-4*|ref|.
 """
+import dataclasses
 import json
 import subprocess
 import sys
@@ -18,7 +19,8 @@ import pytest
 
 from fastllm import Model, _core
 from fastllm.config import ModelConfig
-from fastllm.weights import LAYER_TENSORS, load_weights, rope_permutation
+from fastllm.schema import BY_FIELD
+from fastllm.weights import load_weights, rope_permutation
 from oracles.hf_reference import (compare_greedy, hf_greedy, hf_logits, hf_teacher_forced, load_hf,
                                   within)
 
@@ -72,7 +74,7 @@ def test_a_weights_equal_the_file(smollm2_dir):
         for key, arr in layer.items():
             if key == "kind":
                 continue
-            want = tensors[f"model.layers.{i}.{LAYER_TENSORS[key]}"]
+            want = tensors[f"model.layers.{i}.{BY_FIELD[key].hf}"]
             if arr.ndim == 1 and want.ndim == 2:
                 arr = unpack(arr, want.shape)
             if key in heads:
@@ -105,14 +107,10 @@ def test_b_one_decoder_layer(layer, smollm2_dir, ref, hf_tok):
     weights = load_weights(cfg, smollm2_dir)
     n = len(ids)
     table = np.ascontiguousarray(seen["in"], np.float32)
-    cos, sin = cfg.rope_tables(n)
-    engine = _core.Engine(
-        {"dim": cfg.hidden_size, "hidden_dim": cfg.intermediate_size, "n_layers": 1,
-         "n_heads": cfg.num_attention_heads, "n_kv_heads": cfg.num_key_value_heads,
-         "head_dim": cfg.head_dim, "vocab_size": n, "seq_len": n, "rope_dim": cfg.rope_dim,
-         "norm_eps": cfg.rms_norm_eps, "attn_scale": cfg.head_dim ** -0.5, "wtype": np.float32},
-        [weights["layers"][layer]], table, weights["norm"], _core.pack(table), cos, sin, n_threads=2)
-    _, trace = engine.forward(np.arange(n), 0, True, True)
+    one_layer = dataclasses.replace(cfg, num_hidden_layers=1, vocab_size=n, tie_word_embeddings=False)
+    engine = _core.State(_core.Weights(one_layer, dict(weights, layers=[weights["layers"][layer]], embed=table,
+                                                        lm_head=_core.pack(table)), n, 2))
+    _, trace = engine.run(np.arange(n, dtype=np.int32), 0, True, True)
     ok, err, ratio = within(trace[0], seen["out"])
     assert ok, f"layer {layer}: max |err| {err:.3g}, worst err/bound {ratio:.2f}"
 
@@ -157,8 +155,9 @@ def test_d_greedy_generation(ours, ref, hf_tok):
 def test_e_cache_is_bit_identical_to_recompute(ours, hf_tok):
     ids = hf_tok(PROMPTS[3] + PROMPTS[5])["input_ids"]
     full = ours.logits(ids)
+    session = ours.new_session()
     for i, t in enumerate(ids):
-        assert np.array_equal(ours._engine.forward(np.array([t]), i), full[i]), f"position {i}"
+        assert np.array_equal(session.step(t), full[i]), f"position {i}"
     one = Model.from_pretrained(ours.path, n_ctx=512, threads=1)
     assert np.array_equal(one.logits(ids), full), "1 and 2 threads differ"
 

@@ -45,7 +45,7 @@ def test_layer_outputs_match_transformers(kind, tiny_model_dir):
     folder = tiny_model_dir(kind)
     ours = Model.from_pretrained(folder, threads=2)
     ids = sequences(ours.config.vocab_size, seed=1)[2]
-    _, layers = ours._engine.forward(np.array(ids), 0, True, True)
+    _, layers = ours.new_session().logits(ids, hidden_states=True)
     want = hf_layer_outputs(load_hf(folder), ids)
     # The last layer's output is compared before the final norm, as HF's hook sees it.
     ok, err, _ = within(layers, want)
@@ -75,10 +75,9 @@ def test_cached_decoding_is_bit_identical_to_recompute(kind, tiny_model_dir):
     ids = [i % 200 for i in ids]  # every tiny vocabulary has at least 200 tokens
     full = Model.from_pretrained(folder, threads=2).logits(ids)
     # Token by token through the cache, and in uneven chunks with a tiny batch.
-    step = Model.from_pretrained(folder, threads=1, max_batch=1)
+    step = Model.from_pretrained(folder, threads=1, max_batch=1).new_session()
     for i, t in enumerate(ids):
-        got = step._engine.forward(np.array([t]), i)
-        assert np.array_equal(got, full[i]), f"position {i} differs from the full pass"
+        assert np.array_equal(step.step(t), full[i]), f"position {i} differs from the full pass"
     chunked = Model.from_pretrained(folder, threads=2, max_batch=3)
     assert np.array_equal(chunked.logits(ids), full)
 
@@ -101,10 +100,10 @@ def test_every_simd_path_matches_transformers(path, tiny_model_dir, simd_path):
         ok, err, _ = within(ours.logits(ids), hf_logits(load_hf(folder), ids))
         assert ok, f"{path} {kind}: max err {err:.3g}"
         # One token at a time must equal the batched pass on every path.
-        step = Model.from_pretrained(folder, threads=1)
+        step = Model.from_pretrained(folder, threads=1).new_session()
         full = ours.logits(ids)
         for i, t in enumerate(ids[:12]):
-            assert np.array_equal(step._engine.forward(np.array([t]), i), full[i])
+            assert np.array_equal(step.extend([t]), full[i])
 
 
 @pytest.mark.parametrize("kind", ["llama-gqa", "qwen3", "qwen3_5-text"])
@@ -141,11 +140,15 @@ def test_qwen3_5_prompt_in_chunks_equals_token_by_token(tiny_model_dir):
     ids = np.array(sequences(256, seed=6)[3][:45])
     m = Model.from_pretrained(folder, threads=2)
     full = m.logits(ids)
-    engine = m._engine
-    engine.forward(ids[:5], 0, True)  # an unrelated sequence first
-    parts = [engine.forward(ids[0:7], 0, True), engine.forward(ids[7:8], 7, True),
-             engine.forward(ids[8:30], 8, True), engine.forward(ids[30:], 30, True)]
+    session = m.new_session()
+    assert not session.can_rewind
+    session.extend(ids[:5])  # an unrelated sequence first
+    session.reset()
+    parts = [session.extend(ids[a:b], all_logits=True) for a, b in ((0, 7), (7, 8), (8, 30), (30, 45))]
     assert np.array_equal(np.concatenate(parts), full)
+    assert session.tokens == tuple(ids.tolist())
+    with pytest.raises(ValueError, match="reset"):
+        session.rewind(3)
 
 
 def test_qwen3_5_wrapper_says_it_ignores_the_vision_tower(tiny_model_dir):

@@ -8,7 +8,8 @@ from . import _openmp  # noqa: F401  (first: starts OpenMP with fastllm's wait p
 from .errors import FastLLMError, ModelFileError
 from .model import ContextFullWarning, GenerationStats, Model
 from .sampling import SamplingParams
+from .session import Session
 
 __version__ = "0.1.0"
-__all__ = ["Model", "SamplingParams", "GenerationStats", "ContextFullWarning", "FastLLMError",
+__all__ = ["Model", "Session", "SamplingParams", "GenerationStats", "ContextFullWarning", "FastLLMError",
            "ModelFileError", "__version__"]

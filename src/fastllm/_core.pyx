@@ -1,9 +1,11 @@
 # cython: language_level=3
 """The boundary between Python and the C run loop.
 
-Engine keeps every weight array and the run-state buffers alive for as long
-as the C side may read them, checks what C cannot check (dtypes, contiguity,
-shapes, token ids, positions), and releases the GIL while C computes.
+Weights holds a model's arrays for as long as C may read them and checks
+what C cannot (dtypes, contiguity, shapes, from fastllm.schema); a State is
+one sequence's run buffers (KV cache, recurrent state) over shared Weights.
+Token ids are checked once, by check_token_ids (fastllm.Session calls it);
+State.run checks positions and releases the GIL while C computes.
 """
 from libc.stdlib cimport calloc, free
 from libc.stdint cimport int32_t
@@ -15,60 +17,45 @@ cimport numpy as cnp
 
 cnp.import_array()
 
-from fastllm.cfastllm cimport *
+from fastllm cimport cfastllm as flm
+from fastllm import schema
+
+# FlmLayer is kind, then one pointer per schema.LAYER tensor, in that order.
+cdef flm.FlmLayer _probe
+cdef size_t _FIRST = <size_t>(<char *>&_probe.wq - <char *>&_probe)
+if (sizeof(flm.FlmLayer) - _FIRST) // sizeof(void *) != len(schema.LAYER):
+    raise ImportError("FlmLayer in fastllm.h and fastllm.schema.LAYER list different tensors")
+_FIELD_INDEX = {t.field: i for i, t in enumerate(schema.LAYER)}
 
 
-# Per-layer tensors: name -> (is a weight matrix in wtype, shape from the config).
-# Matrices come in the weight dtype, everything else in float32.
-def _layer_shapes(c):
-    qd, kvd = c["n_heads"] * c["head_dim"], c["n_kv_heads"] * c["head_dim"]
-    kd = c.get("lin_k_heads", 0) * c.get("lin_k_dim", 0)
-    vd = c.get("lin_v_heads", 0) * c.get("lin_v_dim", 0)
-    hv, dim, hid = c.get("lin_v_heads", 0), c["dim"], c["hidden_dim"]
-    return {
-        "attn_norm": (False, (dim,)), "ffn_norm": (False, (dim,)),
-        "w_gate": (True, (hid, dim)), "w_up": (True, (hid, dim)), "w_down": (True, (dim, hid)),
-        "b_gate": (False, (hid,)), "b_up": (False, (hid,)), "b_down": (False, (dim,)),
-        "wq": (True, (qd, dim)), "wk": (True, (kvd, dim)), "wv": (True, (kvd, dim)),
-        "wo": (True, (dim, qd)), "bq": (False, (qd,)), "bk": (False, (kvd,)),
-        "bv": (False, (kvd,)), "bo": (False, (dim,)),
-        "q_norm": (False, (c["head_dim"],)), "k_norm": (False, (c["head_dim"],)),
-        "w_attn_gate": (True, (qd, dim)),
-        "w_qkv": (True, (2 * kd + vd, dim)), "w_z": (True, (vd, dim)), "w_b": (True, (hv, dim)),
-        "w_a": (True, (hv, dim)), "conv_w": (False, (2 * kd + vd, c.get("conv_kernel", 0))),
-        "lin_A": (False, (hv,)), "dt_bias": (False, (hv,)), "lin_norm": (False, (c.get("lin_v_dim", 0),)),
-        "w_out": (True, (dim, vd)),
-    }
-
-_REQUIRED = {
-    "attention": ("attn_norm", "ffn_norm", "w_gate", "w_up", "w_down", "wq", "wk", "wv", "wo"),
-    "linear_attention": ("attn_norm", "ffn_norm", "w_gate", "w_up", "w_down", "w_qkv", "w_z",
-                         "w_b", "w_a", "conv_w", "lin_A", "dt_bias", "lin_norm", "w_out"),
-}
+cdef int _set_field(flm.FlmLayer *L, str name, const void *p) except -1:
+    """Fill the FlmLayer field of that name (a schema.LAYER field)."""
+    (<const void **>&L.wq)[<int>_FIELD_INDEX[name]] = p
+    return 0
 
 
 def _path_from_environment():
     name = os.environ.get("FASTLLM_SIMD")
-    if name and flm_set_simd_path(name.encode()) != 0:
+    if name and flm.flm_set_simd_path(name.encode()) != 0:
         raise ImportError(f"FASTLLM_SIMD={name!r}: no such SIMD path on this CPU "
                           "(generic, avx2, avx512, avx512_bf16, amx_bf16)")
 
 
 def simd_path():
     """The SIMD path this CPU runs: 'avx512', 'avx2' or 'generic'."""
-    return flm_simd_path().decode()
+    return flm.flm_simd_path().decode()
 
 
 def set_simd_path(str name):
     """Force a SIMD path (for tests and benchmarks)."""
-    if flm_set_simd_path(name.encode()) != 0:
+    if flm.flm_set_simd_path(name.encode()) != 0:
         raise ValueError(f"SIMD path {name!r} is not available on this CPU")
 
 
 def packed_size(int N, int K, wtype):
     """Elements of an (N, K) matrix packed for the run loop."""
     bf16 = np.dtype(wtype) == np.uint16
-    return flm_packed_bytes(N, K, FLM_BF16 if bf16 else FLM_F32) // (2 if bf16 else 4)
+    return flm.flm_packed_bytes(N, K, flm.FLM_BF16 if bf16 else flm.FLM_F32) // (2 if bf16 else 4)
 
 
 def check_token_ids(tokens, long long vocab_size):
@@ -97,13 +84,13 @@ def pack(matrix, int n_threads=0):
     if src.ndim != 2 or src.dtype not in (np.float32, np.uint16):
         raise TypeError("pack takes a 2-D float32 or uint16 (bf16) matrix")
     cdef int N = src.shape[0], K = src.shape[1]
-    cdef int wtype = FLM_BF16 if src.dtype == np.uint16 else FLM_F32
+    cdef int wtype = flm.FLM_BF16 if src.dtype == np.uint16 else flm.FLM_F32
     cdef cnp.ndarray dst = np.empty(packed_size(N, K, src.dtype), src.dtype)
     cdef int nt = n_threads if n_threads > 0 else (os.cpu_count() or 1)
     cdef void *d = cnp.PyArray_DATA(dst)
     cdef const void *sp = cnp.PyArray_DATA(src)
     with nogil:
-        flm_pack(d, sp, N, K, wtype, nt)
+        flm.flm_pack(d, sp, N, K, wtype, nt)
     return dst
 
 
@@ -123,185 +110,160 @@ cdef const void *_ptr(object arr, object dtype, tuple shape, str what) except NU
     return cnp.PyArray_DATA(<cnp.ndarray>arr)
 
 
-cdef class Engine:
-    """Weights, config and run state of one model, ready for forward passes.
-    Matrices come packed (see pack); norms, biases and tables as float32."""
-    cdef FlmConfig cfg
-    cdef FlmWeights w
-    cdef FlmLayer *layers
-    cdef FlmState state
+cdef class Weights:
+    """A model's weights and config, ready for forward passes, shared by
+    every State made from it. config is a ModelConfig (already checked);
+    weights the dict of weights.load_weights: matrices packed (see pack) in
+    float32 or bf16 bits (uint16, as lm_head), vectors in float32. The
+    context holds n_ctx positions."""
+    cdef flm.FlmConfig cfg
+    cdef flm.FlmWeights w
+    cdef flm.FlmLayer *layers
+    cdef readonly object config
     cdef object _keep
-    cdef cnp.ndarray _work
-    cdef cnp.ndarray _cache
-    cdef public int n_threads
+    cdef int _n_threads
 
-    def __cinit__(self):
-        self.layers = NULL
-
-    def __init__(self, dict config, list layers, embed, norm, lm_head, rope_cos, rope_sin,
-                 int max_batch=512, int n_threads=1, int max_threads=0):
-        cdef FlmConfig c
-        c.dim = config["dim"]
-        c.hidden_dim = config["hidden_dim"]
-        c.n_layers = config["n_layers"]
-        c.n_heads = config["n_heads"]
-        c.n_kv_heads = config["n_kv_heads"]
-        c.head_dim = config["head_dim"]
-        c.vocab_size = config["vocab_size"]
-        c.seq_len = config["seq_len"]
-        c.rope_dim = config["rope_dim"]
-        c.norm_eps = config["norm_eps"]
-        c.attn_scale = config["attn_scale"]
-        c.lin_k_heads = config.get("lin_k_heads", 0)
-        c.lin_v_heads = config.get("lin_v_heads", 0)
-        c.lin_k_dim = config.get("lin_k_dim", 0)
-        c.lin_v_dim = config.get("lin_v_dim", 0)
-        c.conv_kernel = config.get("conv_kernel", 0)
-        c.kv_type = {"f32": FLM_F32, "bf16": FLM_BF16, "f16": FLM_F16}[config.get("kv_dtype", "f32")]
-        wdtype = np.dtype(config["wtype"])
-        if wdtype == np.float32:
-            c.wtype = FLM_F32
-        elif wdtype == np.uint16:
-            c.wtype = FLM_BF16
-        else:
+    def __cinit__(self, config, dict weights, int n_ctx, int n_threads=1, str kv_dtype="f32"):
+        if n_ctx < 1:
+            raise ValueError(f"n_ctx must be positive, got {n_ctx}")
+        wdtype = np.dtype(weights["lm_head"].dtype)
+        if wdtype not in (np.float32, np.uint16):
             raise TypeError(f"weights must be float32 or bf16 (uint16 bits), not {wdtype}")
-        for name in ("dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "head_dim",
-                     "vocab_size", "seq_len", "rope_dim"):
-            if config[name] <= 0:
-                raise ValueError(f"config {name} must be positive")
-        if c.n_heads % c.n_kv_heads:
-            raise ValueError("n_heads must be a multiple of n_kv_heads")
-        if c.rope_dim % 2 or c.rope_dim > c.head_dim:
-            raise ValueError("rope_dim must be even and at most head_dim")
-        if len(layers) != c.n_layers:
-            raise ValueError(f"expected {c.n_layers} layers, got {len(layers)}")
-        if max_batch < 1:
-            raise ValueError("max_batch must be positive")
-        self.cfg = c
+        layers = weights["layers"]
+        if len(layers) != config.num_hidden_layers:
+            raise ValueError(f"expected {config.num_hidden_layers} layers, got {len(layers)}")
+        self.config = config
+        self.n_threads = n_threads
+        cdef flm.FlmConfig *c = &self.cfg
+        c.dim, c.hidden_dim = config.hidden_size, config.intermediate_size
+        c.n_layers, c.n_heads = config.num_hidden_layers, config.num_attention_heads
+        c.n_kv_heads, c.head_dim = config.num_key_value_heads, config.head_dim
+        c.vocab_size, c.seq_len, c.rope_dim = config.vocab_size, n_ctx, config.rope_dim
+        c.wtype = flm.FLM_BF16 if wdtype == np.uint16 else flm.FLM_F32
+        kv_types = {"f32": flm.FLM_F32, "bf16": flm.FLM_BF16, "f16": flm.FLM_F16}
+        if kv_dtype not in kv_types:
+            raise ValueError(f"kv_dtype must be one of {tuple(kv_types)}, got {kv_dtype!r}")
+        c.kv_type = kv_types[kv_dtype]
+        c.norm_eps, c.attn_scale = config.rms_norm_eps, config.head_dim ** -0.5
+        c.lin_k_heads, c.lin_v_heads = config.linear_num_key_heads, config.linear_num_value_heads
+        c.lin_k_dim, c.lin_v_dim = config.linear_key_head_dim, config.linear_value_head_dim
+        c.conv_kernel = config.linear_conv_kernel_dim
 
-        kinds = {d.get("kind", "attention") for d in layers}
-        if "linear_attention" in kinds:
-            if min(c.lin_k_heads, c.lin_v_heads, c.lin_k_dim, c.lin_v_dim, c.conv_kernel) <= 0:
-                raise ValueError("linear attention layers need lin_k_heads, lin_v_heads, "
-                                 "lin_k_dim, lin_v_dim and conv_kernel")
-            if c.lin_v_heads % c.lin_k_heads:
-                raise ValueError("lin_v_heads must be a multiple of lin_k_heads")
-        shapes = _layer_shapes(config)
-        keep = []
-        self.layers = <FlmLayer *>calloc(c.n_layers, sizeof(FlmLayer))
+        self.layers = <flm.FlmLayer *>calloc(c.n_layers, sizeof(flm.FlmLayer))
         if self.layers == NULL:
             raise MemoryError()
-        cdef FlmLayer *L
         for i, d in enumerate(layers):
-            L = &self.layers[i]
-            kind = d.get("kind", "attention")
-            if kind not in _REQUIRED:
+            kind = d.get("kind", schema.ATTENTION)
+            if kind not in (schema.ATTENTION, schema.LINEAR):
                 raise ValueError(f"layer {i}: unknown kind {kind!r}")
-            L.kind = FLM_LINEAR_ATTENTION if kind == "linear_attention" else FLM_ATTENTION
-            arrays = {k: v for k, v in d.items() if k != "kind" and v is not None}
-            unknown = set(arrays) - set(shapes)
-            if unknown:
-                raise ValueError(f"layer {i}: unknown weights {sorted(unknown)}")
-            missing = [n for n in _REQUIRED[kind] if n not in arrays]
-            if missing:
-                raise ValueError(f"layer {i}: missing weights {missing}")
-            ptrs = {}
-            for name, arr in arrays.items():
-                is_matrix, shape = shapes[name]
-                if is_matrix:
-                    ptrs[name] = <size_t>_packed_ptr(arr, wdtype, shape, f"layer {i} {name}")
-                else:
-                    ptrs[name] = <size_t>_ptr(arr, np.float32, shape, f"layer {i} {name}")
-            L.wq = <const void *><size_t>ptrs.get("wq", 0)
-            L.wk = <const void *><size_t>ptrs.get("wk", 0)
-            L.wv = <const void *><size_t>ptrs.get("wv", 0)
-            L.wo = <const void *><size_t>ptrs.get("wo", 0)
-            L.bq = <const float *><size_t>ptrs.get("bq", 0)
-            L.bk = <const float *><size_t>ptrs.get("bk", 0)
-            L.bv = <const float *><size_t>ptrs.get("bv", 0)
-            L.bo = <const float *><size_t>ptrs.get("bo", 0)
-            L.q_norm = <const float *><size_t>ptrs.get("q_norm", 0)
-            L.k_norm = <const float *><size_t>ptrs.get("k_norm", 0)
-            L.w_attn_gate = <const void *><size_t>ptrs.get("w_attn_gate", 0)
-            L.w_qkv = <const void *><size_t>ptrs.get("w_qkv", 0)
-            L.w_z = <const void *><size_t>ptrs.get("w_z", 0)
-            L.w_b = <const void *><size_t>ptrs.get("w_b", 0)
-            L.w_a = <const void *><size_t>ptrs.get("w_a", 0)
-            L.conv_w = <const float *><size_t>ptrs.get("conv_w", 0)
-            L.lin_A = <const float *><size_t>ptrs.get("lin_A", 0)
-            L.dt_bias = <const float *><size_t>ptrs.get("dt_bias", 0)
-            L.lin_norm = <const float *><size_t>ptrs.get("lin_norm", 0)
-            L.w_out = <const void *><size_t>ptrs.get("w_out", 0)
-            L.attn_norm = <const float *><size_t>ptrs["attn_norm"]
-            L.ffn_norm = <const float *><size_t>ptrs["ffn_norm"]
-            L.w_gate = <const void *><size_t>ptrs["w_gate"]
-            L.w_up = <const void *><size_t>ptrs["w_up"]
-            L.w_down = <const void *><size_t>ptrs["w_down"]
-            L.b_gate = <const float *><size_t>ptrs.get("b_gate", 0)
-            L.b_up = <const float *><size_t>ptrs.get("b_up", 0)
-            L.b_down = <const float *><size_t>ptrs.get("b_down", 0)
-            keep.append(arrays)
+            self.layers[i].kind = flm.FLM_LINEAR_ATTENTION if kind == schema.LINEAR else flm.FLM_ATTENTION
+            expected = {t.field: t for t in schema.layer_tensors(config, kind)}
+            missing, unknown = sorted(expected.keys() - d.keys()), sorted(d.keys() - expected.keys() - {"kind"})
+            if missing or unknown:
+                raise ValueError(f"layer {i}: " + "; ".join(
+                    f"{what} weights {names}" for what, names in (("missing", missing), ("unknown", unknown))
+                    if names))
+            for name, t in expected.items():
+                _set_field(&self.layers[i], name, _array_ptr(d[name], t, config, wdtype, f"layer {i} {name}"))
         self.w.layers = self.layers
         # embed None: tied, the rows are read from the packed head.
-        self.w.embed = NULL if embed is None else _ptr(embed, wdtype, (c.vocab_size, c.dim), "embedding")
-        self.w.lm_head = _packed_ptr(lm_head, wdtype, (c.vocab_size, c.dim), "lm_head")
-        self.w.norm = <const float *>_ptr(norm, np.float32, (c.dim,), "final norm")
-        self.w.rope_cos = <const float *>_ptr(rope_cos, np.float32, (c.seq_len, c.rope_dim // 2), "rope cos")
-        self.w.rope_sin = <const float *>_ptr(rope_sin, np.float32, (c.seq_len, c.rope_dim // 2), "rope sin")
-        keep += [embed, norm, lm_head, rope_cos, rope_sin]
-        self._keep = keep
-
-        # np.zeros maps fresh zero pages: the KV cache costs memory only as
-        # positions are filled.
-        # One attention score row per thread that may ever run.
-        max_threads = max(max_threads, n_threads, os.cpu_count() or 1)
-        self._work = np.zeros(flm_state_work_floats(&self.cfg, max_batch, max_threads), np.float32)
-        self._cache = np.zeros(flm_state_cache_floats(&self.cfg), np.float32)
-        flm_state_init(&self.state, &self.cfg, max_batch, max_threads,
-                       <float *>cnp.PyArray_DATA(self._work), <float *>cnp.PyArray_DATA(self._cache))
-        self.n_threads = n_threads
+        embed = weights["embed"]
+        self.w.embed = NULL if embed is None else _array_ptr(embed, schema.EMBED, config, wdtype, "embedding")
+        self.w.lm_head = _array_ptr(weights["lm_head"], schema.LM_HEAD, config, wdtype, "lm_head")
+        self.w.norm = <const float *>_array_ptr(weights["norm"], schema.NORM, config, wdtype, "final norm")
+        cos, sin = config.rope_tables(n_ctx)
+        self.w.rope_cos = <const float *>_ptr(cos, np.float32, (n_ctx, c.rope_dim // 2), "rope cos")
+        self.w.rope_sin = <const float *>_ptr(sin, np.float32, (n_ctx, c.rope_dim // 2), "rope sin")
+        # Copies of the containers: the arrays stay alive whatever the caller
+        # later does with its dict and lists.
+        self._keep = (dict(weights, layers=[dict(d) for d in layers]), cos, sin)
 
     def __dealloc__(self):
         free(self.layers)
+
+    @property
+    def n_threads(self):
+        """Threads a forward pass uses (at most a State's max_threads)."""
+        return self._n_threads
+
+    @n_threads.setter
+    def n_threads(self, int n):
+        if n < 1:
+            raise ValueError(f"threads must be positive, got {n}")
+        self._n_threads = n
 
     @property
     def seq_len(self):
         return self.cfg.seq_len
 
     @property
+    def kv_dtype(self):
+        """Storage of the KV cache: "f32", "bf16" or "f16"."""
+        return {flm.FLM_F32: "f32", flm.FLM_BF16: "bf16", flm.FLM_F16: "f16"}[self.cfg.kv_type]
+
+    @property
     def vocab_size(self):
         return self.cfg.vocab_size
 
-    def forward(self, tokens, pos, bint all_logits=False, bint hidden_states=False):
-        """Run tokens at positions pos.. and return float32 logits:
-        (vocab,) for the last token, or (n, vocab) with all_logits.
-        With hidden_states, also return each layer's output, (n_layers, n, dim)."""
-        ids = check_token_ids(tokens, self.cfg.vocab_size)
-        if isinstance(pos, bool) or not isinstance(pos, (int, np.integer)):
-            raise TypeError(f"pos must be an integer, got {type(pos).__name__}")
-        first = int(pos)
-        cdef int n = ids.shape[0]
-        if first < 0 or first + n > self.cfg.seq_len:
-            raise ValueError(f"positions {first}..{first + n - 1} do not fit the context of "
-                             f"{self.cfg.seq_len} tokens")
-        cdef cnp.ndarray[int32_t, ndim=1, mode="c"] toks = ids
-        cdef int start = first
+
+cdef const void *_array_ptr(object arr, object t, object config, object wdtype, str what) except NULL:
+    """The data of a schema tensor's array, once its dtype and shape are right."""
+    shape = t.shape(config)
+    if t is schema.EMBED:
+        return _ptr(arr, wdtype, shape, what)
+    if t.matrix:
+        return _packed_ptr(arr, wdtype, shape, what)
+    return _ptr(arr, np.float32, shape, what)
+
+
+cdef class State:
+    """The run state of one sequence over shared Weights: work buffers, the
+    KV cache and the recurrent state of linear layers. A State serves one
+    thread at a time; fastllm.Session keeps track of what it holds."""
+    cdef flm.FlmState s
+    cdef readonly Weights weights
+    cdef cnp.ndarray _work
+    cdef cnp.ndarray _cache
+
+    def __cinit__(self, Weights weights, int max_batch=512, int max_threads=0):
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be positive, got {max_batch}")
+        self.weights = weights
+        # One attention score row per thread that may ever run. np.zeros maps
+        # fresh zero pages: the KV cache costs memory only as it fills.
+        max_threads = max(max_threads, weights._n_threads, os.cpu_count() or 1)
+        self._work = np.zeros(flm.flm_state_work_floats(&weights.cfg, max_batch, max_threads), np.float32)
+        self._cache = np.zeros(flm.flm_state_cache_floats(&weights.cfg), np.float32)
+        flm.flm_state_init(&self.s, &weights.cfg, max_batch, max_threads,
+                           <float *>cnp.PyArray_DATA(self._work), <float *>cnp.PyArray_DATA(self._cache))
+
+    def run(self, const int32_t[::1] tokens, int pos, bint all_logits=False, bint hidden_states=False):
+        """Run tokens (ids checked by check_token_ids) at positions pos.. and
+        return float32 logits: (vocab,) for the last token, or (n, vocab)
+        with all_logits. With hidden_states, also each layer's output,
+        (n_layers, n, dim). Linear layers start afresh at pos 0 and must
+        otherwise continue right after the last token run."""
+        cdef Weights w = self.weights
+        cdef int n = tokens.shape[0]
+        if n < 1 or pos < 0 or pos > w.cfg.seq_len - n:
+            raise ValueError(f"positions {pos}..{pos + n - 1} do not fit the context of "
+                             f"{w.cfg.seq_len} tokens")
         cdef cnp.ndarray[float, ndim=2, mode="c"] out = np.empty(
-            (n if all_logits else 1, self.cfg.vocab_size), np.float32)
-        cdef int nt = max(1, self.n_threads)
+            (n if all_logits else 1, w.cfg.vocab_size), np.float32)
+        cdef int nt = w._n_threads
         cdef cnp.ndarray trace = None
         if hidden_states:
-            trace = np.empty((self.cfg.n_layers, n, self.cfg.dim), np.float32)
-            self.state.trace = <float *>cnp.PyArray_DATA(trace)
-            self.state.trace_tokens = n
+            trace = np.empty((w.cfg.n_layers, n, w.cfg.dim), np.float32)
+            self.s.trace = <float *>cnp.PyArray_DATA(trace)
+            self.s.trace_tokens = n
         try:
             with nogil:
-                flm_forward(&self.cfg, &self.w, &self.state, &toks[0], n, start,
-                            &out[0, 0], all_logits, nt)
+                flm.flm_forward(&w.cfg, &w.w, &self.s, &tokens[0], n, pos, &out[0, 0], all_logits, nt)
         finally:
-            self.state.trace = NULL
+            self.s.trace = NULL
         result = out if all_logits else out[0]
         return (result, trace) if hidden_states else result
 
 
 _path_from_environment()
+flm.flm_simd_path()   # pick the kernels now, before threads may race to

@@ -36,27 +36,27 @@ def _ints(text):
 
 def bench_model(model, n_prompt: int, n_gen: int, repetitions: int) -> list[dict]:
     """Measure pp and tg on a loaded model at its current thread count."""
-    engine = model._engine
+    session = model.new_session()
     rng = np.random.default_rng(0)
     results = []
     for test, n in (("pp", n_prompt), ("tg", n_gen)):
         if n <= 0:
             continue
-        if n > engine.seq_len:
-            raise ValueError(f"{test}{n} does not fit the context of {engine.seq_len}")
-        tokens = rng.integers(0, engine.vocab_size, n).astype(np.int32)
+        if n > session.n_ctx:
+            raise ValueError(f"{test}{n} does not fit the context of {session.n_ctx}")
+        tokens = rng.integers(0, session.vocab_size, n).astype(np.int32)
         speeds = []
         for rep in range(repetitions + 1):  # the first run warms caches and pages
+            session.reset()
             t0 = time.perf_counter()
             if test == "pp":
-                engine.forward(tokens, 0, False)
+                session.extend(tokens)
             else:
-                for i in range(n):
-                    engine.forward(tokens[i:i + 1], i, False)
+                for token in tokens:
+                    session.step(token)
             dt = time.perf_counter() - t0
             if rep:
                 speeds.append(n / dt)
-        model._cached = []
         results.append({
             "test": f"{test}{n}", "threads": model.threads, "dtype": model.dtype, "kv_dtype": model.kv_dtype,
             "tokens_per_s_mean": statistics.mean(speeds),

@@ -30,36 +30,11 @@ cdef extern from "fastllm.h" nogil:
         int lin_v_dim
         int conv_kernel
 
+    # The pointer fields follow kind in the order of fastllm.schema.LAYER;
+    # _core sets them by index from wq on.
     ctypedef struct FlmLayer:
         int kind
         const void *wq
-        const void *wk
-        const void *wv
-        const void *wo
-        const float *bq
-        const float *bk
-        const float *bv
-        const float *bo
-        const float *q_norm
-        const float *k_norm
-        const void *w_attn_gate
-        const void *w_qkv
-        const void *w_z
-        const void *w_b
-        const void *w_a
-        const float *conv_w
-        const float *lin_A
-        const float *dt_bias
-        const float *lin_norm
-        const void *w_out
-        const float *attn_norm
-        const float *ffn_norm
-        const void *w_gate
-        const void *w_up
-        const void *w_down
-        const float *b_gate
-        const float *b_up
-        const float *b_down
 
     ctypedef struct FlmWeights:
         const void *embed

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
 from .errors import FastLLMError
+from .sampling import SamplingParams
 
 REPL_HELP = """Type a prompt and press Enter. Longer input:
   end a line with \\ to continue on the next line, or
@@ -27,14 +29,14 @@ commands:
   /help         this text
   /quit         leave (Ctrl-D works too)"""
 
-# Defaults of the commands that generate, used where neither a flag nor the
-# model's generation_config.json sets a value. A mild repetition penalty over
-# the last 64 tokens (llama.cpp's classic --repeat-penalty 1.1
-# --repeat-last-n 64) keeps a small model's greedy text from looping.
-CLI_DEFAULTS = dict(temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.1,
-                    repeat_last_n=64, seed=None)
+# The commands that generate start from SamplingParams' defaults but for a
+# mild repetition penalty over the last 64 tokens (llama.cpp's classic
+# --repeat-penalty 1.1 --repeat-last-n 64), which keeps a small model's
+# greedy text from looping; flags and generation_config.json go on top.
+CLI_SAMPLING = SamplingParams(repetition_penalty=1.1, repeat_last_n=64)
 STEPS = {"run": 128, "repl": 128, "chat": 512}
-_SETTINGS = ("max_new_tokens",) + tuple(CLI_DEFAULTS)
+_SAMPLING_KEYS = tuple(f.name for f in dataclasses.fields(SamplingParams))
+_SETTINGS = ("max_new_tokens",) + _SAMPLING_KEYS
 _GEN_SOURCE = "generation_config.json"
 
 
@@ -109,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("convert", help="convert a GGUF file into a HF model folder")
     p.add_argument("input", help="the .gguf file")
     p.add_argument("output", help="folder to create")
-    from .convert import DEFAULT_DTYPE
+    from .formats.gguf import DEFAULT_DTYPE
     p.add_argument("--dtype", choices=("f32", "bf16"), default=DEFAULT_DTYPE,
                    help="safetensors precision: f32 keeps the dequantized values exactly, "
                         f"bf16 halves the size (default: {DEFAULT_DTYPE})")
@@ -157,40 +159,49 @@ def _load(args):
 
 
 class Settings:
-    """The generation settings of a command: what the user set (flags, REPL
-    commands) over the model's generation_config.json over CLI_DEFAULTS."""
+    """The generation settings of a command: one SamplingParams that the
+    flags and REPL commands edit, made of what the user set over the model's
+    generation_config.json over CLI_SAMPLING, and the most tokens per reply
+    (None: the model's generation_config.json decides, per prompt)."""
 
     def __init__(self, model, args, steps: int):
         self.model = model
         self.steps = steps
-        self.given = {k: getattr(args, k) for k in _SETTINGS if getattr(args, k, None) is not None}
+        self.given = set()   # the settings the user set
+        file = {k: v for k, v in model.generation_defaults.items() if k in _SAMPLING_KEYS}
+        self.params = CLI_SAMPLING.replace(**file)
+        self.max_new_tokens = None
+        if not ({"max_new_tokens", "max_length"} & set(model.generation_config)):
+            self.max_new_tokens = steps
+        for key in _SETTINGS:
+            if getattr(args, key, None) is not None:
+                self.set(key, getattr(args, key))
         self.stop = list(getattr(args, "stop", None) or [])
+
+    def set(self, key, value):
+        """Change one setting; a bad value raises ValueError and changes nothing."""
+        if key == "max_new_tokens":
+            if value < 1:
+                raise ValueError(f"max tokens must be at least 1, got {value}")
+            self.max_new_tokens = value
+        else:
+            self.params = self.params.replace(**{key: value})
+        self.given.add(key)
 
     def value(self, key):
         """(value, where it comes from) of one setting."""
+        value = self.max_new_tokens if key == "max_new_tokens" else getattr(self.params, key)
         if key in self.given:
-            return self.given[key], "set"
-        gen = self.model.generation_defaults
-        if key in gen:
-            return gen[key], _GEN_SOURCE
-        if key == "max_new_tokens" and "max_length" in self.model.generation_config:
+            return value, "set"
+        if key in self.model.generation_defaults:
+            return self.model.generation_defaults[key], _GEN_SOURCE
+        if key == "max_new_tokens" and value is None:
             return None, f"max_length {self.model.generation_config['max_length']} in {_GEN_SOURCE}"
-        return (self.steps if key == "max_new_tokens" else CLI_DEFAULTS[key]), "default"
+        return value, "default"
 
     def kwargs(self) -> dict:
-        """Keywords for Model.stream/chat. Values from generation_config.json
-        are left for the model to fill in, so max_length works per prompt."""
-        kw = {k: v for k in _SETTINGS for v, src in [self.value(k)] if src in ("set", "default")}
-        kw["stop"] = list(self.stop) or None
-        return kw
-
-    def check(self):
-        """Raise ValueError when a setting is out of range."""
-        from .sampling import SamplingParams
-        n = self.value("max_new_tokens")[0]
-        if n is not None and n < 1:
-            raise ValueError(f"max tokens must be at least 1, got {n}")
-        SamplingParams(**{k: self.value(k)[0] for k in CLI_DEFAULTS}).validate()
+        """Keywords for Model.stream/chat."""
+        return dict(max_new_tokens=self.max_new_tokens, sampling=self.params, stop=list(self.stop) or None)
 
 
 def _context_notice(model, repl: bool):
@@ -216,9 +227,7 @@ def _print_stream(pieces, model, verbose: bool, repl: bool = False):
 def cmd_run(args) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     model = _load(args)
-    settings = Settings(model, args, STEPS["run"])
-    settings.check()
-    kw = settings.kwargs()
+    kw = Settings(model, args, STEPS["run"]).kwargs()
     if args.chat:
         pieces = model.chat([{"role": "user", "content": prompt}], stream=True, **kw)
     else:
@@ -331,7 +340,6 @@ def _repl(model, args, chat: bool, system: str | None = None, read=None, steps: 
         _setup_readline()
     read = read or input
     settings = Settings(model, args, steps)
-    settings.check()
     history = []   # the conversation in chat mode, without the system message
     print(f"fastllm {'chat' if chat else 'REPL'} with {model.path.name} "
           f"({model.threads} threads, context {model.n_ctx}). /help for commands, /quit to leave.",
@@ -362,20 +370,15 @@ def _repl(model, args, chat: bool, system: str | None = None, read=None, steps: 
                 continue
             elif cmd in _SETTERS:
                 key, kind = _SETTERS[cmd]
-                old = settings.given.get(key)
                 try:
                     if value:
-                        settings.given[key] = kind(value)
+                        settings.set(key, kind(value))
                     elif cmd == "seed":
-                        settings.given.pop(key, None)
+                        settings.set(key, None)
+                        settings.given.discard(key)
                     else:
                         raise ValueError(f"/{cmd} needs a value")
-                    settings.check()
                 except ValueError as e:
-                    if old is None:
-                        settings.given.pop(key, None)
-                    else:
-                        settings.given[key] = old
                     print(f"bad value for /{cmd}: {value!r} ({e})", file=sys.stderr)
                     continue
             elif cmd == "stop":
@@ -441,7 +444,7 @@ def cmd_chat(args) -> int:
 
 
 def cmd_convert(args) -> int:
-    from .convert import convert_gguf
+    from .formats.gguf import convert_gguf
     out = convert_gguf(args.input, args.output, dtype=args.dtype)
     print(f"wrote {out}", file=sys.stderr)
     return 0

@@ -1,7 +1,7 @@
 """config.json of a HuggingFace model folder, as a typed and validated config.
 
 Keys keep their HF names. Each supported `model_type` is the Llama decoder
-plus a few switches (biases, per-head q/k norm, explicit head_dim).
+plus the switches its entry in families.FAMILIES gives.
 """
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ModelFileError
-
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_5_text", "qwen3_5")
+from .families import FAMILIES, Family, family
 
 
 @dataclass
@@ -34,9 +33,11 @@ class ModelConfig:
     rope_scaling: dict | None = None
     partial_rotary_factor: float = 1.0
     tie_word_embeddings: bool = False
-    attention_bias: bool = False     # q/k/v/o biases (llama); q/k/v only for qwen2
+    # Which optional tensors the layers have; see families.Family.
+    attention_bias: bool = False     # q/k/v biases
+    o_bias: bool = False
     mlp_bias: bool = False
-    qk_norm: bool = False            # per-head RMSNorm on q and k (qwen3)
+    qk_norm: bool = False
     bos_token_id: int | None = None
     eos_token_id: list = field(default_factory=list)
     # Qwen3.5: Gated DeltaNet layers mixed with gated full attention.
@@ -46,10 +47,14 @@ class ModelConfig:
     linear_key_head_dim: int = 0
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 0
-    norm_plus_one: bool = False      # RMSNorm weights stored zero-centred: y = norm(x) * (1 + w)
-    attn_output_gate: bool = False   # q_proj also yields a sigmoid gate on the attention output
+    norm_plus_one: bool = False
+    attn_output_gate: bool = False
     weight_prefix: str = "model."
     path: Path | None = None
+
+    @property
+    def family(self) -> Family:
+        return FAMILIES[self.model_type]
 
     def layer_kind(self, i: int) -> str:
         """'attention' or 'linear_attention' for layer i."""
@@ -88,22 +93,24 @@ class ModelConfig:
             return value
 
         model_type = raw.get("model_type")
-        prefix = "model."
-        if model_type == "qwen3_5":
-            # The multimodal wrapper: its text model is all fastllm runs.
+        fam = family(model_type, path)
+        prefix = fam.weight_prefix
+        if fam.text_config:
+            # A multimodal wrapper: its text model is all fastllm runs.
             text = raw.get("text_config")
             if not isinstance(text, dict):
-                raise ModelFileError(path, "model_type 'qwen3_5' without a text_config object")
-            warnings.warn(f"{path}: qwen3_5 checkpoint: running its text model; the vision "
+                raise ModelFileError(path, f"model_type {model_type!r} without a text_config object")
+            warnings.warn(f"{path}: {model_type} checkpoint: running its text model; the vision "
                           "tower and multi-token-prediction weights are ignored", stacklevel=3)
             merged = dict(text)
             if "tie_word_embeddings" in raw:
                 merged["tie_word_embeddings"] = raw["tie_word_embeddings"]
-            raw, prefix = merged, "model.language_model."
-            raw["model_type"] = model_type = "qwen3_5_text"
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ModelFileError(path, f"model_type {model_type!r} is not supported "
-                                       f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+            raw = merged
+            raw["model_type"] = model_type = fam.text_config
+            fam = family(model_type, path)
+        for key, why in fam.refuse.items():
+            if raw.get(key):
+                raise ModelFileError(path, f"{key} is true: {why}")
         act = raw.get("hidden_act", raw.get("hidden_activation", "silu"))
         if act != "silu":
             raise ModelFileError(path, f"hidden_act {act!r} is not supported (only 'silu')")
@@ -122,32 +129,13 @@ class ModelConfig:
                                        f"num_attention_heads ({heads}) and no head_dim is given")
         rope_params = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
         prf = (raw.get("partial_rotary_factor") or rope_params.get("partial_rotary_factor")
-               or (0.25 if model_type == "qwen3_5_text" else 1.0))
+               or fam.partial_rotary_factor)
         if not (0 < prf <= 1) or int(head_dim * prf) % 2:
             raise ModelFileError(path, f"partial_rotary_factor {prf!r} does not give an even "
                                        f"number of rotated dims of head_dim {head_dim}")
 
-        if model_type == "qwen2":
-            if raw.get("use_sliding_window"):
-                raise ModelFileError(path, "use_sliding_window is true: sliding-window attention "
-                                           "is not supported (fastllm attends to the whole context)")
-            attention_bias, mlp_bias, qk_norm = True, False, False
-        elif model_type == "qwen3":
-            if raw.get("use_sliding_window"):
-                raise ModelFileError(path, "use_sliding_window is true: sliding-window attention "
-                                           "is not supported (fastllm attends to the whole context)")
-            attention_bias, mlp_bias, qk_norm = bool(raw.get("attention_bias", False)), False, True
-        elif model_type == "qwen3_5_text":
-            if raw.get("attention_bias"):
-                raise ModelFileError(path, "attention_bias is not supported for qwen3_5_text")
-            attention_bias, mlp_bias, qk_norm = False, False, True
-        else:
-            attention_bias = bool(raw.get("attention_bias", False))
-            mlp_bias = bool(raw.get("mlp_bias", False))
-            qk_norm = False
-
         layer_types, linear = None, {}
-        if model_type == "qwen3_5_text":
+        if fam.linear_attention:
             n_layers = need("num_hidden_layers")
             layer_types = raw.get("layer_types")
             if layer_types is None:
@@ -190,14 +178,13 @@ class ModelConfig:
             rope_scaling=rope_scaling,
             partial_rotary_factor=float(prf),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            attention_bias=attention_bias,
-            mlp_bias=mlp_bias,
-            qk_norm=qk_norm,
+            **{name: fam.switch(name, raw) for name in ("attention_bias", "o_bias", "mlp_bias")},
+            qk_norm=fam.qk_norm,
             bos_token_id=raw.get("bos_token_id"),
             eos_token_id=eos,
             layer_types=layer_types,
-            norm_plus_one=model_type == "qwen3_5_text",
-            attn_output_gate=model_type == "qwen3_5_text",
+            norm_plus_one=fam.norm_plus_one,
+            attn_output_gate=fam.attn_output_gate,
             weight_prefix=prefix,
             path=Path(path) if path else None,
             **linear,
@@ -207,10 +194,9 @@ class ModelConfig:
 
     # ------------------------------------------------------------------ RoPE
 
-    def rope_inv_freq(self, seq_len: int) -> tuple[np.ndarray, float]:
-        """Inverse frequencies for a sequence of seq_len tokens, and the
-        attention scaling applied to cos/sin, computed in float32 as the
-        reference does."""
+    def rope_inv_freq(self, seq_len: int) -> np.ndarray:
+        """Inverse frequencies for a sequence of seq_len tokens, computed in
+        float32 as the reference does."""
         dim = self.rope_dim
         f32 = np.float32
         exponents = np.arange(0, dim, 2, dtype=np.float32) / f32(dim)
@@ -243,7 +229,7 @@ class ModelConfig:
         else:
             raise ModelFileError(self.path, f"rope_scaling type {kind!r} is not supported "
                                             "(supported: linear, dynamic, llama3)")
-        return inv_freq, 1.0
+        return inv_freq
 
     def rope_tables(self, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
         """cos and sin of every position's angles, shape (seq_len, rope_dim/2)."""
@@ -255,42 +241,16 @@ class ModelConfig:
             # rotated with the frequencies for a sequence of p+1 tokens.
             orig = int(self.rope_scaling.get("original_max_position_embeddings",
                                              self.max_position_embeddings))
-            base_freq, scale = self.rope_inv_freq(orig)
+            base_freq = self.rope_inv_freq(orig)
             angles = np.empty((seq_len, self.rope_dim // 2), np.float32)
             angles[:orig] = pos[:orig] * base_freq
             for p in range(orig, seq_len):
-                angles[p] = np.float32(p) * self.rope_inv_freq(p + 1)[0]
+                angles[p] = np.float32(p) * self.rope_inv_freq(p + 1)
         else:
-            inv_freq, scale = self.rope_inv_freq(seq_len)
-            angles = pos * inv_freq[None, :]
-        cos = np.cos(angles).astype(np.float32)
-        sin = np.sin(angles).astype(np.float32)
-        if scale != 1.0:
-            cos *= np.float32(scale)
-            sin *= np.float32(scale)
-        return np.ascontiguousarray(cos), np.ascontiguousarray(sin)
+            angles = pos * self.rope_inv_freq(seq_len)[None, :]
+        return (np.ascontiguousarray(np.cos(angles).astype(np.float32)),
+                np.ascontiguousarray(np.sin(angles).astype(np.float32)))
 
     def n_params(self) -> int:
-        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
-        qd = self.num_attention_heads * self.head_dim
-        kvd = self.num_key_value_heads * self.head_dim
-        mlp = 3 * h * i + 2 * h + (2 * i + h if self.mlp_bias else 0)
-        attn = h * qd * 2 + h * kvd * 2
-        if self.attn_output_gate:
-            attn += h * qd
-        if self.attention_bias:
-            attn += qd + 2 * kvd + (h if self.model_type == "llama" else 0)
-        if self.qk_norm:
-            attn += 2 * self.head_dim
-        kd = self.linear_num_key_heads * self.linear_key_head_dim
-        vd = self.linear_num_value_heads * self.linear_value_head_dim
-        hv = self.linear_num_value_heads
-        conv = 2 * kd + vd
-        linear = (h * conv + h * vd + 2 * h * hv + conv * self.linear_conv_kernel_dim
-                  + 2 * hv + self.linear_value_head_dim + vd * h)
-        total = v * h + h
-        for layer in range(self.num_hidden_layers):
-            total += mlp + (linear if self.layer_kind(layer) == "linear_attention" else attn)
-        if not self.tie_word_embeddings:
-            total += v * h
-        return total
+        from .schema import n_params
+        return n_params(self)

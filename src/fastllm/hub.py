@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Union
 
-from .convert import DEFAULT_DTYPE, OutputExistsError, convert_gguf, is_complete_model_dir
+from .formats.gguf import DEFAULT_DTYPE, OutputExistsError, convert_gguf, is_complete_model_dir
 from .errors import FastLLMError
 
 __all__ = [
@@ -145,12 +145,12 @@ def _gguf_cache_dir(gguf: Path, dtype: str) -> Path:
     return cache_dir() / f"{gguf.stem}-{dtype}-{digest}"
 
 
-def resolve_model(path_or_none: Optional[PathLike] = None, dtype: str = DEFAULT_DTYPE) -> Path:
+def resolve_model(path_or_none: Optional[PathLike] = None) -> Path:
     """A model folder for what the user named.
 
     None or the default model's name: the default model. A folder: itself.
-    A .gguf file: converted once into the cache (keyed by path, size and
-    modification time) with dtype "f32" or "bf16", and that folder returned.
+    A .gguf file: converted once (as DEFAULT_DTYPE) into the cache, keyed by
+    path, size and modification time, and that folder returned.
     """
     if path_or_none is None:
         return default_model_dir()
@@ -160,8 +160,8 @@ def resolve_model(path_or_none: Optional[PathLike] = None, dtype: str = DEFAULT_
     if p.is_file():
         if p.suffix.lower() != ".gguf":
             raise ValueError(f"{p} is a file but not a .gguf file; give a model folder or a GGUF file")
-        target = _gguf_cache_dir(p, dtype)
-        return _convert_cached(p, target, dtype, _stamp_for(p, dtype))
+        target = _gguf_cache_dir(p, DEFAULT_DTYPE)
+        return _convert_cached(p, target, DEFAULT_DTYPE, _stamp_for(p, DEFAULT_DTYPE))
     if str(path_or_none) == DEFAULT_MODEL:
         return default_model_dir()
     raise FileNotFoundError(f"model not found: {path_or_none} (expected a model folder or a .gguf file)")

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -14,17 +16,13 @@ from . import _core
 from .config import ModelConfig
 from .errors import ModelFileError
 from .sampling import Sampler, SamplingParams, generation_defaults, read_generation_config
+from .session import Session
 from .weights import load_weights
 
 DTYPES = ("f32", "bf16")
 # The KV cache: f32 keeps attention exact; bf16 and f16 halve what it reads
 # (keys and values rounded once when stored, nearest-even).
 KV_DTYPES = ("f32", "bf16", "f16")
-
-# Keyword defaults of stream/generate/chat when neither the call nor the
-# model's generation_config.json sets a value (chat: max_new_tokens 256).
-API_DEFAULTS = dict(max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0,
-                    repetition_penalty=1.0, repeat_last_n=-1, seed=None)
 
 
 class ContextFullWarning(UserWarning):
@@ -66,22 +64,35 @@ class GenerationStats:
 
 
 class Model:
-    """A model ready to generate. Build it with Model.from_pretrained."""
+    """A model ready to generate. Build it with Model.from_pretrained.
 
-    def __init__(self, engine, config: ModelConfig, tokenizer, path: Path, dtype: str,
-                 eos_token_ids: set, generation_config: dict | None = None):
-        self._engine = engine
+    generate/stream/chat/generate_tokens/logits run on the model's default
+    Session, one call at a time: a thread that calls while another generates
+    waits for it. Threads that should generate at the same time each use a
+    Session of their own (new_session(), passed as session=); they share
+    the weights."""
+
+    def __init__(self, weights: _core.Weights, config: ModelConfig, tokenizer, path: Path, dtype: str,
+                 eos_token_ids: set, generation_config: dict | None = None, max_batch: int = 512):
+        self._weights = weights
         self.config = config
         self.tokenizer = tokenizer
         self.path = path
         self.dtype = dtype
+        self.kv_dtype = weights.kv_dtype
         self.eos_token_ids = eos_token_ids
-        # The checked settings of generation_config.json, and the keyword
-        # defaults they give generate/stream/chat (a keyword passed wins).
+        self.max_batch = max_batch
+        # The checked settings of generation_config.json, what they set of
+        # generate/stream/chat's defaults, and the sampling those calls
+        # start from: SamplingParams' defaults under the file's values.
         self.generation_config = dict(generation_config or {})
         self.generation_defaults = generation_defaults(self.generation_config)
+        self.default_sampling = SamplingParams().replace(
+            **{k: v for k, v in self.generation_defaults.items() if k != "max_new_tokens"})
         self.last_stats = GenerationStats()
-        self._cached = []   # tokens whose keys/values are in the cache, in order
+        self._session = Session(self)
+        self._lock = threading.Lock()   # held while the default session is in use
+        self._holder = None             # the thread that holds it
 
     # ------------------------------------------------------------- loading
 
@@ -103,176 +114,145 @@ class Model:
         config = ModelConfig.from_file(folder / "config.json")
         gen_config = read_generation_config(folder / "generation_config.json")
         seq_len = config.max_position_embeddings if n_ctx is None else int(n_ctx)
-        if seq_len < 1:
-            raise ValueError(f"n_ctx must be positive, got {n_ctx}")
         threads = physical_cores() if threads is None else int(threads)
-        if threads < 1:
-            raise ValueError(f"threads must be positive, got {threads}")
 
-        weights = load_weights(config, folder, bf16=(dtype == "bf16"))
-        cos, sin = config.rope_tables(seq_len)
-        engine_config = {
-            "dim": config.hidden_size, "hidden_dim": config.intermediate_size,
-            "n_layers": config.num_hidden_layers, "n_heads": config.num_attention_heads,
-            "n_kv_heads": config.num_key_value_heads, "head_dim": config.head_dim,
-            "vocab_size": config.vocab_size, "seq_len": seq_len, "rope_dim": config.rope_dim,
-            "norm_eps": config.rms_norm_eps, "attn_scale": config.head_dim ** -0.5,
-            "wtype": np.uint16 if dtype == "bf16" else np.float32, "kv_dtype": kv_dtype,
-            "lin_k_heads": config.linear_num_key_heads, "lin_v_heads": config.linear_num_value_heads,
-            "lin_k_dim": config.linear_key_head_dim, "lin_v_dim": config.linear_value_head_dim,
-            "conv_kernel": config.linear_conv_kernel_dim,
-        }
-        engine = _core.Engine(engine_config, weights["layers"], weights["embed"], weights["norm"],
-                              weights["lm_head"], cos, sin, max_batch=max_batch, n_threads=threads)
+        weights = _core.Weights(config, load_weights(config, folder, bf16=(dtype == "bf16")), seq_len,
+                                threads, kv_dtype)
         # A folder without tokenizer.json still runs on token ids (logits,
         # generate_tokens); the text methods then say what is missing.
         tokenizer = None
         if (folder / "tokenizer.json").exists():
             from .tokenizer import Tokenizer
             tokenizer = Tokenizer.from_pretrained(folder)
-        model = cls(engine, config, tokenizer, folder, dtype, _eos_ids(gen_config, config, tokenizer),
-                    gen_config)
-        model.kv_dtype = kv_dtype
-        return model
+        return cls(weights, config, tokenizer, folder, dtype, _eos_ids(gen_config, config, tokenizer),
+                   gen_config, max_batch)
 
     # ------------------------------------------------------------ settings
 
     @property
     def n_ctx(self) -> int:
-        return self._engine.seq_len
+        return self._weights.seq_len
 
     @property
     def threads(self) -> int:
-        return self._engine.n_threads
+        return self._weights.n_threads
 
     @threads.setter
     def threads(self, n: int):
-        if int(n) < 1:
-            raise ValueError(f"threads must be positive, got {n}")
-        self._engine.n_threads = int(n)
+        self._weights.n_threads = int(n)
 
-    # ---------------------------------------------------------------- core
+    def new_session(self, max_batch: int | None = None) -> Session:
+        """A Session of its own (KV cache and recurrent state) on these weights."""
+        return Session(self, max_batch)
 
-    def logits(self, token_ids) -> np.ndarray:
+    @contextmanager
+    def _use(self, session: Session | None):
+        """session, else the default session, held until the block ends."""
+        if session is not None:
+            yield session
+            return
+        if self._holder == threading.get_ident():
+            raise RuntimeError("this thread is already generating on the model's default session: "
+                               "finish or close that generator first, or pass session=model.new_session()")
+        with self._lock:
+            self._holder = threading.get_ident()
+            try:
+                yield self._session
+            finally:
+                self._holder = None
+
+    def logits(self, token_ids, session: Session | None = None) -> np.ndarray:
         """Logits of every position of token_ids run from position 0,
         shape (len(token_ids), vocab_size), float32."""
-        ids = self._check_ids(token_ids)
-        out = self._engine.forward(ids, 0, True)
-        self._cached = list(ids)
-        return out
-
-    def _check_ids(self, token_ids) -> np.ndarray:
-        ids = _core.check_token_ids(token_ids, self.config.vocab_size)
-        if ids.size > self.n_ctx:
-            raise ValueError(f"{ids.size} tokens do not fit the context of {self.n_ctx} "
-                             "(load the model with a larger n_ctx)")
-        return ids
-
-    def _prefill(self, ids: list) -> np.ndarray:
-        """Logits after ids, reusing the cached keys/values of a common prefix."""
-        common = 0
-        for a, b in zip(self._cached, ids):
-            if a != b:
-                break
-            common += 1
-        if self.config.layer_types and "linear_attention" in self.config.layer_types:
-            # A recurrent state cannot be rewound: it is reused only when the
-            # new prompt extends everything it has seen.
-            if common < len(self._cached) or common == len(ids):
-                common = 0
-        common = min(common, len(ids) - 1)  # run at least one token to get logits
-        logits = self._engine.forward(np.asarray(ids[common:], np.int32), common, False)
-        self._cached = list(ids)
-        return logits
+        with self._use(session) as s:
+            return s.logits(token_ids)
 
     def generate_tokens(self, prompt_ids, max_new_tokens: int = 128, sampling: SamplingParams | None = None,
-                        stop_token_ids=None) -> Iterator[int]:
+                        stop_token_ids=None, *, session: Session | None = None,
+                        logits_processors=()) -> Iterator[int]:
         """Yield new token ids one by one. Stops at an end-of-sequence token
-        (not yielded), after max_new_tokens, or when the context is full."""
-        ids = list(self._check_ids(prompt_ids).tolist())
-        if len(ids) >= self.n_ctx:
-            raise ValueError(f"the prompt has {len(ids)} tokens: no room left in the context of "
-                             f"{self.n_ctx} (load the model with a larger n_ctx)")
-        sampler = Sampler(sampling or SamplingParams())
+        (not yielded), after max_new_tokens, or when the context is full.
+        Runs on session, else on the default session (see Model).
+        logits_processors: more (tokens, logits) -> logits functions, run
+        after the repetition penalty of sampling."""
+        sampler = Sampler(sampling or SamplingParams(), logits_processors)
         stop_ids = self.eos_token_ids if stop_token_ids is None else set(stop_token_ids)
-        stats = self.last_stats = GenerationStats(prompt_tokens=len(ids), finish_reason="length")
-        t0 = time.perf_counter()
-        logits = self._prefill(ids)
-        stats.prompt_seconds = time.perf_counter() - t0
-        for i in range(max_new_tokens):
+        if len(prompt_ids) >= self.n_ctx:
+            raise ValueError(f"the prompt has {len(prompt_ids)} tokens: no room left in the context of "
+                             f"{self.n_ctx} (load the model with a larger n_ctx)")
+        with self._use(session) as s:
+            stats = self.last_stats = GenerationStats(prompt_tokens=len(prompt_ids), finish_reason="length")
             t0 = time.perf_counter()
-            token = sampler(logits, ids)
-            stats.generate_seconds += time.perf_counter() - t0
-            if token in stop_ids:
-                stats.finish_reason = "stop"
-                return
-            stats.generated_tokens += 1
-            yield token
-            ids.append(token)
-            if len(ids) >= self.n_ctx:
-                stats.finish_reason = "context"
-                return
-            if i + 1 < max_new_tokens:  # the last token's logits would go unused
+            logits = s.prefill(prompt_ids)
+            stats.prompt_seconds = time.perf_counter() - t0
+            ids = list(s.tokens)
+            for i in range(max_new_tokens):
                 t0 = time.perf_counter()
-                logits = self._engine.forward(np.asarray([token], np.int32), len(ids) - 1, False)
+                token = sampler(logits, ids)
                 stats.generate_seconds += time.perf_counter() - t0
-                self._cached.append(token)
+                if token in stop_ids:
+                    stats.finish_reason = "stop"
+                    return
+                stats.generated_tokens += 1
+                yield token
+                ids.append(token)
+                if len(ids) >= self.n_ctx:
+                    stats.finish_reason = "context"
+                    return
+                if i + 1 < max_new_tokens:  # the last token's logits would go unused
+                    t0 = time.perf_counter()
+                    logits = s.step(token)
+                    stats.generate_seconds += time.perf_counter() - t0
 
     # ---------------------------------------------------------------- text
 
-    def stream(self, prompt: str, max_new_tokens: int | None = None, temperature: float | None = None,
-               top_p: float | None = None, top_k: int | None = None, min_p: float | None = None,
-               repetition_penalty: float | None = None, seed: int | None = None, stop=None,
-               add_special_tokens: bool = True, repeat_last_n: int | None = None) -> Iterator[str]:
+    def stream(self, prompt: str, max_new_tokens: int | None = None, *, sampling: SamplingParams | None = None,
+               stop=None, add_special_tokens: bool = True, session: Session | None = None,
+               **overrides) -> Iterator[str]:
         """Yield the continuation of prompt as text pieces, each a whole
         number of characters, as tokens are generated.
 
-        A setting left at None comes from the model's generation_config.json
-        when that sets it, else from API_DEFAULTS (greedy, no repetition
-        penalty, 128 new tokens). Afterwards last_stats.finish_reason says
-        why generation ended; "context" (the context is full) also gives a
-        ContextFullWarning."""
+        sampling: the SamplingParams to use, else default_sampling (fastllm's
+        defaults under the model's generation_config.json); keyword overrides
+        (temperature=..., seed=..., any SamplingParams field; None leaves a
+        setting as it is) are applied on top, and checked here, at the call.
+        max_new_tokens: else default_max_new_tokens(). session: where to
+        run (see generate_tokens). Afterwards
+        last_stats.finish_reason says why generation ended; "context" (the
+        context is full) also gives a ContextFullWarning."""
+        params = self._sampling(sampling, overrides)
         ids = self._need_tokenizer().encode(prompt, add_special_tokens=add_special_tokens)
-        n, sampling = self._settings(len(ids), dict(
-            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-            min_p=min_p, repetition_penalty=repetition_penalty, seed=seed,
-            repeat_last_n=repeat_last_n))
-        yield from self._stream_ids(ids, n, sampling, stop)
+        n = self.default_max_new_tokens(len(ids)) if max_new_tokens is None else max_new_tokens
+        return self._stream_ids(ids, n, params, stop, session)
 
-    def _settings(self, n_prompt: int, given: dict, default_max: int = 128):
-        """(max_new_tokens, SamplingParams): each setting from the caller, else
-        generation_config.json, else API_DEFAULTS."""
-        kw = {}
-        for k, default in API_DEFAULTS.items():
-            v = given.get(k)
-            if v is None:
-                v = self.generation_defaults.get(k, default)
-            kw[k] = v
-        if given.get("max_new_tokens") is None and "max_new_tokens" not in self.generation_defaults:
-            limit = self.generation_config.get("max_length")
-            # max_length counts the prompt too, as in transformers
-            kw["max_new_tokens"] = default_max if limit is None else max(limit - n_prompt, 0)
-        n = kw.pop("max_new_tokens")
-        return n, SamplingParams(**kw).validate()
+    def _sampling(self, sampling: SamplingParams | None, overrides: dict) -> SamplingParams:
+        base = self.default_sampling if sampling is None else sampling
+        return base.replace(**{k: v for k, v in overrides.items() if v is not None})
 
-    def generate(self, prompt: str, **kwargs) -> str:
+    def default_max_new_tokens(self, n_prompt: int, fallback: int = 128) -> int:
+        """generation_config.json's max_new_tokens, else what its max_length
+        (which counts the prompt too, as in transformers) leaves, else fallback."""
+        if "max_new_tokens" in self.generation_defaults:
+            return self.generation_defaults["max_new_tokens"]
+        limit = self.generation_config.get("max_length")
+        return fallback if limit is None else max(limit - n_prompt, 0)
+
+    def generate(self, prompt: str, max_new_tokens: int | None = None, **kwargs) -> str:
         """The continuation of prompt as one string (arguments as for stream)."""
-        return "".join(self.stream(prompt, **kwargs))
+        return "".join(self.stream(prompt, max_new_tokens, **kwargs))
 
-    def chat(self, messages, max_new_tokens: int | None = None, stream: bool = False, **kwargs):
+    def chat(self, messages, max_new_tokens: int | None = None, stream: bool = False, *,
+             sampling: SamplingParams | None = None, stop=None, template_kwargs: dict | None = None,
+             session: Session | None = None, **overrides):
         """Render messages with the model's chat template (as transformers
         does) and generate the assistant's reply. Settings as for stream;
-        max_new_tokens defaults to 256."""
-        template_kwargs = kwargs.pop("template_kwargs", None) or {}
+        max_new_tokens falls back to 256."""
+        params = self._sampling(sampling, overrides)
         text = self._need_tokenizer().apply_chat_template(messages, add_generation_prompt=True,
-                                                  **template_kwargs)
+                                                          **(template_kwargs or {}))
         ids = self.tokenizer.encode(text, add_special_tokens=False)
-        given = {k: kwargs.pop(k) for k in list(kwargs) if k in SamplingParams.__dataclass_fields__}
-        stop = kwargs.pop("stop", None)
-        if kwargs:
-            raise TypeError(f"unexpected arguments: {', '.join(sorted(kwargs))}")
-        n, sampling = self._settings(len(ids), dict(given, max_new_tokens=max_new_tokens), 256)
-        pieces = self._stream_ids(ids, n, sampling, stop)
+        n = self.default_max_new_tokens(len(ids), 256) if max_new_tokens is None else max_new_tokens
+        pieces = self._stream_ids(ids, n, params, stop, session)
         return pieces if stream else "".join(pieces)
 
     def _need_tokenizer(self):
@@ -281,11 +261,11 @@ class Model:
                                  "file not found: text in and out needs the model's tokenizer")
         return self.tokenizer
 
-    def _stream_ids(self, ids, max_new_tokens, sampling, stop) -> Iterator[str]:
+    def _stream_ids(self, ids, max_new_tokens, sampling, stop, session) -> Iterator[str]:
         stops = [stop] if isinstance(stop, str) else [s for s in (stop or []) if s]
         decoder = self.tokenizer.incremental_decoder(skip_special_tokens=True)
         held = ""   # text that may still turn out to begin a stop string
-        tokens = self.generate_tokens(ids, max_new_tokens, sampling)
+        tokens = self.generate_tokens(ids, max_new_tokens, sampling, session=session)
         try:
             for token in tokens:
                 held += decoder.add(token)

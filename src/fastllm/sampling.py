@@ -11,17 +11,48 @@ transformers does, or only the last repeat_last_n, as llama.cpp does.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import numbers
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Sequence
 
 import numpy as np
 
 from .errors import ModelFileError
 
+# A logits processor, as in mlx-lm: (tokens so far, logits) -> new logits.
+LogitsProcessor = Callable[[Sequence[int], np.ndarray], np.ndarray]
 
-@dataclass
+
+def _number(v):
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def _whole(v):
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+# What each setting must be, for SamplingParams and generation_config.json alike:
+# key: (check, what the value must be)
+_CHECKS = {
+    "temperature": (lambda v: _number(v) and v >= 0, "a number >= 0"),
+    "top_p": (lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "top_k": (lambda v: _whole(v) and v >= 0, "a whole number >= 0"),
+    "min_p": (lambda v: _number(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    "repetition_penalty": (lambda v: _number(v) and v > 0, "a number > 0"),
+    "repeat_last_n": (lambda v: _whole(v) and v >= -1,
+                      "-1 (all tokens), 0 (none) or a positive count"),
+    "seed": (lambda v: v is None or _whole(v), "a whole number or None"),
+}
+
+
+@dataclass(frozen=True)
 class SamplingParams:
+    """How the next token is chosen. The defaults are fastllm's (greedy, no
+    penalty); every value is checked here, so a bad one raises at once.
+    Change settings with replace(), which checks again."""
     temperature: float = 0.0
     top_k: int = 0            # 0: off
     top_p: float = 1.0        # 1.0: off
@@ -30,41 +61,61 @@ class SamplingParams:
     seed: int | None = None
     repeat_last_n: int = -1   # tokens the penalty looks back on: -1 all, 0 none, N the last N
 
-    def validate(self):
-        if not (self.temperature >= 0):
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not (0 < self.top_p <= 1):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not (0 <= self.min_p <= 1):
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if not (self.repetition_penalty > 0):
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
-        if isinstance(self.repeat_last_n, bool) or int(self.repeat_last_n) != self.repeat_last_n \
-                or self.repeat_last_n < -1:
-            raise ValueError(f"repeat_last_n must be -1 (all tokens), 0 (none) or a positive count, "
-                             f"got {self.repeat_last_n}")
-        return self
+    def __post_init__(self):
+        for key, (ok, want) in _CHECKS.items():
+            value = getattr(self, key)
+            if not ok(value):
+                raise ValueError(f"{key} must be {want}, got {value!r}")
+
+    def replace(self, **changes) -> "SamplingParams":
+        """A copy with some settings changed (an unknown name is a TypeError)."""
+        return dataclasses.replace(self, **changes)
+
+
+def repetition_penalty(penalty: float, last_n: int = -1) -> LogitsProcessor:
+    """transformers' repetition penalty as a logits processor: the logit of a
+    token among the last last_n (-1: all) is divided by penalty when
+    positive, multiplied when negative."""
+    def apply(tokens, logits):
+        window = tokens[-last_n:] if last_n > 0 else tokens if last_n == -1 else ()
+        if not len(window):
+            return logits
+        logits = logits.copy()
+        seen = np.unique(np.asarray(window, dtype=np.int64))
+        vals = logits[seen]
+        logits[seen] = np.where(vals < 0, vals * penalty, vals / penalty)
+        return logits
+    return apply
+
+
+def logits_processors(p: SamplingParams) -> list:
+    """The processors that p asks for, in order."""
+    if p.repetition_penalty != 1.0 and p.repeat_last_n != 0:
+        return [repetition_penalty(p.repetition_penalty, p.repeat_last_n)]
+    return []
 
 
 class Sampler:
-    def __init__(self, params: SamplingParams):
-        self.params = params.validate()
+    """Picks tokens: the logits processors (those of the params, then the
+    caller's own), then the argmax at temperature 0, else a draw after the
+    warpers, from a generator seeded with params.seed."""
+
+    def __init__(self, params: SamplingParams, processors: Sequence[LogitsProcessor] = ()):
+        self.params = params
+        self.processors = logits_processors(params) + list(processors)
         self.rng = np.random.default_rng(params.seed)
 
-    def __call__(self, logits: np.ndarray, previous_tokens=()) -> int:
-        p = self.params
+    def process(self, logits: np.ndarray, tokens: Sequence[int] = ()) -> np.ndarray:
         logits = np.asarray(logits, dtype=np.float32)
-        n = len(previous_tokens) if p.repeat_last_n == -1 else int(p.repeat_last_n)
-        if p.repetition_penalty != 1.0 and n and len(previous_tokens):
-            logits = logits.copy()
-            seen = np.unique(np.asarray(previous_tokens[-n:], dtype=np.int64))
-            vals = logits[seen]
-            logits[seen] = np.where(vals < 0, vals * p.repetition_penalty, vals / p.repetition_penalty)
-        if p.temperature == 0:
+        for processor in self.processors:
+            logits = processor(tokens, logits)
+        return logits
+
+    def __call__(self, logits: np.ndarray, tokens: Sequence[int] = ()) -> int:
+        logits = self.process(logits, tokens)
+        if self.params.temperature == 0:
             return int(np.argmax(logits))
-        return int(self._draw(apply_warpers(logits, p)))
+        return self._draw(apply_warpers(logits, self.params))
 
     def _draw(self, probs: np.ndarray) -> int:
         # Inverse-CDF draw in float64: one uniform number per token.
@@ -106,27 +157,15 @@ class GenerationConfigError(ModelFileError):
     """generation_config.json holds a value fastllm cannot use."""
 
 
-def _number(v):
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _whole(v):
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-# key: (check, what the value must be)
-_GEN_CHECKS = {
-    "temperature": (lambda v: _number(v) and v >= 0, "a number >= 0"),
-    "top_p": (lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1]"),
-    "top_k": (lambda v: _whole(v) and v >= 0, "a whole number >= 0"),
-    "min_p": (lambda v: _number(v) and 0 <= v <= 1, "a number in [0, 1]"),
-    "repetition_penalty": (lambda v: _number(v) and v > 0, "a number > 0"),
+# What fastllm reads of generation_config.json: key: (check, what the value must be)
+_GEN_CHECKS = {k: _CHECKS[k] for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")}
+_GEN_CHECKS.update({
     "do_sample": (lambda v: isinstance(v, bool), "true or false"),
     "max_new_tokens": (lambda v: _whole(v) and v >= 1, "a whole number >= 1"),
     "max_length": (lambda v: _whole(v) and v >= 1, "a whole number >= 1"),
     "eos_token_id": (lambda v: (_whole(v) and v >= 0) or (isinstance(v, list) and all(
         _whole(i) and i >= 0 for i in v)), "a token id or a list of token ids"),
-}
+})
 
 
 def read_generation_config(path) -> dict:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ModelFileError
+from ..errors import ModelFileError
 
 # safetensors dtype -> (numpy dtype of the raw bytes, bytes per element).
 # BF16 has no numpy dtype: it is exposed as uint16 bit patterns and turned into
@@ -107,10 +107,11 @@ class SafetensorsFile:
         return np.frombuffer(self._map, dtype=dtype, count=count,
                              offset=self._data_start + begin).reshape(shape)
 
-    def float32(self, name) -> np.ndarray:
-        """The tensor as float32: a view for F32, one converted copy otherwise."""
+    def float32(self, name, a=None) -> np.ndarray:
+        """The tensor (or a, its raw array rearranged) as float32: a view for
+        F32, one converted copy otherwise."""
         dtype_name = self._entries[name][0]
-        a = self.raw(name)
+        a = self.raw(name) if a is None else a
         if dtype_name == "F32":
             return a
         if dtype_name == "BF16":
@@ -132,6 +133,46 @@ class SafetensorsFile:
         end = end // page * page
         if end > start:
             self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
+
+
+class Checkpoint:
+    """The tensors of model.safetensors or of a sharded checkpoint."""
+
+    def __init__(self, folder):
+        folder = Path(folder)
+        index = folder / "model.safetensors.index.json"
+        single = folder / "model.safetensors"
+        self.files = {}
+        self.where = {}
+        if single.exists():
+            f = SafetensorsFile(single)
+            self.files[single.name] = f
+            self.where = {name: f for name in f.keys()}
+        elif index.exists():
+            try:
+                weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            except (KeyError, TypeError, json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise ModelFileError(index, f"not a valid safetensors index: {e}") from None
+            for name, shard in weight_map.items():
+                if shard not in self.files:
+                    if Path(shard).name != shard:
+                        raise ModelFileError(index, f"shard name {shard!r} is not a plain file name")
+                    self.files[shard] = SafetensorsFile(folder / shard)
+                if name not in self.files[shard]:
+                    raise ModelFileError(folder / shard, f"tensor {name!r} listed in the index is missing")
+                self.where[name] = self.files[shard]
+        else:
+            raise ModelFileError(folder, "no model.safetensors or model.safetensors.index.json")
+
+    def __contains__(self, name):
+        return name in self.where
+
+    def file_of(self, name) -> SafetensorsFile:
+        try:
+            return self.where[name]
+        except KeyError:
+            raise ModelFileError(next(iter(self.files.values())).path if self.files else None,
+                                 f"tensor {name!r} is missing") from None
 
 
 def bf16_to_f32(bits: np.ndarray) -> np.ndarray:

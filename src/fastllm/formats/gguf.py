@@ -24,7 +24,10 @@ from typing import Callable, Optional, Union
 
 import numpy as np
 
-from .errors import FastLLMError, ModelFileError
+from .. import schema
+from ..config import ModelConfig
+from ..errors import FastLLMError, ModelFileError
+from ..families import FAMILIES, GGUF_ARCHITECTURES
 from .safetensors import f32_to_bf16
 
 __all__ = [
@@ -34,7 +37,6 @@ __all__ = [
     "SUPPORTED_PRE_TOKENIZERS",
     "MODEL_FILES",
     "convert_gguf",
-    "read_gguf_metadata",
     "is_complete_model_dir",
 ]
 
@@ -51,13 +53,7 @@ MODEL_FILES = (
     "tokenizer_config.json",
 )
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
-
-_HF_CLASS = {
-    "llama": "LlamaForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-}
+SUPPORTED_ARCHITECTURES = GGUF_ARCHITECTURES
 
 _TOKEN_NORMAL, _TOKEN_UNKNOWN, _TOKEN_CONTROL, _TOKEN_USER_DEFINED = 1, 2, 3, 4
 
@@ -108,12 +104,6 @@ def _metadata(reader, path: Path) -> dict:
         except Exception as exc:
             raise ConversionError(path, f"cannot read metadata key {key!r}: {exc}") from exc
     return md
-
-
-def read_gguf_metadata(gguf_path: PathLike) -> dict:
-    """All metadata key/value pairs of a GGUF file as Python values."""
-    path = Path(gguf_path)
-    return _metadata(_open_reader(path), path)
 
 
 # --------------------------------------------------------------------------
@@ -195,15 +185,6 @@ def _rope_scaling(md: dict, arch: str, path: Path) -> Optional[dict]:
     factor = md.get(f"{arch}.rope.scaling.factor")
     if kind == "linear":
         return {"rope_type": "linear", "factor": _shortest_float32(factor)}
-    if kind == "yarn":
-        orig = int(_require(md, f"{arch}.rope.scaling.original_context_length", path))
-        out = {"rope_type": "yarn", "factor": _shortest_float32(factor), "original_max_position_embeddings": orig}
-        for gguf_key, hf_key in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow"),
-                                 ("yarn_ext_factor", "extrapolation_factor")):
-            v = md.get(f"{arch}.rope.scaling.{gguf_key}")
-            if v is not None:
-                out[hf_key] = _shortest_float32(v)
-        return out
     raise ConversionError(path, f"rope scaling type {kind!r} is not supported")
 
 
@@ -230,8 +211,6 @@ def _model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=Non
 
     q_rows = shapes.get("blk.0.attn_q.weight", (None,))[0]
     head_dim = md.get(f"{arch}.attention.key_length")
-    if head_dim is None and arch == "llama":
-        head_dim = md.get(f"{arch}.rope.dimension_count")
     if head_dim is None:
         head_dim = q_rows // n_heads if q_rows else hidden // n_heads
     head_dim = int(head_dim)
@@ -241,13 +220,12 @@ def _model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=Non
     if int(rope_dim) != head_dim:
         raise ConversionError(path, f"partial rotary embeddings (rope dim {rope_dim} of {head_dim}) are not supported")
 
-    tied = "output.weight" not in shapes
-    has_bias = "blk.0.attn_q.bias" in shapes
-    has_mlp_bias = "blk.0.ffn_up.bias" in shapes
+    tied = schema.LM_HEAD.gguf not in shapes
     theta = float(md.get(f"{arch}.rope.freq_base", 10000.0))
+    family = FAMILIES[arch]
 
     cfg = {
-        "architectures": [_HF_CLASS[arch]],
+        "architectures": [family.hf_class],
         "model_type": arch,
         "hidden_size": int(hidden),
         "intermediate_size": int(a("feed_forward_length")),
@@ -255,12 +233,12 @@ def _model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=Non
         "num_attention_heads": n_heads,
         "num_key_value_heads": n_kv,
     }
-    # transformers' own GGUF loader always sets head_dim for llama (from the
-    # rope dimension); qwen2 has no such field, qwen3 always needs it.
-    if arch in ("llama", "qwen3") or head_dim != hidden // n_heads:
-        if arch == "qwen2" and head_dim != hidden // n_heads:
-            raise ConversionError(path, f"qwen2 with head_dim {head_dim} != hidden/heads is not supported")
+    # transformers' own GGUF loader always sets head_dim where the config
+    # has the field (llama, qwen3); qwen2's has none.
+    if family.gguf_head_dim:
         cfg["head_dim"] = head_dim
+    elif head_dim != hidden // n_heads:
+        raise ConversionError(path, f"{arch} with head_dim {head_dim} != hidden/heads is not supported")
     cfg.update({
         "max_position_embeddings": int(a("context_length")),
         "rms_norm_eps": _shortest_float32(a("attention.layer_norm_rms_epsilon")),
@@ -271,18 +249,17 @@ def _model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=Non
     })
     scaling = _rope_scaling(md, arch, path)
     if rope_freqs is not None:
-        if arch != "llama" or scaling is not None:
-            raise ConversionError(path, "a rope_freqs tensor is only understood for llama")
+        if scaling is not None:
+            raise ConversionError(path, "a rope_freqs tensor beside rope scaling metadata is not understood")
         scaling = _llama3_rope_scaling(rope_freqs, theta, head_dim, path)
     if scaling is not None:
         cfg["rope_scaling"] = scaling
-    if arch == "llama":
-        cfg["attention_bias"] = has_bias
-        cfg["mlp_bias"] = has_mlp_bias
-    elif arch == "qwen3":
-        cfg["attention_bias"] = has_bias
-    elif arch == "qwen2" and not has_bias:
-        raise ConversionError(path, "qwen2 attention without q/k/v biases is not supported")
+    # A bias switch that config.json holds is set by layer 0's tensors; the
+    # tensor plan then checks every layer against the resulting config.
+    for t in schema.LAYER:
+        key = getattr(family, t.switch, None) if t.switch else None
+        if isinstance(key, str) and key not in cfg:
+            cfg[key] = f"blk.0.{t.gguf}" in shapes
     cfg["attention_dropout"] = 0.0
     for name, key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
                       ("pad_token_id", "padding_token_id"), ("unk_token_id", "unknown_token_id")):
@@ -508,46 +485,7 @@ def _tokenizer_files(md: dict, path: Path) -> tuple:
 # --------------------------------------------------------------------------
 # Tensors
 
-_LAYER_TENSORS = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "attn_output.bias": "self_attn.o_proj.bias",
-    "attn_q_norm.weight": "self_attn.q_norm.weight",
-    "attn_k_norm.weight": "self_attn.k_norm.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-    "ffn_gate.bias": "mlp.gate_proj.bias",
-    "ffn_up.bias": "mlp.up_proj.bias",
-    "ffn_down.bias": "mlp.down_proj.bias",
-}
-_GLOBAL_TENSORS = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-_REQUIRED_LAYER = ("attn_norm.weight", "ffn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
-                   "attn_output.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
-_LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
-
-
-def _hf_name(name: str) -> Optional[str]:
-    if name in _GLOBAL_TENSORS:
-        return _GLOBAL_TENSORS[name]
-    m = _LAYER_RE.fullmatch(name)
-    if m and m.group(2) in _LAYER_TENSORS:
-        return f"model.layers.{m.group(1)}.{_LAYER_TENSORS[m.group(2)]}"
-    return None
-
-
-def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
+def unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
     # llama.cpp's converter interleaves the two rotary halves of every head
     # (rows [x0..x(d/2-1), y0..] become [x0, y0, x1, y1, ...]) to suit its
     # own RoPE; this puts them back in HF's half-split order.
@@ -623,84 +561,36 @@ class _SafetensorsWriter:
         self._f.close()
 
 
-def _check_shapes(order: list, shapes: dict, cfg: dict, path: Path) -> None:
-    h, i, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    hd = cfg.get("head_dim", h // cfg["num_attention_heads"])
-    q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
-    want = {
-        "token_embd.weight": (v, h), "output_norm.weight": (h,), "output.weight": (v, h),
-        "attn_norm.weight": (h,), "ffn_norm.weight": (h,),
-        "attn_q.weight": (q, h), "attn_k.weight": (kv, h), "attn_v.weight": (kv, h),
-        "attn_q.bias": (q,), "attn_k.bias": (kv,), "attn_v.bias": (kv,),
-        "attn_output.weight": (h, q), "attn_output.bias": (h,),
-        "attn_q_norm.weight": (hd,), "attn_k_norm.weight": (hd,),
-        "ffn_gate.weight": (i, h), "ffn_up.weight": (i, h), "ffn_down.weight": (h, i),
-        "ffn_gate.bias": (i,), "ffn_up.bias": (i,), "ffn_down.bias": (h,),
-    }
-    for _, t in order:
-        m = _LAYER_RE.fullmatch(t.name)
-        expected = want[m.group(2) if m else t.name]
-        if shapes[t.name] != expected:
-            raise ConversionError(path, f"tensor {t.name} has shape {list(shapes[t.name])}, "
-                                        f"the metadata implies {list(expected)}")
+def gguf_names(cfg: ModelConfig) -> dict:
+    """GGUF name -> (HF name, schema.Tensor) of every tensor cfg implies."""
+    names = {}
+    for t in schema.MODEL:
+        if t is not schema.LM_HEAD or not cfg.tie_word_embeddings:
+            names[t.gguf] = (schema.hf_name(t, cfg), t)
+    for i in range(cfg.num_hidden_layers):
+        for t in schema.layer_tensors(cfg, cfg.layer_kind(i)):
+            names[f"blk.{i}.{t.gguf}"] = (schema.hf_name(t, cfg, i), t)
+    return names
 
 
-def _plan_tensors(reader, md: dict, shapes: dict, path: Path):
-    """(hf_name, gguf_tensor) in output order, plus the rope_freqs tensor if any."""
-    arch = md["general.architecture"]
-    n_layers = int(_require(md, f"{arch}.block_count", path))
-    by_layer = [dict() for _ in range(n_layers)]
-    glob = {}
-    rope_freqs = None
-    for t in reader.tensors:
-        if t.name == "rope_freqs.weight":
-            rope_freqs = t
-            continue
-        hf = _hf_name(t.name)
-        if hf is None:
-            raise ConversionError(path, f"tensor {t.name!r} is not understood for architecture {arch!r}")
-        m = _LAYER_RE.fullmatch(t.name)
-        if m:
-            layer = int(m.group(1))
-            if layer >= n_layers:
-                raise ConversionError(path, f"tensor {t.name} beyond block_count {n_layers}")
-            by_layer[layer][m.group(2)] = (hf, t)
-        else:
-            glob[t.name] = (hf, t)
-    # Each architecture's HF class has a fixed set of per-layer tensors,
-    # switched only as whole groups by config flags.
-    attn_bias = {"attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias"}
-    qkv_bias = {"attn_q.bias", "attn_k.bias", "attn_v.bias"}
-    mlp_bias = {"ffn_gate.bias", "ffn_up.bias", "ffn_down.bias"}
-    qk_norm = {"attn_q_norm.weight", "attn_k_norm.weight"}
-    base = set(_REQUIRED_LAYER)
-    allowed = {
-        "llama": [base, base | attn_bias, base | mlp_bias, base | attn_bias | mlp_bias],
-        "qwen2": [base | qkv_bias],
-        "qwen3": [base | qk_norm, base | qk_norm | attn_bias],
-    }[arch]
-    first = set(by_layer[0]) if by_layer else base
-    for i, layer in enumerate(by_layer):
-        have = set(layer)
-        if have != first:
-            odd = sorted(have ^ first)
-            raise ConversionError(path, f"layer {i} differs from layer 0 in tensors {', '.join(odd)}")
-    if first not in allowed:
-        closest = min(allowed, key=lambda a: len(a ^ first))
-        missing, extra = sorted(closest - first), sorted(first - closest)
-        parts = ([f"missing blk.N.{', blk.N.'.join(missing)}"] if missing else []) + \
-                ([f"unexpected blk.N.{', blk.N.'.join(extra)}"] if extra else [])
-        raise ConversionError(path, f"tensors do not fit the {arch} architecture: {'; '.join(parts)}")
-    for key in ("token_embd.weight", "output_norm.weight"):
-        if key not in glob:
-            raise ConversionError(path, f"tensor {key} is missing")
-    order = [glob["token_embd.weight"]]
-    for layer in by_layer:
-        order.extend(layer[k] for k in _LAYER_TENSORS if k in layer)
-    order.append(glob["output_norm.weight"])
-    if "output.weight" in glob:
-        order.append(glob["output.weight"])
-    return order, rope_freqs
+def _plan_tensors(tensors: dict, shapes: dict, cfg: ModelConfig, path: Path) -> list:
+    """(hf_name, gguf_tensor, schema tensor) in output order, once the file
+    has exactly the tensors cfg implies, each of the shape it implies."""
+    planned = gguf_names(cfg)
+    missing = [name for name in planned if name not in tensors]
+    unexpected = [name for name in tensors if name not in planned]
+    if missing or unexpected:
+        parts = ([f"missing {', '.join(missing[:6])}"] if missing else []) + \
+                ([f"unexpected {', '.join(unexpected[:6])}"] if unexpected else [])
+        raise ConversionError(path, f"tensors do not fit the {cfg.model_type} architecture: {'; '.join(parts)}")
+    for name, (_, t) in planned.items():
+        if shapes[name] != schema.hf_shape(t, cfg):
+            raise ConversionError(path, f"tensor {name} has shape {list(shapes[name])}, "
+                                        f"the metadata implies {list(schema.hf_shape(t, cfg))}")
+    # The embedding first, then the layers, then the final norm and the head.
+    order = sorted(planned.items(), key=lambda item: item[1][1] is not schema.EMBED and
+                   (2 if item[1][1] in schema.MODEL else 1))
+    return [(hf, tensors[name], t) for name, (hf, t) in order]
 
 
 # --------------------------------------------------------------------------
@@ -883,10 +773,15 @@ def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DT
         raise ConversionError(path, "split GGUF files are not supported; merge the parts first "
                               "(llama-gguf-split --merge)")
     shapes = _tensor_shapes(reader)
-    order, rope_freqs_t = _plan_tensors(reader, md, shapes, path)
-    rope_freqs = _dequantize(rope_freqs_t, path) if rope_freqs_t is not None else None
-    config = _model_config(md, shapes, path, dtype, rope_freqs)
-    _check_shapes(order, shapes, config, path)
+    tensors = {t.name: t for t in reader.tensors}
+    rope_freqs = tensors.pop("rope_freqs.weight", None)
+    config = _model_config(md, shapes, path, dtype,
+                           None if rope_freqs is None else _dequantize(rope_freqs, path))
+    try:
+        cfg = ModelConfig.from_dict(config, path)
+    except ModelFileError as e:
+        raise ConversionError(path, e.problem) from None
+    order = _plan_tensors(tensors, shapes, cfg, path)
     tokenizer_json, tokenizer_config = _tokenizer_files(md, path)
     if len(tokenizer_json["model"]["vocab"]) > config["vocab_size"]:
         raise ConversionError(path, f"{len(tokenizer_json['model']['vocab'])} tokens but only "
@@ -894,7 +789,7 @@ def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DT
 
     n_heads, n_kv = config["num_attention_heads"], config["num_key_value_heads"]
     st_dtype = "BF16" if dtype == "bf16" else "F32"
-    entries = [(hf, st_dtype, shapes[t.name]) for hf, t in order]
+    entries = [(hf, st_dtype, shapes[g.name]) for hf, g, _ in order]
     report = _progress_fn(progress, f"Converting {path.name}")
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -915,13 +810,11 @@ def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DT
         total = len(order)
         if report:
             report(0, total)
-        for i, (hf, t) in enumerate(order):
-            w = _dequantize(t, path)
-            if arch == "llama":
-                if t.name.endswith(("attn_q.weight", "attn_q.bias")):
-                    w = _unpermute(w, n_heads)
-                elif t.name.endswith(("attn_k.weight", "attn_k.bias")):
-                    w = _unpermute(w, n_kv)
+        heads = {"q": n_heads, "k": n_kv}
+        for i, (hf, g, t) in enumerate(order):
+            w = _dequantize(g, path)
+            if FAMILIES[arch].gguf_qk_interleaved and t.rope in heads:
+                w = unpermute(w, heads[t.rope])
             writer.write(hf, f32_to_bf16(w) if dtype == "bf16" else w)
             del w
             if report:

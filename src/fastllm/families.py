@@ -1,0 +1,64 @@
+"""The model families fastllm runs: each model_type is the Llama decoder
+plus a few switches, and this table is the one place that says which.
+
+A Llama-like family is one more entry here (and its tests); no other module
+compares model_type strings.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import ModelFileError
+
+SLIDING = "sliding-window attention is not supported (fastllm attends to the whole context)"
+
+
+@dataclass(frozen=True)
+class Family:
+    hf_class: str
+    # Optional tensors: True (always there), False (never), or the
+    # config.json key whose value says.
+    attention_bias: bool | str = False   # q, k and v projections
+    o_bias: bool | str = False           # output projection
+    mlp_bias: bool | str = False
+    qk_norm: bool = False                # per-head RMSNorm of q and k
+    norm_plus_one: bool = False          # RMSNorm weights stored zero-centred: y = norm(x) * (1 + w)
+    attn_output_gate: bool = False       # q_proj also yields a sigmoid gate on the attention output
+    linear_attention: bool = False       # Gated DeltaNet layers, as config.json's layer_types say
+    partial_rotary_factor: float = 1.0   # when config.json gives none
+    refuse: dict = field(default_factory=dict)   # config.json key that must not be true: why
+    untie_with_head: bool = False        # an lm_head the file carries is used even when tied
+    gguf: bool = False                   # importable from llama.cpp's GGUF (same arch name)
+    gguf_qk_interleaved: bool = False    # llama.cpp stores each Q/K head's rotary halves interleaved
+    gguf_head_dim: bool = True           # HF's config can say head_dim (else it must be hidden/heads)
+    text_config: str | None = None       # a multimodal wrapper: the family of its text model
+    weight_prefix: str = "model."        # of the text model's tensors in the checkpoint
+
+    def switch(self, name: str, raw: dict) -> bool:
+        """The value of an optional-tensor switch for config.json raw."""
+        value = getattr(self, name)
+        return bool(raw.get(value, False)) if isinstance(value, str) else value
+
+
+FAMILIES = {
+    "llama": Family("LlamaForCausalLM", attention_bias="attention_bias", o_bias="attention_bias",
+                    mlp_bias="mlp_bias", gguf=True, gguf_qk_interleaved=True),
+    "qwen2": Family("Qwen2ForCausalLM", attention_bias=True, refuse={"use_sliding_window": SLIDING},
+                    gguf=True, gguf_head_dim=False),
+    "qwen3": Family("Qwen3ForCausalLM", attention_bias="attention_bias", o_bias="attention_bias",
+                    qk_norm=True, refuse={"use_sliding_window": SLIDING}, gguf=True),
+    "qwen3_5_text": Family("Qwen3_5ForCausalLM", qk_norm=True, norm_plus_one=True, attn_output_gate=True,
+                           linear_attention=True, partial_rotary_factor=0.25, untie_with_head=True,
+                           refuse={"attention_bias": "biases are not supported for qwen3_5_text"}),
+    "qwen3_5": Family("Qwen3_5ForConditionalGeneration", text_config="qwen3_5_text",
+                      weight_prefix="model.language_model."),
+}
+GGUF_ARCHITECTURES = tuple(name for name, f in FAMILIES.items() if f.gguf)
+
+
+def family(model_type, path=None) -> Family:
+    """The family of a model_type, or a ModelFileError naming the file."""
+    if model_type not in FAMILIES:
+        raise ModelFileError(path, f"model_type {model_type!r} is not supported "
+                                   f"(supported: {', '.join(FAMILIES)})")
+    return FAMILIES[model_type]

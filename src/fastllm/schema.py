@@ -1,0 +1,116 @@
+"""The one table of the tensors a model is made of.
+
+For each per-layer tensor: its field in the C loop's FlmLayer (in the
+struct's order: _core fills the struct from this order), its HF name under
+model.layers.N., its llama.cpp GGUF name under blk.N., its shape from the
+config as the C loop reads it, whether it is a weight matrix (packed, in
+the weight dtype) or a float32 vector, the layer kind it belongs to, and the
+ModelConfig switch that turns it on. Loading, the shape and required-tensor
+checks, n_params, GGUF conversion and the benchmark's weight check are all
+read off this table.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+ATTENTION, LINEAR, BOTH = "attention", "linear_attention", "both"
+
+
+@dataclass(frozen=True)
+class Tensor:
+    field: str                 # FlmLayer field (FlmWeights field for the model's own)
+    hf: str                    # HF name, under model.layers.N. (the model's own: see hf_name)
+    gguf: str | None           # llama.cpp name, under blk.N.; None: not in the GGUF files fastllm reads
+    shape: Callable            # ModelConfig -> shape the C loop reads
+    matrix: bool               # a weight matrix, or a float32 vector
+    kind: str = BOTH           # the layer kind that has it
+    switch: str | None = None  # the ModelConfig flag that turns it on; None: always there
+    rope: str | None = None    # rows in RoPE's half-split order, per "q" or "k" head, or a "head" norm
+    norm: bool = False         # an RMSNorm weight (stored as w - 1 where norm_plus_one)
+    hf_shape: Callable | None = None  # the file's shape where it differs
+
+
+def _q(c): return c.num_attention_heads * c.head_dim
+def _kv(c): return c.num_key_value_heads * c.head_dim
+def _hv(c): return c.linear_num_value_heads
+def _vd(c): return c.linear_num_value_heads * c.linear_value_head_dim
+def _conv(c): return 2 * c.linear_num_key_heads * c.linear_key_head_dim + _vd(c)
+
+
+def _t(field, hf, gguf, shape, matrix, kind=BOTH, switch=None, **kw):
+    return Tensor(field, hf, gguf, shape, matrix, kind, switch, **kw)
+
+
+A, L = ATTENTION, LINEAR
+LAYER = (
+    _t("wq", "self_attn.q_proj.weight", "attn_q.weight", lambda c: (_q(c), c.hidden_size), True, A,
+       rope="q", hf_shape=lambda c: (_q(c) * (2 if c.attn_output_gate else 1), c.hidden_size)),
+    _t("wk", "self_attn.k_proj.weight", "attn_k.weight", lambda c: (_kv(c), c.hidden_size), True, A, rope="k"),
+    _t("wv", "self_attn.v_proj.weight", "attn_v.weight", lambda c: (_kv(c), c.hidden_size), True, A),
+    _t("wo", "self_attn.o_proj.weight", "attn_output.weight", lambda c: (c.hidden_size, _q(c)), True, A),
+    _t("bq", "self_attn.q_proj.bias", "attn_q.bias", lambda c: (_q(c),), False, A, "attention_bias", rope="q"),
+    _t("bk", "self_attn.k_proj.bias", "attn_k.bias", lambda c: (_kv(c),), False, A, "attention_bias", rope="k"),
+    _t("bv", "self_attn.v_proj.bias", "attn_v.bias", lambda c: (_kv(c),), False, A, "attention_bias"),
+    _t("bo", "self_attn.o_proj.bias", "attn_output.bias", lambda c: (c.hidden_size,), False, A, "o_bias"),
+    _t("q_norm", "self_attn.q_norm.weight", "attn_q_norm.weight", lambda c: (c.head_dim,), False, A, "qk_norm",
+       rope="head", norm=True),
+    _t("k_norm", "self_attn.k_norm.weight", "attn_k_norm.weight", lambda c: (c.head_dim,), False, A, "qk_norm",
+       rope="head", norm=True),
+    # q_proj holds [q_h | gate_h] for each head h where the output is gated.
+    _t("w_attn_gate", "self_attn.q_proj.weight", None, lambda c: (_q(c), c.hidden_size), True, A,
+       "attn_output_gate"),
+    # Gated DeltaNet (linear attention) layers of Qwen3.5.
+    _t("w_qkv", "linear_attn.in_proj_qkv.weight", None, lambda c: (_conv(c), c.hidden_size), True, L),
+    _t("w_z", "linear_attn.in_proj_z.weight", None, lambda c: (_vd(c), c.hidden_size), True, L),
+    _t("w_b", "linear_attn.in_proj_b.weight", None, lambda c: (_hv(c), c.hidden_size), True, L),
+    _t("w_a", "linear_attn.in_proj_a.weight", None, lambda c: (_hv(c), c.hidden_size), True, L),
+    _t("conv_w", "linear_attn.conv1d.weight", None, lambda c: (_conv(c), c.linear_conv_kernel_dim), False, L,
+       hf_shape=lambda c: (_conv(c), 1, c.linear_conv_kernel_dim)),
+    _t("lin_A", "linear_attn.A_log", None, lambda c: (_hv(c),), False, L),
+    _t("dt_bias", "linear_attn.dt_bias", None, lambda c: (_hv(c),), False, L),
+    _t("lin_norm", "linear_attn.norm.weight", None, lambda c: (c.linear_value_head_dim,), False, L),
+    _t("w_out", "linear_attn.out_proj.weight", None, lambda c: (c.hidden_size, _vd(c)), True, L),
+    # Both kinds.
+    _t("attn_norm", "input_layernorm.weight", "attn_norm.weight", lambda c: (c.hidden_size,), False, norm=True),
+    _t("ffn_norm", "post_attention_layernorm.weight", "ffn_norm.weight", lambda c: (c.hidden_size,), False,
+       norm=True),
+    _t("w_gate", "mlp.gate_proj.weight", "ffn_gate.weight", lambda c: (c.intermediate_size, c.hidden_size), True),
+    _t("w_up", "mlp.up_proj.weight", "ffn_up.weight", lambda c: (c.intermediate_size, c.hidden_size), True),
+    _t("w_down", "mlp.down_proj.weight", "ffn_down.weight", lambda c: (c.hidden_size, c.intermediate_size), True),
+    _t("b_gate", "mlp.gate_proj.bias", "ffn_gate.bias", lambda c: (c.intermediate_size,), False, switch="mlp_bias"),
+    _t("b_up", "mlp.up_proj.bias", "ffn_up.bias", lambda c: (c.intermediate_size,), False, switch="mlp_bias"),
+    _t("b_down", "mlp.down_proj.bias", "ffn_down.bias", lambda c: (c.hidden_size,), False, switch="mlp_bias"),
+)
+# The model's own tensors. The embedding and the final norm sit under the
+# config's weight_prefix, lm_head at the top.
+EMBED = _t("embed", "embed_tokens.weight", "token_embd.weight", lambda c: (c.vocab_size, c.hidden_size), True)
+NORM = _t("norm", "norm.weight", "output_norm.weight", lambda c: (c.hidden_size,), False, norm=True)
+LM_HEAD = _t("lm_head", "lm_head.weight", "output.weight", lambda c: (c.vocab_size, c.hidden_size), True)
+MODEL = (EMBED, NORM, LM_HEAD)
+BY_FIELD = {t.field: t for t in LAYER + MODEL}
+BY_GGUF = {t.gguf: t for t in LAYER + MODEL if t.gguf}
+
+
+def layer_tensors(cfg, kind: str) -> list:
+    """The tensors a layer of this kind has under cfg, in FlmLayer order."""
+    return [t for t in LAYER if t.kind in (kind, BOTH) and (t.switch is None or getattr(cfg, t.switch))]
+
+
+def hf_name(t: Tensor, cfg, layer: int | None = None) -> str:
+    if layer is not None:
+        return f"{cfg.weight_prefix}layers.{layer}.{t.hf}"
+    return t.hf if t is LM_HEAD else cfg.weight_prefix + t.hf
+
+
+def hf_shape(t: Tensor, cfg) -> tuple:
+    return (t.hf_shape or t.shape)(cfg)
+
+
+def n_params(cfg) -> int:
+    """Parameters of the checkpoint the config describes, a tied head counted once."""
+    total = sum(math.prod(t.shape(cfg)) for i in range(cfg.num_hidden_layers)
+                for t in layer_tensors(cfg, cfg.layer_kind(i)))
+    heads = (EMBED, NORM) if cfg.tie_word_embeddings else MODEL
+    return total + sum(math.prod(t.shape(cfg)) for t in heads)

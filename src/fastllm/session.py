@@ -1,0 +1,111 @@
+"""Session: one sequence on a loaded model.
+
+A Session owns the run state of one sequence (its KV cache, and the
+recurrent state of Gated DeltaNet layers) and knows which tokens that state
+holds. Sessions of one Model share its weights, so a program can keep one
+per conversation, or per thread, and a server can multiplex them.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import _core
+from .schema import LINEAR
+
+
+class Session:
+    """One sequence's state on a Model, sharing the model's weights.
+
+        session = model.new_session()
+        logits = session.prefill(prompt_ids)   # reuses what it already holds
+        logits = session.step(token)           # one more token
+
+    Token ids are checked once, on the way in. The tokens held grow only by
+    what the C loop has run, so an interrupted call leaves the session
+    consistent. A Session serves one thread at a time: give each thread its
+    own. Layers with a recurrent state (Gated DeltaNet) cannot forget their
+    last tokens, so a session of such a model can only be reset
+    (can_rewind is False).
+    """
+
+    def __init__(self, model, max_batch: int | None = None):
+        weights = model._weights
+        self._state = _core.State(weights, model.max_batch if max_batch is None else max_batch)
+        self.vocab_size = weights.vocab_size
+        self.n_ctx = weights.seq_len
+        config = weights.config
+        self.can_rewind = all(config.layer_kind(i) != LINEAR for i in range(config.num_hidden_layers))
+        self._tokens = []
+
+    @property
+    def tokens(self) -> tuple:
+        """The tokens whose keys/values (or recurrent state) the session holds."""
+        return tuple(self._tokens)
+
+    @property
+    def position(self) -> int:
+        """Where the next token goes: the number of tokens held."""
+        return len(self._tokens)
+
+    def check(self, token_ids) -> np.ndarray:
+        """token_ids as an int32 array, once they are ids of the vocabulary
+        that fit the context; else ValueError."""
+        ids = _core.check_token_ids(token_ids, self.vocab_size)
+        if ids.size > self.n_ctx:
+            raise ValueError(f"{ids.size} tokens do not fit the context of {self.n_ctx} "
+                             "(load the model with a larger n_ctx)")
+        return ids
+
+    def _run(self, ids: np.ndarray, all_logits=False, hidden_states=False):
+        out = self._state.run(ids, len(self._tokens), all_logits, hidden_states)
+        self._tokens += ids.tolist()
+        return out
+
+    def prefill(self, token_ids) -> np.ndarray:
+        """Logits after token_ids, (vocab_size,) float32. The keys/values of
+        the longest common prefix with the tokens held are reused; a
+        recurrent state only when token_ids extend everything it has seen."""
+        ids = self.check(token_ids)
+        common = 0
+        for held, new in zip(self._tokens, ids.tolist()):
+            if held != new:
+                break
+            common += 1
+        if not self.can_rewind and (common < len(self._tokens) or common == ids.size):
+            common = 0
+        common = min(common, ids.size - 1)  # run at least one token to get logits
+        self.rewind(common)
+        return self._run(ids[common:])
+
+    def step(self, token: int) -> np.ndarray:
+        """Logits after one more token."""
+        return self._run(_core.check_token_ids((token,), self.vocab_size))
+
+    def extend(self, token_ids, all_logits: bool = False) -> np.ndarray:
+        """Run token_ids after the tokens held: the logits of the last one,
+        or of every one, shape (n, vocab_size), with all_logits."""
+        return self._run(self.check(token_ids), all_logits)
+
+    def logits(self, token_ids, hidden_states: bool = False):
+        """Logits of every position of token_ids run from position 0, shape
+        (n, vocab_size); with hidden_states also each layer's output,
+        (n_layers, n, dim)."""
+        ids = self.check(token_ids)
+        self.reset()
+        return self._run(ids, True, hidden_states)
+
+    def rewind(self, position: int):
+        """Forget the tokens from position on."""
+        if not 0 <= position <= len(self._tokens):
+            raise ValueError(f"cannot rewind to {position}: the session holds {len(self._tokens)} tokens")
+        if not self.can_rewind and 0 < position < len(self._tokens):
+            raise ValueError("this model's recurrent layers cannot forget their last tokens: "
+                             "reset() the session instead")
+        del self._tokens[position:]
+
+    def reset(self):
+        """Forget every token: the next one goes to position 0."""
+        self.rewind(0)
+
+    def __repr__(self):
+        return f"Session(position={self.position}, n_ctx={self.n_ctx}, can_rewind={self.can_rewind})"

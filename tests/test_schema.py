@@ -1,0 +1,61 @@
+"""The layer schema and the family table against what they describe: the C
+struct, the checkpoints, and a family added by one entry."""
+import json
+import math
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fastllm import Model, families, schema
+from fastllm.config import ModelConfig
+from fastllm.formats.safetensors import SafetensorsFile
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_schema_lists_flmlayer_fields_in_struct_order():
+    header = (ROOT / "csrc" / "fastllm.h").read_text()
+    body = re.search(r"typedef struct \{(.*?)\} FlmLayer;", header, re.S).group(1)
+    body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
+    fields = [name for decl in body.split(";") if "*" in decl for name in re.findall(r"\*\s*(\w+)", decl)]
+    assert fields == [t.field for t in schema.LAYER]
+
+
+@pytest.mark.parametrize("kind", ["llama-headdim-bias", "qwen2", "qwen3-untied", "qwen3_5-text",
+                                  "qwen3_5-interval"])
+def test_schema_names_and_shapes_are_the_checkpoints(kind, tiny_model_dir):
+    folder = tiny_model_dir(kind)
+    cfg = ModelConfig.from_file(folder / "config.json")
+    f = SafetensorsFile(folder / "model.safetensors")
+    want = {}
+    for i in range(cfg.num_hidden_layers):
+        for t in schema.layer_tensors(cfg, cfg.layer_kind(i)):
+            want.setdefault(schema.hf_name(t, cfg, i), schema.hf_shape(t, cfg))  # the gate is in q_proj
+    for t in schema.MODEL:
+        if t is not schema.LM_HEAD or not cfg.tie_word_embeddings:
+            want[schema.hf_name(t, cfg)] = t.shape(cfg)
+    assert {name: tuple(f.shape(name)) for name in f.keys()} == want
+    assert cfg.n_params() == sum(math.prod(s) for name, s in want.items())
+
+
+def test_a_llama_like_family_is_one_table_entry(tiny_model_dir, tmp_path, monkeypatch):
+    folder = tmp_path / "renamed"
+    shutil.copytree(tiny_model_dir("llama-gqa"), folder)
+    raw = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(raw, model_type="llama-alike")))
+    with pytest.raises(ValueError, match="model_type 'llama-alike' is not supported"):
+        Model.from_pretrained(folder)
+    monkeypatch.setitem(families.FAMILIES, "llama-alike", families.FAMILIES["llama"])
+    ids = list(range(3, 30))
+    want = Model.from_pretrained(tiny_model_dir("llama-gqa"), threads=1).logits(ids)
+    assert np.array_equal(Model.from_pretrained(folder, threads=1).logits(ids), want)
+
+
+def test_only_the_family_table_compares_model_types():
+    src = ROOT / "src" / "fastllm"
+    offenders = [str(p.relative_to(src)) for p in src.rglob("*.py") if p.name != "families.py"
+                 and re.search(r"""model_type\s*(==|!=|in)\s*[("']|arch\s*(==|!=|in)\s*[("']""", p.read_text())]
+    assert offenders == []

@@ -1,0 +1,119 @@
+"""Sessions: several sequences on one loaded model, prefix reuse, rewinding,
+and threads sharing a Model."""
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from fastllm import Model, SamplingParams, Session
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_model_dir):
+    return Model.from_pretrained(tiny_model_dir("llama-gqa"), threads=1, n_ctx=96)
+
+
+@pytest.fixture(scope="module")
+def qwen35(tiny_model_dir):
+    return Model.from_pretrained(tiny_model_dir("qwen3_5-text"), threads=1, n_ctx=96)
+
+
+PROMPTS = [[5, 6, 7, 8, 9], [5, 6, 7, 10, 11, 12], [40, 41], [5, 6, 7, 8, 9, 13, 14]]
+
+
+def test_sessions_share_weights_but_not_state(llama):
+    a, b = llama.new_session(), Session(llama)
+    want_a, want_b = llama.logits(PROMPTS[0]), llama.logits(PROMPTS[2])
+    # interleaved: each session's cache holds its own sequence
+    got_a = [a.step(t) for t in PROMPTS[0][:2]]
+    got_b = [b.step(t) for t in PROMPTS[2]]
+    got_a += [a.step(t) for t in PROMPTS[0][2:]]
+    assert np.array_equal(np.stack(got_a), want_a) and np.array_equal(np.stack(got_b), want_b)
+    assert a.tokens == tuple(PROMPTS[0]) and b.position == 2 and a.can_rewind
+
+
+@pytest.mark.parametrize("which", ["llama", "qwen35"])
+def test_prefill_reuses_a_prefix_and_matches_a_fresh_session(which, request):
+    model = request.getfixturevalue(which)
+    session = model.new_session()
+    for ids in PROMPTS + PROMPTS[::-1]:
+        got = session.prefill(ids)
+        assert np.array_equal(got, model.new_session().prefill(ids)), ids
+        assert session.tokens == tuple(ids)
+
+
+def test_rewind(llama, qwen35):
+    s = llama.new_session()
+    s.prefill(PROMPTS[3])
+    s.rewind(3)
+    assert s.tokens == tuple(PROMPTS[3][:3])
+    assert np.array_equal(s.extend(PROMPTS[3][3:], all_logits=True), llama.logits(PROMPTS[3])[3:])
+    with pytest.raises(ValueError, match="holds 7 tokens"):
+        s.rewind(8)
+    r = qwen35.new_session()
+    r.prefill(PROMPTS[0])
+    assert not r.can_rewind
+    with pytest.raises(ValueError, match="cannot forget"):
+        r.rewind(2)
+    r.rewind(5)   # to where it is: nothing to forget
+    r.reset()
+    assert r.position == 0
+
+
+def test_a_closed_generation_leaves_only_what_ran(llama):
+    session = llama.new_session()
+    tokens = llama.generate_tokens(PROMPTS[0], 10, stop_token_ids=(), session=session)
+    first = [next(tokens), next(tokens)]
+    tokens.close()
+    # the second token was handed out but never run
+    assert session.tokens == tuple(PROMPTS[0] + first[:1])
+    again = list(llama.generate_tokens(PROMPTS[0] + first, 6, stop_token_ids=(), session=session))
+    fresh = list(llama.generate_tokens(PROMPTS[0] + first, 6, stop_token_ids=(), session=llama.new_session()))
+    assert again == fresh
+
+
+def test_one_thread_cannot_interleave_two_default_generations(llama):
+    first = llama.generate_tokens(PROMPTS[0], 4, stop_token_ids=())
+    next(first)
+    with pytest.raises(RuntimeError, match="already generating"):
+        list(llama.generate_tokens(PROMPTS[1], 4, stop_token_ids=()))
+    first.close()
+    assert len(list(llama.generate_tokens(PROMPTS[1], 4, stop_token_ids=()))) == 4
+
+
+def _work(model, prompt, session=None):
+    params = SamplingParams(temperature=0.9, top_k=20, seed=sum(prompt))
+    tokens = list(model.generate_tokens(prompt, 12, params, stop_token_ids=(), session=session))
+    return tokens, model.logits(prompt + tokens, session=session)
+
+
+@pytest.mark.parametrize("own_sessions", [False, True])
+def test_four_threads_on_one_model_match_sequential_results(llama, own_sessions):
+    """Threads sharing the default session are served one at a time; threads
+    with sessions of their own run at once. Either way nothing mixes."""
+    want = [_work(llama, p) for p in PROMPTS]
+    got, errors = {}, []
+
+    def hammer(i):
+        try:
+            session = llama.new_session() if own_sessions else None
+            for round in range(10):
+                got[i, round] = _work(llama, PROMPTS[(i + round) % 4], session)
+        except Exception as e:  # reported below: a thread's exception is otherwise lost
+            errors.append(e)
+
+    threads = [threading.Thread(target=hammer, args=(i,)) for i in range(4)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)   # switch threads often, so that calls do interleave
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors, errors
+    for (i, round), (tokens, logits) in got.items():
+        want_tokens, want_logits = want[(i + round) % 4]
+        assert tokens == want_tokens and np.array_equal(logits, want_logits), (i, round)
