@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -41,23 +42,29 @@ def bench_fastllm(folder, dtype, threads, pp, tg, reps):
     import fastllm
     from fastllm import Model, _core, _openmp
     t0 = time.perf_counter()
-    model = Model.from_pretrained(folder, n_ctx=max(pp, tg, 1), threads=threads, dtype=dtype)
+    # SCALE_KV_DTYPE picks the KV cache (f32, bf16, f16); FASTLLM_SIMD the path.
+    model = Model.from_pretrained(folder, n_ctx=max(pp, tg, 1), threads=threads, dtype=dtype,
+                                  kv_dtype=os.environ.get("SCALE_KV_DTYPE", "f32"))
     load_s = time.perf_counter() - t0
-    # The engine itself, as `fastllm bench` times it: no tokenizer or sampler.
-    engine = model._engine
-    tokens = np.random.default_rng(0).integers(0, engine.vocab_size, max(pp, tg, 1)).astype(np.int32)
+    # A session, as `fastllm bench` times it: no tokenizer or sampler.
+    session = model.new_session()
+    tokens = np.random.default_rng(0).integers(0, session.vocab_size, max(pp, tg, 1)).astype(np.int32)
 
     def prompt(n):
-        return lambda: engine.forward(tokens[:n], 0, False)
+        def run():
+            session.reset()
+            session.extend(tokens[:n])
+        return run
 
     def generate(n):
         def run():
-            for i in range(n):
-                engine.forward(tokens[i:i + 1], i, False)
+            session.reset()
+            for token in tokens[:n]:
+                session.step(token)
         return run
 
     info = {"version": getattr(fastllm, "__version__", "?"), "simd": _core.simd_path(),
-            "openmp_wait": _openmp.wait_policy(), "kv_cache": "f32"}
+            "openmp_wait": _openmp.wait_policy(), "kv_cache": model.kv_dtype}
     return load_s, info, run_tests(prompt, generate, pp, tg, reps)
 
 
