@@ -84,6 +84,7 @@ size_t flm_state_work_floats(const FlmConfig *c, int max_batch, int max_threads)
          + b * imax(q_dim(c), lin_value_dim(c)) /* gate */
          + b * (conv_dim(c) + 2 * (size_t)c->lin_v_heads) /* lin */
          + b * max_input_pairs(c)             /* xq (two bf16 per float) */
+         + 2 * b                              /* row_seq, row_pos */
          + (size_t)max_threads * seq_cap(c);  /* att */
 }
 
@@ -115,6 +116,8 @@ void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, int max_thre
     s->gate = work; work += b * imax(q_dim(c), lin_value_dim(c));
     s->lin = work;  work += b * (conv_dim(c) + 2 * (size_t)c->lin_v_heads);
     s->xq = (uint16_t *)work; work += b * max_input_pairs(c);
+    s->row_seq = (int32_t *)work; work += b;
+    s->row_pos = (int32_t *)work; work += b;
     s->att = work;
     s->trace = NULL;
     s->trace_tokens = s->trace_offset = 0;
@@ -300,12 +303,14 @@ static float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 /* Softmax attention over the KV cache, with optional per-head q/k norms and
  * an output gate (Qwen3.5). Reads xb, leaves the layer's output in xb2. */
 static void attention(const FlmConfig *c, const FlmWeights *w, const FlmLayer *L, FlmState *s,
-                      int l, int T, int pos) {
+                      const FlmSeq *seqs, int l, int T) {
     const int dim = c->dim, hd = c->head_dim, qd = q_dim(c), kvd = kv_dim(c);
     const int nh = c->n_heads, nkv = c->n_kv_heads, group = nh / nkv, half = c->rope_dim / 2;
     const size_t head_keys = seq_cap(c) * hd;
-    void *kcache = kv_elem(c, s->key_cache, l * layer_kv(c));     /* (nkv, seq_cap/16, hd, 16) */
-    void *vcache = kv_elem(c, s->value_cache, l * layer_kv(c));   /* (seq_cap, nkv*hd) */
+    /* Layer l's keys (nkv, seq_cap/16, hd, 16) and values (seq_cap, nkv*hd)
+     * in the cache of row t's sequence. */
+#define KCACHE(t) kv_elem(c, seqs[s->row_seq[t]].state->key_cache, l * layer_kv(c))
+#define VCACHE(t) kv_elem(c, seqs[s->row_seq[t]].state->value_cache, l * layer_kv(c))
 
     MatJob jobs[4] = {{s->q, L->wq, L->bq, qd, qd}, {s->k, L->wk, L->bk, kvd, kvd},
                       {s->v, L->wv, L->bv, kvd, kvd}, {s->gate, L->w_attn_gate, NULL, qd, qd}};
@@ -315,7 +320,7 @@ static void attention(const FlmConfig *c, const FlmWeights *w, const FlmLayer *L
     /* Per-head norm and RoPE; keys and values go into the cache. */
 #pragma omp for schedule(static)
     for (int i = 0; i < T * (nh + nkv); i++) {
-        int t = i / (nh + nkv), h = i % (nh + nkv), p = pos + t;
+        int t = i / (nh + nkv), h = i % (nh + nkv), p = s->row_pos[t];
         const float *cr = w->rope_cos + (size_t)p * half, *sr = w->rope_sin + (size_t)p * half;
         if (h < nh) {
             float *qh = s->q + (size_t)t * qd + h * hd;
@@ -326,8 +331,8 @@ static void attention(const FlmConfig *c, const FlmWeights *w, const FlmLayer *L
             float *kh_src = s->k + (size_t)t * kvd + kh * hd;
             if (L->k_norm) rmsnorm(kh_src, kh_src, L->k_norm, hd, c->norm_eps);
             rope(kh_src, cr, sr, c->rope_dim);
-            kv_store(c, kcache, kh * head_keys + (size_t)(p / 16) * hd * 16 + p % 16, 16, kh_src, hd);
-            kv_store(c, vcache, (size_t)p * kvd + kh * hd, 1, s->v + (size_t)t * kvd + kh * hd, hd);
+            kv_store(c, KCACHE(t), kh * head_keys + (size_t)(p / 16) * hd * 16 + p % 16, 16, kh_src, hd);
+            kv_store(c, VCACHE(t), (size_t)p * kvd + kh * hd, 1, s->v + (size_t)t * kvd + kh * hd, hd);
         }
     }
 
@@ -343,15 +348,17 @@ static void attention(const FlmConfig *c, const FlmWeights *w, const FlmLayer *L
         const int h = i % nh, kvh = h / group;
         for (int t = i / nh * run; t < imin(T, (i / nh + 1) * run); t++) {
             float *out = s->xb + (size_t)t * qd + h * hd;
-            attend(out, s->q + (size_t)t * qd + h * hd, kv_elem(c, kcache, kvh * head_keys),
-                   kv_elem(c, vcache, (size_t)kvh * hd), c->kv_type,
-                   s->att + (size_t)thread_num() * seq_cap(c), pos + t, hd, kvd, c->attn_scale);
+            attend(out, s->q + (size_t)t * qd + h * hd, kv_elem(c, KCACHE(t), kvh * head_keys),
+                   kv_elem(c, VCACHE(t), (size_t)kvh * hd), c->kv_type,
+                   s->att + (size_t)thread_num() * seq_cap(c), s->row_pos[t], hd, kvd, c->attn_scale);
             if (L->w_attn_gate) {
                 const float *g = s->gate + (size_t)t * qd + h * hd;
                 for (int d = 0; d < hd; d++) out[d] *= sigmoid(g[d]);
             }
         }
     }
+#undef KCACHE
+#undef VCACHE
     mark(s, FLM_PHASE_ATTENTION);
     matmul(s, s->xb2, s->xb, L->wo, L->bo, T, qd, dim, c->wtype);
     mark(s, FLM_PHASE_OUT_PROJ);
@@ -371,35 +378,36 @@ static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
  * and a gated RMSNorm. The recurrence runs token by token, so a prompt in
  * one call and the same tokens one at a time give identical results.
  * Reads xb, leaves the layer's output in xb2. */
-static void linear_attention(const FlmConfig *c, const FlmLayer *L, FlmState *s, int l, int T,
-                             int pos) {
+static void linear_attention(const FlmConfig *c, const FlmLayer *L, FlmState *s, const FlmSeq *seqs,
+                             int n_seqs, int l, int T) {
     const int dim = c->dim, hk = c->lin_k_heads, hv = c->lin_v_heads;
     const int dk = c->lin_k_dim, dv = c->lin_v_dim, K = c->conv_kernel;
     const int kd = lin_key_dim(c), vd = lin_value_dim(c), cd = conv_dim(c);
     const int ld = cd + 2 * hv; /* row of s->lin: [q | k | v | b | a] */
-    float *conv_state = s->lin_state + l * lin_state_floats(c);   /* (cd, K-1) */
-    float *S = conv_state + (size_t)cd * (K - 1);                  /* (hv, dk, dv) */
-
-    if (pos == 0) {
+    /* Sequence k's conv windows (cd, K-1) and delta-rule states (hv, dk, dv)
+     * in layer l; a sequence at position 0 starts them afresh. */
+#define CONV_STATE(k) (seqs[k].state->lin_state + l * lin_state_floats(c))
+#define DELTA_STATE(k) (CONV_STATE(k) + (size_t)cd * (K - 1))
 #pragma omp for schedule(static)
-        for (int h = 0; h < hv; h++)
-            memset(S + (size_t)h * dk * dv, 0, sizeof(float) * dk * dv);
+    for (int i = 0; i < n_seqs * hv; i++)
+        if (seqs[i / hv].pos == 0) memset(DELTA_STATE(i / hv) + (size_t)(i % hv) * dk * dv, 0, sizeof(float) * dk * dv);
 #pragma omp for schedule(static)
-        for (int ch = 0; ch < cd; ch++)
-            memset(conv_state + (size_t)ch * (K - 1), 0, sizeof(float) * (K - 1));
-    }
+    for (int i = 0; i < n_seqs * cd; i++)
+        if (seqs[i / cd].pos == 0) memset(CONV_STATE(i / cd) + (size_t)(i % cd) * (K - 1), 0, sizeof(float) * (K - 1));
 
     MatJob jobs[4] = {{s->lin, L->w_qkv, NULL, cd, ld}, {s->gate, L->w_z, NULL, vd, vd},
                       {s->lin + cd, L->w_b, NULL, hv, ld}, {s->lin + cd + hv, L->w_a, NULL, hv, ld}};
     matmul_multi(s->xq, s->xb, T, dim, c->wtype, jobs, 4);
     mark(s, FLM_PHASE_QKV);
 
-    /* Conv over the window of the last K-1 inputs, channel by channel. */
+    /* Conv over the window of the last K-1 inputs, channel by channel, each
+     * sequence's rows (consecutive) in order. */
 #pragma omp for schedule(static)
     for (int ch = 0; ch < cd; ch++) {
-        float *win = conv_state + (size_t)ch * (K - 1);
         const float *cw = L->conv_w + (size_t)ch * K;
-        for (int t = 0; t < T; t++) {
+        for (int k = 0, t0 = 0; k < n_seqs; t0 += seqs[k++].n)
+        for (int t = t0; t < t0 + seqs[k].n; t++) {
+            float *win = CONV_STATE(k) + (size_t)ch * (K - 1);
             float m = s->lin[(size_t)t * ld + ch];
             float acc = 0.0f;
             for (int j = 0; j < K - 1; j++) acc += cw[j] * win[j];
@@ -421,10 +429,12 @@ static void linear_attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
     }
 
 #pragma omp for schedule(static)
-    for (int h = 0; h < hv; h++) {
-        float *Sh = S + (size_t)h * dk * dv;
-        const int kh = h / (hv / hk);
-        for (int t = 0; t < T; t++) {
+    for (int i = 0; i < n_seqs * hv; i++) {
+        const int k = i / hv, h = i % hv, kh = h / (hv / hk);
+        float *Sh = DELTA_STATE(k) + (size_t)h * dk * dv;
+        int t0 = 0;
+        for (int j = 0; j < k; j++) t0 += seqs[j].n;
+        for (int t = t0; t < t0 + seqs[k].n; t++) {
             const float *row = s->lin + (size_t)t * ld;
             const float *q = row + kh * dk, *k = row + kd + kh * dk, *v = row + 2 * kd + h * dv;
             float beta = sigmoid(row[cd + h]);
@@ -437,6 +447,8 @@ static void linear_attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
             for (int j = 0; j < dv; j++) o[j] *= z[j] / (1.0f + expf(-z[j]));
         }
     }
+#undef CONV_STATE
+#undef DELTA_STATE
     mark(s, FLM_PHASE_RECURRENCE);
     matmul(s, s->xb2, s->xb, L->w_out, NULL, T, vd, dim, c->wtype);
     mark(s, FLM_PHASE_OUT_PROJ);
@@ -444,17 +456,27 @@ static void linear_attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
 
 /* ---------------------------------------------------------------- forward */
 
-static void forward_chunk(const FlmConfig *c, const FlmWeights *w, FlmState *s,
-                          const int32_t *tokens, int T, int pos,
-                          float *logits, int all_logits, int n_threads) {
+/* One pass over the weights for the tokens of n_seqs sequences, row after
+ * row in s's work buffers. logits (when not NULL) gets the logits of each
+ * sequence's last token, or with all_logits (one sequence) of every token. */
+static void forward_rows(const FlmConfig *c, const FlmWeights *w, FlmState *s, const FlmSeq *seqs,
+                         int n_seqs, float *logits, int all_logits, int n_threads) {
     const int dim = c->dim, hidden = c->hidden_dim;
+    int T = 0;
+    for (int k = 0; k < n_seqs; k++)
+        for (int i = 0; i < seqs[k].n; i++, T++) {
+            s->row_seq[T] = k;
+            s->row_pos[T] = seqs[k].pos + i;
+        }
 
     if (s->profile) s->profile_mark = wall_time();
 #pragma omp parallel num_threads(n_threads)
     {
 #pragma omp for schedule(static)
-        for (int t = 0; t < T; t++)
-            embed_row(s->x + (size_t)t * dim, w, tokens[t], dim, c->wtype);
+        for (int t = 0; t < T; t++) {
+            const FlmSeq *q = &seqs[s->row_seq[t]];
+            embed_row(s->x + (size_t)t * dim, w, q->tokens[s->row_pos[t] - q->pos], dim, c->wtype);
+        }
 
         for (int l = 0; l < c->n_layers; l++) {
             const FlmLayer *L = &w->layers[l];
@@ -465,9 +487,9 @@ static void forward_chunk(const FlmConfig *c, const FlmWeights *w, FlmState *s,
             mark(s, FLM_PHASE_NORMS);
 
             if (L->kind == FLM_LINEAR_ATTENTION)
-                linear_attention(c, L, s, l, T, pos);
+                linear_attention(c, L, s, seqs, n_seqs, l, T);
             else
-                attention(c, w, L, s, l, T, pos);
+                attention(c, w, L, s, seqs, l, T);
 
 #pragma omp for schedule(static)
             for (int t = 0; t < T; t++) {
@@ -492,15 +514,21 @@ static void forward_chunk(const FlmConfig *c, const FlmWeights *w, FlmState *s,
             mark(s, FLM_PHASE_NORMS);
         }
 
-        /* Only the tokens whose logits are wanted go through the LM head. */
+        /* Only the tokens whose logits are wanted go through the LM head:
+         * every one, or the last of each sequence (row r of xb for the r-th). */
         if (logits) {
-            int first = all_logits ? 0 : T - 1;
+            const int rows = all_logits ? T : n_seqs;
 #pragma omp for schedule(static)
-            for (int t = first; t < T; t++)
-                rmsnorm(s->xb + (size_t)(t - first) * dim, s->x + (size_t)t * dim, w->norm, dim,
-                        c->norm_eps);
+            for (int r = 0; r < rows; r++) {
+                int t = r;
+                if (!all_logits) {
+                    t = -1;
+                    for (int k = 0; k <= r; k++) t += seqs[k].n;
+                }
+                rmsnorm(s->xb + (size_t)r * dim, s->x + (size_t)t * dim, w->norm, dim, c->norm_eps);
+            }
             mark(s, FLM_PHASE_NORMS);
-            matmul(s, logits, s->xb, w->lm_head, NULL, T - first, dim, c->vocab_size, c->wtype);
+            matmul(s, logits, s->xb, w->lm_head, NULL, rows, dim, c->vocab_size, c->wtype);
             mark(s, FLM_PHASE_LM_HEAD);
         }
     }
@@ -513,13 +541,24 @@ void flm_forward(const FlmConfig *c, const FlmWeights *w, FlmState *s,
     if (n_threads < 1) n_threads = 1;
     if (n_threads > s->max_threads) n_threads = s->max_threads;
     for (int done = 0; done < n;) {
-        int T = imin(s->max_batch, n - done);
+        FlmSeq seq = {s, tokens + done, imin(s->max_batch, n - done), pos + done};
         float *out = all_logits ? logits + (size_t)done * c->vocab_size
-                   : done + T == n ? logits : NULL;
+                   : done + seq.n == n ? logits : NULL;
         s->trace_offset = done;
-        forward_chunk(c, w, s, tokens + done, T, pos + done, out, all_logits, n_threads);
-        done += T;
+        forward_rows(c, w, s, &seq, 1, out, all_logits, n_threads);
+        done += seq.n;
     }
+}
+
+void flm_forward_batch(const FlmConfig *c, const FlmWeights *w, FlmState *work, const FlmSeq *seqs,
+                       int n_seqs, float *logits, int n_threads) {
+    if (!kernels_ready) { flm_kernels_init(); kernels_ready = 1; }
+    if (n_threads < 1) n_threads = 1;
+    if (n_threads > work->max_threads) n_threads = work->max_threads;
+    float *trace = work->trace;
+    work->trace = NULL;  /* a trace follows one sequence: flm_forward's */
+    forward_rows(c, w, work, seqs, n_seqs, logits, 0, n_threads);
+    work->trace = trace;
 }
 
 const char *flm_simd_path(void) {

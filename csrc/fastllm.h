@@ -111,6 +111,10 @@ typedef struct {
     float *trace;
     int trace_tokens;
     int trace_offset;   /* set by flm_forward: tokens before this chunk */
+    /* Set by each pass: for row t of the work buffers, the sequence it
+     * belongs to and its position there. */
+    int32_t *row_seq;   /* (max_batch) */
+    int32_t *row_pos;   /* (max_batch) */
     /* Optional, for benchmarks: when not NULL, the wall-clock seconds of
      * each phase of every pass are added to profile[FLM_PHASE_...]. */
     double *profile;
@@ -157,6 +161,24 @@ void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, int max_thre
 void flm_forward(const FlmConfig *c, const FlmWeights *w, FlmState *s,
                  const int32_t *tokens, int n, int pos,
                  float *logits, int all_logits, int n_threads);
+
+/* One sequence of a batched pass: its own caches (the KV cache, or the
+ * recurrent state, of `state`) and n >= 1 tokens at positions pos .. pos+n-1,
+ * under the same rules as flm_forward. */
+typedef struct {
+    FlmState *state;
+    const int32_t *tokens;
+    int n, pos;
+} FlmSeq;
+
+/* Run the tokens of several sequences in one pass over the weights, each
+ * attending to its own cache only; logits[k*vocab_size ..] gets the logits
+ * of sequence k's last token. `work` lends its work buffers (it may be one
+ * of the sequences' states) and must hold all the tokens together
+ * (sum of n <= work->max_batch); no state may appear twice. Every
+ * sequence's results are the same, bit for bit, as when it runs alone. */
+void flm_forward_batch(const FlmConfig *c, const FlmWeights *w, FlmState *work, const FlmSeq *seqs,
+                       int n_seqs, float *logits, int n_threads);
 
 /* out (T, N) = x (T, K) @ W^T, W packed by flm_pack, split over threads as
  * the run loop splits its matmuls (for benchmarks of the kernels alone).

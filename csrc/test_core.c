@@ -82,6 +82,50 @@ static void run(const FlmConfig *c, const FlmWeights *w, const int32_t *tok, int
 }
 
 /* A Gated DeltaNet layer's mixer, as in Qwen3.5 (Hv != Hk, dk != dv). */
+/* Continuous batching: sequence A prefills 5 tokens, then B joins with 3 while A
+ * decodes, then both decode one token per pass. Each sequence's logits must
+ * be, bit for bit, those of the same steps run alone. */
+static void test_batch(const FlmConfig *c, const FlmWeights *w, const int32_t *tok, const char *path) {
+    enum { STEPS = 8 };
+    const size_t V = (size_t)c->vocab_size;
+    FlmState st[3];
+    float *bufs[6];
+    for (int i = 0; i < 3; i++) {
+        bufs[2 * i] = calloc(flm_state_work_floats(c, 16, 4), 4);
+        bufs[2 * i + 1] = calloc(flm_state_cache_floats(c), 4);
+        flm_state_init(&st[i], c, 16, 4, bufs[2 * i], bufs[2 * i + 1]);
+    }
+    const int32_t *ta = tok, *tb = tok + 20;
+    float *batched = malloc(2 * V * 4 * STEPS), *alone = malloc(2 * V * 4 * STEPS), *out = malloc(2 * V * 4);
+    int posa = 0, posb = 0, same = 1;
+    /* B's state held another sequence before: starting at position 0 must
+     * forget it (recurrent states included). */
+    flm_forward(c, w, &st[1], tok + 30, 4, 0, out, 0, 1);
+    for (int step = 0; step < STEPS; step++) {
+        FlmSeq seqs[2];
+        int ns = 0, na = step == 0 ? 5 : 1, nb = step == 1 ? 3 : 1;
+        seqs[ns++] = (FlmSeq){&st[0], ta + posa, na, posa};
+        if (step >= 1) seqs[ns++] = (FlmSeq){&st[1], tb + posb, nb, posb};
+        flm_forward_batch(c, w, &st[0], seqs, ns, out, 2);
+        memcpy(batched + 2 * V * step, out, ns * V * 4);
+        flm_forward(c, w, &st[2], ta + posa, na, posa, alone + 2 * V * step, 0, 1);
+        posa += na;
+        if (step >= 1) posb += nb;
+    }
+    /* B alone, in a fresh state, with the same steps. */
+    memset(bufs[5], 0, flm_state_cache_floats(c) * 4);
+    for (int step = 1, pos = 0; step < STEPS; step++) {
+        int nb = step == 1 ? 3 : 1;
+        flm_forward(c, w, &st[2], tb + pos, nb, pos, alone + 2 * V * step + V, 0, 3);
+        pos += nb;
+    }
+    for (int step = 0; step < STEPS; step++)
+        same &= memcmp(batched + 2 * V * step, alone + 2 * V * step, (step ? 2 : 1) * V * 4) == 0;
+    CHECK(same, "%s: a sequence in a batch differs from the same sequence alone", path);
+    free(batched); free(alone); free(out);
+    for (int i = 0; i < 6; i++) free(bufs[i]);
+}
+
 static void linear_layer(FlmLayer *L, const FlmConfig *c, int wtype) {
     int kd = c->lin_k_heads * c->lin_k_dim, vd = c->lin_v_heads * c->lin_v_dim, conv = 2 * kd + vd;
     L->kind = FLM_LINEAR_ATTENTION;
@@ -166,6 +210,7 @@ static void test_model(int wtype, int qk_norm, int bias, int gate, int linear) {
             if (e > maxerr) maxerr = e;
         }
         CHECK(maxerr <= 1.0, "%s wtype=%d: differs from the portable path (err/bound %.2f)", paths[pi], wtype, maxerr);
+        test_batch(&c, &w, tok, paths[pi]);
         const void *embed = w.embed;
         w.embed = NULL; /* tied: rows come from the packed head, same values */
         run(&c, &w, tok, n, 64, 0, 2, other);
