@@ -265,5 +265,51 @@ cdef class State:
         return (result, trace) if hidden_states else result
 
 
+def run_batch(list states, list tokens, list positions):
+    """Run tokens[k] (int32 arrays, ids checked) at positions[k].. of
+    states[k], all in one pass over the shared weights; returns the float32
+    logits of each sequence's last token, (len(states), vocab). Each
+    sequence's results are exactly those of State.run alone."""
+    cdef int n = len(states)
+    if n < 1 or len(tokens) != n or len(positions) != n:
+        raise ValueError("run_batch takes one token array and one position per state")
+    cdef State first = states[0]
+    cdef Weights w = first.weights
+    if len({id(s) for s in states}) != n:
+        raise ValueError("a state appears twice in one batch")
+    cdef flm.FlmSeq *seqs = <flm.FlmSeq *>calloc(n, sizeof(flm.FlmSeq))
+    if seqs == NULL:
+        raise MemoryError()
+    cdef State st
+    cdef const int32_t[::1] ids
+    cdef long long total = 0, pos
+    cdef cnp.ndarray[float, ndim=2, mode="c"] out = np.empty((n, w.cfg.vocab_size), np.float32)
+    keep = []
+    try:
+        for k in range(n):
+            st = states[k]
+            if st.weights is not w:
+                raise ValueError("the states of one batch must share their weights")
+            ids = tokens[k]
+            pos = positions[k]
+            if ids.shape[0] < 1 or pos < 0 or pos + ids.shape[0] > w.cfg.seq_len:
+                raise ValueError(f"positions {pos}..{pos + ids.shape[0] - 1} do not fit the context "
+                                 f"of {w.cfg.seq_len} tokens")
+            total += ids.shape[0]
+            keep.append(tokens[k])
+            seqs[k].state = &st.s
+            seqs[k].tokens = &ids[0]
+            seqs[k].n = ids.shape[0]
+            seqs[k].pos = <int>pos
+        if total > first.s.max_batch:
+            raise ValueError(f"{total} tokens in one batch: more than the {first.s.max_batch} "
+                             "the first state's buffers hold")
+        with nogil:
+            flm.flm_forward_batch(&w.cfg, &w.w, &first.s, seqs, n, &out[0, 0], w._n_threads)
+    finally:
+        free(seqs)
+    return out
+
+
 _path_from_environment()
 flm.flm_simd_path()   # pick the kernels now, before threads may race to

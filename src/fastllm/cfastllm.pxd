@@ -50,6 +50,12 @@ cdef extern from "fastllm.h" nogil:
         int trace_tokens
         int trace_offset
 
+    ctypedef struct FlmSeq:
+        FlmState *state
+        const int32_t *tokens
+        int n
+        int pos
+
     size_t flm_packed_bytes(int N, int K, int wtype)
     void flm_pack(void *dst, const void *src, int N, int K, int wtype, int n_threads)
     size_t flm_state_work_floats(const FlmConfig *c, int max_batch, int max_threads)
@@ -59,5 +65,7 @@ cdef extern from "fastllm.h" nogil:
     void flm_forward(const FlmConfig *c, const FlmWeights *w, FlmState *s,
                      const int32_t *tokens, int n, int pos,
                      float *logits, int all_logits, int n_threads)
+    void flm_forward_batch(const FlmConfig *c, const FlmWeights *w, FlmState *work,
+                           const FlmSeq *seqs, int n_seqs, float *logits, int n_threads)
     const char *flm_simd_path()
     int flm_set_simd_path(const char *name)
