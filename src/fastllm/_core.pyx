@@ -265,15 +265,16 @@ cdef class State:
         return (result, trace) if hidden_states else result
 
 
-def run_batch(list states, list tokens, list positions):
+def run_batch(list states, list tokens, list positions, State work=None):
     """Run tokens[k] (int32 arrays, ids checked) at positions[k].. of
-    states[k], all in one pass over the shared weights; returns the float32
-    logits of each sequence's last token, (len(states), vocab). Each
-    sequence's results are exactly those of State.run alone."""
+    states[k], all in one pass over the shared weights, in the work buffers
+    of work (default: states[0]); returns the float32 logits of each
+    sequence's last token, (len(states), vocab). Each sequence's results are
+    exactly those of State.run alone."""
     cdef int n = len(states)
     if n < 1 or len(tokens) != n or len(positions) != n:
         raise ValueError("run_batch takes one token array and one position per state")
-    cdef State first = states[0]
+    cdef State first = states[0] if work is None else work
     cdef Weights w = first.weights
     if len({id(s) for s in states}) != n:
         raise ValueError("a state appears twice in one batch")
@@ -303,7 +304,7 @@ def run_batch(list states, list tokens, list positions):
             seqs[k].pos = <int>pos
         if total > first.s.max_batch:
             raise ValueError(f"{total} tokens in one batch: more than the {first.s.max_batch} "
-                             "the first state's buffers hold")
+                             "the work buffers hold")
         with nogil:
             flm.flm_forward_batch(&w.cfg, &w.w, &first.s, seqs, n, &out[0, 0], w._n_threads)
     finally:

@@ -16,7 +16,7 @@ from . import _core
 from .config import ModelConfig
 from .errors import ModelFileError
 from .sampling import Sampler, SamplingParams, generation_defaults, read_generation_config
-from .session import Session, extend_together
+from .session import Session
 from .weights import load_weights
 
 DTYPES = ("f32", "bf16")
@@ -206,41 +206,24 @@ class Model:
 
     def generate_tokens_batch(self, prompts_ids, max_new_tokens: int = 128,
                               sampling: SamplingParams | None = None, stop_token_ids=None) -> list:
-        """New token ids for several prompts, decoded together: each step
-        runs one token of every unfinished prompt in a single pass over the
-        weights, on sessions of their own. Each list is exactly what
-        generate_tokens gives for that prompt alone, whatever the others are
-        (greedy, or sampled: every prompt draws from its own generator seeded
-        with sampling.seed). A prompt stops at an end-of-sequence token,
-        after max_new_tokens, or when the context is full."""
-        params = sampling or SamplingParams()
-        stop_ids = self.eos_token_ids if stop_token_ids is None else set(stop_token_ids)
-        sessions = [self.new_session() for _ in prompts_ids]
-        samplers = [Sampler(params) for _ in prompts_ids]
-        logits = []
-        for s, ids in zip(sessions, prompts_ids):
-            if len(ids) >= self.n_ctx:
-                raise ValueError(f"a prompt has {len(ids)} tokens: no room left in the context of "
-                                 f"{self.n_ctx} (load the model with a larger n_ctx)")
-            logits.append(s.prefill(ids))
-        outs = [[] for _ in prompts_ids]
-        active = list(range(len(sessions)))
-        for step in range(max_new_tokens):
-            fed = []
-            for k in active:
-                token = samplers[k](logits[k], sessions[k].tokens)
-                if token in stop_ids:
-                    continue
-                outs[k].append(token)
-                if sessions[k].position + 1 < self.n_ctx and step + 1 < max_new_tokens:
-                    fed.append((k, token))
-            if not fed:
-                break
-            rows = extend_together([sessions[k] for k, _ in fed], [[t] for _, t in fed])
-            for (k, _), row in zip(fed, rows):
-                logits[k] = row
-            active = [k for k, _ in fed]
-        return outs
+        """New token ids for several prompts, decoded together (continuous
+        batching, fastllm.serving.BatchEngine): each step runs one token of
+        every unfinished prompt in a single pass over the weights, on
+        sessions of their own. Each list is exactly what generate_tokens
+        gives for that prompt alone, whatever the others are (greedy, or
+        sampled: every prompt draws from its own generator seeded with
+        sampling.seed)."""
+        from .serving import BatchEngine
+        n = len(prompts_ids)
+        if n == 0:
+            return []
+        chunk = min(max(len(p) for p in prompts_ids), self.max_batch)
+        engine = BatchEngine(self, parallel=n, max_queue=n, prefill_chunk=max(chunk, 1))
+        try:
+            requests = [engine.submit(ids, max_new_tokens, sampling, stop_token_ids) for ids in prompts_ids]
+            return [list(r) for r in requests]
+        finally:
+            engine.close()
 
     def generate_batch(self, prompts, max_new_tokens: int | None = None, *,
                        sampling: SamplingParams | None = None, stop=None,

@@ -111,15 +111,18 @@ class Session:
         return f"Session(position={self.position}, n_ctx={self.n_ctx}, can_rewind={self.can_rewind})"
 
 
-def extend_together(sessions, token_ids) -> np.ndarray:
+def extend_together(sessions, token_ids, work: Session | None = None) -> np.ndarray:
     """Run token_ids[k] after the tokens sessions[k] holds, for every k, in
     one pass over the model's weights: the logits of each one's last token,
     (len(sessions), vocab_size). Decoding is bound by reading the weights,
     so a step for several sessions costs little more than a step for one.
     Each session's results are the same, bit for bit, as its own extend():
-    nothing a token computes depends on the other tokens of the pass."""
+    nothing a token computes depends on the other tokens of the pass.
+    The pass runs in the work buffers of work (a Session whose max_batch
+    holds all the tokens), else of the first session."""
     ids = [s.check(t) for s, t in zip(sessions, token_ids, strict=True)]
-    out = _core.run_batch([s._state for s in sessions], ids, [s.position for s in sessions])
+    out = _core.run_batch([s._state for s in sessions], ids, [s.position for s in sessions],
+                          None if work is None else work._state)
     for s, i in zip(sessions, ids):
         s._tokens += i.tolist()
     return out

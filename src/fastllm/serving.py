@@ -1,0 +1,203 @@
+"""Continuous batching: many requests on one model, each step one pass over
+the weights for all of them.
+
+A BatchEngine keeps `parallel` sessions (slots) and a bounded queue of
+waiting requests. Its thread runs steps: requests join free slots between
+steps, a prompt is prefilled in chunks beside the other requests' decoding
+tokens, and every request's tokens go to its own queue as they come. A
+request's tokens are exactly those of Model.generate_tokens alone, whatever
+runs beside it (sessions run together give the same bits as alone, and each
+request samples from its own generator).
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+
+from . import _core
+from .sampling import Sampler, SamplingParams
+from .session import extend_together
+
+
+class QueueFull(Exception):
+    """Every slot is busy and the waiting queue is full: try again later."""
+
+
+@dataclass(eq=False)
+class Request:
+    """One generation: its prompt and settings, and (filled by the engine)
+    its tokens as they come. Iterate it for the tokens; cancel() frees its
+    slot at the next step."""
+    prompt_ids: list
+    max_new_tokens: int
+    sampling: SamplingParams
+    stop_ids: set
+    finish_reason: str = ""       # "stop", "length", "context" or "cancelled"
+    prompt_reused: int = 0        # prompt tokens whose keys/values a slot already held
+    _out: queue.Queue = field(default_factory=queue.Queue, repr=False)
+    _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    def cancel(self):
+        self._cancelled.set()
+
+    def __iter__(self):
+        while (token := self._out.get()) is not None:
+            yield token
+
+
+@dataclass(eq=False)
+class _Running:
+    request: Request
+    session: object
+    sampler: Sampler
+    fed: int = 0          # prompt tokens run so far
+    generated: int = 0
+    last: int | None = None   # the token to run next, once the prompt is in
+
+
+class BatchEngine:
+    """Serve requests on model with `parallel` slots and at most max_queue
+    waiting requests. prefill_chunk bounds the prompt tokens one step runs
+    for one request, so that decoding streams keep flowing while a long
+    prompt comes in."""
+
+    def __init__(self, model, parallel: int = 4, max_queue: int = 64, prefill_chunk: int = 128):
+        if parallel < 1 or max_queue < 1 or prefill_chunk < 1:
+            raise ValueError("parallel, max_queue and prefill_chunk must be positive")
+        self.model = model
+        # The slots hold caches only (their KV pages cost memory as they
+        # fill); every step runs in the one work session's buffers.
+        self._work = model.new_session(parallel * prefill_chunk)
+        self._free = [model.new_session(1) for _ in range(parallel)]
+        self._running: list[_Running] = []
+        self._waiting: queue.Queue = queue.Queue(max_queue)
+        self.prefill_chunk = prefill_chunk
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="fastllm-batch", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------ clients
+
+    def submit(self, prompt_ids, max_new_tokens: int, sampling: SamplingParams | None = None,
+               stop_ids=None) -> Request:
+        """Queue a generation; QueueFull when no slot and no queue place is free."""
+        ids = _core.check_token_ids(prompt_ids, self.model.config.vocab_size).tolist()
+        if len(ids) >= self.model.n_ctx:
+            raise ValueError(f"the prompt has {len(ids)} tokens: no room left in the context of "
+                             f"{self.model.n_ctx}")
+        request = Request(ids, int(max_new_tokens), sampling or SamplingParams(),
+                          self.model.eos_token_ids if stop_ids is None else set(stop_ids))
+        try:
+            self._waiting.put_nowait(request)
+        except queue.Full:
+            raise QueueFull("every slot is busy and the queue is full") from None
+        self._wake.set()
+        return request
+
+    @property
+    def queue_depth(self) -> int:
+        return self._waiting.qsize()
+
+    @property
+    def active(self) -> int:
+        return len(self._running)
+
+    def close(self):
+        """Stop the engine thread; running requests end as cancelled."""
+        self._stop = True
+        self._wake.set()
+        self._thread.join()
+
+    # ------------------------------------------------------------- engine
+
+    def _admit(self):
+        """Move waiting requests into free slots, each into the slot that
+        already holds the longest prefix of its prompt."""
+        while self._free and not self._waiting.empty():
+            request = self._waiting.get_nowait()
+            if request._cancelled.is_set():
+                self._finish_waiting(request)
+                continue
+            slot = max(self._free, key=lambda s: _reusable(s, request.prompt_ids))
+            self._free.remove(slot)
+            keep = _reusable(slot, request.prompt_ids)
+            slot.rewind(keep)
+            request.prompt_reused = keep
+            self._running.append(_Running(request, slot, Sampler(request.sampling), fed=keep))
+
+    def _finish_waiting(self, request):
+        request.finish_reason = "cancelled"
+        request._out.put(None)
+
+    def _release(self, run: _Running, reason: str):
+        run.request.finish_reason = reason
+        run.request._out.put(None)
+        self._running.remove(run)
+        self._free.append(run.session)
+
+    def _step(self):
+        """One pass: the next prompt chunk or the last token of every request."""
+        for run in [r for r in self._running if r.request._cancelled.is_set()]:
+            self._release(run, "cancelled")
+        batch, feeds = [], []
+        for run in self._running:
+            prompt = run.request.prompt_ids
+            if run.fed < len(prompt):
+                feeds.append(prompt[run.fed:run.fed + self.prefill_chunk])
+            else:
+                feeds.append([run.last])
+            batch.append(run)
+        if not batch:
+            return
+        rows = extend_together([r.session for r in batch], feeds, self._work)
+        for run, fed, logits in zip(batch, feeds, rows):
+            request = run.request
+            if run.fed < len(request.prompt_ids):
+                run.fed += len(fed)
+                if run.fed < len(request.prompt_ids):
+                    continue   # more of the prompt to come
+            if request.max_new_tokens <= 0:
+                self._release(run, "length")
+                continue
+            token = run.sampler(logits, run.session.tokens)
+            if token in request.stop_ids:
+                self._release(run, "stop")
+                continue
+            run.generated += 1
+            request._out.put(token)
+            if run.session.position + 1 >= self.model.n_ctx:
+                self._release(run, "context")
+            elif run.generated >= request.max_new_tokens:
+                self._release(run, "length")
+            else:
+                run.last = token
+
+    def _loop(self):
+        while not self._stop:
+            self._admit()
+            if not self._running:
+                self._wake.wait(0.05)
+                self._wake.clear()
+                continue
+            self._step()
+        for run in list(self._running):
+            self._release(run, "cancelled")
+        while not self._waiting.empty():
+            self._finish_waiting(self._waiting.get_nowait())
+
+
+def _reusable(session, prompt_ids) -> int:
+    """Prompt tokens whose keys/values session already holds and may keep:
+    the common prefix, less one so the prompt's last token is run for its
+    logits; a recurrent state only when the prompt extends all it holds."""
+    held = session.tokens
+    common = 0
+    for a, b in zip(held, prompt_ids):
+        if a != b:
+            break
+        common += 1
+    if not session.can_rewind and (common < len(held) or common >= len(prompt_ids)):
+        return 0
+    return min(common, len(prompt_ids) - 1)

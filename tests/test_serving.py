@@ -1,0 +1,89 @@
+"""The continuous-batching engine: requests joining and leaving between
+steps, prompts prefilled in chunks beside decoding ones, and every
+request's tokens exactly those of generate_tokens alone."""
+import time
+
+import numpy as np
+import pytest
+
+from fastllm import Model, SamplingParams
+from fastllm.serving import BatchEngine, QueueFull
+
+
+def _prompts(model, n, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, model.config.vocab_size, int(k)).tolist() for k in rng.integers(3, 20, n)]
+
+
+def _wait(cond, timeout=30.0):
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.002)
+
+
+@pytest.mark.parametrize("kind", ["llama-gqa", "qwen3_5-text"])
+def test_requests_equal_alone_whatever_runs_beside_them(kind, tiny_model_dir):
+    model = Model.from_pretrained(tiny_model_dir(kind), threads=2)
+    prompts = _prompts(model, 7)
+    settings = [SamplingParams(), SamplingParams(temperature=0.9, top_k=20, seed=11)]
+    alone = [[list(model.generate_tokens(p, 12, s, stop_token_ids=())) for p in prompts] for s in settings]
+    # 3 slots for 7 requests, 4-token prefill chunks: requests queue, join
+    # while others decode, and prefill over several steps.
+    engine = BatchEngine(model, parallel=3, max_queue=16, prefill_chunk=4)
+    try:
+        for s, want in zip(settings, alone):
+            requests = []
+            for p in prompts:
+                requests.append(engine.submit(p, 12, s, stop_ids=()))
+                time.sleep(0.001)
+            assert [list(r) for r in requests] == want
+            assert all(r.finish_reason == "length" for r in requests)
+    finally:
+        engine.close()
+
+
+def test_cancel_frees_the_slot_and_the_queue_has_a_bound(tiny_model_dir):
+    model = Model.from_pretrained(tiny_model_dir("llama-gqa"), n_ctx=512, threads=2)
+    a, b, c = _prompts(model, 3, seed=1)
+    engine = BatchEngine(model, parallel=1, max_queue=1)
+    try:
+        first = engine.submit(a, 400, stop_ids=())
+        _wait(lambda: engine.active == 1)
+        second = engine.submit(b, 5, stop_ids=())
+        with pytest.raises(QueueFull):
+            engine.submit(c, 5, stop_ids=())
+        tokens = iter(first)
+        next(tokens)
+        first.cancel()
+        rest = list(tokens)
+        assert first.finish_reason == "cancelled" and len(rest) < 399
+        assert list(second) == list(model.generate_tokens(b, 5, stop_token_ids=()))
+    finally:
+        engine.close()
+
+
+def test_a_longer_prompt_reuses_what_a_slot_holds(tiny_model_dir):
+    model = Model.from_pretrained(tiny_model_dir("llama-gqa"), threads=2)
+    base = _prompts(model, 1, seed=2)[0]
+    longer = base + [5, 6, 7]
+    engine = BatchEngine(model, parallel=2)
+    try:
+        list(engine.submit(base, 4, stop_ids=()))
+        again = engine.submit(longer, 6, stop_ids=())
+        assert list(again) == list(model.generate_tokens(longer, 6, stop_token_ids=()))
+        assert again.prompt_reused >= len(base) - 1
+    finally:
+        engine.close()
+
+
+def test_bad_requests_are_refused_at_submit(tiny_model_dir):
+    model = Model.from_pretrained(tiny_model_dir("llama-gqa"), n_ctx=32, threads=2)
+    engine = BatchEngine(model, parallel=1)
+    try:
+        with pytest.raises(ValueError, match="vocabulary"):
+            engine.submit([model.config.vocab_size], 4)
+        with pytest.raises(ValueError, match="context"):
+            engine.submit(list(range(32)), 4)
+    finally:
+        engine.close()
