@@ -17,6 +17,7 @@ from .config import ModelConfig
 from .errors import ModelFileError
 from .sampling import Sampler, SamplingParams, generation_defaults, read_generation_config
 from .session import Session
+from .textstream import TextStream
 from .weights import load_weights
 
 DTYPES = ("f32", "bf16")
@@ -237,13 +238,12 @@ class Model:
         n = max((self.default_max_new_tokens(len(i)) for i in ids), default=0) \
             if max_new_tokens is None else max_new_tokens
         outs = self.generate_tokens_batch(ids, n, params)
-        stops = [stop] if isinstance(stop, str) else [s for s in (stop or []) if s]
         texts = []
         for i, out in zip(ids, outs):
             limit = self.default_max_new_tokens(len(i)) if max_new_tokens is None else n
-            text = tok.decode(out[:limit], skip_special_tokens=True)
-            hits = [j for j in (text.find(s) for s in stops) if j >= 0]
-            texts.append(text[:min(hits)] if hits else text)
+            text = TextStream(tok, stop)
+            pieces = [text.add(t) for t in out[:limit]] + [text.flush()]
+            texts.append("".join(pieces))
         return texts
 
     # ---------------------------------------------------------------- text
@@ -304,36 +304,21 @@ class Model:
         return self.tokenizer
 
     def _stream_ids(self, ids, max_new_tokens, sampling, stop, session) -> Iterator[str]:
-        stops = [stop] if isinstance(stop, str) else [s for s in (stop or []) if s]
-        decoder = self.tokenizer.incremental_decoder(skip_special_tokens=True)
-        held = ""   # text that may still turn out to begin a stop string
+        text = TextStream(self.tokenizer, stop)
         tokens = self.generate_tokens(ids, max_new_tokens, sampling, session=session)
         try:
             for token in tokens:
-                held += decoder.add(token)
-                if not stops:
-                    if held:
-                        yield held
-                        held = ""
-                    continue
-                hit = min((i for i in (held.find(s) for s in stops) if i >= 0), default=-1)
-                if hit >= 0:
-                    if held[:hit]:
-                        yield held[:hit]
+                piece = text.add(token)
+                if piece:
+                    yield piece
+                if text.stopped:
                     self.last_stats.finish_reason = "stop"
                     return
-                keep = _partial_stop_suffix(held, stops)
-                if len(held) > keep:
-                    yield held[:len(held) - keep]
-                    held = held[len(held) - keep:]
-            held += decoder.flush()
-            if stops:
-                hit = min((i for i in (held.find(s) for s in stops) if i >= 0), default=-1)
-                if hit >= 0:
-                    held = held[:hit]
-                    self.last_stats.finish_reason = "stop"
-            if held:
-                yield held
+            piece = text.flush()
+            if text.stopped:
+                self.last_stats.finish_reason = "stop"
+            if piece:
+                yield piece
             if self.last_stats.finish_reason == "context":
                 warnings.warn(f"the context is full ({self.n_ctx} tokens): generation stopped early; "
                               "load the model with a larger n_ctx", ContextFullWarning, stacklevel=3)
@@ -343,17 +328,6 @@ class Model:
     def __repr__(self):
         return (f"Model({str(self.path)!r}, model_type={self.config.model_type!r}, "
                 f"dtype={self.dtype!r}, n_ctx={self.n_ctx}, threads={self.threads})")
-
-
-def _partial_stop_suffix(text: str, stops) -> int:
-    """Length of the longest end of text that is a proper prefix of a stop string."""
-    best = 0
-    for s in stops:
-        for n in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:n]):
-                best = n
-                break
-    return best
 
 
 def _eos_ids(gen_config: dict, config: ModelConfig, tokenizer) -> set:

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from . import _core
 from .sampling import Sampler, SamplingParams
@@ -33,8 +36,14 @@ class Request:
     max_new_tokens: int
     sampling: SamplingParams
     stop_ids: set
+    top_logprobs: int | None = None   # with a number, logprobs gets one entry per token
     finish_reason: str = ""       # "stop", "length", "context" or "cancelled"
     prompt_reused: int = 0        # prompt tokens whose keys/values a slot already held
+    # Per token, when top_logprobs is set: (its log-probability, [(id, log-probability)
+    # of the top_logprobs most likely]), from the model's own distribution.
+    logprobs: list = field(default_factory=list)
+    submitted: float = field(default_factory=time.monotonic)
+    first_token: float | None = None  # when the first token came (time.monotonic)
     _out: queue.Queue = field(default_factory=queue.Queue, repr=False)
     _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
 
@@ -81,14 +90,15 @@ class BatchEngine:
     # ------------------------------------------------------------ clients
 
     def submit(self, prompt_ids, max_new_tokens: int, sampling: SamplingParams | None = None,
-               stop_ids=None) -> Request:
+               stop_ids=None, top_logprobs: int | None = None) -> Request:
         """Queue a generation; QueueFull when no slot and no queue place is free."""
         ids = _core.check_token_ids(prompt_ids, self.model.config.vocab_size).tolist()
         if len(ids) >= self.model.n_ctx:
             raise ValueError(f"the prompt has {len(ids)} tokens: no room left in the context of "
                              f"{self.model.n_ctx}")
         request = Request(ids, int(max_new_tokens), sampling or SamplingParams(),
-                          self.model.eos_token_ids if stop_ids is None else set(stop_ids))
+                          self.model.eos_token_ids if stop_ids is None else set(stop_ids),
+                          top_logprobs)
         try:
             self._waiting.put_nowait(request)
         except queue.Full:
@@ -166,6 +176,10 @@ class BatchEngine:
                 self._release(run, "stop")
                 continue
             run.generated += 1
+            if request.top_logprobs is not None:
+                request.logprobs.append(_logprobs(logits, token, request.top_logprobs))
+            if request.first_token is None:
+                request.first_token = time.monotonic()
             request._out.put(token)
             if run.session.position + 1 >= self.model.n_ctx:
                 self._release(run, "context")
@@ -186,6 +200,16 @@ class BatchEngine:
             self._release(run, "cancelled")
         while not self._waiting.empty():
             self._finish_waiting(self._waiting.get_nowait())
+
+
+def _logprobs(logits, token: int, top: int):
+    """log-softmax of the model's logits (before any sampling setting):
+    the token's, and the top most likely tokens' with theirs."""
+    x = logits.astype(np.float64)
+    x -= x.max()
+    x -= np.log(np.exp(x).sum())
+    best = np.argsort(-x, kind="stable")[:top]
+    return float(x[token]), [(int(i), float(x[i])) for i in best]
 
 
 def _reusable(session, prompt_ids) -> int:

@@ -1,0 +1,48 @@
+"""Generated tokens as text, cut at stop strings.
+
+Pieces are whole characters, and text that may still turn out to begin a
+stop string is held back until it is known not to.
+"""
+from __future__ import annotations
+
+
+class TextStream:
+    """Feed tokens with add(); each call returns the text that can be shown
+    now. stopped turns True once a stop string appears (the text before it
+    is all that is returned); flush() returns what is held at the end."""
+
+    def __init__(self, tokenizer, stops=()):
+        self._decoder = tokenizer.incremental_decoder(skip_special_tokens=True)
+        # "" can never be found in a meaningful place: ignored, alone or in a list.
+        self.stops = [s for s in ([stops] if isinstance(stops, str) else stops or ()) if s]
+        self._held = ""
+        self.stopped = False
+
+    def add(self, token: int) -> str:
+        return self._take(self._decoder.add(token), final=False)
+
+    def flush(self) -> str:
+        return self._take(self._decoder.flush(), final=True)
+
+    def _take(self, text: str, final: bool) -> str:
+        if self.stopped:
+            return ""
+        held = self._held + text
+        hit = min((i for i in (held.find(s) for s in self.stops) if i >= 0), default=-1)
+        if hit >= 0:
+            self.stopped, self._held = True, ""
+            return held[:hit]
+        keep = 0 if final else partial_stop_suffix(held, self.stops)
+        self._held = held[len(held) - keep:]
+        return held[:len(held) - keep]
+
+
+def partial_stop_suffix(text: str, stops) -> int:
+    """Length of the longest end of text that begins some stop string."""
+    best = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:n]):
+                best = n
+                break
+    return best
