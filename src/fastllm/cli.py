@@ -119,6 +119,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="config, parameter count and memory of a model")
     _model_args(p)
 
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching "
+                                     "(needs the serve extra: starlette, uvicorn)")
+    _model_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    p.add_argument("--parallel", "-np", type=int, default=4,
+                   help="requests decoded together, each with a KV cache of --ctx tokens (default: 4)")
+    p.add_argument("--max-queue", type=int, default=64,
+                   help="requests that may wait for a slot; more get 503 (default: 64)")
+    p.add_argument("--api-key", default=None, help="require this bearer token")
+    p.add_argument("--model-name", default=None, help="the model's id in the API (default: folder name)")
+
     from .bench import add_bench_parser
     add_bench_parser(sub)
     return parser
@@ -126,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = ("run", "repl", "chat", "convert", "info", "bench")
+    commands = ("run", "repl", "chat", "convert", "info", "bench", "serve")
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
         argv = ["repl"] + argv
     elif argv[0] not in commands and not argv[0].startswith("-"):
@@ -143,7 +155,8 @@ def main(argv=None) -> int:
             return cmd_bench(args)
         if args.command == "run" and args.prompt is None:
             args.command = "repl"
-        return {"run": cmd_run, "repl": cmd_repl, "chat": cmd_chat, "info": cmd_info}[args.command](args)
+        return {"run": cmd_run, "repl": cmd_repl, "chat": cmd_chat, "info": cmd_info,
+                "serve": cmd_serve}[args.command](args)
     except (FastLLMError, ValueError, FileNotFoundError) as e:
         print(f"fastllm: error: {e}", file=sys.stderr)
         return 1
@@ -443,6 +456,17 @@ def cmd_chat(args) -> int:
     return _repl(_load(args), args, chat=True, system=args.system, steps=STEPS["chat"])
 
 
+def cmd_serve(args) -> int:
+    try:
+        from .server import serve
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        raise FastLLMError(f"fastllm serve needs starlette and uvicorn: pip install 'fastllm-engine[serve]' "
+                           f"({e})") from None
+    serve(_load(args), args.host, args.port, args.parallel, args.max_queue, args.api_key, args.model_name)
+    return 0
+
+
 def cmd_convert(args) -> int:
     from .formats.gguf import convert_gguf
     out = convert_gguf(args.input, args.output, dtype=args.dtype)
@@ -454,7 +478,8 @@ def cmd_info(args) -> int:
     model = _load(args)
     c = model.config
     weight_bytes = c.n_params() * (2 if model.dtype == "bf16" else 4)
-    kv_bytes = 2 * c.num_hidden_layers * model.n_ctx * c.num_key_value_heads * c.head_dim * 4
+    kv_bytes = (2 * c.num_hidden_layers * model.n_ctx * c.num_key_value_heads * c.head_dim
+                * (4 if model.kv_dtype == "f32" else 2))
     rows = [
         ("path", str(model.path)),
         ("model_type", c.model_type),

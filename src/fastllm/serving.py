@@ -37,6 +37,7 @@ class Request:
     sampling: SamplingParams
     stop_ids: set
     top_logprobs: int | None = None   # with a number, logprobs gets one entry per token
+    generated: int = 0            # tokens given so far
     finish_reason: str = ""       # "stop", "length", "context" or "cancelled"
     prompt_reused: int = 0        # prompt tokens whose keys/values a slot already held
     # Per token, when top_logprobs is set: (its log-probability, [(id, log-probability)
@@ -61,7 +62,6 @@ class _Running:
     session: object
     sampler: Sampler
     fed: int = 0          # prompt tokens run so far
-    generated: int = 0
     last: int | None = None   # the token to run next, once the prompt is in
 
 
@@ -175,7 +175,7 @@ class BatchEngine:
             if token in request.stop_ids:
                 self._release(run, "stop")
                 continue
-            run.generated += 1
+            request.generated += 1
             if request.top_logprobs is not None:
                 request.logprobs.append(_logprobs(logits, token, request.top_logprobs))
             if request.first_token is None:
@@ -183,7 +183,7 @@ class BatchEngine:
             request._out.put(token)
             if run.session.position + 1 >= self.model.n_ctx:
                 self._release(run, "context")
-            elif run.generated >= request.max_new_tokens:
+            elif request.generated >= request.max_new_tokens:
                 self._release(run, "length")
             else:
                 run.last = token
