@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import queue
 import time
 import uuid
 
@@ -145,27 +144,22 @@ def create_app(model, engine: BatchEngine, model_name: str, api_key: str | None 
         metrics.prompt_tokens += len(ids)
         return req
 
+    async def watch(req, http_request):
+        """Cancel req when the client goes away (checked ten times a second)."""
+        while not req.finish_reason:
+            if await http_request.is_disconnected():
+                req.cancel()
+                return
+            await asyncio.sleep(0.1)
+
     async def pieces(req, stops, http_request):
         """(text, [(token, logprob entry)]) as tokens come; cancels req when
         a stop string appears or the client goes away."""
         text = TextStream(tokenizer, stops)
-        got, last_check = 0, time.monotonic()
+        got = 0
+        watcher = asyncio.ensure_future(watch(req, http_request))
         try:
-            while True:
-                try:
-                    token = req._out.get_nowait()
-                except queue.Empty:
-                    if time.monotonic() - last_check > 0.1:
-                        last_check = time.monotonic()
-                        if await http_request.is_disconnected():
-                            return
-                    await asyncio.sleep(0.002)
-                    continue
-                if token is None:
-                    tail = text.flush()
-                    if tail:
-                        yield tail, []
-                    return
+            async for token in req:
                 if got == 0 and req.first_token is not None:
                     metrics.ttft_sum += req.first_token - req.submitted
                     metrics.ttft_count += 1
@@ -178,7 +172,11 @@ def create_app(model, engine: BatchEngine, model_name: str, api_key: str | None 
                 if text.stopped:
                     req.finish_reason = "stop"
                     return
+            tail = text.flush()
+            if tail:
+                yield tail, []
         finally:
+            watcher.cancel()
             req.cancel()   # a no-op once it has ended; else frees the slot
 
     def finish(req):

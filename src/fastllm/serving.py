@@ -11,6 +11,7 @@ request samples from its own generator).
 """
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
@@ -53,6 +54,19 @@ class Request:
 
     def __iter__(self):
         while (token := self._out.get()) is not None:
+            yield token
+
+    async def __aiter__(self):
+        """The tokens in an asyncio program: waits without holding a thread
+        (a token comes every few milliseconds at best on a CPU)."""
+        while True:
+            try:
+                token = self._out.get_nowait()
+            except queue.Empty:
+                await asyncio.sleep(0.002)
+                continue
+            if token is None:
+                return
             yield token
 
 
