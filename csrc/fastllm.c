@@ -127,6 +127,22 @@ void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, int max_thre
     s->value_cache = kv_elem(c, s->key_cache, c->n_layers * layer_kv(c));
 }
 
+void flm_state_copy(const FlmConfig *c, FlmState *dst, const FlmState *src, int n, int whole) {
+    const size_t blocks = ((size_t)n + 15) / 16, hd = c->head_dim, kvd = kv_dim(c);
+    for (int l = 0; l < c->n_layers; l++) {
+        /* Keys in blocks of 16 positions per head: whole blocks (a block's
+         * later positions are written before they are ever read). */
+        for (int h = 0; h < c->n_kv_heads; h++) {
+            size_t at = l * layer_kv(c) + h * seq_cap(c) * hd;
+            memcpy(kv_elem(c, dst->key_cache, at), kv_elem(c, src->key_cache, at), blocks * 16 * hd * kv_size(c));
+        }
+        size_t at = l * layer_kv(c);
+        memcpy(kv_elem(c, dst->value_cache, at), kv_elem(c, src->value_cache, at), (size_t)n * kvd * kv_size(c));
+    }
+    if (whole)
+        memcpy(dst->lin_state, src->lin_state, sizeof(float) * c->n_layers * lin_state_floats(c));
+}
+
 /* --------------------------------------------------------------- kernels */
 
 /* Panels p0 .. p0+np-1 (rows 16*p0 ..) of out (T, N) = x (T, K) @ w (N, K)^T

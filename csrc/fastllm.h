@@ -162,6 +162,12 @@ void flm_forward(const FlmConfig *c, const FlmWeights *w, FlmState *s,
                  const int32_t *tokens, int n, int pos,
                  float *logits, int all_logits, int n_threads);
 
+/* Make dst hold what src holds for positions 0 .. n-1: their keys and
+ * values, and where n is all src has run, its recurrent states too (a
+ * recurrent state holds every token it has seen: it can only be copied
+ * whole). Both states have the config c. */
+void flm_state_copy(const FlmConfig *c, FlmState *dst, const FlmState *src, int n, int whole);
+
 /* One sequence of a batched pass: its own caches (the KV cache, or the
  * recurrent state, of `state`) and n >= 1 tokens at positions pos .. pos+n-1,
  * under the same rules as flm_forward. */

@@ -87,3 +87,29 @@ def test_bad_requests_are_refused_at_submit(tiny_model_dir):
             engine.submit(list(range(32)), 4)
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("kind", ["llama-gqa", "qwen3_5-text"])
+def test_a_shared_prefix_is_copied_between_slots(kind, tiny_model_dir):
+    """A second request whose prompt shares a long prefix with a running one
+    starts from a copy of that prefix's cache (attention layers); a recurrent
+    state holds everything it has seen, so it is not copied mid-sequence.
+    Either way the tokens are those of the request alone."""
+    model = Model.from_pretrained(tiny_model_dir(kind), n_ctx=256, threads=2)
+    rng = np.random.default_rng(4)
+    shared = rng.integers(0, model.config.vocab_size, 40).tolist()
+    first, second = shared + [1, 2, 3], shared + [4, 5]
+    engine = BatchEngine(model, parallel=2, prefill_chunk=64)
+    try:
+        running = engine.submit(first, 60, stop_ids=())
+        tokens = iter(running)
+        next(tokens)
+        other = engine.submit(second, 8, stop_ids=())
+        assert list(other) == list(model.generate_tokens(second, 8, stop_token_ids=()))
+        if model.new_session().can_rewind:
+            assert other.prompt_reused == len(shared)
+        else:
+            assert other.prompt_reused == 0
+        assert list(tokens) == list(model.generate_tokens(first, 60, stop_token_ids=()))[1:]
+    finally:
+        engine.close()

@@ -237,6 +237,15 @@ cdef class State:
         flm.flm_state_init(&self.s, &weights.cfg, max_batch, max_threads,
                            <float *>cnp.PyArray_DATA(self._work), <float *>cnp.PyArray_DATA(self._cache))
 
+    def copy_from(self, State other, int n, bint whole):
+        """Hold what other holds for its first n positions (with whole, its
+        recurrent states too: then n must be all it has run)."""
+        if other.weights is not self.weights:
+            raise ValueError("states of different weights")
+        if not 0 <= n <= self.weights.cfg.seq_len:
+            raise ValueError(f"cannot copy {n} positions")
+        flm.flm_state_copy(&self.weights.cfg, &self.s, &other.s, n, whole)
+
     def run(self, const int32_t[::1] tokens, int pos, bint all_logits=False, bint hidden_states=False):
         """Run tokens (ids checked by check_token_ids) at positions pos.. and
         return float32 logits: (vocab,) for the last token, or (n, vocab)

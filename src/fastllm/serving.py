@@ -147,7 +147,15 @@ class BatchEngine:
             slot = max(self._free, key=lambda s: _reusable(s, request.prompt_ids))
             self._free.remove(slot)
             keep = _reusable(slot, request.prompt_ids)
-            slot.rewind(keep)
+            # Another slot, running or free, may hold more of the prompt
+            # (a system prompt shared by many requests): copy it over.
+            others = [r.session for r in self._running] + self._free
+            donor = max(others, key=lambda s: _reusable(s, request.prompt_ids), default=None)
+            if donor is not None and _reusable(donor, request.prompt_ids) > keep:
+                keep = _reusable(donor, request.prompt_ids)
+                slot.copy_prefix(donor, keep)
+            else:
+                slot.rewind(keep)
             request.prompt_reused = keep
             self._running.append(_Running(request, slot, Sampler(request.sampling), fed=keep))
 

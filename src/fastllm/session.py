@@ -107,6 +107,19 @@ class Session:
         """Forget every token: the next one goes to position 0."""
         self.rewind(0)
 
+    def copy_prefix(self, other: "Session", n: int):
+        """Hold other's first n tokens, copied rather than run again (a
+        shared system prompt is then prefilled once). A recurrent state holds
+        all it has seen, so with Gated DeltaNet layers n must be all of
+        other's tokens."""
+        if not 0 <= n <= other.position:
+            raise ValueError(f"the other session holds {other.position} tokens, not {n}")
+        whole = not self.can_rewind
+        if whole and n != other.position:
+            raise ValueError("a recurrent state can only be copied whole")
+        self._state.copy_from(other._state, n, whole)
+        self._tokens = list(other._tokens[:n])
+
     def __repr__(self):
         return f"Session(position={self.position}, n_ctx={self.n_ctx}, can_rewind={self.can_rewind})"
 
