@@ -42,3 +42,235 @@ def test_a_device_is_refused():
 def test_a_missing_file_names_the_path(tmp_path):
     with pytest.raises(ModelFileError, match=r"nope.*cannot open config.json"):
         read_bounded(tmp_path / "nope", 100, "config.json")
+
+
+# ---------------------------------------------------------------- safetensors
+
+import json
+import shutil
+import struct
+import subprocess
+import sys
+import threading
+
+import numpy as np
+
+from fastllm.formats.safetensors import Checkpoint, SafetensorsFile, json_depth, load_file, save_file
+
+
+def _write_st(path, header, data=b""):
+    raw = header if isinstance(header, bytes) else json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+    return path
+
+
+def _entry(shape, begin, end, dtype="F32"):
+    return {"dtype": dtype, "shape": shape, "data_offsets": [begin, end]}
+
+
+def test_overlapping_tensors_are_refused(tmp_path):
+    p = _write_st(tmp_path / "x.safetensors",
+                  {"q": _entry([2], 0, 8), "k": _entry([2], 4, 12)}, bytes(12))
+    with pytest.raises(ModelFileError, match=r"'q' and 'k' overlap"):
+        SafetensorsFile(p)
+
+
+@pytest.mark.parametrize("dim", [2.9, True, "2", None, -0.0])
+def test_a_dimension_that_is_not_an_integer_is_refused(tmp_path, dim):
+    p = _write_st(tmp_path / "x.safetensors", {"w": _entry([dim, 1], 0, 8)}, bytes(8))
+    with pytest.raises(ModelFileError, match=r"'w': shape is not a list of integers"):
+        SafetensorsFile(p)
+
+
+@pytest.mark.parametrize("offsets", [[0, 8.0], [0], [0, 8, 8], [True, 8], "0,8"])
+def test_offsets_that_are_not_two_integers_are_refused(tmp_path, offsets):
+    p = _write_st(tmp_path / "x.safetensors",
+                  {"w": {"dtype": "F32", "shape": [2], "data_offsets": offsets}}, bytes(8))
+    with pytest.raises(ModelFileError, match="data_offsets is not a list of two integers"):
+        SafetensorsFile(p)
+
+
+def test_a_shape_whose_size_wraps_64_bits_is_refused(tmp_path):
+    # 2**32 * 2**32 * 4 bytes is 0 modulo 2**64: an int64 product called it empty.
+    p = _write_st(tmp_path / "x.safetensors", {"w": _entry([2**32, 2**32], 0, 0)})
+    with pytest.raises(ModelFileError, match=r"'w': data_offsets \[0, 0\] do not hold"):
+        SafetensorsFile(p)
+
+
+def test_a_deeply_nested_header_is_refused_before_parsing(tmp_path):
+    p = _write_st(tmp_path / "x.safetensors", b"[" * 100_000 + b"]" * 100_000)
+    with pytest.raises(ModelFileError, match="nested 100000 levels deep"):
+        SafetensorsFile(p)
+
+
+def test_json_depth_ignores_brackets_in_strings():
+    assert json_depth(b'{"a": {"shape": [1, 2]}}') == 3
+    assert json_depth(b'{"[[[": "]\\"[[[{{"}') == 1
+    assert json_depth(b'{"a\\\\": [[1]]}') == 3
+    assert json_depth(b"") == 0
+
+
+def test_a_header_longer_than_the_file_is_refused(tmp_path):
+    p = tmp_path / "x.safetensors"
+    p.write_bytes(struct.pack("<Q", 2**63) + b"{}")
+    with pytest.raises(ModelFileError, match="does not fit in a file of 10 bytes"):
+        SafetensorsFile(p)
+
+
+def test_metadata_that_is_not_an_object_is_refused(tmp_path):
+    p = _write_st(tmp_path / "x.safetensors", {"__metadata__": [1]})
+    with pytest.raises(ModelFileError, match="__metadata__ is not a JSON object"):
+        SafetensorsFile(p)
+
+
+def test_read_gives_a_copy_and_notices_a_truncated_file(tmp_path):
+    p = tmp_path / "x.safetensors"
+    save_file(p, {"a": np.arange(4, dtype=np.float32), "b": np.arange(6, dtype=np.int64)})
+    f = SafetensorsFile(p)
+    a = f.read("a")
+    assert a.flags.writeable and a.flags.owndata
+    assert np.array_equal(a, np.arange(4))
+    with open(p, "r+b") as fh:
+        fh.truncate(os.path.getsize(p) - 8)
+    with pytest.raises(ModelFileError, match=r"'b': the file ends before the tensor does"):
+        f.read("b")
+    assert np.array_equal(a, np.arange(4))
+
+
+# ------------------------------------------------------------ sharded index
+
+def _sharded(tmp_path, weight_map):
+    save_file(tmp_path / "a.safetensors", {"w": np.zeros(2, np.float32)})
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    return tmp_path
+
+
+@pytest.mark.parametrize("weight_map, problem", [
+    (["a.safetensors"], "weight_map is a list, not an object"),
+    ("a.safetensors", "weight_map is a str, not an object"),
+    ({"w": 3}, r"weight_map\['w'\]: shard 3 is not a plain file name"),
+    ({"w": "../a.safetensors"}, "is not a plain file name"),
+    ({"w": ""}, "is not a plain file name"),
+])
+def test_a_malformed_weight_map_is_refused(tmp_path, weight_map, problem):
+    folder = _sharded(tmp_path, weight_map)
+    with pytest.raises(ModelFileError, match=problem) as e:
+        Checkpoint(folder)
+    assert "model.safetensors.index.json" in str(e.value)
+
+
+def test_a_well_formed_index_loads(tmp_path):
+    ck = Checkpoint(_sharded(tmp_path, {"w": "a.safetensors"}))
+    assert np.array_equal(ck.file_of("w").read("w"), np.zeros(2))
+
+
+# ----------------------------------------------------- non-regular files
+
+def _finishes(fn, seconds=20):
+    """fn() raised ModelFileError within seconds, in a thread so that a hang
+    fails the test instead of stopping the run."""
+    outcome = []
+
+    def run():
+        try:
+            fn()
+            outcome.append(None)
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            outcome.append(e)
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert outcome, f"still blocked after {seconds} s"
+    return outcome[0]
+
+
+@needs_fifo
+def test_a_fifo_named_model_safetensors_is_refused(tmp_path):
+    os.mkfifo(tmp_path / "model.safetensors")
+    err = _finishes(lambda: Checkpoint(tmp_path))
+    assert isinstance(err, ModelFileError) and "FIFO" in str(err)
+
+
+@needs_fifo
+def test_a_fifo_named_as_the_index_is_refused(tmp_path):
+    os.mkfifo(tmp_path / "model.safetensors.index.json")
+    err = _finishes(lambda: Checkpoint(tmp_path))
+    assert isinstance(err, ModelFileError) and "FIFO" in str(err)
+
+
+# ------------------------------------------------ weights C reads, NaN weights
+
+def _copy_model(tiny_model_dir, kind, tmp_path, dtype="float32"):
+    dst = tmp_path / kind
+    shutil.copytree(tiny_model_dir(kind, dtype), dst)
+    return dst
+
+
+_TRUNCATE_THEN_RUN = """
+import os, sys
+import numpy as np
+from fastllm import Model
+folder = sys.argv[1]
+m = Model.from_pretrained(folder, dtype=sys.argv[2])
+before = m.logits([1, 2, 3])
+path = os.path.join(folder, "model.safetensors")
+with open(path, "r+b") as f:
+    f.truncate(0)
+after = m.logits([1, 2, 3])
+assert np.array_equal(before, after), "logits changed after the file was truncated"
+with open(path, "wb") as f:
+    f.write(b"\\xff" * 4096)
+assert np.array_equal(before, m.logits([1, 2, 3]))
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_truncating_the_checkpoint_of_a_loaded_model_is_harmless(tiny_model_dir, tmp_path, dtype):
+    # Untied head and separate embedding, norms, biases: every kind of
+    # tensor the C loop reads. Run apart, so a SIGBUS fails the test only.
+    folder = _copy_model(tiny_model_dir, "llama-headdim-bias", tmp_path)
+    r = subprocess.run([sys.executable, "-c", _TRUNCATE_THEN_RUN, str(folder), dtype],
+                       capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-2000:])
+
+
+def _poison(folder, name, value, bf16=False):
+    path = folder / "model.safetensors"
+    tensors = {k: np.array(v) for k, v in load_file(path).items()}
+    flat = tensors[name].reshape(-1)
+    flat[flat.size // 2] = value
+    save_file(path, tensors, bf16=bf16)
+
+
+@pytest.mark.parametrize("name, value", [
+    ("model.norm.weight", np.nan),
+    ("model.layers.1.self_attn.k_proj.bias", -np.inf),
+    ("lm_head.weight", np.inf),
+    ("model.embed_tokens.weight", np.nan),
+])
+def test_nan_or_inf_weights_are_refused_at_load(tiny_model_dir, tmp_path, name, value):
+    from fastllm import Model
+    folder = _copy_model(tiny_model_dir, "llama-headdim-bias", tmp_path)
+    _poison(folder, name, value)
+    with pytest.raises(ModelFileError, match=rf"{name}.*NaN or infinite") as e:
+        Model.from_pretrained(folder)
+    assert "model.safetensors" in str(e.value)
+
+
+def test_nan_in_a_bf16_checkpoint_is_refused(tiny_model_dir, tmp_path):
+    from fastllm import Model
+    folder = _copy_model(tiny_model_dir, "llama-gqa", tmp_path)
+    _poison(folder, "model.layers.0.mlp.up_proj.weight", np.nan, bf16=True)
+    for dtype in ("f32", "bf16"):
+        with pytest.raises(ModelFileError, match="up_proj.weight.*NaN or infinite"):
+            Model.from_pretrained(folder, dtype=dtype)
+
+
+def test_a_float32_weight_too_large_for_bf16_is_refused_in_bf16_only(tiny_model_dir, tmp_path):
+    from fastllm import Model
+    folder = _copy_model(tiny_model_dir, "llama-gqa", tmp_path)
+    _poison(folder, "model.layers.0.mlp.up_proj.weight", np.float32(3.4e38))
+    Model.from_pretrained(folder, dtype="f32")
+    with pytest.raises(ModelFileError, match="after conversion to the compute dtype"):
+        Model.from_pretrained(folder, dtype="bf16")
