@@ -274,3 +274,129 @@ def test_a_float32_weight_too_large_for_bf16_is_refused_in_bf16_only(tiny_model_
     Model.from_pretrained(folder, dtype="f32")
     with pytest.raises(ModelFileError, match="after conversion to the compute dtype"):
         Model.from_pretrained(folder, dtype="bf16")
+
+
+# ---------------------------------------------------------------------- GGUF
+
+from fastllm.formats.gguf import convert_gguf  # noqa: E402
+from fastllm.formats.gguf_file import read_gguf  # noqa: E402
+
+SEEDS = os.path.join(os.path.dirname(__file__), "fuzz", "corpus")
+
+
+def _gstr(s):
+    b = s.encode() if isinstance(s, str) else s
+    return struct.pack("<Q", len(b)) + b
+
+
+def _gguf(kvs=b"", n_kv=0, infos=b"", n_tensors=0, version=3, data=b""):
+    head = b"GGUF" + struct.pack("<IQQ", version, n_tensors, n_kv) + kvs + infos
+    return head + bytes(-len(head) % 32) + data
+
+
+def _tensor_info(name, dims, ttype=0, offset=0):
+    return _gstr(name) + struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}Q", *dims) + \
+        struct.pack("<IQ", ttype, offset)
+
+
+def _refused(tmp_path, data, match):
+    p = tmp_path / "bad.gguf"
+    p.write_bytes(data)
+    gguf = pytest.importorskip("gguf")
+    err = _finishes(lambda: read_gguf(p, gguf), seconds=20)
+    assert isinstance(err, ModelFileError), repr(err)
+    assert str(p) in str(err)
+    assert __import__("re").search(match, str(err)), str(err)
+    out = tmp_path / "out"
+    with pytest.raises(ModelFileError, match=match):
+        convert_gguf(p, out, progress=False)
+    assert not out.exists()
+
+
+def test_a_50_byte_gguf_claiming_2_to_the_40_array_elements_fails_at_once(tmp_path):
+    kv = _gstr("a") + struct.pack("<IIQ", 9, 0, 2**40)
+    data = _gguf(kv, n_kv=1)[:50]
+    assert len(data) == 50
+    _refused(tmp_path, data, r"metadata 'a' claims 1099511627776 uint8 elements")
+
+
+@pytest.mark.parametrize("what, data, match", [
+    ("key count", lambda: _gguf(n_kv=2**62), r"2\*\*62|4611686018427387904 metadata keys"),
+    ("tensor count", lambda: _gguf(n_tensors=2**40), "1099511627776 tensors cannot fit"),
+    ("string length", lambda: _gguf(_gstr("k") + struct.pack("<IQ", 8, 2**63), n_kv=1),
+     r"metadata 'k' needs 9223372036854775808 bytes"),
+    ("key length", lambda: _gguf(struct.pack("<Q", 2**50) + b"xx", n_kv=1),
+     "the name of metadata key 0 needs"),
+    ("nested array", lambda: _gguf(_gstr("k") + struct.pack("<IIQ", 9, 9, 1) + struct.pack("<IQ", 0, 0), n_kv=1),
+     "array of arrays"),
+    ("value type", lambda: _gguf(_gstr("k") + struct.pack("<I", 77), n_kv=1), "unknown value type 77"),
+    ("utf-8", lambda: _gguf(_gstr(b"k\xff") + struct.pack("<IB", 0, 1), n_kv=1), "not valid UTF-8"),
+    ("duplicate key", lambda: _gguf((_gstr("k") + struct.pack("<IB", 0, 1)) * 2, n_kv=2), "'k' appears twice"),
+    ("version", lambda: _gguf(version=1), "version 1 is not supported"),
+    ("byte order", lambda: _gguf(version=3 << 24), "big-endian"),
+    ("dims", lambda: _gguf(infos=_tensor_info("t", [1] * 5), n_tensors=1), "'t' has 5 dimensions"),
+    ("tensor type", lambda: _gguf(infos=_tensor_info("t", [4], ttype=99), n_tensors=1), "unknown tensor type 99"),
+    ("past the end", lambda: _gguf(infos=_tensor_info("t", [2**31, 2**31]), n_tensors=1, data=bytes(64)),
+     r"'t': 18446744073709551616 bytes at data offset 0 run past the end"),
+    ("offset past the end", lambda: _gguf(infos=_tensor_info("t", [4], offset=2**63), n_tensors=1, data=bytes(64)),
+     "run past the end"),
+    ("misaligned", lambda: _gguf(infos=_tensor_info("t", [4], offset=4), n_tensors=1, data=bytes(64)),
+     "not a multiple of the alignment 32"),
+    ("overlap", lambda: _gguf(infos=_tensor_info("a", [16]) + _tensor_info("b", [16], offset=32),
+                              n_tensors=2, data=bytes(128)), "'a' and 'b' overlap"),
+    ("duplicate tensor", lambda: _gguf(infos=_tensor_info("a", [4]) + _tensor_info("a", [4], offset=32),
+                                       n_tensors=2, data=bytes(64)), "'a' appears twice"),
+    ("block rows", lambda: _gguf(infos=_tensor_info("q", [33], ttype=8), n_tensors=1, data=bytes(64)),
+     "rows of 33 values are not whole Q8_0 blocks of 32"),
+])
+def test_malformed_gguf_containers_are_refused(tmp_path, what, data, match):
+    _refused(tmp_path, data(), match)
+
+
+def test_the_gguf_reader_reads_what_the_writer_wrote():
+    gguf = pytest.importorskip("gguf")
+    path = os.path.join(SEEDS, "gguf", "tiny-q8_0")
+    ours = read_gguf(path, gguf)
+    theirs = gguf.GGUFReader(path)
+    assert {k: f.contents() for k, f in theirs.fields.items() if not k.startswith("GGUF.")} == ours.metadata
+    assert [(t.name, t.tensor_type, tuple(int(d) for d in t.shape), t.n_bytes, t.data_offset)
+            for t in theirs.tensors] == [(t.name, t.tensor_type, t.dims, t.n_bytes, t.offset) for t in ours.tensors]
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("llama.block_count", "2", "'llama.block_count' should be int, not '2'"),
+    ("general.architecture", ["llama"], "'general.architecture' should be str"),
+    ("tokenizer.ggml.tokens", [1, 2], "'tokenizer.ggml.tokens' should be str list"),
+    ("llama.attention.layer_norm_rms_epsilon", float("nan"), "should be number"),
+    ("tokenizer.ggml.bos_token_id", "14", "should be int"),
+])
+def test_gguf_metadata_of_the_wrong_type_is_refused(tmp_path, key, value, match):
+    gguf = pytest.importorskip("gguf")
+    src = gguf.GGUFReader(os.path.join(SEEDS, "gguf", "tiny-f32"))
+    w = gguf.GGUFWriter(str(tmp_path / "x.gguf"), "llama")
+    w.kv_data[0].clear()   # the writer's own architecture key, rewritten below
+    for k, field in src.fields.items():
+        if k.startswith("GGUF."):
+            continue
+        v = value if k == key else field.contents()
+        vtype = field.types[0]
+        if k == key:
+            vtype = {str: gguf.GGUFValueType.STRING, list: gguf.GGUFValueType.ARRAY,
+                     float: gguf.GGUFValueType.FLOAT32, int: gguf.GGUFValueType.UINT32}[type(value)]
+        w.add_key_value(k, v, vtype, sub_type=gguf.GGUFValueType.UINT32 if v == [1, 2] else None)
+    for t in src.tensors:
+        w.add_tensor(t.name, np.array(t.data), raw_shape=tuple(int(d) for d in reversed(t.shape.tolist())),
+                     raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ModelFileError, match=match):
+        convert_gguf(tmp_path / "x.gguf", tmp_path / "out", progress=False)
+
+
+@needs_fifo
+def test_a_fifo_named_as_a_gguf_is_refused(tmp_path):
+    os.mkfifo(tmp_path / "x.gguf")
+    err = _finishes(lambda: convert_gguf(tmp_path / "x.gguf", tmp_path / "out", progress=False))
+    assert isinstance(err, ModelFileError) and "FIFO" in str(err)
