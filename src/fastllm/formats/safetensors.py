@@ -187,6 +187,19 @@ class SafetensorsFile:
         raise ModelFileError(self.path, f"tensor {name!r}: dtype {dtype_name} is not a float type")
 
 
+# Per-byte lookup tables: one indexing pass each over the header.
+def _byte_table(values: dict, dtype) -> np.ndarray:
+    table = np.zeros(256, dtype)
+    for ch, v in values.items():
+        table[ord(ch)] = v
+    return table
+
+
+_IS_QUOTE = _byte_table({'"': True}, bool)
+_IS_BACKSLASH = _byte_table({"\\": True}, bool)
+_NESTING = _byte_table({"[": 1, "{": 1, "]": -1, "}": -1}, np.int64)
+
+
 def json_depth(raw: bytes) -> int:
     """How deeply the arrays and objects of a JSON text nest, in linear time
     and without recursion (brackets inside strings do not count)."""
@@ -195,14 +208,13 @@ def json_depth(raw: bytes) -> int:
         return 0
     i = np.arange(b.size)
     # A quote ends a string unless an odd run of backslashes precedes it.
-    slash = b == ord("\\")
+    slash = _IS_BACKSLASH[b]
     last_other = np.maximum.accumulate(np.where(slash, -1, i))
     run_before = np.concatenate(([0], i[:-1] - last_other[:-1]))
-    quote = (b == ord('"')) & (run_before % 2 == 0)
-    outside = np.cumsum(quote) % 2 == 0
-    step = np.where(outside & ((b == ord("[")) | (b == ord("{"))), 1, 0) - \
-        np.where(outside & ((b == ord("]")) | (b == ord("}"))), 1, 0)
-    return int(np.cumsum(step).max())
+    escaped = (run_before % 2).astype(bool)
+    quote = _IS_QUOTE[b] & ~escaped
+    outside = ~(np.cumsum(quote) % 2).astype(bool)
+    return int(np.cumsum(np.where(outside, _NESTING[b], 0)).max())
 
 
 class Checkpoint:
@@ -264,7 +276,7 @@ def f32_to_bf16(x: np.ndarray) -> np.ndarray:
     """Round float32 to bf16 bit patterns, nearest-even, NaN kept NaN (as torch does)."""
     u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
     rounded = (u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)
-    nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    nan = np.greater(u & np.uint32(0x7FFFFFFF), np.uint32(0x7F800000))
     rounded = np.where(nan, (u >> np.uint32(16)) | np.uint32(0x40), rounded)
     return rounded.astype(np.uint16)
 
