@@ -400,3 +400,91 @@ def test_a_fifo_named_as_a_gguf_is_refused(tmp_path):
     os.mkfifo(tmp_path / "x.gguf")
     err = _finishes(lambda: convert_gguf(tmp_path / "x.gguf", tmp_path / "out", progress=False))
     assert isinstance(err, ModelFileError) and "FIFO" in str(err)
+
+
+# ------------------------------------------------------- the conversion cache
+
+from fastllm import hub  # noqa: E402
+
+
+@pytest.fixture
+def tiny_gguf_file(tmp_path):
+    p = tmp_path / "tiny.gguf"
+    shutil.copy(os.path.join(SEEDS, "gguf", "tiny-f32"), p)
+    return p
+
+
+def _home(monkeypatch, path):
+    monkeypatch.setenv("FASTLLM_HOME", str(path))
+    return path
+
+
+def test_fastllm_home_that_is_a_file_is_named(tmp_path, monkeypatch, tiny_gguf_file):
+    home = _home(monkeypatch, tmp_path / "home")
+    home.write_text("not a folder")
+    with pytest.raises(hub.CacheError, match=rf"FASTLLM_HOME \({home}\).*set FASTLLM_HOME to a writable folder"):
+        hub.resolve_model(tiny_gguf_file)
+
+
+def test_fastllm_home_in_a_symlink_loop_is_named(tmp_path, monkeypatch, tiny_gguf_file):
+    home = _home(monkeypatch, tmp_path / "loop")
+    os.symlink(home, home)
+    with pytest.raises(hub.CacheError, match=r"FASTLLM_HOME .*loop.*writable"):
+        hub.resolve_model(tiny_gguf_file)
+
+
+def test_a_read_only_fastllm_home_is_named(tmp_path, monkeypatch, tiny_gguf_file):
+    home = _home(monkeypatch, tmp_path / "home")
+    home.mkdir()
+    from fastllm.formats import gguf as gguf_format
+
+    def refuse(out_dir):
+        raise PermissionError(13, "Permission denied", str(out_dir.parent))
+    monkeypatch.setattr(gguf_format, "_make_partial_dir", refuse)
+    with pytest.raises(hub.CacheError, match=rf"FASTLLM_HOME \({home}\): {home}: Permission denied"):
+        hub.resolve_model(tiny_gguf_file)
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes anywhere")
+def test_a_read_only_fastllm_home_is_named_for_real(tmp_path, monkeypatch, tiny_gguf_file):
+    home = _home(monkeypatch, tmp_path / "home")
+    home.mkdir()
+    home.chmod(0o555)
+    try:
+        with pytest.raises(hub.CacheError, match="Permission denied"):
+            hub.resolve_model(tiny_gguf_file)
+    finally:
+        home.chmod(0o755)
+
+
+def test_a_read_only_home_with_a_finished_cache_still_works(tmp_path, monkeypatch, tiny_gguf_file):
+    _home(monkeypatch, tmp_path / "home")
+    first = hub.resolve_model(tiny_gguf_file)
+    from fastllm.formats import gguf as gguf_format
+    monkeypatch.setattr(gguf_format, "convert_gguf", None)   # any conversion would fail
+    monkeypatch.setattr(hub, "convert_gguf", None)
+    assert hub.resolve_model(tiny_gguf_file) == first
+
+
+@pytest.mark.parametrize("damage", ["truncate", "grow", "no stamp"])
+def test_a_damaged_cache_entry_is_rebuilt_once(tmp_path, monkeypatch, capfd, tiny_gguf_file, damage):
+    from fastllm import Model
+    _home(monkeypatch, tmp_path / "home")
+    first = hub.resolve_model(tiny_gguf_file)
+    st = first / "model.safetensors"
+    good = st.read_bytes()
+    if damage == "truncate":
+        st.write_bytes(good[: len(good) // 2])
+    elif damage == "grow":
+        st.write_bytes(good + b"junk")
+    else:
+        (first / "fastllm_source.json").unlink()
+    capfd.readouterr()
+    assert hub.resolve_model(tiny_gguf_file) == first
+    err = capfd.readouterr().err
+    assert f"the cached {first} cannot be used" in err and "converting again" in err
+    assert st.read_bytes() == good
+    Model.from_pretrained(tiny_gguf_file).logits([1, 2])
+    mtime = st.stat().st_mtime_ns
+    assert hub.resolve_model(tiny_gguf_file) == first
+    assert st.stat().st_mtime_ns == mtime and "converting" not in capfd.readouterr().err

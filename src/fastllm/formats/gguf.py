@@ -797,7 +797,9 @@ def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DT
     overwrite: replace an existing out_dir; otherwise OutputExistsError
     (a FileExistsError).
     extra_files: {file name: JSON-serialisable object} written into the
-    folder as well, before it becomes visible.
+    folder as well, before it becomes visible and after everything else; a
+    callable value is called with the finished folder and its result
+    written (to record, say, the sizes of the files written).
 
     The folder is built beside out_dir under a hidden name and renamed into
     place at the end, so out_dir either appears complete or not at all.
@@ -869,7 +871,7 @@ def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DT
         writer.close()
         writer = None
         for name, obj in (extra_files or {}).items():
-            _write_json(tmp / name, obj)
+            _write_json(tmp / name, obj(tmp) if callable(obj) else obj)
         _publish(tmp, out_dir, overwrite)
     except BaseException:
         if writer is not None:
