@@ -488,3 +488,21 @@ def test_a_damaged_cache_entry_is_rebuilt_once(tmp_path, monkeypatch, capfd, tin
     mtime = st.stat().st_mtime_ns
     assert hub.resolve_model(tiny_gguf_file) == first
     assert st.stat().st_mtime_ns == mtime and "converting" not in capfd.readouterr().err
+
+
+@needs_fifo
+def test_a_fifo_given_as_the_model_is_refused(tmp_path, monkeypatch):
+    _home(monkeypatch, tmp_path / "home")
+    os.mkfifo(tmp_path / "x.gguf")
+    err = _finishes(lambda: hub.resolve_model(tmp_path / "x.gguf"))
+    assert isinstance(err, ModelFileError) and "FIFO" in str(err)
+
+
+@needs_fifo
+def test_a_fifo_as_the_cache_stamp_is_rebuilt_not_waited_on(tmp_path, monkeypatch, tiny_gguf_file):
+    _home(monkeypatch, tmp_path / "home")
+    first = hub.resolve_model(tiny_gguf_file)
+    (first / "fastllm_source.json").unlink()
+    os.mkfifo(first / "fastllm_source.json")
+    assert _finishes(lambda: hub.resolve_model(tiny_gguf_file)) is None
+    assert (first / "fastllm_source.json").is_file()

@@ -17,6 +17,7 @@ from typing import Optional, Union
 
 from .formats.gguf import DEFAULT_DTYPE, MODEL_FILES, OutputExistsError, convert_gguf, is_complete_model_dir
 from .errors import FastLLMError
+from .files import check_regular, read_bounded
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -100,9 +101,8 @@ def _stamp_for(gguf: Path, dtype: str) -> dict:
 
 def _read_stamp(folder: Path) -> Optional[dict]:
     try:
-        with open(folder / _STAMP, encoding="utf-8") as f:
-            stamp = json.load(f)
-    except (OSError, ValueError, RecursionError):
+        stamp = json.loads(read_bounded(folder / _STAMP, 1 << 16, _STAMP))
+    except (ValueError, RecursionError):   # ModelFileError is a ValueError
         return None
     return stamp if isinstance(stamp, dict) else None
 
@@ -226,7 +226,8 @@ def resolve_model(path_or_none: Optional[PathLike] = None) -> Path:
     p = Path(path_or_none).expanduser()
     if p.is_dir():
         return p
-    if p.is_file():
+    if os.path.exists(p):
+        check_regular(p, "model file")   # a FIFO or device is refused, not reported missing
         if p.suffix.lower() != ".gguf":
             raise ValueError(f"{p} is a file but not a .gguf file; give a model folder or a GGUF file")
         target = _gguf_cache_dir(p, DEFAULT_DTYPE)
