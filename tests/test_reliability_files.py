@@ -40,7 +40,7 @@ def test_a_device_is_refused():
 
 
 def test_a_missing_file_names_the_path(tmp_path):
-    with pytest.raises(ModelFileError, match=r"nope.*cannot open config.json"):
+    with pytest.raises(ModelFileError, match=r"nope: config.json not found"):
         read_bounded(tmp_path / "nope", 100, "config.json")
 
 

@@ -39,6 +39,8 @@ def check_regular(path, what: str) -> os.stat_result:
     a regular file. Missing or unreadable paths raise ModelFileError too."""
     try:
         st = os.stat(path)
+    except FileNotFoundError:
+        raise ModelFileError(path, f"{what} not found") from None
     except OSError as e:
         raise ModelFileError(path, f"cannot read {what}: {e.strerror or e}") from None
     if not stat.S_ISREG(st.st_mode):
@@ -56,6 +58,8 @@ def open_regular(path, what: str):
     nonblock = getattr(os, "O_NONBLOCK", 0)
     try:
         fd = os.open(path, flags | nonblock)
+    except FileNotFoundError:
+        raise ModelFileError(path, f"{what} not found") from None
     except OSError as e:
         raise ModelFileError(path, f"cannot open {what}: {e.strerror or e}") from None
     try:
