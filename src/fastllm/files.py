@@ -48,8 +48,9 @@ def check_regular(path, what: str) -> os.stat_result:
     return st
 
 
-def open_regular(path, what: str):
-    """path opened for binary reading, once it is known to be a regular file.
+def open_regular(path, what: str, buffering: int = -1):
+    """path opened for binary reading, once it is known to be a regular file
+    (buffering=0: unbuffered, so every read sees the file as it is now).
 
     The check is made on the descriptor, so a path swapped for a FIFO
     between a stat and the open cannot make the open or the reads block.
@@ -68,7 +69,7 @@ def open_regular(path, what: str):
             _refuse(path, what, st.st_mode)
         if nonblock:
             os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
+        return os.fdopen(fd, "rb", buffering=buffering)
     except BaseException:
         os.close(fd)
         raise

@@ -56,7 +56,7 @@ class SafetensorsFile:
 
     def __init__(self, path):
         self.path = Path(path)
-        self._file = open_regular(self.path, "safetensors file")
+        self._file = open_regular(self.path, "safetensors file", buffering=0)
         self._map = None
         try:
             self._size = os.fstat(self._file.fileno()).st_size
@@ -77,11 +77,12 @@ class SafetensorsFile:
         size = self._size
         if size < 8:
             raise ModelFileError(self.path, f"too short ({size} bytes) to be a safetensors file")
-        (n,) = struct.unpack("<Q", os.pread(self._file.fileno(), 8, 0))
+        self._file.seek(0)
+        (n,) = struct.unpack("<Q", self._file.read(8))
         if n > _MAX_HEADER or 8 + n > size:
             raise ModelFileError(self.path, f"header length {n} does not fit in a file of {size} bytes "
                                             f"(at most {_MAX_HEADER} bytes are allowed)")
-        raw = os.pread(self._file.fileno(), n, 8)
+        raw = self._file.read(n)
         if len(raw) != n:
             raise ModelFileError(self.path, "the file got shorter while its header was read")
         depth = json_depth(raw)
@@ -148,16 +149,16 @@ class SafetensorsFile:
         dtype_name, shape, begin, end = self._entries[name]
         out = np.empty(shape, _DTYPES[dtype_name])
         buf = memoryview(out.reshape(-1).view(np.uint8))
-        pos, fd = self._data_start + begin, self._file.fileno()
-        while buf:
-            try:
-                got = os.preadv(fd, [buf], pos)
-            except OSError as e:
-                raise ModelFileError(self.path, f"tensor {name!r}: cannot read: {e.strerror or e}") from None
-            if got == 0:
-                raise ModelFileError(self.path, f"tensor {name!r}: the file ends before the tensor does; "
-                                                f"it was truncated after it was opened")
-            buf, pos = buf[got:], pos + got
+        try:
+            self._file.seek(self._data_start + begin)
+            while buf:   # one read returns at most ~2 GB
+                got = self._file.readinto(buf)
+                if not got:
+                    raise ModelFileError(self.path, f"tensor {name!r}: the file ends before the tensor "
+                                                    f"does; it was truncated after it was opened")
+                buf = buf[got:]
+        except OSError as e:
+            raise ModelFileError(self.path, f"tensor {name!r}: cannot read: {e.strerror or e}") from None
         return out
 
     def raw(self, name) -> np.ndarray:
