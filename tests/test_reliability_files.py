@@ -506,3 +506,39 @@ def test_a_fifo_as_the_cache_stamp_is_rebuilt_not_waited_on(tmp_path, monkeypatc
     os.mkfifo(first / "fastllm_source.json")
     assert _finishes(lambda: hub.resolve_model(tiny_gguf_file)) is None
     assert (first / "fastllm_source.json").is_file()
+
+
+def _rewrite_gguf(src, dst, change_kv=None, change_tensor=None):
+    """A copy of the GGUF src with some metadata values or tensors replaced."""
+    gguf = pytest.importorskip("gguf")
+    r = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(str(dst), "llama")
+    w.kv_data[0].clear()
+    for k, field in r.fields.items():
+        if not k.startswith("GGUF."):
+            v = field.contents()
+            if change_kv and k in change_kv:
+                v = change_kv[k]
+            w.add_key_value(k, v, field.types[0], sub_type=field.types[-1] if len(field.types) > 1 else None)
+    for t in r.tensors:
+        if change_tensor and t.name in change_tensor:
+            w.add_tensor(t.name, change_tensor[t.name])
+        else:
+            w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type,
+                         raw_shape=tuple(int(d) for d in reversed(t.shape.tolist())))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+@pytest.mark.parametrize("kv, tensor, match", [
+    ({"llama.attention.head_count": 0}, None, "head_count is 0; it must be at least 1"),
+    (None, {"token_embd.weight": np.zeros((2, 16, 32), np.float32)}, "token_embd.weight has shape .* not two"),
+    (None, {"blk.0.attn_q.weight": np.zeros(32, np.float32)}, "attn_q.weight has shape .* not two"),
+])
+def test_gguf_shapes_and_counts_that_cannot_be_divided_are_refused(tmp_path, kv, tensor, match):
+    dst = _rewrite_gguf(os.path.join(SEEDS, "gguf", "tiny-f32"), tmp_path / "x.gguf", kv, tensor)
+    with pytest.raises(ModelFileError, match=match):
+        convert_gguf(dst, tmp_path / "out", progress=False)

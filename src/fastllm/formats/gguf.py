@@ -240,9 +240,14 @@ def _model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=Non
 
     if "token_embd.weight" not in shapes:
         raise ConversionError(path, "no token_embd.weight tensor")
+    for name in ("token_embd.weight", "blk.0.attn_q.weight"):
+        if name in shapes and len(shapes[name]) != 2:
+            raise ConversionError(path, f"tensor {name} has shape {list(shapes[name])}, not two dimensions")
     vocab_size, hidden = shapes["token_embd.weight"]
     n_layers = int(a("block_count"))
     n_heads = int(a("attention.head_count"))
+    if n_heads < 1:
+        raise ConversionError(path, f"{arch}.attention.head_count is {n_heads}; it must be at least 1")
     n_kv = md.get(f"{arch}.attention.head_count_kv", n_heads)
     if isinstance(n_kv, list):
         raise ConversionError(path, "per-layer key/value head counts are not supported")
@@ -255,6 +260,8 @@ def _model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=Non
     if head_dim is None:
         head_dim = q_rows // n_heads if q_rows else hidden // n_heads
     head_dim = int(head_dim)
+    if head_dim < 1:
+        raise ConversionError(path, f"the head size comes out as {head_dim}; it must be at least 1")
     if q_rows is not None and q_rows != n_heads * head_dim:
         raise ConversionError(path, f"attn_q has {q_rows} rows, expected {n_heads} heads x {head_dim}")
     rope_dim = md.get(f"{arch}.rope.dimension_count", head_dim)
