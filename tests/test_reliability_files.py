@@ -535,10 +535,12 @@ def _rewrite_gguf(src, dst, change_kv=None, change_tensor=None):
 
 @pytest.mark.parametrize("kv, tensor, match", [
     ({"llama.attention.head_count": 0}, None, "head_count is 0; it must be at least 1"),
+    ({"llama.block_count": 2**31}, None, "block_count is 2147483648, but the file has 11 tensors"),
+    ({"llama.block_count": 0}, None, "block_count is 0"),
     (None, {"token_embd.weight": np.zeros((2, 16, 32), np.float32)}, "token_embd.weight has shape .* not two"),
     (None, {"blk.0.attn_q.weight": np.zeros(32, np.float32)}, "attn_q.weight has shape .* not two"),
 ])
-def test_gguf_shapes_and_counts_that_cannot_be_divided_are_refused(tmp_path, kv, tensor, match):
+def test_gguf_counts_and_shapes_that_make_no_model_are_refused(tmp_path, kv, tensor, match):
     dst = _rewrite_gguf(os.path.join(SEEDS, "gguf", "tiny-f32"), tmp_path / "x.gguf", kv, tensor)
     with pytest.raises(ModelFileError, match=match):
         convert_gguf(dst, tmp_path / "out", progress=False)

@@ -245,6 +245,11 @@ def _model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=Non
             raise ConversionError(path, f"tensor {name} has shape {list(shapes[name])}, not two dimensions")
     vocab_size, hidden = shapes["token_embd.weight"]
     n_layers = int(a("block_count"))
+    if not 0 < n_layers <= len(shapes):
+        # Every layer has tensors: a count past them would only make the
+        # tensor plan below loop over layers that cannot be there.
+        raise ConversionError(path, f"{arch}.block_count is {n_layers}, but the file has "
+                                    f"{len(shapes)} tensors")
     n_heads = int(a("attention.head_count"))
     if n_heads < 1:
         raise ConversionError(path, f"{arch}.attention.head_count is {n_heads}; it must be at least 1")
