@@ -371,28 +371,9 @@ def test_the_gguf_reader_reads_what_the_writer_wrote():
     ("tokenizer.ggml.bos_token_id", "14", "should be int"),
 ])
 def test_gguf_metadata_of_the_wrong_type_is_refused(tmp_path, key, value, match):
-    gguf = pytest.importorskip("gguf")
-    src = gguf.GGUFReader(os.path.join(SEEDS, "gguf", "tiny-f32"))
-    w = gguf.GGUFWriter(str(tmp_path / "x.gguf"), "llama")
-    w.kv_data[0].clear()   # the writer's own architecture key, rewritten below
-    for k, field in src.fields.items():
-        if k.startswith("GGUF."):
-            continue
-        v = value if k == key else field.contents()
-        vtype = field.types[0]
-        if k == key:
-            vtype = {str: gguf.GGUFValueType.STRING, list: gguf.GGUFValueType.ARRAY,
-                     float: gguf.GGUFValueType.FLOAT32, int: gguf.GGUFValueType.UINT32}[type(value)]
-        w.add_key_value(k, v, vtype, sub_type=gguf.GGUFValueType.UINT32 if v == [1, 2] else None)
-    for t in src.tensors:
-        w.add_tensor(t.name, np.array(t.data), raw_shape=tuple(int(d) for d in reversed(t.shape.tolist())),
-                     raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    dst = _rewrite_gguf(os.path.join(SEEDS, "gguf", "tiny-f32"), tmp_path / "x.gguf", {key: value})
     with pytest.raises(ModelFileError, match=match):
-        convert_gguf(tmp_path / "x.gguf", tmp_path / "out", progress=False)
+        convert_gguf(dst, tmp_path / "out", progress=False)
 
 
 @needs_fifo
@@ -515,11 +496,16 @@ def _rewrite_gguf(src, dst, change_kv=None, change_tensor=None):
     w = gguf.GGUFWriter(str(dst), "llama")
     w.kv_data[0].clear()
     for k, field in r.fields.items():
-        if not k.startswith("GGUF."):
-            v = field.contents()
-            if change_kv and k in change_kv:
-                v = change_kv[k]
-            w.add_key_value(k, v, field.types[0], sub_type=field.types[-1] if len(field.types) > 1 else None)
+        if k.startswith("GGUF."):
+            continue
+        v, vtype = field.contents(), field.types[0]
+        sub = field.types[-1] if len(field.types) > 1 else None
+        if change_kv and k in change_kv:
+            v = change_kv[k]
+            T = gguf.GGUFValueType
+            vtype = {str: T.STRING, list: T.ARRAY, float: T.FLOAT32, int: T.UINT32}[type(v)]
+            sub = (T.STRING if isinstance(v[0], str) else T.UINT32) if isinstance(v, list) else None
+        w.add_key_value(k, v, vtype, sub_type=sub)
     for t in r.tensors:
         if change_tensor and t.name in change_tensor:
             w.add_tensor(t.name, change_tensor[t.name])
