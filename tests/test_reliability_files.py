@@ -530,3 +530,15 @@ def test_gguf_counts_and_shapes_that_make_no_model_are_refused(tmp_path, kv, ten
     dst = _rewrite_gguf(os.path.join(SEEDS, "gguf", "tiny-f32"), tmp_path / "x.gguf", kv, tensor)
     with pytest.raises(ModelFileError, match=match):
         convert_gguf(dst, tmp_path / "out", progress=False)
+
+
+def test_an_error_reading_the_source_is_not_blamed_on_the_cache(tmp_path, monkeypatch, tiny_gguf_file):
+    _home(monkeypatch, tmp_path / "home")
+    from fastllm.formats import gguf as gguf_format
+
+    def vanished(path):
+        raise FileNotFoundError(2, "No such file or directory", str(path))
+    monkeypatch.setattr(gguf_format, "_read_gguf", vanished)
+    with pytest.raises(FileNotFoundError) as e:
+        hub.resolve_model(tiny_gguf_file)
+    assert not isinstance(e.value, hub.CacheError)

@@ -151,6 +151,16 @@ def _what_is_wrong_with(folder: Path) -> Optional[str]:
     return None
 
 
+def _about_cache(e: OSError, folder: Path) -> bool:
+    """Whether e arose in writing to folder (or making it), not in reading the source."""
+    if _what_is_wrong_with(folder) is not None:
+        return True
+    if not e.filename:
+        return False
+    failed, folder = Path(os.path.abspath(e.filename)), Path(os.path.abspath(folder))
+    return failed == folder or folder in failed.parents or failed in folder.parents
+
+
 def _cache_error(e: OSError, target: Path) -> CacheError:
     home = os.environ.get("FASTLLM_HOME")
     where = f"FASTLLM_HOME ({home})" if home else f"the fastllm cache folder ({target.parent})"
@@ -186,7 +196,7 @@ def _convert_cached(gguf: Path, target: Path, dtype: str, stamp: dict) -> Path:
         except OutputExistsError:
             pass  # another process finished first; its result is checked below
         except OSError as e:
-            if isinstance(e, FastLLMError):
+            if isinstance(e, FastLLMError) or not _about_cache(e, target.parent):
                 raise
             raise _cache_error(e, target) from e
         problem = _cache_problem(target, stamp)
