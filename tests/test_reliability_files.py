@@ -90,6 +90,13 @@ def test_offsets_that_are_not_two_integers_are_refused(tmp_path, offsets):
         SafetensorsFile(p)
 
 
+@pytest.mark.parametrize("dtype", [["F32"], {"F32": 1}, None, "F8"])
+def test_a_dtype_that_is_not_a_known_name_is_refused(tmp_path, dtype):
+    p = _write_st(tmp_path / "x.safetensors", {"w": _entry([2], 0, 8, dtype=dtype)}, bytes(8))
+    with pytest.raises(ModelFileError, match=r"'w': unsupported dtype"):
+        SafetensorsFile(p)
+
+
 def test_a_shape_whose_size_wraps_64_bits_is_refused(tmp_path):
     # 2**32 * 2**32 * 4 bytes is 0 modulo 2**64: an int64 product called it empty.
     p = _write_st(tmp_path / "x.safetensors", {"w": _entry([2**32, 2**32], 0, 0)})

@@ -105,7 +105,7 @@ class SafetensorsFile:
         if not isinstance(info, dict):
             raise bad("the entry is not a JSON object")
         dtype_name, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-        if dtype_name not in _DTYPES:
+        if not isinstance(dtype_name, str) or dtype_name not in _DTYPES:
             raise bad(f"unsupported dtype {dtype_name!r}")
         # bool is an int in Python: true would pass as 1.
         if not isinstance(shape, list) or not all(type(d) is int for d in shape):
