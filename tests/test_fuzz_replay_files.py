@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 FUZZ = Path(__file__).resolve().parent / "fuzz"
-TARGETS = ("safetensors", "gguf")
+TARGETS = ("safetensors", "safetensors_header", "gguf")
 
 
 def _target(name, monkeypatch):
@@ -26,7 +26,7 @@ def test_corpus_replays_cleanly(name, monkeypatch):
         pytest.importorskip("gguf")
     target = _target(name, monkeypatch)
     inputs = sorted((FUZZ / "corpus" / name).iterdir())
-    assert len(inputs) >= 4
+    assert len(inputs) >= 4, name
     for path in inputs:
         target.TestOneInput(path.read_bytes())   # raises on anything but a clear ModelFileError
 
