@@ -8,6 +8,7 @@ memory is a bug.
 
     python tests/fuzz/fuzz_gguf.py CORPUS_COPY -runs=1000000 -rss_limit_mb=2048 -timeout=10
 """
+import atexit
 import contextlib
 import os
 import shutil
@@ -25,6 +26,7 @@ with atheris.instrument_imports() if atheris else contextlib.nullcontext():
     from fastllm.formats.gguf import convert_gguf
 
 _TMP = Path(tempfile.mkdtemp(prefix="fuzz-gguf-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+atexit.register(shutil.rmtree, _TMP, True)
 _IN = _TMP / "x.gguf"
 _OUT = _TMP / "out"
 

@@ -8,9 +8,11 @@ exception, a crash, a hang or unbounded memory is a bug.
 
     python tests/fuzz/fuzz_safetensors.py CORPUS_COPY -runs=1000000 -rss_limit_mb=2048 -timeout=10
 """
+import atexit
 import contextlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -30,6 +32,7 @@ with atheris.instrument_imports() if atheris else contextlib.nullcontext():
     from fastllm.weights import load_weights
 
 _TMP = Path(tempfile.mkdtemp(prefix="fuzz-st-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+atexit.register(shutil.rmtree, _TMP, True)
 (_TMP / "config.json").write_text(json.dumps(TINY_CONFIG))
 _CFG = ModelConfig.from_dict(TINY_CONFIG, _TMP / "config.json")
 
