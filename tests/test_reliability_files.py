@@ -1,11 +1,23 @@
 """Bad model files get a clear ModelFileError naming the file, never a hang,
 a crash or a silently wrong model."""
+import json
 import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import threading
 
+import numpy as np
 import pytest
 
+from fastllm import hub
 from fastllm.errors import ModelFileError
 from fastllm.files import check_regular, read_bounded
+from fastllm.formats.gguf import convert_gguf
+from fastllm.formats.gguf_file import read_gguf
+from fastllm.formats.safetensors import Checkpoint, SafetensorsFile, json_depth, load_file, save_file
 
 needs_fifo = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
 
@@ -45,17 +57,6 @@ def test_a_missing_file_names_the_path(tmp_path):
 
 
 # ---------------------------------------------------------------- safetensors
-
-import json
-import shutil
-import struct
-import subprocess
-import sys
-import threading
-
-import numpy as np
-
-from fastllm.formats.safetensors import Checkpoint, SafetensorsFile, json_depth, load_file, save_file
 
 
 def _write_st(path, header, data=b""):
@@ -285,9 +286,6 @@ def test_a_float32_weight_too_large_for_bf16_is_refused_in_bf16_only(tiny_model_
 
 # ---------------------------------------------------------------------- GGUF
 
-from fastllm.formats.gguf import convert_gguf  # noqa: E402
-from fastllm.formats.gguf_file import read_gguf  # noqa: E402
-
 SEEDS = os.path.join(os.path.dirname(__file__), "fuzz", "corpus")
 
 
@@ -313,7 +311,7 @@ def _refused(tmp_path, data, match):
     err = _finishes(lambda: read_gguf(p, gguf), seconds=20)
     assert isinstance(err, ModelFileError), repr(err)
     assert str(p) in str(err)
-    assert __import__("re").search(match, str(err)), str(err)
+    assert re.search(match, str(err)), str(err)
     out = tmp_path / "out"
     with pytest.raises(ModelFileError, match=match):
         convert_gguf(p, out, progress=False)
@@ -391,8 +389,6 @@ def test_a_fifo_named_as_a_gguf_is_refused(tmp_path):
 
 
 # ------------------------------------------------------- the conversion cache
-
-from fastllm import hub  # noqa: E402
 
 
 @pytest.fixture
