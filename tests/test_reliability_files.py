@@ -1,0 +1,547 @@
+"""Bad model files get a clear ModelFileError naming the file, never a hang,
+a crash or a silently wrong model."""
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from fastllm import hub
+from fastllm.errors import ModelFileError
+from fastllm.files import check_regular, read_bounded
+from fastllm.formats.gguf import convert_gguf
+from fastllm.formats.gguf_file import read_gguf
+from fastllm.formats.safetensors import Checkpoint, SafetensorsFile, json_depth, load_file, save_file
+
+needs_fifo = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+
+
+def test_read_bounded_reads_a_regular_file(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_bytes(b"{}")
+    assert read_bounded(p, 2, "config.json") == b"{}"
+
+
+def test_read_bounded_refuses_a_file_past_the_limit(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_bytes(b"{ }")
+    with pytest.raises(ModelFileError, match=r"config.json.*3 bytes.*more than the 2"):
+        read_bounded(p, 2, "config.json")
+
+
+@needs_fifo
+def test_a_fifo_is_refused_without_blocking(tmp_path):
+    p = tmp_path / "model.safetensors"
+    os.mkfifo(p)
+    with pytest.raises(ModelFileError, match="FIFO"):
+        read_bounded(p, 100, "model.safetensors")
+    with pytest.raises(ModelFileError, match="FIFO"):
+        check_regular(p, "model.safetensors")
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="no /dev/zero")
+def test_a_device_is_refused():
+    with pytest.raises(ModelFileError, match="character device"):
+        read_bounded("/dev/zero", 100, "config.json")
+
+
+def test_a_missing_file_names_the_path(tmp_path):
+    with pytest.raises(ModelFileError, match=r"nope: config.json not found"):
+        read_bounded(tmp_path / "nope", 100, "config.json")
+
+
+# ---------------------------------------------------------------- safetensors
+
+
+def _write_st(path, header, data=b""):
+    raw = header if isinstance(header, bytes) else json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+    return path
+
+
+def _entry(shape, begin, end, dtype="F32"):
+    return {"dtype": dtype, "shape": shape, "data_offsets": [begin, end]}
+
+
+def test_overlapping_tensors_are_refused(tmp_path):
+    p = _write_st(tmp_path / "x.safetensors",
+                  {"q": _entry([2], 0, 8), "k": _entry([2], 4, 12)}, bytes(12))
+    with pytest.raises(ModelFileError, match=r"'q' and 'k' overlap"):
+        SafetensorsFile(p)
+
+
+@pytest.mark.parametrize("dim", [2.9, True, "2", None, -0.0])
+def test_a_dimension_that_is_not_an_integer_is_refused(tmp_path, dim):
+    p = _write_st(tmp_path / "x.safetensors", {"w": _entry([dim, 1], 0, 8)}, bytes(8))
+    with pytest.raises(ModelFileError, match=r"'w': shape is not a list of integers"):
+        SafetensorsFile(p)
+
+
+@pytest.mark.parametrize("offsets", [[0, 8.0], [0], [0, 8, 8], [True, 8], "0,8"])
+def test_offsets_that_are_not_two_integers_are_refused(tmp_path, offsets):
+    p = _write_st(tmp_path / "x.safetensors",
+                  {"w": {"dtype": "F32", "shape": [2], "data_offsets": offsets}}, bytes(8))
+    with pytest.raises(ModelFileError, match="data_offsets is not a list of two integers"):
+        SafetensorsFile(p)
+
+
+@pytest.mark.parametrize("dtype", [["F32"], {"F32": 1}, None, "F8"])
+def test_a_dtype_that_is_not_a_known_name_is_refused(tmp_path, dtype):
+    p = _write_st(tmp_path / "x.safetensors", {"w": _entry([2], 0, 8, dtype=dtype)}, bytes(8))
+    with pytest.raises(ModelFileError, match=r"'w': unsupported dtype"):
+        SafetensorsFile(p)
+
+
+def test_a_shape_whose_size_wraps_64_bits_is_refused(tmp_path):
+    # 2**32 * 2**32 * 4 bytes is 0 modulo 2**64: an int64 product called it empty.
+    p = _write_st(tmp_path / "x.safetensors", {"w": _entry([2**32, 2**32], 0, 0)})
+    with pytest.raises(ModelFileError, match=r"'w': data_offsets \[0, 0\] do not hold"):
+        SafetensorsFile(p)
+
+
+def test_a_deeply_nested_header_is_refused_before_parsing(tmp_path):
+    p = _write_st(tmp_path / "x.safetensors", b"[" * 100_000 + b"]" * 100_000)
+    with pytest.raises(ModelFileError, match="nested 100000 levels deep"):
+        SafetensorsFile(p)
+
+
+def test_json_depth_ignores_brackets_in_strings():
+    assert json_depth(b'{"a": {"shape": [1, 2]}}') == 3
+    assert json_depth(b'{"[[[": "]\\"[[[{{"}') == 1
+    assert json_depth(b'{"a\\\\": [[1]]}') == 3
+    assert json_depth(b"") == 0
+
+
+def test_a_header_longer_than_the_file_is_refused(tmp_path):
+    p = tmp_path / "x.safetensors"
+    p.write_bytes(struct.pack("<Q", 2**63) + b"{}")
+    with pytest.raises(ModelFileError, match="does not fit in a file of 10 bytes"):
+        SafetensorsFile(p)
+
+
+def test_metadata_that_is_not_an_object_is_refused(tmp_path):
+    p = _write_st(tmp_path / "x.safetensors", {"__metadata__": [1]})
+    with pytest.raises(ModelFileError, match="__metadata__ is not a JSON object"):
+        SafetensorsFile(p)
+
+
+def test_read_gives_a_copy_and_notices_a_truncated_file(tmp_path):
+    p = tmp_path / "x.safetensors"
+    save_file(p, {"a": np.arange(4, dtype=np.float32), "b": np.arange(6, dtype=np.int64)})
+    f = SafetensorsFile(p)
+    a = f.read("a")
+    assert a.flags.writeable and a.flags.owndata
+    assert np.array_equal(a, np.arange(4))
+    with open(p, "r+b") as fh:
+        fh.truncate(os.path.getsize(p) - 8)
+    with pytest.raises(ModelFileError, match=r"'b': the file ends before the tensor does"):
+        f.read("b")
+    assert np.array_equal(a, np.arange(4))
+
+
+# ------------------------------------------------------------ sharded index
+
+def _sharded(tmp_path, weight_map):
+    save_file(tmp_path / "a.safetensors", {"w": np.zeros(2, np.float32)})
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    return tmp_path
+
+
+@pytest.mark.parametrize("weight_map, problem", [
+    (["a.safetensors"], "weight_map is a list, not an object"),
+    ("a.safetensors", "weight_map is a str, not an object"),
+    ({"w": 3}, r"weight_map\['w'\]: shard 3 is not a plain file name"),
+    ({"w": "../a.safetensors"}, "is not a plain file name"),
+    ({"w": ""}, "is not a plain file name"),
+])
+def test_a_malformed_weight_map_is_refused(tmp_path, weight_map, problem):
+    folder = _sharded(tmp_path, weight_map)
+    with pytest.raises(ModelFileError, match=problem) as e:
+        Checkpoint(folder)
+    assert "model.safetensors.index.json" in str(e.value)
+
+
+def test_a_well_formed_index_loads(tmp_path):
+    ck = Checkpoint(_sharded(tmp_path, {"w": "a.safetensors"}))
+    assert np.array_equal(ck.file_of("w").read("w"), np.zeros(2))
+
+
+# ----------------------------------------------------- non-regular files
+
+def _finishes(fn, seconds=20):
+    """fn() raised ModelFileError within seconds, in a thread so that a hang
+    fails the test instead of stopping the run."""
+    outcome = []
+
+    def run():
+        try:
+            fn()
+            outcome.append(None)
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            outcome.append(e)
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert outcome, f"still blocked after {seconds} s"
+    return outcome[0]
+
+
+@needs_fifo
+def test_a_fifo_named_model_safetensors_is_refused(tmp_path):
+    os.mkfifo(tmp_path / "model.safetensors")
+    err = _finishes(lambda: Checkpoint(tmp_path))
+    assert isinstance(err, ModelFileError) and "FIFO" in str(err)
+
+
+@needs_fifo
+def test_a_fifo_named_as_the_index_is_refused(tmp_path):
+    os.mkfifo(tmp_path / "model.safetensors.index.json")
+    err = _finishes(lambda: Checkpoint(tmp_path))
+    assert isinstance(err, ModelFileError) and "FIFO" in str(err)
+
+
+# ------------------------------------------------ weights C reads, NaN weights
+
+def _copy_model(tiny_model_dir, kind, tmp_path, dtype="float32"):
+    dst = tmp_path / kind
+    shutil.copytree(tiny_model_dir(kind, dtype), dst)
+    return dst
+
+
+_TRUNCATE_THEN_RUN = """
+import os, sys
+import numpy as np
+from fastllm import Model
+folder = sys.argv[1]
+m = Model.from_pretrained(folder, dtype=sys.argv[2])
+before = m.logits([1, 2, 3])
+path = os.path.join(folder, "model.safetensors")
+with open(path, "r+b") as f:
+    f.truncate(0)
+after = m.logits([1, 2, 3])
+assert np.array_equal(before, after), "logits changed after the file was truncated"
+with open(path, "wb") as f:
+    f.write(b"\\xff" * 4096)
+assert np.array_equal(before, m.logits([1, 2, 3]))
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_truncating_the_checkpoint_of_a_loaded_model_is_harmless(tiny_model_dir, tmp_path, dtype):
+    # Untied head and separate embedding, norms, biases: every kind of
+    # tensor the C loop reads. Run apart, so a SIGBUS fails the test only.
+    folder = _copy_model(tiny_model_dir, "llama-headdim-bias", tmp_path)
+    r = subprocess.run([sys.executable, "-c", _TRUNCATE_THEN_RUN, str(folder), dtype],
+                       capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-2000:])
+
+
+def _poison(folder, name, value, bf16=False):
+    path = folder / "model.safetensors"
+    tensors = {k: np.array(v) for k, v in load_file(path).items()}
+    flat = tensors[name].reshape(-1)
+    flat[flat.size // 2] = value
+    save_file(path, tensors, bf16=bf16)
+
+
+@pytest.mark.parametrize("name, value", [
+    ("model.norm.weight", np.nan),
+    ("model.layers.1.self_attn.k_proj.bias", -np.inf),
+    ("lm_head.weight", np.inf),
+    ("model.embed_tokens.weight", np.nan),
+])
+def test_nan_or_inf_weights_are_refused_at_load(tiny_model_dir, tmp_path, name, value):
+    from fastllm import Model
+    folder = _copy_model(tiny_model_dir, "llama-headdim-bias", tmp_path)
+    _poison(folder, name, value)
+    with pytest.raises(ModelFileError, match=rf"{name}.*NaN or infinite") as e:
+        Model.from_pretrained(folder)
+    assert "model.safetensors" in str(e.value)
+
+
+def test_nan_in_a_bf16_checkpoint_is_refused(tiny_model_dir, tmp_path):
+    from fastllm import Model
+    folder = _copy_model(tiny_model_dir, "llama-gqa", tmp_path)
+    _poison(folder, "model.layers.0.mlp.up_proj.weight", np.nan, bf16=True)
+    for dtype in ("f32", "bf16"):
+        with pytest.raises(ModelFileError, match="up_proj.weight.*NaN or infinite"):
+            Model.from_pretrained(folder, dtype=dtype)
+
+
+def test_a_float32_weight_too_large_for_bf16_is_refused_in_bf16_only(tiny_model_dir, tmp_path):
+    from fastllm import Model
+    folder = _copy_model(tiny_model_dir, "llama-gqa", tmp_path)
+    _poison(folder, "model.layers.0.mlp.up_proj.weight", np.float32(3.4e38))
+    Model.from_pretrained(folder, dtype="f32")
+    with pytest.raises(ModelFileError, match="after conversion to the compute dtype"):
+        Model.from_pretrained(folder, dtype="bf16")
+
+
+# ---------------------------------------------------------------------- GGUF
+
+SEEDS = os.path.join(os.path.dirname(__file__), "fuzz", "corpus")
+
+
+def _gstr(s):
+    b = s.encode() if isinstance(s, str) else s
+    return struct.pack("<Q", len(b)) + b
+
+
+def _gguf(kvs=b"", n_kv=0, infos=b"", n_tensors=0, version=3, data=b""):
+    head = b"GGUF" + struct.pack("<IQQ", version, n_tensors, n_kv) + kvs + infos
+    return head + bytes(-len(head) % 32) + data
+
+
+def _tensor_info(name, dims, ttype=0, offset=0):
+    return _gstr(name) + struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}Q", *dims) + \
+        struct.pack("<IQ", ttype, offset)
+
+
+def _refused(tmp_path, data, match):
+    p = tmp_path / "bad.gguf"
+    p.write_bytes(data)
+    gguf = pytest.importorskip("gguf")
+    err = _finishes(lambda: read_gguf(p, gguf), seconds=20)
+    assert isinstance(err, ModelFileError), repr(err)
+    assert str(p) in str(err)
+    assert re.search(match, str(err)), str(err)
+    out = tmp_path / "out"
+    with pytest.raises(ModelFileError, match=match):
+        convert_gguf(p, out, progress=False)
+    assert not out.exists()
+
+
+def test_a_50_byte_gguf_claiming_2_to_the_40_array_elements_fails_at_once(tmp_path):
+    kv = _gstr("a") + struct.pack("<IIQ", 9, 0, 2**40)
+    data = _gguf(kv, n_kv=1)[:50]
+    assert len(data) == 50
+    _refused(tmp_path, data, r"metadata 'a' claims 1099511627776 uint8 elements")
+
+
+@pytest.mark.parametrize("what, data, match", [
+    ("key count", lambda: _gguf(n_kv=2**62), r"2\*\*62|4611686018427387904 metadata keys"),
+    ("tensor count", lambda: _gguf(n_tensors=2**40), "1099511627776 tensors cannot fit"),
+    ("string length", lambda: _gguf(_gstr("k") + struct.pack("<IQ", 8, 2**63), n_kv=1),
+     r"metadata 'k' needs 9223372036854775808 bytes"),
+    ("key length", lambda: _gguf(struct.pack("<Q", 2**50) + b"xx", n_kv=1),
+     "the name of metadata key 0 needs"),
+    ("nested array", lambda: _gguf(_gstr("k") + struct.pack("<IIQ", 9, 9, 1) + struct.pack("<IQ", 0, 0), n_kv=1),
+     "array of arrays"),
+    ("value type", lambda: _gguf(_gstr("k") + struct.pack("<I", 77), n_kv=1), "unknown value type 77"),
+    ("utf-8", lambda: _gguf(_gstr(b"k\xff") + struct.pack("<IB", 0, 1), n_kv=1), "not valid UTF-8"),
+    ("duplicate key", lambda: _gguf((_gstr("k") + struct.pack("<IB", 0, 1)) * 2, n_kv=2), "'k' appears twice"),
+    ("version", lambda: _gguf(version=1), "version 1 is not supported"),
+    ("byte order", lambda: _gguf(version=3 << 24), "big-endian"),
+    ("dims", lambda: _gguf(infos=_tensor_info("t", [1] * 5), n_tensors=1), "'t' has 5 dimensions"),
+    ("tensor type", lambda: _gguf(infos=_tensor_info("t", [4], ttype=99), n_tensors=1), "unknown tensor type 99"),
+    ("past the end", lambda: _gguf(infos=_tensor_info("t", [2**31, 2**31]), n_tensors=1, data=bytes(64)),
+     r"'t': 18446744073709551616 bytes at data offset 0 run past the end"),
+    ("offset past the end", lambda: _gguf(infos=_tensor_info("t", [4], offset=2**63), n_tensors=1, data=bytes(64)),
+     "run past the end"),
+    ("misaligned", lambda: _gguf(infos=_tensor_info("t", [4], offset=4), n_tensors=1, data=bytes(64)),
+     "not a multiple of the alignment 32"),
+    ("overlap", lambda: _gguf(infos=_tensor_info("a", [16]) + _tensor_info("b", [16], offset=32),
+                              n_tensors=2, data=bytes(128)), "'a' and 'b' overlap"),
+    ("duplicate tensor", lambda: _gguf(infos=_tensor_info("a", [4]) + _tensor_info("a", [4], offset=32),
+                                       n_tensors=2, data=bytes(64)), "'a' appears twice"),
+    ("block rows", lambda: _gguf(infos=_tensor_info("q", [33], ttype=8), n_tensors=1, data=bytes(64)),
+     "rows of 33 values are not whole Q8_0 blocks of 32"),
+])
+def test_malformed_gguf_containers_are_refused(tmp_path, what, data, match):
+    _refused(tmp_path, data(), match)
+
+
+def test_the_gguf_reader_reads_what_the_writer_wrote():
+    gguf = pytest.importorskip("gguf")
+    path = os.path.join(SEEDS, "gguf", "tiny-q8_0")
+    ours = read_gguf(path, gguf)
+    theirs = gguf.GGUFReader(path)
+    assert {k: f.contents() for k, f in theirs.fields.items() if not k.startswith("GGUF.")} == ours.metadata
+    assert [(t.name, t.tensor_type, tuple(int(d) for d in t.shape), t.n_bytes, t.data_offset)
+            for t in theirs.tensors] == [(t.name, t.tensor_type, t.dims, t.n_bytes, t.offset) for t in ours.tensors]
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("llama.block_count", "2", "'llama.block_count' should be int, not '2'"),
+    ("general.architecture", ["llama"], "'general.architecture' should be str"),
+    ("tokenizer.ggml.tokens", [1, 2], "'tokenizer.ggml.tokens' should be str list"),
+    ("llama.attention.layer_norm_rms_epsilon", float("nan"), "should be number"),
+    ("tokenizer.ggml.bos_token_id", "14", "should be int"),
+])
+def test_gguf_metadata_of_the_wrong_type_is_refused(tmp_path, key, value, match):
+    dst = _rewrite_gguf(os.path.join(SEEDS, "gguf", "tiny-f32"), tmp_path / "x.gguf", {key: value})
+    with pytest.raises(ModelFileError, match=match):
+        convert_gguf(dst, tmp_path / "out", progress=False)
+
+
+@needs_fifo
+def test_a_fifo_named_as_a_gguf_is_refused(tmp_path):
+    os.mkfifo(tmp_path / "x.gguf")
+    err = _finishes(lambda: convert_gguf(tmp_path / "x.gguf", tmp_path / "out", progress=False))
+    assert isinstance(err, ModelFileError) and "FIFO" in str(err)
+
+
+# ------------------------------------------------------- the conversion cache
+
+
+@pytest.fixture
+def tiny_gguf_file(tmp_path):
+    p = tmp_path / "tiny.gguf"
+    shutil.copy(os.path.join(SEEDS, "gguf", "tiny-f32"), p)
+    return p
+
+
+def _home(monkeypatch, path):
+    monkeypatch.setenv("FASTLLM_HOME", str(path))
+    return path
+
+
+def test_fastllm_home_that_is_a_file_is_named(tmp_path, monkeypatch, tiny_gguf_file):
+    home = _home(monkeypatch, tmp_path / "home")
+    home.write_text("not a folder")
+    with pytest.raises(hub.CacheError, match=rf"FASTLLM_HOME \({home}\).*set FASTLLM_HOME to a writable folder"):
+        hub.resolve_model(tiny_gguf_file)
+
+
+def test_fastllm_home_in_a_symlink_loop_is_named(tmp_path, monkeypatch, tiny_gguf_file):
+    home = _home(monkeypatch, tmp_path / "loop")
+    os.symlink(home, home)
+    with pytest.raises(hub.CacheError, match=r"FASTLLM_HOME .*loop.*writable"):
+        hub.resolve_model(tiny_gguf_file)
+
+
+def test_a_read_only_fastllm_home_is_named(tmp_path, monkeypatch, tiny_gguf_file):
+    home = _home(monkeypatch, tmp_path / "home")
+    home.mkdir()
+    from fastllm.formats import gguf as gguf_format
+
+    def refuse(out_dir):
+        raise PermissionError(13, "Permission denied", str(out_dir.parent))
+    monkeypatch.setattr(gguf_format, "_make_partial_dir", refuse)
+    with pytest.raises(hub.CacheError, match=rf"FASTLLM_HOME \({home}\): {home}: Permission denied"):
+        hub.resolve_model(tiny_gguf_file)
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes anywhere")
+def test_a_read_only_fastllm_home_is_named_for_real(tmp_path, monkeypatch, tiny_gguf_file):
+    home = _home(monkeypatch, tmp_path / "home")
+    home.mkdir()
+    home.chmod(0o555)
+    try:
+        with pytest.raises(hub.CacheError, match="Permission denied"):
+            hub.resolve_model(tiny_gguf_file)
+    finally:
+        home.chmod(0o755)
+
+
+def test_a_read_only_home_with_a_finished_cache_still_works(tmp_path, monkeypatch, tiny_gguf_file):
+    _home(monkeypatch, tmp_path / "home")
+    first = hub.resolve_model(tiny_gguf_file)
+    from fastllm.formats import gguf as gguf_format
+    monkeypatch.setattr(gguf_format, "convert_gguf", None)   # any conversion would fail
+    monkeypatch.setattr(hub, "convert_gguf", None)
+    assert hub.resolve_model(tiny_gguf_file) == first
+
+
+@pytest.mark.parametrize("damage", ["truncate", "grow", "no stamp"])
+def test_a_damaged_cache_entry_is_rebuilt_once(tmp_path, monkeypatch, capfd, tiny_gguf_file, damage):
+    from fastllm import Model
+    _home(monkeypatch, tmp_path / "home")
+    first = hub.resolve_model(tiny_gguf_file)
+    st = first / "model.safetensors"
+    good = st.read_bytes()
+    if damage == "truncate":
+        st.write_bytes(good[: len(good) // 2])
+    elif damage == "grow":
+        st.write_bytes(good + b"junk")
+    else:
+        (first / "fastllm_source.json").unlink()
+    capfd.readouterr()
+    assert hub.resolve_model(tiny_gguf_file) == first
+    err = capfd.readouterr().err
+    assert f"the cached {first} cannot be used" in err and "converting again" in err
+    assert st.read_bytes() == good
+    Model.from_pretrained(tiny_gguf_file).logits([1, 2])
+    mtime = st.stat().st_mtime_ns
+    assert hub.resolve_model(tiny_gguf_file) == first
+    assert st.stat().st_mtime_ns == mtime and "converting" not in capfd.readouterr().err
+
+
+@needs_fifo
+def test_a_fifo_given_as_the_model_is_refused(tmp_path, monkeypatch):
+    _home(monkeypatch, tmp_path / "home")
+    os.mkfifo(tmp_path / "x.gguf")
+    err = _finishes(lambda: hub.resolve_model(tmp_path / "x.gguf"))
+    assert isinstance(err, ModelFileError) and "FIFO" in str(err)
+
+
+@needs_fifo
+def test_a_fifo_as_the_cache_stamp_is_rebuilt_not_waited_on(tmp_path, monkeypatch, tiny_gguf_file):
+    _home(monkeypatch, tmp_path / "home")
+    first = hub.resolve_model(tiny_gguf_file)
+    (first / "fastllm_source.json").unlink()
+    os.mkfifo(first / "fastllm_source.json")
+    assert _finishes(lambda: hub.resolve_model(tiny_gguf_file)) is None
+    assert (first / "fastllm_source.json").is_file()
+
+
+def _rewrite_gguf(src, dst, change_kv=None, change_tensor=None):
+    """A copy of the GGUF src with some metadata values or tensors replaced."""
+    gguf = pytest.importorskip("gguf")
+    r = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(str(dst), "llama")
+    w.kv_data[0].clear()
+    for k, field in r.fields.items():
+        if k.startswith("GGUF."):
+            continue
+        v, vtype = field.contents(), field.types[0]
+        sub = field.types[-1] if len(field.types) > 1 else None
+        if change_kv and k in change_kv:
+            v = change_kv[k]
+            T = gguf.GGUFValueType
+            vtype = {str: T.STRING, list: T.ARRAY, float: T.FLOAT32, int: T.UINT32}[type(v)]
+            sub = (T.STRING if isinstance(v[0], str) else T.UINT32) if isinstance(v, list) else None
+        w.add_key_value(k, v, vtype, sub_type=sub)
+    for t in r.tensors:
+        if change_tensor and t.name in change_tensor:
+            w.add_tensor(t.name, change_tensor[t.name])
+        else:
+            w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type,
+                         raw_shape=tuple(int(d) for d in reversed(t.shape.tolist())))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+@pytest.mark.parametrize("kv, tensor, match", [
+    ({"llama.attention.head_count": 0}, None, "head_count is 0; it must be at least 1"),
+    ({"llama.block_count": 2**31}, None, "block_count is 2147483648, but the file has 11 tensors"),
+    ({"llama.block_count": 0}, None, "block_count is 0"),
+    (None, {"token_embd.weight": np.zeros((2, 16, 32), np.float32)}, "token_embd.weight has shape .* not two"),
+    (None, {"blk.0.attn_q.weight": np.zeros(32, np.float32)}, "attn_q.weight has shape .* not two"),
+])
+def test_gguf_counts_and_shapes_that_make_no_model_are_refused(tmp_path, kv, tensor, match):
+    dst = _rewrite_gguf(os.path.join(SEEDS, "gguf", "tiny-f32"), tmp_path / "x.gguf", kv, tensor)
+    with pytest.raises(ModelFileError, match=match):
+        convert_gguf(dst, tmp_path / "out", progress=False)
+
+
+def test_an_error_reading_the_source_is_not_blamed_on_the_cache(tmp_path, monkeypatch, tiny_gguf_file):
+    _home(monkeypatch, tmp_path / "home")
+    from fastllm.formats import gguf as gguf_format
+
+    def vanished(path):
+        raise FileNotFoundError(2, "No such file or directory", str(path))
+    monkeypatch.setattr(gguf_format, "_read_gguf", vanished)
+    with pytest.raises(FileNotFoundError) as e:
+        hub.resolve_model(tiny_gguf_file)
+    assert not isinstance(e.value, hub.CacheError)
