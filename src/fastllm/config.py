@@ -15,6 +15,21 @@ import numpy as np
 
 from .errors import ModelFileError
 from .families import FAMILIES, Family, family
+from .files import read_bounded
+
+CONFIG_LIMIT = 4 << 20   # bytes; a config.json is a few kilobytes
+
+
+def read_json(path, limit: int, what: str):
+    """The JSON value of a regular file of at most limit bytes, else
+    ModelFileError naming the file."""
+    data = read_bounded(path, limit, what)
+    try:
+        return json.loads(data)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ModelFileError(path, f"{what} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise ModelFileError(path, f"{what} is nested too deeply") from None
 
 
 @dataclass
@@ -69,12 +84,9 @@ class ModelConfig:
     @classmethod
     def from_file(cls, path) -> "ModelConfig":
         path = Path(path)
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ModelFileError(path, "file not found (a model folder needs config.json)") from None
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ModelFileError(path, f"not valid JSON: {e}") from None
+        if not path.exists():
+            raise ModelFileError(path, "file not found (a model folder needs config.json)")
+        raw = read_json(path, CONFIG_LIMIT, "config.json")
         if not isinstance(raw, dict):
             raise ModelFileError(path, "expected a JSON object")
         return cls.from_dict(raw, path)

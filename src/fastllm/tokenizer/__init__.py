@@ -43,6 +43,7 @@ import os
 
 from .. import _bpe
 from ..errors import ModelFileError
+from ..files import read_bounded
 from . import decoders, normalizers, post_processors, pre_tokenizers
 from .added_tokens import AddedToken, Matcher
 from .bpe import BPE
@@ -65,19 +66,28 @@ def _token_str(v):
     return v
 
 
-def _read_json(path, what):
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise ModelFileError(path, f"{what} not found") from None
-    except OSError as e:
-        raise ModelFileError(path, f"cannot read {what}: {e.strerror or e}") from None
+# Bounds on what is read; the largest tokenizer.json files in use are
+# tens of megabytes, their configs and templates far less.
+TOKENIZER_JSON_LIMIT = 256 << 20
+CONFIG_JSON_LIMIT = 32 << 20
+
+
+def _read_json(path, what, limit=CONFIG_JSON_LIMIT):
+    data = read_bounded(path, limit, what)
     try:
         return json.loads(data)
     except (UnicodeDecodeError, ValueError) as e:
         raise ModelFileError(path, f"{what} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise ModelFileError(path, f"{what} is nested too deeply") from None
 
+
+def _read_text(path, what):
+    data = read_bounded(path, CONFIG_JSON_LIMIT, what)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ModelFileError(path, f"{what} is not UTF-8 text: {e}") from None
 
 
 def _check_text(text, what="text"):
@@ -220,7 +230,7 @@ class Tokenizer:
         vocabulary is reported by the first encode(), or by validate().
         """
         path = os.fspath(path)
-        spec = _read_json(path, "tokenizer.json")
+        spec = _read_json(path, "tokenizer.json", TOKENIZER_JSON_LIMIT)
         return cls(spec, path)
 
     @classmethod
@@ -230,6 +240,8 @@ class Tokenizer:
             spec = json.loads(json_text)
         except ValueError as e:
             raise TokenizerError(f"tokenizer.json text is not valid JSON: {e}") from None
+        except RecursionError:
+            raise TokenizerError("tokenizer.json text is nested too deeply") from None
         return cls(spec)
 
     @classmethod
@@ -314,14 +326,12 @@ class Tokenizer:
         templates = {}
         jinja = os.path.join(folder, "chat_template.jinja")
         if os.path.exists(jinja):
-            with open(jinja, encoding="utf-8") as f:
-                templates["default"] = f.read()
+            templates["default"] = _read_text(jinja, "chat_template.jinja")
         extra_dir = os.path.join(folder, "additional_chat_templates")
         if os.path.isdir(extra_dir):
             for name in sorted(os.listdir(extra_dir)):
                 if name.endswith(".jinja"):
-                    with open(os.path.join(extra_dir, name), encoding="utf-8") as f:
-                        templates[name[:-len(".jinja")]] = f.read()
+                    templates[name[:-len(".jinja")]] = _read_text(os.path.join(extra_dir, name), name)
         if len(templates) == 1 and "default" in templates:
             template = templates["default"]
         elif templates:
