@@ -39,6 +39,7 @@ Known limits of exactness:
   crash); fastllm inserts it once.
 """
 import json
+import numbers
 import os
 
 from .. import _bpe
@@ -101,6 +102,21 @@ def _check_text(text, what="text"):
             f"{what} contains the lone surrogate U+{ord(bad):04X} at index {e.start}; "
             "surrogates are not Unicode characters and cannot be tokenized "
             "(decode the source bytes with errors='replace' or fix the string)") from None
+
+
+def _normalizers(norm):
+    yield norm
+    for item in getattr(norm, "items", ()):
+        yield from _normalizers(item)
+
+
+def _max_chars_per_token(tok):
+    if tok.model.fuse_unk or any(isinstance(n, (normalizers.Strip, normalizers.Replace))
+                                 for n in _normalizers(tok.normalizer)):
+        return None
+    longest = max(max(map(len, tok.model.vocab), default=1), max(map(len, tok._added), default=1))
+    # A Unicode normalization composes at most a few characters into one.
+    return longest * (4 if tok.normalizer is not None else 1)
 
 
 class Tokenizer:
@@ -358,6 +374,16 @@ class Tokenizer:
     def __len__(self):
         return self.vocab_size
 
+    @property
+    def max_chars_per_token(self):
+        """An upper bound on the characters of input text one token stands
+        for, so that a caller can refuse text that cannot fit some number of
+        tokens without tokenizing it; None where no bound holds (a
+        normalizer that deletes text, fused unknown tokens)."""
+        if getattr(self, "_max_chars", 0) == 0:
+            self._max_chars = _max_chars_per_token(self)
+        return self._max_chars
+
     def get_vocab(self):
         v = dict(self.model.vocab)
         for content, t in self._added.items():
@@ -550,10 +576,12 @@ class Tokenizer:
 
     def decode(self, ids, skip_special_tokens=False):
         """Text of token ids, as tokenizers' Tokenizer.decode."""
-        if isinstance(ids, int):
+        if isinstance(ids, numbers.Integral):
             ids = [ids]
-        else:
-            ids = [int(i) for i in ids]
+        bad = next((i for i in ids if not isinstance(i, numbers.Integral)), None)
+        if bad is not None:
+            raise TypeError(f"token ids must be integers, got {bad!r}")
+        ids = [int(i) for i in ids]   # unknown ids, negative ones too, are dropped below
         tokens = self._tokens_for_decode(ids, skip_special_tokens)
         if self.decoder is None:
             return " ".join(tokens)
