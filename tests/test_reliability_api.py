@@ -364,3 +364,44 @@ def test_max_new_tokens_is_checked(tiny_model_dir, bad):
     model = Model.from_pretrained(tiny_model_dir("llama-gqa"), threads=1, n_ctx=64)
     with pytest.raises(ValueError, match="max_new_tokens must be"):
         model.generate_tokens(PROMPT, bad)   # at the call, not at the first token
+
+
+# ------------------------------------------------------- chat templates
+
+EXPLOSIVE_TEMPLATES = [
+    ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "steps"),
+    ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "recurses"),
+    ("{{ 'a' * 10**10 }}", "value of"),
+    ("{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+     "value of"),
+    ("{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
+     "value of"),
+    ("{{ ''|center(10**10) }}", "larger than allowed"),
+    ("{{ 'x'.ljust(10**10) }}", "larger than allowed"),
+    ("{{ '%1000000000d' % 1 }}", "width"),
+    ("{{ '%*d' % (1000000000, 1) }}", "width"),
+    ("{{ '{:1000000000}'.format(1) }}", "width"),
+    ("{{ ('a' * 10**7)|replace('a', 'a' * 1000) }}", "value of"),
+    ("{{ range(10000)|join('x' * 10**5) }}", "value of"),
+    ("{{ (10 ** 100000) }}", "too large"),
+    ("{% for i in range(100000) %}{{ messages[0].content * 1000 }}{% endfor %}", "more than"),
+    ("{{ 1 + 'a' }}", "TypeError"),
+    ("{{ messages[0].content|int / 0 }}", "ZeroDivisionError"),
+    ("{{ range(10**9) }}", "OverflowError"),
+]
+
+
+@pytest.mark.parametrize("template,problem", EXPLOSIVE_TEMPLATES, ids=[t for t, _ in EXPLOSIVE_TEMPLATES])
+def test_a_chat_template_that_explodes_is_bounded(template, problem):
+    from fastllm.chat_template import TemplateError, render_chat
+    with pytest.raises(TemplateError, match=problem):
+        render_chat(template, [{"role": "user", "content": "hello"}])
+
+
+def test_bounded_templates_still_render_what_real_ones_do():
+    from fastllm.chat_template import render_chat
+    t = ("{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}"
+         "{{ '%d' % ns.n ~ ': ' ~ m.content|trim|indent(2) ~ '-' * 3 }}\n{% endfor %}"
+         "{{ messages|map(attribute='role')|join(', ') }}{{ ' {:>4}'.format(ns.n) }}")
+    msgs = [{"role": "user", "content": " a\nb "}, {"role": "assistant", "content": "c"}]
+    assert render_chat(t, msgs) == "1: a\n  b---\n2: c---\nuser, assistant    2"
