@@ -94,12 +94,23 @@ def test_an_interrupt_in_a_logits_processor_at_any_step(small_batch_model):
         assert got + continue_after(model, session, PROMPT, got, N_NEW) == want, k
 
 
-def _interrupt_in(seconds):
+def interrupted_after(seconds, body) -> bool:
+    """Run body with a KeyboardInterrupt raised by a timer signal after
+    seconds, as Ctrl-C would; whether it came before body returned."""
     def raise_interrupt(signum, frame):
         raise KeyboardInterrupt
     old = signal.signal(signal.SIGALRM, raise_interrupt)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    return old
+    try:
+        try:
+            signal.setitimer(signal.ITIMER_REAL, seconds)
+            body()
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except KeyboardInterrupt:
+        return True
+    finally:
+        signal.signal(signal.SIGALRM, old)
+    return False
 
 
 def test_a_timer_interrupt_during_prefill_and_decode(small_batch_model):
@@ -118,15 +129,8 @@ def test_a_timer_interrupt_during_prefill_and_decode(small_batch_model):
     for delay in np.linspace(0.02, 1.2, 25) * whole:
         got = []
         session.reset()
-        old = _interrupt_in(delay)
-        try:
-            for token in model.generate_tokens(prompt, n, session=session):
-                got.append(token)
-        except KeyboardInterrupt:
-            interrupted += 1
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, old)
+        interrupted += interrupted_after(delay, lambda: got.extend(
+            token for token in model.generate_tokens(prompt, n, session=session)))
         held = session.tokens
         assert list(held) == (prompt + got)[:len(held)]
         mid_prefill += 0 < len(held) < len(prompt)
@@ -136,6 +140,19 @@ def test_a_timer_interrupt_during_prefill_and_decode(small_batch_model):
         # a recurrent state restarts after an interrupt; an attention cache
         # keeps the chunks that ran
         assert mid_prefill > 0
+
+
+def test_a_timer_interrupt_on_the_default_session_leaves_it_usable(small_batch_model):
+    """The default session's lock is released whatever the interrupt hits."""
+    model = small_batch_model
+    prompt = PROMPT * 6
+    want = fresh(model, prompt, N_NEW)
+    for delay in np.geomspace(1e-5, 2e-2, 20):
+        got = []
+        model._session.reset()
+        interrupted_after(delay, lambda: got.extend(token for token in model.generate_tokens(prompt, N_NEW)))
+        assert not model._lock.locked()
+        assert got + list(model.generate_tokens(prompt + got, N_NEW - len(got))) == want, delay
 
 
 def test_long_prompts_go_to_c_in_chunks(small_batch_model):

@@ -242,7 +242,9 @@ class Model:
         if session is not None:
             yield session
             return
-        if self._holder == threading.get_ident():
+        # (a Ctrl-C inside the finally below can leave _holder set after
+        # the lock is released: only a held lock counts)
+        if self._holder == threading.get_ident() and self._lock.locked():
             raise RuntimeError("this thread is already generating on the model's default session: "
                                "finish or close that generator first, or pass session=model.new_session()")
         with self._lock:
