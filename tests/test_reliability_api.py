@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fastllm import Model, SamplingParams
+from fastllm import Model, ResourceLimitWarning, SamplingParams
 from fastllm import _core
 from fastllm.config import ModelConfig
 from fastllm.errors import ModelFileError
@@ -214,11 +214,11 @@ def test_ids_are_checked_at_their_own_width(tiny_model_dir, bad):
 def test_threads_are_capped_at_the_cpus_available(tiny_model_dir):
     import os
     cpus = len(os.sched_getaffinity(0))
-    with pytest.warns(UserWarning, match=f"may use {cpus} CPUs"):
+    with pytest.warns(ResourceLimitWarning, match=f"may use {cpus} CPUs"):
         model = Model.from_pretrained(tiny_model_dir("llama-gqa"), threads=1000, n_ctx=32)
     assert model.threads == cpus
     model.threads = 1
-    with pytest.warns(UserWarning, match=f"may use {cpus} CPUs"):
+    with pytest.warns(ResourceLimitWarning, match=f"may use {cpus} CPUs"):
         model.threads = 1000
     assert model.threads == cpus
     for bad in (0, -3, 2.5, "4", True):
@@ -307,7 +307,7 @@ def test_a_huge_context_is_refused_or_capped_before_allocating(tiny_model_dir, t
     # the default context, max_position_embeddings, is capped to half the RAM
     import fastllm.model
     monkeypatch.setattr(fastllm.model, "physical_memory", lambda: 64 << 20)
-    with pytest.warns(UserWarning, match="max_position_embeddings is 1000000000.*capped at"):
+    with pytest.warns(ResourceLimitWarning, match="max_position_embeddings is 1000000000.*capped at"):
         model = Model.from_pretrained(folder, threads=1)
     assert 0 < model.n_ctx * model.config.context_bytes(1, "f32", 1) <= 32 << 20
     assert model.logits(PROMPT).shape == (len(PROMPT), model.config.vocab_size)
@@ -400,7 +400,11 @@ EXPLOSIVE_TEMPLATES = [
     ("{{ '{:1000000000}'.format(1) }}", "width"),
     ("{{ ('a' * 10**7)|replace('a', 'a' * 1000) }}", "value of"),
     ("{{ range(10000)|join('x' * 10**5) }}", "value of"),
+    ("{{ range(10000)|map('string')|join('x' * 10**5) }}", "value of"),
+    ("{{ ('x' * 10**5).join(range(10000)|map('string')) }}", "value of"),
     ("{{ (10 ** 100000) }}", "too large"),
+    ("{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = '{0}{0}'.format(ns.s) %}"
+     "{% endfor %}", "value of"),
     ("{% for i in range(100000) %}{{ messages[0].content * 1000 }}{% endfor %}", "more than"),
     ("{{ 1 + 'a' }}", "TypeError"),
     ("{{ messages[0].content|int / 0 }}", "ZeroDivisionError"),

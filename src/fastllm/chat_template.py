@@ -177,6 +177,9 @@ def _bounded_filter(name, f):
         _step()
         # the value is the first argument, after the context or environment some filters take
         value_at = 1 if getattr(f, "jinja_pass_arg", None) else 0
+        if name == "join" and len(args) > value_at and not isinstance(args[value_at], (str, list, tuple)):
+            # a generator (map, select): listed, so that its size is known before joining
+            args = args[:value_at] + (list(_bounded_loop(args[value_at])),) + args[value_at + 1:]
         value, rest = (args[value_at], args[value_at + 1:]) if len(args) > value_at else (None, ())
         _check_args(name, rest, kwargs)
         if name == "format":
@@ -225,12 +228,15 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
         owner = getattr(__obj, "__self__", None)
         if isinstance(owner, (str, list, tuple, dict)):
             name = getattr(__obj, "__name__", "")
+            if name == "join" and args and not isinstance(args[0], (str, list, tuple)):
+                args = (list(_bounded_loop(args[0])),) + args[1:]
             _check_args(name, args, kwargs)
             _size_ok(_result_size(name, owner, args, kwargs), name)
-            out = super().call(__context, __obj, *args, **kwargs)
-            _size_ok(_sized(out), name)
-            return out
-        return super().call(__context, __obj, *args, **kwargs)
+        else:
+            name = getattr(__obj, "__name__", "a call")
+        out = super().call(__context, __obj, *args, **kwargs)
+        _size_ok(_sized(out), name)
+        return out
 
     def call_binop(self, context, operator, left, right):
         _step()
