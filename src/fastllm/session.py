@@ -67,10 +67,11 @@ class Session:
     def check(self, token_ids) -> np.ndarray:
         """token_ids as an int32 array, once they are ids of the vocabulary
         that fit the context; else ValueError."""
-        ids = _core.check_token_ids(token_ids, self.vocab_size)
-        if ids.size > self.n_ctx:
-            raise ValueError(f"{ids.size} tokens do not fit the context of {self.n_ctx} "
-                             "(load the model with a larger n_ctx)")
+        n = len(token_ids) if hasattr(token_ids, "__len__") else None
+        ids = None if n is not None and n > self.n_ctx else _core.check_token_ids(token_ids, self.vocab_size)
+        if ids is None or ids.size > self.n_ctx:   # refused before a long list is converted
+            raise ValueError(f"{n if ids is None else ids.size} tokens do not fit the context of "
+                             f"{self.n_ctx} (load the model with a larger n_ctx)")
         return ids
 
     def _run(self, ids: np.ndarray, all_logits=False, hidden_states=False):
