@@ -41,6 +41,7 @@ Known limits of exactness:
 import json
 import numbers
 import os
+import re
 
 from .. import _bpe
 from ..errors import ModelFileError
@@ -76,11 +77,40 @@ CONFIG_JSON_LIMIT = 32 << 20
 def _read_json(path, what, limit=CONFIG_JSON_LIMIT):
     data = read_bounded(path, limit, what)
     try:
-        return json.loads(data)
+        value = json.loads(data)
     except (UnicodeDecodeError, ValueError) as e:
         raise ModelFileError(path, f"{what} is not valid JSON: {e}") from None
     except RecursionError:
         raise ModelFileError(path, f"{what} is nested too deeply") from None
+    bad = _lone_surrogate(data, value)
+    if bad is not None:
+        raise ModelFileError(path, f"{what} holds the string {bad!r} with a lone surrogate "
+                                   "(a \\uD800-\\uDFFF escape without its pair), which is not text")
+    return value
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _lone_surrogate(data: bytes, value):
+    """A string of value that holds a lone surrogate, else None. JSON can
+    write one as an escape; only files with such escapes are walked."""
+    if not _SURROGATE_ESCAPE.search(data):
+        return None
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return v[:40]
+    return None
 
 
 def _read_text(path, what):
@@ -258,6 +288,10 @@ class Tokenizer:
             raise TokenizerError(f"tokenizer.json text is not valid JSON: {e}") from None
         except RecursionError:
             raise TokenizerError("tokenizer.json text is nested too deeply") from None
+        if _lone_surrogate(json_text.encode("utf-8", "surrogatepass") if isinstance(json_text, str)
+                           else json_text, spec) is not None:
+            raise TokenizerError("tokenizer.json text holds a lone surrogate (a \\uD800-\\uDFFF escape "
+                                 "without its pair), which is not text")
         return cls(spec)
 
     @classmethod
