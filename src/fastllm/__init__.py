@@ -6,10 +6,10 @@
 """
 from . import _openmp  # noqa: F401  (first: starts OpenMP with fastllm's wait policy)
 from .errors import FastLLMError, ModelFileError
-from .model import ContextFullWarning, GenerationStats, Model
+from .model import ContextFullWarning, GenerationStats, Model, ResourceLimitWarning
 from .sampling import SamplingParams
 from .session import Session
 
 __version__ = "0.1.0"
-__all__ = ["Model", "Session", "SamplingParams", "GenerationStats", "ContextFullWarning", "FastLLMError",
-           "ModelFileError", "__version__"]
+__all__ = ["Model", "Session", "SamplingParams", "GenerationStats", "ContextFullWarning",
+           "ResourceLimitWarning", "FastLLMError", "ModelFileError", "__version__"]

@@ -15,6 +15,68 @@ import numpy as np
 
 from .errors import ModelFileError
 from .families import FAMILIES, Family, family
+from .files import read_bounded
+
+CONFIG_LIMIT = 4 << 20   # bytes; a config.json is a few kilobytes
+
+
+def read_json(path, limit: int, what: str):
+    """The JSON value of a regular file of at most limit bytes, else
+    ModelFileError naming the file."""
+    data = read_bounded(path, limit, what)
+    try:
+        return json.loads(data)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ModelFileError(path, f"not valid JSON: {e}") from None
+    except RecursionError:
+        raise ModelFileError(path, "not valid JSON: nested too deeply") from None
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _positive_int(v) -> bool:
+    # The C core holds sizes as int.
+    return isinstance(v, int) and not isinstance(v, bool) and 0 < v < 2**31
+
+
+def _token_id(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**31
+
+
+ROPE_TYPES = ("default", "linear", "dynamic", "llama3")
+
+
+def check_rope_scaling(scaling, path):
+    """ModelFileError naming the field unless rope_scaling is null or a
+    dict that ModelConfig.rope_inv_freq can use."""
+    if scaling is None:
+        return
+    if not isinstance(scaling, dict):
+        raise ModelFileError(path, f"rope_scaling must be an object or null, got {scaling!r}")
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind not in ROPE_TYPES:
+        raise ModelFileError(path, f"rope_scaling type {kind!r} is not supported "
+                                   "(supported: linear, dynamic, llama3)")
+    if kind == "default":
+        return
+
+    def positive(key, whole=False, required=True):
+        if key not in scaling and not required:
+            return
+        v = scaling.get(key)
+        ok = _positive_int(v) if whole else _number(v) and v > 0
+        if not ok:
+            raise ModelFileError(path, f"rope_scaling {key!r} must be a positive "
+                                       f"{'integer' if whole else 'number'} for {kind} scaling, got {v!r}")
+    positive("factor")
+    positive("original_max_position_embeddings", whole=True, required=kind == "llama3")
+    if kind == "llama3":
+        positive("low_freq_factor")
+        positive("high_freq_factor")
+        if scaling["low_freq_factor"] == scaling["high_freq_factor"]:
+            raise ModelFileError(path, "rope_scaling low_freq_factor and high_freq_factor must differ")
 
 
 @dataclass
@@ -69,12 +131,9 @@ class ModelConfig:
     @classmethod
     def from_file(cls, path) -> "ModelConfig":
         path = Path(path)
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ModelFileError(path, "file not found (a model folder needs config.json)") from None
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ModelFileError(path, f"not valid JSON: {e}") from None
+        if not path.exists():
+            raise ModelFileError(path, "file not found (a model folder needs config.json)")
+        raw = read_json(path, CONFIG_LIMIT, "config.json")
         if not isinstance(raw, dict):
             raise ModelFileError(path, "expected a JSON object")
         return cls.from_dict(raw, path)
@@ -85,8 +144,8 @@ class ModelConfig:
             if key not in raw or raw[key] is None:
                 raise ModelFileError(path, f"missing key {key!r}")
             value = raw[key]
-            if kind is int and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-                raise ModelFileError(path, f"{key!r} must be a positive integer, got {value!r}")
+            if kind is int and not _positive_int(value):
+                raise ModelFileError(path, f"{key!r} must be a positive integer below 2**31, got {value!r}")
             if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))
                                   or not math.isfinite(value) or value <= 0):
                 raise ModelFileError(path, f"{key!r} must be a positive number, got {value!r}")
@@ -119,10 +178,10 @@ class ModelConfig:
         heads = need("num_attention_heads")
         kv_heads = raw.get("num_key_value_heads") or heads
         head_dim = raw.get("head_dim") or hidden // heads
-        if not isinstance(kv_heads, int) or kv_heads <= 0 or heads % kv_heads:
+        if not _positive_int(kv_heads) or heads % kv_heads:
             raise ModelFileError(path, f"num_attention_heads ({heads}) must be a multiple of "
                                        f"num_key_value_heads ({kv_heads})")
-        if not isinstance(head_dim, int) or head_dim <= 0 or head_dim % 2:
+        if not _positive_int(head_dim) or head_dim % 2:
             raise ModelFileError(path, f"head_dim must be a positive even integer, got {head_dim!r}")
         if raw.get("head_dim") is None and hidden % heads:
             raise ModelFileError(path, f"hidden_size ({hidden}) is not divisible by "
@@ -130,7 +189,7 @@ class ModelConfig:
         rope_params = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
         prf = (raw.get("partial_rotary_factor") or rope_params.get("partial_rotary_factor")
                or fam.partial_rotary_factor)
-        if not (0 < prf <= 1) or int(head_dim * prf) % 2:
+        if not _number(prf) or not (0 < prf <= 1) or int(head_dim * prf) % 2:
             raise ModelFileError(path, f"partial_rotary_factor {prf!r} does not give an even "
                                        f"number of rotated dims of head_dim {head_dim}")
 
@@ -140,6 +199,9 @@ class ModelConfig:
             layer_types = raw.get("layer_types")
             if layer_types is None:
                 interval = raw.get("full_attention_interval", 4)
+                if not _positive_int(interval):
+                    raise ModelFileError(path, "full_attention_interval must be a positive integer, "
+                                               f"got {interval!r}")
                 layer_types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
                                for i in range(n_layers)]
             if (not isinstance(layer_types, list) or len(layer_types) != n_layers
@@ -155,6 +217,12 @@ class ModelConfig:
 
         eos = raw.get("eos_token_id")
         eos = [] if eos is None else list(eos) if isinstance(eos, list) else [eos]
+        if not all(_token_id(i) for i in eos):
+            raise ModelFileError(path, "eos_token_id must be a token id or a list of token ids, "
+                                       f"got {raw.get('eos_token_id')!r}")
+        bos = raw.get("bos_token_id")
+        if bos is not None and not _token_id(bos):
+            raise ModelFileError(path, f"bos_token_id must be a token id, got {bos!r}")
         rope_scaling = raw.get("rope_scaling")
         rope_theta = raw.get("rope_theta", 10000.0)
         if isinstance(raw.get("rope_parameters"), dict):
@@ -163,6 +231,15 @@ class ModelConfig:
             rope_theta = params.pop("rope_theta", rope_theta)
             if params.get("rope_type", "default") != "default":
                 rope_scaling = params
+        if not _number(rope_theta) or not rope_theta > 0:
+            raise ModelFileError(path, f"rope_theta must be a positive number, got {rope_theta!r}")
+        eps = raw.get("rms_norm_eps", 1e-6)
+        if not _number(eps) or not 0 <= eps < 1:
+            raise ModelFileError(path, f"rms_norm_eps must be a number in [0, 1), got {eps!r}")
+        check_rope_scaling(rope_scaling, path)
+        for key in ("tie_word_embeddings", "attention_bias", "mlp_bias"):
+            if raw.get(key) is not None and not isinstance(raw[key], bool):
+                raise ModelFileError(path, f"{key} must be true or false, got {raw[key]!r}")
         cfg = cls(
             model_type=model_type,
             hidden_size=hidden,
@@ -173,14 +250,14 @@ class ModelConfig:
             head_dim=head_dim,
             vocab_size=need("vocab_size"),
             max_position_embeddings=need("max_position_embeddings"),
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rms_norm_eps=float(eps),
             rope_theta=float(rope_theta),
             rope_scaling=rope_scaling,
             partial_rotary_factor=float(prf),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             **{name: fam.switch(name, raw) for name in ("attention_bias", "o_bias", "mlp_bias")},
             qk_norm=fam.qk_norm,
-            bos_token_id=raw.get("bos_token_id"),
+            bos_token_id=bos,
             eos_token_id=eos,
             layer_types=layer_types,
             norm_plus_one=fam.norm_plus_one,
@@ -189,10 +266,19 @@ class ModelConfig:
             path=Path(path) if path else None,
             **linear,
         )
-        cfg.rope_inv_freq(cfg.max_position_embeddings)  # validates rope_scaling early
         return cfg
 
+    def context_bytes(self, n_ctx: int, kv_dtype: str = "f32", threads: int = 1) -> int:
+        """Memory a context of n_ctx positions takes: the RoPE tables (and
+        their temporaries while they are computed), one session's KV cache
+        when full, and an attention score row per thread."""
+        kv_bytes = {"f32": 4, "bf16": 2, "f16": 2}[kv_dtype]
+        kv = 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * kv_bytes
+        rope = 3 * self.rope_dim // 2 * 4
+        return n_ctx * (kv + rope + 4 * threads)
+
     # ------------------------------------------------------------------ RoPE
+    # rope_inv_freq reads rope_scaling as check_rope_scaling has checked it.
 
     def rope_inv_freq(self, seq_len: int) -> np.ndarray:
         """Inverse frequencies for a sequence of seq_len tokens, computed in

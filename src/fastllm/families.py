@@ -58,7 +58,7 @@ GGUF_ARCHITECTURES = tuple(name for name, f in FAMILIES.items() if f.gguf)
 
 def family(model_type, path=None) -> Family:
     """The family of a model_type, or a ModelFileError naming the file."""
-    if model_type not in FAMILIES:
+    if not isinstance(model_type, str) or model_type not in FAMILIES:
         raise ModelFileError(path, f"model_type {model_type!r} is not supported "
                                    f"(supported: {', '.join(FAMILIES)})")
     return FAMILIES[model_type]

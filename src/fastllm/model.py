@@ -1,6 +1,7 @@
 """Model: a loaded checkpoint with its tokenizer, and text generation."""
 from __future__ import annotations
 
+import numbers
 import os
 import threading
 import time
@@ -28,6 +29,93 @@ KV_DTYPES = ("f32", "bf16", "f16")
 
 class ContextFullWarning(UserWarning):
     """Generation stopped because the context (n_ctx tokens) is full."""
+
+
+class ResourceLimitWarning(UserWarning):
+    """A setting asked for more than this machine has and was capped."""
+
+
+def _whole(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def usable_threads(n) -> int:
+    """n as a thread count: a whole number >= 1, capped (with a warning) at
+    the CPUs available, since more threads than CPUs only contend and
+    OpenMP may fail to create them."""
+    if not _whole(n) or n < 1:
+        raise ValueError(f"threads must be a whole number >= 1, got {n!r}")
+    cpus = available_cpus()
+    if n > cpus:
+        warnings.warn(f"threads={n}: this process may use {cpus} CPUs, so {cpus} threads are used",
+                      ResourceLimitWarning, stacklevel=3)
+        return cpus
+    return int(n)
+
+
+def physical_memory() -> int:
+    """Bytes of RAM on this machine (a large number where unknown)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 50
+
+
+def check_sizes(config: ModelConfig, folder: Path):
+    """ModelFileError unless the checkpoint's tensors (read from the file
+    headers alone) have the shapes config.json implies: a config whose
+    sizes are absurd is refused before anything is allocated from them."""
+    from . import schema
+    from .formats.safetensors import Checkpoint
+
+    ck = Checkpoint(folder)
+    wanted = [(schema.EMBED, schema.hf_name(schema.EMBED, config))]
+    for i in range(config.num_hidden_layers):
+        wanted += [(t, schema.hf_name(t, config, i)) for t in schema.layer_tensors(config, config.layer_kind(i))]
+    seen = set()
+    for t, name in wanted:
+        if name in seen:   # the attention gate is read from q_proj, checked with it
+            continue
+        seen.add(name)
+        f = ck.file_of(name)
+        if f.shape(name) != schema.hf_shape(t, config):
+            raise ModelFileError(f.path, f"tensor {name!r} has shape {list(f.shape(name))}, "
+                                         f"config.json implies {list(schema.hf_shape(t, config))}")
+
+
+def context_size(config: ModelConfig, n_ctx, kv_dtype: str, threads: int) -> int:
+    """The context length to load with, checked before anything is allocated.
+
+    n_ctx None means the model's max_position_embeddings; where that context
+    (RoPE tables, a full KV cache) would need more than half the RAM, it is
+    capped to what fits, with a warning. An n_ctx asked for explicitly that
+    needs more than the RAM is refused."""
+    memory = physical_memory()
+    per_token = config.context_bytes(1, kv_dtype, threads)
+    if n_ctx is None:
+        n_ctx = config.max_position_embeddings
+        fits = max(1, memory // 2 // per_token)
+        if n_ctx > fits:
+            warnings.warn(f"{config.path}: max_position_embeddings is {n_ctx}, a context of "
+                          f"{n_ctx * per_token / 2**30:.1f} GiB; n_ctx is capped at {fits}, half this "
+                          f"machine's RAM (pass n_ctx= to choose)", ResourceLimitWarning, stacklevel=3)
+            n_ctx = fits
+        return n_ctx
+    if not _whole(n_ctx) or not 1 <= n_ctx < 2**31:
+        raise ValueError(f"n_ctx must be a whole number from 1 to 2**31-1, got {n_ctx!r}")
+    if n_ctx * per_token > memory:
+        raise ValueError(f"n_ctx={n_ctx} needs {n_ctx * per_token / 2**30:.1f} GiB for the context "
+                         f"(RoPE tables and KV cache), more than this machine's "
+                         f"{memory / 2**30:.1f} GiB of RAM: choose a smaller n_ctx")
+    return int(n_ctx)
 
 
 def physical_cores() -> int:
@@ -114,8 +202,11 @@ class Model:
             raise ModelFileError(folder, "not a model folder")
         config = ModelConfig.from_file(folder / "config.json")
         gen_config = read_generation_config(folder / "generation_config.json")
-        seq_len = config.max_position_embeddings if n_ctx is None else int(n_ctx)
-        threads = physical_cores() if threads is None else int(threads)
+        threads = physical_cores() if threads is None else usable_threads(threads)
+        check_sizes(config, folder)
+        seq_len = context_size(config, n_ctx, kv_dtype, threads)
+        if not _whole(max_batch) or not 1 <= max_batch <= 1 << 16:
+            raise ValueError(f"max_batch must be a whole number from 1 to 65536, got {max_batch!r}")
 
         weights = _core.Weights(config, load_weights(config, folder, bf16=(dtype == "bf16")), seq_len,
                                 threads, kv_dtype)
@@ -140,7 +231,7 @@ class Model:
 
     @threads.setter
     def threads(self, n: int):
-        self._weights.n_threads = int(n)
+        self._weights.n_threads = usable_threads(n)
 
     def new_session(self, max_batch: int | None = None) -> Session:
         """A Session of its own (KV cache and recurrent state) on these weights."""
@@ -152,7 +243,9 @@ class Model:
         if session is not None:
             yield session
             return
-        if self._holder == threading.get_ident():
+        # (a Ctrl-C inside the finally below can leave _holder set after
+        # the lock is released: only a held lock counts)
+        if self._holder == threading.get_ident() and self._lock.locked():
             raise RuntimeError("this thread is already generating on the model's default session: "
                                "finish or close that generator first, or pass session=model.new_session()")
         with self._lock:
@@ -176,11 +269,16 @@ class Model:
         Runs on session, else on the default session (see Model).
         logits_processors: more (tokens, logits) -> logits functions, run
         after the repetition penalty of sampling."""
+        if not _whole(max_new_tokens) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be a whole number >= 0, got {max_new_tokens!r}")
         sampler = Sampler(sampling or SamplingParams(), logits_processors)
         stop_ids = self.eos_token_ids if stop_token_ids is None else set(stop_token_ids)
         if len(prompt_ids) >= self.n_ctx:
             raise ValueError(f"the prompt has {len(prompt_ids)} tokens: no room left in the context of "
                              f"{self.n_ctx} (load the model with a larger n_ctx)")
+        return self._generate(prompt_ids, max_new_tokens, sampler, stop_ids, session)
+
+    def _generate(self, prompt_ids, max_new_tokens, sampler, stop_ids, session) -> Iterator[int]:
         with self._use(session) as s:
             stats = self.last_stats = GenerationStats(prompt_tokens=len(prompt_ids), finish_reason="length")
             t0 = time.perf_counter()
@@ -233,15 +331,16 @@ class Model:
         together (see generate_tokens_batch): each is exactly what generate
         gives for that prompt alone. Settings as for stream."""
         params = self._sampling(sampling, overrides)
+        stops = _stop_strings(stop)
         tok = self._need_tokenizer()
-        ids = [tok.encode(p, add_special_tokens=add_special_tokens) for p in prompts]
+        ids = [self._encode(p, add_special_tokens) for p in prompts]
         n = max((self.default_max_new_tokens(len(i)) for i in ids), default=0) \
             if max_new_tokens is None else max_new_tokens
         outs = self.generate_tokens_batch(ids, n, params)
         texts = []
         for i, out in zip(ids, outs):
             limit = self.default_max_new_tokens(len(i)) if max_new_tokens is None else n
-            text = TextStream(tok, stop)
+            text = TextStream(tok, stops)
             pieces = [text.add(t) for t in out[:limit]] + [text.flush()]
             texts.append("".join(pieces))
         return texts
@@ -259,13 +358,14 @@ class Model:
         (temperature=..., seed=..., any SamplingParams field; None leaves a
         setting as it is) are applied on top, and checked here, at the call.
         max_new_tokens: else default_max_new_tokens(). session: where to
-        run (see generate_tokens). Afterwards
+        run (see generate_tokens). stop: a string or a list of strings that
+        end the text (not included); an empty one is refused. Afterwards
         last_stats.finish_reason says why generation ended; "context" (the
         context is full) also gives a ContextFullWarning."""
         params = self._sampling(sampling, overrides)
-        ids = self._need_tokenizer().encode(prompt, add_special_tokens=add_special_tokens)
+        ids = self._encode(prompt, add_special_tokens)
         n = self.default_max_new_tokens(len(ids)) if max_new_tokens is None else max_new_tokens
-        return self._stream_ids(ids, n, params, stop, session)
+        return self._stream_ids(ids, n, params, _stop_strings(stop), session)
 
     def _sampling(self, sampling: SamplingParams | None, overrides: dict) -> SamplingParams:
         base = self.default_sampling if sampling is None else sampling
@@ -292,10 +392,21 @@ class Model:
         params = self._sampling(sampling, overrides)
         text = self._need_tokenizer().apply_chat_template(messages, add_generation_prompt=True,
                                                           **(template_kwargs or {}))
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        ids = self._encode(text, False)
         n = self.default_max_new_tokens(len(ids), 256) if max_new_tokens is None else max_new_tokens
-        pieces = self._stream_ids(ids, n, params, stop, session)
+        pieces = self._stream_ids(ids, n, params, _stop_strings(stop), session)
         return pieces if stream else "".join(pieces)
+
+    def _encode(self, text: str, add_special_tokens: bool) -> list:
+        """The ids of a prompt, refused before it is tokenized when it is
+        too long for the context whatever its tokens (each token stands for
+        at most tokenizer.max_chars_per_token characters)."""
+        tokenizer = self._need_tokenizer()
+        per_token = tokenizer.max_chars_per_token
+        if isinstance(text, str) and per_token is not None and len(text) > self.n_ctx * per_token:
+            raise ValueError(f"the prompt has {len(text)} characters: more tokens than the context of "
+                             f"{self.n_ctx} holds (load the model with a larger n_ctx)")
+        return tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     def _need_tokenizer(self):
         if self.tokenizer is None:
@@ -303,8 +414,8 @@ class Model:
                                  "file not found: text in and out needs the model's tokenizer")
         return self.tokenizer
 
-    def _stream_ids(self, ids, max_new_tokens, sampling, stop, session) -> Iterator[str]:
-        text = TextStream(self.tokenizer, stop)
+    def _stream_ids(self, ids, max_new_tokens, sampling, stops, session) -> Iterator[str]:
+        text = TextStream(self.tokenizer, stops)
         tokens = self.generate_tokens(ids, max_new_tokens, sampling, session=session)
         try:
             for token in tokens:
@@ -328,6 +439,17 @@ class Model:
     def __repr__(self):
         return (f"Model({str(self.path)!r}, model_type={self.config.model_type!r}, "
                 f"dtype={self.dtype!r}, n_ctx={self.n_ctx}, threads={self.threads})")
+
+
+def _stop_strings(stop) -> list:
+    """stop (None, a string or a list of strings) as a list. An empty
+    string would match before any text, so it is refused, alone or in a list."""
+    stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) for s in stops):
+        raise TypeError(f"stop must be a string or a list of strings, got {stop!r}")
+    if "" in stops:
+        raise ValueError("stop strings must not be empty (an empty one would match before any text)")
+    return list(stops)
 
 
 def _eos_ids(gen_config: dict, config: ModelConfig, tokenizer) -> set:

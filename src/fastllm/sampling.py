@@ -12,7 +12,6 @@ transformers does, or only the last repeat_last_n, as llama.cpp does.
 from __future__ import annotations
 
 import dataclasses
-import json
 import numbers
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .config import CONFIG_LIMIT, read_json
 from .errors import ModelFileError
 
 # A logits processor, as in mlx-lm: (tokens so far, logits) -> new logits.
@@ -178,9 +178,9 @@ def read_generation_config(path) -> dict:
     if not path.exists():
         return {}
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise GenerationConfigError(path, f"not valid JSON: {e}") from None
+        data = read_json(path, CONFIG_LIMIT, "generation_config.json")
+    except ModelFileError as e:
+        raise GenerationConfigError(path, e.problem) from None
     if not isinstance(data, dict):
         raise GenerationConfigError(path, "expected a JSON object")
     out = {}

@@ -20,45 +20,78 @@ class Session:
         logits = session.prefill(prompt_ids)   # reuses what it already holds
         logits = session.step(token)           # one more token
 
-    Token ids are checked once, on the way in. The tokens held grow only by
-    what the C loop has run, so an interrupted call leaves the session
-    consistent. A Session serves one thread at a time: give each thread its
-    own. Layers with a recurrent state (Gated DeltaNet) cannot forget their
-    last tokens, so a session of such a model can only be reset
-    (can_rewind is False).
+    Token ids are checked once, on the way in. A Session serves one thread
+    at a time: give each thread its own. Layers with a recurrent state
+    (Gated DeltaNet) cannot forget their last tokens, so a session of such a
+    model can only be reset (can_rewind is False).
+
+    Interrupts: tokens go to C in chunks of max_batch, so Ctrl-C returns
+    within one chunk. A KeyboardInterrupt can land after C has run a chunk
+    and before the session has listed it; the chunk is therefore marked
+    unsettled while it runs. The next call then keeps only what the state
+    surely holds: an attention cache keeps the tokens listed (the unlisted
+    positions are overwritten later), a recurrent state, which may have
+    absorbed the chunk, starts afresh from position 0.
     """
 
     def __init__(self, model, max_batch: int | None = None):
         weights = model._weights
-        self._state = _core.State(weights, model.max_batch if max_batch is None else max_batch)
+        self.max_batch = model.max_batch if max_batch is None else max_batch
+        self._state = _core.State(weights, self.max_batch)
         self.vocab_size = weights.vocab_size
         self.n_ctx = weights.seq_len
         config = weights.config
         self.can_rewind = all(config.layer_kind(i) != LINEAR for i in range(config.num_hidden_layers))
         self._tokens = []
+        self._unsettled = False   # a chunk may have run without being listed
+
+    def _settle(self):
+        """After an interrupted run: keep only what the state surely holds."""
+        if self._unsettled:
+            if not self.can_rewind:
+                self._tokens = []
+            self._unsettled = False
 
     @property
     def tokens(self) -> tuple:
         """The tokens whose keys/values (or recurrent state) the session holds."""
+        self._settle()
         return tuple(self._tokens)
 
     @property
     def position(self) -> int:
         """Where the next token goes: the number of tokens held."""
+        self._settle()
         return len(self._tokens)
 
     def check(self, token_ids) -> np.ndarray:
         """token_ids as an int32 array, once they are ids of the vocabulary
         that fit the context; else ValueError."""
-        ids = _core.check_token_ids(token_ids, self.vocab_size)
-        if ids.size > self.n_ctx:
-            raise ValueError(f"{ids.size} tokens do not fit the context of {self.n_ctx} "
-                             "(load the model with a larger n_ctx)")
+        n = len(token_ids) if hasattr(token_ids, "__len__") else None
+        ids = None if n is not None and n > self.n_ctx else _core.check_token_ids(token_ids, self.vocab_size)
+        if ids is None or ids.size > self.n_ctx:   # refused before a long list is converted
+            raise ValueError(f"{n if ids is None else ids.size} tokens do not fit the context of "
+                             f"{self.n_ctx} (load the model with a larger n_ctx)")
         return ids
 
     def _run(self, ids: np.ndarray, all_logits=False, hidden_states=False):
-        out = self._state.run(ids, len(self._tokens), all_logits, hidden_states)
-        self._tokens += ids.tolist()
+        self._settle()
+        logits, traces = [], []
+        for start in range(0, ids.size, self.max_batch):
+            chunk = ids[start:start + self.max_batch]
+            self._unsettled = True
+            out = self._state.run(chunk, len(self._tokens), all_logits, hidden_states)
+            self._tokens += chunk.tolist()
+            self._unsettled = False
+            if hidden_states:
+                out, trace = out
+                traces.append(trace)
+            logits.append(out)
+        if not all_logits:
+            logits = logits[-1:]
+        out = logits[0] if len(logits) == 1 else np.concatenate(logits)
+        if hidden_states:
+            return out, traces[0] if len(traces) == 1 else np.concatenate(traces, axis=1)
         return out
 
     def prefill(self, token_ids) -> np.ndarray:
@@ -66,6 +99,7 @@ class Session:
         the longest common prefix with the tokens held are reused; a
         recurrent state only when token_ids extend everything it has seen."""
         ids = self.check(token_ids)
+        self._settle()
         common = 0
         for held, new in zip(self._tokens, ids.tolist()):
             if held != new:
@@ -96,6 +130,7 @@ class Session:
 
     def rewind(self, position: int):
         """Forget the tokens from position on."""
+        self._settle()
         if not 0 <= position <= len(self._tokens):
             raise ValueError(f"cannot rewind to {position}: the session holds {len(self._tokens)} tokens")
         if not self.can_rewind and 0 < position < len(self._tokens):
@@ -118,7 +153,8 @@ class Session:
         if whole and n != other.position:
             raise ValueError("a recurrent state can only be copied whole")
         self._state.copy_from(other._state, n, whole)
-        self._tokens = list(other._tokens[:n])
+        self._tokens = list(other.tokens[:n])
+        self._unsettled = False
 
     def __repr__(self):
         return f"Session(position={self.position}, n_ctx={self.n_ctx}, can_rewind={self.can_rewind})"
@@ -134,8 +170,12 @@ def extend_together(sessions, token_ids, work: Session | None = None) -> np.ndar
     The pass runs in the work buffers of work (a Session whose max_batch
     holds all the tokens), else of the first session."""
     ids = [s.check(t) for s, t in zip(sessions, token_ids, strict=True)]
-    out = _core.run_batch([s._state for s in sessions], ids, [s.position for s in sessions],
+    positions = [s.position for s in sessions]   # settles any interrupted run first
+    for s in sessions:
+        s._unsettled = True
+    out = _core.run_batch([s._state for s in sessions], ids, positions,
                           None if work is None else work._state)
     for s, i in zip(sessions, ids):
         s._tokens += i.tolist()
+        s._unsettled = False
     return out

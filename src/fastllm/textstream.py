@@ -13,8 +13,9 @@ class TextStream:
 
     def __init__(self, tokenizer, stops=()):
         self._decoder = tokenizer.incremental_decoder(skip_special_tokens=True)
-        # "" can never be found in a meaningful place: ignored, alone or in a list.
-        self.stops = [s for s in ([stops] if isinstance(stops, str) else stops or ()) if s]
+        # Callers refuse empty stop strings (model._stop_strings): "" would
+        # match before any text.
+        self.stops = [stops] if isinstance(stops, str) else list(stops or ())
         self._held = ""
         self.stopped = False
 

@@ -39,10 +39,13 @@ Known limits of exactness:
   crash); fastllm inserts it once.
 """
 import json
+import numbers
 import os
+import re
 
 from .. import _bpe
 from ..errors import ModelFileError
+from ..files import read_bounded
 from . import decoders, normalizers, post_processors, pre_tokenizers
 from .added_tokens import AddedToken, Matcher
 from .bpe import BPE
@@ -65,19 +68,57 @@ def _token_str(v):
     return v
 
 
-def _read_json(path, what):
+# Bounds on what is read; the largest tokenizer.json files in use are
+# tens of megabytes, their configs and templates far less.
+TOKENIZER_JSON_LIMIT = 256 << 20
+CONFIG_JSON_LIMIT = 32 << 20
+
+
+def _read_json(path, what, limit=CONFIG_JSON_LIMIT):
+    data = read_bounded(path, limit, what)
     try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise ModelFileError(path, f"{what} not found") from None
-    except OSError as e:
-        raise ModelFileError(path, f"cannot read {what}: {e.strerror or e}") from None
-    try:
-        return json.loads(data)
+        value = json.loads(data)
     except (UnicodeDecodeError, ValueError) as e:
         raise ModelFileError(path, f"{what} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise ModelFileError(path, f"{what} is nested too deeply") from None
+    bad = _lone_surrogate(data, value)
+    if bad is not None:
+        raise ModelFileError(path, f"{what} holds the string {bad!r} with a lone surrogate "
+                                   "(a \\uD800-\\uDFFF escape without its pair), which is not text")
+    return value
 
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _lone_surrogate(data: bytes, value):
+    """A string of value that holds a lone surrogate, else None. JSON can
+    write one as an escape; only files with such escapes are walked."""
+    if not _SURROGATE_ESCAPE.search(data):
+        return None
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return v[:40]
+    return None
+
+
+def _read_text(path, what):
+    data = read_bounded(path, CONFIG_JSON_LIMIT, what)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ModelFileError(path, f"{what} is not UTF-8 text: {e}") from None
 
 
 def _check_text(text, what="text"):
@@ -91,6 +132,21 @@ def _check_text(text, what="text"):
             f"{what} contains the lone surrogate U+{ord(bad):04X} at index {e.start}; "
             "surrogates are not Unicode characters and cannot be tokenized "
             "(decode the source bytes with errors='replace' or fix the string)") from None
+
+
+def _normalizers(norm):
+    yield norm
+    for item in getattr(norm, "items", ()):
+        yield from _normalizers(item)
+
+
+def _max_chars_per_token(tok):
+    if tok.model.fuse_unk or any(isinstance(n, (normalizers.Strip, normalizers.Replace))
+                                 for n in _normalizers(tok.normalizer)):
+        return None
+    longest = max(max(map(len, tok.model.vocab), default=1), max(map(len, tok._added), default=1))
+    # A Unicode normalization composes at most a few characters into one.
+    return longest * (4 if tok.normalizer is not None else 1)
 
 
 class Tokenizer:
@@ -220,7 +276,7 @@ class Tokenizer:
         vocabulary is reported by the first encode(), or by validate().
         """
         path = os.fspath(path)
-        spec = _read_json(path, "tokenizer.json")
+        spec = _read_json(path, "tokenizer.json", TOKENIZER_JSON_LIMIT)
         return cls(spec, path)
 
     @classmethod
@@ -230,6 +286,12 @@ class Tokenizer:
             spec = json.loads(json_text)
         except ValueError as e:
             raise TokenizerError(f"tokenizer.json text is not valid JSON: {e}") from None
+        except RecursionError:
+            raise TokenizerError("tokenizer.json text is nested too deeply") from None
+        if _lone_surrogate(json_text.encode("utf-8", "surrogatepass") if isinstance(json_text, str)
+                           else json_text, spec) is not None:
+            raise TokenizerError("tokenizer.json text holds a lone surrogate (a \\uD800-\\uDFFF escape "
+                                 "without its pair), which is not text")
         return cls(spec)
 
     @classmethod
@@ -314,14 +376,12 @@ class Tokenizer:
         templates = {}
         jinja = os.path.join(folder, "chat_template.jinja")
         if os.path.exists(jinja):
-            with open(jinja, encoding="utf-8") as f:
-                templates["default"] = f.read()
+            templates["default"] = _read_text(jinja, "chat_template.jinja")
         extra_dir = os.path.join(folder, "additional_chat_templates")
         if os.path.isdir(extra_dir):
             for name in sorted(os.listdir(extra_dir)):
                 if name.endswith(".jinja"):
-                    with open(os.path.join(extra_dir, name), encoding="utf-8") as f:
-                        templates[name[:-len(".jinja")]] = f.read()
+                    templates[name[:-len(".jinja")]] = _read_text(os.path.join(extra_dir, name), name)
         if len(templates) == 1 and "default" in templates:
             template = templates["default"]
         elif templates:
@@ -347,6 +407,16 @@ class Tokenizer:
 
     def __len__(self):
         return self.vocab_size
+
+    @property
+    def max_chars_per_token(self):
+        """An upper bound on the characters of input text one token stands
+        for, so that a caller can refuse text that cannot fit some number of
+        tokens without tokenizing it; None where no bound holds (a
+        normalizer that deletes text, fused unknown tokens)."""
+        if getattr(self, "_max_chars", 0) == 0:
+            self._max_chars = _max_chars_per_token(self)
+        return self._max_chars
 
     def get_vocab(self):
         v = dict(self.model.vocab)
@@ -540,10 +610,12 @@ class Tokenizer:
 
     def decode(self, ids, skip_special_tokens=False):
         """Text of token ids, as tokenizers' Tokenizer.decode."""
-        if isinstance(ids, int):
+        if isinstance(ids, numbers.Integral):
             ids = [ids]
-        else:
-            ids = [int(i) for i in ids]
+        bad = next((i for i in ids if not isinstance(i, numbers.Integral)), None)
+        if bad is not None:
+            raise TypeError(f"token ids must be integers, got {bad!r}")
+        ids = [int(i) for i in ids]   # unknown ids, negative ones too, are dropped below
         tokens = self._tokens_for_decode(ids, skip_special_tokens)
         if self.decoder is None:
             return " ".join(tokens)

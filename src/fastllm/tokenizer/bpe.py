@@ -21,12 +21,20 @@ class BPE:
         self.vocab = d["vocab"]
         if not isinstance(self.vocab, dict):
             raise TokenizerError(f"{where}.vocab: expected an object mapping tokens to ids")
+        for token, i in self.vocab.items():
+            if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < 2**32:
+                raise TokenizerError(f"{where}.vocab: the id of {token!r} must be a whole number "
+                                     f"from 0 to 2**32-1, got {i!r}")
         self.merges = d["merges"]
         if not isinstance(self.merges, list):
             raise TokenizerError(f"{where}.merges: expected a list")
         self.unk_token = d.get("unk_token")
         self.prefix = d.get("continuing_subword_prefix") or ""
         self.suffix = d.get("end_of_word_suffix") or ""
+        for key, value in (("unk_token", self.unk_token), ("continuing_subword_prefix", self.prefix),
+                           ("end_of_word_suffix", self.suffix)):
+            if value is not None and not isinstance(value, str):
+                raise TokenizerError(f"{where}.{key}: expected a string, got {value!r}")
         self.fuse_unk = bool(d.get("fuse_unk", False))
         self.byte_fallback = bool(d.get("byte_fallback", False))
         self.ignore_merges = bool(d.get("ignore_merges", False))

@@ -1,7 +1,7 @@
 """Decoders: each maps a list of token strings to a list of strings."""
 from . import normalizers
 from .chars import CHAR_TO_BYTE
-from .errors import UnsupportedTokenizerError
+from .errors import UnsupportedTokenizerError, need_int, need_str
 
 
 def token_bytes(t):
@@ -127,15 +127,16 @@ def build(d, where="decoder"):
     if t == "Fuse":
         return Fuse()
     if t == "Strip":
-        content = d.get("content", " ")
-        return Strip(content, int(d.get("start", 0)), int(d.get("stop", 0)))
+        content = need_str(d.get("content", " "), where, "content")
+        start, stop = (need_int(d.get(k, 0), where, k) for k in ("start", "stop"))
+        return Strip(content, start, stop)
     if t == "Replace":
-        return Replace(d["pattern"], d["content"], where)
+        return Replace(d["pattern"], need_str(d["content"], where, "content"), where)
     if t == "Metaspace":
         scheme = d.get("prepend_scheme")
         if scheme is None:
             scheme = "always" if d.get("add_prefix_space", True) else "never"
-        return Metaspace(d.get("replacement", "\u2581"), scheme)
+        return Metaspace(need_str(d.get("replacement", "\u2581"), where, "replacement"), scheme)
     if t == "Sequence":
         return Sequence([build(x, f"{where}.decoders[{i}]") for i, x in enumerate(d.get("decoders", []))])
     raise UnsupportedTokenizerError(f"{where}: decoder type {t!r} is not supported (supported: "

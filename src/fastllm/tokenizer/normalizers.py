@@ -8,7 +8,7 @@ needs to know whether a piece starts the input.
 import unicodedata
 
 from .chars import WHITESPACE
-from .errors import TokenizerError, UnsupportedTokenizerError
+from .errors import TokenizerError, UnsupportedTokenizerError, need_str
 from .patterns import compile_pattern, onig_matches
 
 
@@ -132,11 +132,11 @@ def build(d, where="normalizer"):
     if t == "Lowercase":
         return Lowercase()
     if t == "Prepend":
-        return Prepend(d["prepend"])
+        return Prepend(need_str(d["prepend"], where, "prepend"))
     if t == "Strip":
         return Strip(bool(d.get("strip_left", True)), bool(d.get("strip_right", True)))
     if t == "Replace":
-        return Replace(d["pattern"], d["content"], where)
+        return Replace(d["pattern"], need_str(d["content"], where, "content"), where)
     if t == "Sequence":
         items = [build(x, f"{where}.normalizers[{i}]")
                  for i, x in enumerate(d.get("normalizers", []))]
