@@ -426,3 +426,17 @@ def test_bounded_templates_still_render_what_real_ones_do():
          "{{ messages|map(attribute='role')|join(', ') }}{{ ' {:>4}'.format(ns.n) }}")
     msgs = [{"role": "user", "content": " a\nb "}, {"role": "assistant", "content": "c"}]
     assert render_chat(t, msgs) == "1: a\n  b---\n2: c---\nuser, assistant    2"
+
+
+def test_a_normalizer_chain_that_multiplies_the_text_is_refused(tmp_path):
+    """Found by fuzzing: Replace steps of "" (or feeding each other) multiply
+    the text at every step, and encoding ran for minutes. Past a 64-fold
+    growth the tokenizer.json is refused at encode."""
+    from fastllm.tokenizer import Tokenizer, TokenizerError
+    base = json.loads((Path(__file__).parent / "data" / "tiny-llama" / "tokenizer.json").read_text())
+    base["normalizer"] = {"type": "Sequence", "normalizers": [
+        {"type": "Replace", "pattern": {"String": ""}, "content": "ab" * 20}] * 6}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(base))
+    tok = Tokenizer.from_file(tmp_path / "tokenizer.json")
+    with pytest.raises(TokenizerError, match="cannot be used"):
+        tok.encode("hello world")

@@ -14,6 +14,18 @@ from .patterns import compile_pattern, onig_matches
 
 _WHITESPACE = "".join(sorted(WHITESPACE))   # for str.strip: Rust's whitespace, not Python's
 
+# Real normalizers change a text's length by a small factor (NFKC at most
+# 18-fold). A Replace of "" or a chain of Replaces that feed each other can
+# multiply it at every step; past this bound the tokenizer.json, not the
+# text, is at fault, and encoding would run for minutes.
+GROWTH = 64
+
+
+def _check_growth(n_in: int, n_out: int, what: str):
+    if n_out > GROWTH * n_in + 4096:
+        raise TokenizerError(f"{what} grows a text of {n_in} characters to more than {n_out}: "
+                             "this tokenizer.json cannot be used")
+
 
 class _Rewrite:
     """A normalizer that rewrites characters where they stand: the first z
@@ -77,9 +89,11 @@ class Replace:
         self.content = content
 
     def normalize(self, s):
-        out = []
+        out, n = [], 0
         for a, b, m in onig_matches(self.pat, s):
             out.append(self.content if m else s[a:b])
+            n += len(out[-1])
+            _check_growth(len(s), n, "a Replace normalizer")
         return "".join(out)
 
     def normalize_z(self, s, z):
@@ -98,6 +112,7 @@ class Replace:
             else:
                 out.append(s[a:b])
                 flags.extend(i < z for i in range(a, b))
+            _check_growth(len(s), len(flags), "a Replace normalizer")
         nz = 0
         for f in flags:
             if not f:
@@ -111,13 +126,17 @@ class Sequence:
         self.items = items
 
     def normalize(self, s):
+        n_in = len(s)
         for n in self.items:
             s = n.normalize(s)
+            _check_growth(n_in, len(s), "the normalizer Sequence")
         return s
 
     def normalize_z(self, s, z):
+        n_in = len(s)
         for n in self.items:
             s, z = n.normalize_z(s, z)
+            _check_growth(n_in, len(s), "the normalizer Sequence")
         return s, z
 
 
