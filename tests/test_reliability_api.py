@@ -346,7 +346,7 @@ def test_config_json_is_read_with_a_bound(tiny_model_dir, tmp_path):
         Model.from_pretrained(folder)
     (folder / "config.json").unlink()
     (folder / "config.json").write_bytes(b" " * (5 << 20))
-    with pytest.raises(ModelFileError, match="larger than"):
+    with pytest.raises(ModelFileError, match="more than the .* bytes such a file may have"):
         Model.from_pretrained(folder)
 
 
