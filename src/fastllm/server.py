@@ -11,6 +11,7 @@ frees its slot at the engine's next step.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import time
 import uuid
@@ -75,7 +76,7 @@ class Metrics:
         self.requests = {}          # (endpoint, status) -> count
         self.prompt_tokens = self.generated_tokens = 0
         self.ttft_sum, self.ttft_count = 0.0, 0
-        self.recent = []            # (time, tokens) of the last minute
+        self.recent = collections.deque()   # (time, tokens) of the last 10 s
 
     def request(self, endpoint: str, status: int):
         key = (endpoint, status)
@@ -84,7 +85,9 @@ class Metrics:
     def tokens(self, n: int):
         self.generated_tokens += n
         now = time.monotonic()
-        self.recent = [(t, k) for t, k in self.recent if now - t < 60] + [(now, n)]
+        self.recent.append((now, n))
+        while now - self.recent[0][0] >= 10:
+            self.recent.popleft()
 
     def text(self, engine: BatchEngine) -> str:
         now = time.monotonic()
