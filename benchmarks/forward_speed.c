@@ -3,7 +3,7 @@
  * that says where a slow configuration spends it. Random weights, made here:
  * no checkpoint, no Python.
  *
- *   cc -O2 -fopenmp -Icsrc csrc/fastllm.c csrc/kernels.c csrc/gemm.c \
+ *   cc -O2 -fopenmp -Icsrc csrc/fastllm.c csrc/kernels.c csrc/gemm.c csrc/quant.c \
  *      benchmarks/forward_speed.c -lm -o /tmp/forward_speed
  *   /tmp/forward_speed SHAPE f32|bf16 THREADS [PP [TG [PATH [KV]]]]
  *
@@ -20,26 +20,50 @@
 #include <omp.h>
 
 #include "fastllm.h"
+#include "quant.h"
 
 static const char *PHASE_NAMES[FLM_PHASES] = {"norms", "qkv", "attention", "recurrence",
                                               "out_proj", "mlp_up", "mlp_down", "lm_head"};
 
-/* An (N, K) matrix of small pseudo-random values, packed. */
-static void *random_matrix(int N, int K, int wtype, unsigned seed, int threads) {
-    size_t n = (size_t)N * K;
-    void *raw = malloc(n * (wtype == FLM_BF16 ? 2 : 4));
+/* The weight type of a name: f32, bf16, f16, q8_0, q4_0, ... q6_k. */
+static int type_by_name(const char *name) {
+    if (!strcmp(name, "f32")) return FLM_F32;
+    if (!strcmp(name, "bf16")) return FLM_BF16;
+    for (int t = FLM_F16; t < FLM_TYPES; t++)
+        if (!strcmp(name, flm_quant_type(t)->name)) return t;
+    return -1;
+}
+
+/* An (N, K) matrix of small pseudo-random values (or quants, with small f16
+ * scales), packed. */
+static FlmMatrix *random_matrix(int N, int K, int wtype, unsigned seed, int threads) {
+    const FlmQuantType *q = flm_is_quantized(wtype) ? flm_quant_type(wtype) : NULL;
+    size_t n = (size_t)N * K, bytes = q ? n / q->ggml_block * q->ggml_bytes : n * (wtype == FLM_F32 ? 4 : 2);
+    unsigned char *raw = malloc(bytes);
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < (q ? bytes : n); i++) {
         unsigned h = (unsigned)(i * 2654435761u) ^ (seed * 40503u);
         h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
         float f = ((float)(h & 0xFFFF) / 65536.0f - 0.5f) * 0.1f;
-        if (wtype == FLM_BF16) { unsigned u; memcpy(&u, &f, 4); ((unsigned short *)raw)[i] = (unsigned short)(u >> 16); }
+        unsigned u; memcpy(&u, &f, 4);
+        if (q) raw[i] = (unsigned char)h;
+        else if (wtype == FLM_BF16) ((unsigned short *)raw)[i] = (unsigned short)(u >> 16);
+        else if (wtype == FLM_F16) ((unsigned short *)raw)[i] = (unsigned short)(0x2000 | (h & 0x83FF));
         else ((float *)raw)[i] = f;
     }
+    /* Every f16 scale of a block (at its start; Q6_K's at its end) small. */
+    for (size_t b = 0; q && b < n / q->ggml_block; b++) {
+        unsigned char *blk = raw + b * q->ggml_bytes + (wtype == FLM_Q6_K ? 208 : 0);
+        blk[1] = 0x18;
+        if (wtype != FLM_Q6_K && wtype != FLM_Q8_0 && wtype != FLM_Q4_0 && wtype != FLM_Q5_0) blk[3] = 0x98;
+    }
+    FlmMatrix *m = malloc(sizeof *m);
     void *p = malloc(flm_packed_bytes(N, K, wtype));
     flm_pack(p, raw, N, K, wtype, threads);
     free(raw);
-    return p;
+    m->data = p;
+    m->type = wtype;
+    return m;
 }
 
 static float *ones(int n) {
@@ -55,7 +79,7 @@ static int cmp(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
     if (argc < 4) {
-        fprintf(stderr, "usage: %s SHAPE f32|bf16 THREADS [PP [TG [PATH [KV]]]]\n", argv[0]);
+        fprintf(stderr, "usage: %s SHAPE f32|bf16|f16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k THREADS [PP [TG [PATH [KV]]]]\n", argv[0]);
         return 2;
     }
     FlmConfig c = {0};
@@ -73,7 +97,15 @@ int main(int argc, char **argv) {
     }
     c.head_dim = c.dim / c.n_heads;
     c.vocab_size = !strcmp(argv[1], "7b") ? 32000 : 49152;
-    c.wtype = !strcmp(argv[2], "bf16") ? FLM_BF16 : FLM_F32;
+    const int wtype = type_by_name(argv[2]);
+    if (wtype < 0) {
+        fprintf(stderr, "unknown weight type %s\n", argv[2]);
+        return 2;
+    }
+    if (flm_is_quantized(wtype) && (c.dim % flm_quant_type(wtype)->sb || c.hidden_dim % flm_quant_type(wtype)->sb)) {
+        fprintf(stderr, "%s needs matrix rows of whole %d-value blocks\n", argv[2], flm_quant_type(wtype)->sb);
+        return 2;
+    }
     const int threads = atoi(argv[3]);
     const int pp = argc > 4 ? atoi(argv[4]) : 512, tg = argc > 5 ? atoi(argv[5]) : 64;
     int reps = getenv("FS_REPS") ? atoi(getenv("FS_REPS")) : 3;
@@ -94,13 +126,13 @@ int main(int argc, char **argv) {
         FlmLayer *L = &layers[l];
         unsigned seed = 16 * (unsigned)l;
         L->kind = FLM_ATTENTION;
-        L->wq = random_matrix(qd, c.dim, c.wtype, seed + 1, threads);
-        L->wk = random_matrix(kvd, c.dim, c.wtype, seed + 2, threads);
-        L->wv = random_matrix(kvd, c.dim, c.wtype, seed + 3, threads);
-        L->wo = random_matrix(c.dim, qd, c.wtype, seed + 4, threads);
-        L->w_gate = random_matrix(c.hidden_dim, c.dim, c.wtype, seed + 5, threads);
-        L->w_up = random_matrix(c.hidden_dim, c.dim, c.wtype, seed + 6, threads);
-        L->w_down = random_matrix(c.dim, c.hidden_dim, c.wtype, seed + 7, threads);
+        L->wq = random_matrix(qd, c.dim, wtype, seed + 1, threads);
+        L->wk = random_matrix(kvd, c.dim, wtype, seed + 2, threads);
+        L->wv = random_matrix(kvd, c.dim, wtype, seed + 3, threads);
+        L->wo = random_matrix(c.dim, qd, wtype, seed + 4, threads);
+        L->w_gate = random_matrix(c.hidden_dim, c.dim, wtype, seed + 5, threads);
+        L->w_up = random_matrix(c.hidden_dim, c.dim, wtype, seed + 6, threads);
+        L->w_down = random_matrix(c.dim, c.hidden_dim, wtype, seed + 7, threads);
         L->attn_norm = ones(c.dim);
         L->ffn_norm = ones(c.dim);
     }
@@ -113,7 +145,7 @@ int main(int argc, char **argv) {
             sinv[p * half + i] = (float)sin(a);
         }
     FlmWeights w = {.embed = NULL, .layers = layers, .norm = ones(c.dim),
-                    .lm_head = random_matrix(c.vocab_size, c.dim, c.wtype, 9999, threads),
+                    .lm_head = random_matrix(c.vocab_size, c.dim, wtype, 9999, threads),
                     .rope_cos = cosv, .rope_sin = sinv};
 
     const int batch = pp > 0 ? pp : 1;
@@ -125,8 +157,8 @@ int main(int argc, char **argv) {
     int32_t *tokens = malloc(sizeof(int32_t) * (batch > tg ? batch : tg));
     for (int i = 0; i < (batch > tg ? batch : tg); i++) tokens[i] = (int32_t)((i * 7919) % c.vocab_size);
 
-    printf("shape %s, %s weights, %s KV, %d threads, path %s\n", argv[1], argv[2],
-           argc > 7 ? argv[7] : "f32", threads, flm_simd_path());
+    printf("shape %s, %s weights, %s KV, %d threads, path %s (int8: %s)\n", argv[1], argv[2],
+           argc > 7 ? argv[7] : "f32", threads, flm_simd_path(), flm_int8_name());
     for (int test = 0; test < 2; test++) {
         const int n = test == 0 ? pp : tg;
         if (n <= 0) continue;

@@ -5,9 +5,9 @@
  * where it also reports the weight bytes streamed per second. Median of
  * several repetitions.
  *
- *   cc -O2 -fopenmp -Icsrc csrc/fastllm.c csrc/kernels.c csrc/gemm.c \
+ *   cc -O2 -fopenmp -Icsrc csrc/fastllm.c csrc/kernels.c csrc/gemm.c csrc/quant.c \
  *      benchmarks/gemm_speed.c -lm -o /tmp/gemm_speed
- *   /tmp/gemm_speed [threads] [path] [f32|bf16] [T] [shapes]
+ *   /tmp/gemm_speed [threads] [path] [f32|bf16|f16|q8_0|q4_0|...|q6_k] [T] [shapes]
  *
  * path: a SIMD path name (default: the best this CPU has); T: 512 or 1
  * (default both); shapes: only those whose name contains this text.
@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "fastllm.h"
+#include "quant.h"
 
 static const struct { const char *what; int N, K; } SHAPES[] = {
     {"135M qkv/o    576x576", 576, 576},
@@ -47,47 +48,62 @@ int main(int argc, char **argv) {
         fprintf(stderr, "no SIMD path %s on this CPU\n", argv[2]);
         return 2;
     }
-    int wtype = argc > 3 && !strcmp(argv[3], "bf16") ? FLM_BF16 : FLM_F32;
+    const char *tname = argc > 3 ? argv[3] : "f32";
+    int wtype = !strcmp(tname, "bf16") ? FLM_BF16 : FLM_F32;
+    for (int ty = FLM_F16; ty < FLM_TYPES; ty++)
+        if (!strcmp(tname, flm_quant_type(ty)->name)) wtype = ty;
     int only_T = argc > 4 ? atoi(argv[4]) : 0;
     const char *only_shapes = argc > 5 ? argv[5] : "";
-    size_t esize = wtype == FLM_BF16 ? 2 : 4;
-    printf("path %s, %s weights, %d threads\n", flm_simd_path(), wtype == FLM_BF16 ? "bf16" : "f32", threads);
+    const FlmQuantType *q = flm_is_quantized(wtype) ? flm_quant_type(wtype) : NULL;
+    size_t esize = wtype == FLM_F32 ? 4 : 2;
+    printf("path %s (int8: %s), %s weights, %d threads\n", flm_simd_path(), flm_int8_name(), tname, threads);
     printf("%-22s %6s %12s %10s\n", "matrix (N x K)", "T", "GFLOP/s/core", "GB/s");
     for (size_t i = 0; i < sizeof SHAPES / sizeof SHAPES[0]; i++) {
         const int N = SHAPES[i].N, K = SHAPES[i].K;
         if (!strstr(SHAPES[i].what, only_shapes)) continue;
-        void *raw = malloc((size_t)N * K * esize);
-        for (size_t j = 0; j < (size_t)N * K; j++) {
+        if (q && K % q->sb) continue;
+        const size_t bytes = q ? (size_t)N * K / q->ggml_block * q->ggml_bytes : (size_t)N * K * esize;
+        unsigned char *raw = malloc(bytes);
+        for (size_t j = 0; j < (q ? bytes : (size_t)N * K); j++) {
             float f = (float)((j * 2654435761u) % 1000) / 1000.0f - 0.5f;
-            if (wtype == FLM_BF16) { uint32_t u; memcpy(&u, &f, 4); ((uint16_t *)raw)[j] = u >> 16; }
+            uint32_t u; memcpy(&u, &f, 4);
+            if (q) raw[j] = (unsigned char)(j * 2654435761u >> 13);
+            else if (wtype == FLM_BF16) ((uint16_t *)raw)[j] = u >> 16;
+            else if (wtype == FLM_F16) ((uint16_t *)raw)[j] = (uint16_t)(0x2000 | (j * 40503u & 0x83FF));
             else ((float *)raw)[j] = f;
         }
-        void *w = malloc(flm_packed_bytes(N, K, wtype));
-        flm_pack(w, raw, N, K, wtype, threads);
+        for (size_t b = 0; q && b < (size_t)N * K / q->ggml_block; b++)  /* small f16 scales */
+            raw[b * q->ggml_bytes + (wtype == FLM_Q6_K ? 209 : 1)] = 0x18;
+        FlmMatrix w = {malloc(flm_packed_bytes(N, K, wtype)), wtype};
+        flm_pack((void *)w.data, raw, N, K, wtype, threads);
         free(raw);
         const int Ts[2] = {512, 1};
         for (int ti = 0; ti < 2; ti++) {
             const int T = Ts[ti];
             if (only_T && T != only_T) continue;
             float *x = malloc(sizeof(float) * T * K), *out = malloc(sizeof(float) * T * N);
-            uint16_t *xq = malloc(2 * (size_t)T * (K + 1));
+            FlmConfig c = {.dim = K, .hidden_dim = K, .n_layers = 1, .n_heads = 1, .n_kv_heads = 1,
+                           .head_dim = 16, .vocab_size = N, .seq_len = 16, .rope_dim = 16};
+            FlmState st;
+            float *work = calloc(flm_state_work_floats(&c, T, threads), 4);
+            flm_state_init(&st, &c, T, threads, work, NULL);
             for (size_t j = 0; j < (size_t)T * K; j++) x[j] = (float)(j % 97) / 97.0f - 0.5f;
             double flop = 2.0 * T * N * K, t[9];
             int reps = 0;
             double start = now();
-            flm_matmul(out, x, w, T, K, N, wtype, xq, threads);  /* warm-up */
+            flm_matmul(out, x, &w, T, K, N, &st, 0, threads);  /* warm-up */
             while (reps < 9 && (reps < 3 || now() - start < 2.0)) {
                 double t0 = now();
-                flm_matmul(out, x, w, T, K, N, wtype, xq, threads);
+                flm_matmul(out, x, &w, T, K, N, &st, 0, threads);
                 t[reps++] = now() - t0;
             }
             qsort(t, reps, sizeof t[0], cmp);
             double med = t[reps / 2];
             printf("%-22s %6d %12.1f %10.1f\n", SHAPES[i].what, T, flop / med / threads * 1e-9,
                    (double)flm_packed_bytes(N, K, wtype) / med * 1e-9);
-            free(x); free(out); free(xq);
+            free(x); free(out); free(work);
         }
-        free(w);
+        free((void *)w.data);
     }
     return 0;
 }

@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "kernels.h"
+#include "quant.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -71,8 +72,11 @@ static size_t lin_state_floats(const FlmConfig *c) {
          + (size_t)c->lin_v_heads * c->lin_k_dim * c->lin_v_dim;
 }
 static int mixer_dim(const FlmConfig *c) { return imax(c->dim, imax(q_dim(c), lin_value_dim(c))); }
-/* Widest matmul input, rounded up to whole bf16 pairs. */
-static int max_input_pairs(const FlmConfig *c) { return (imax(mixer_dim(c), c->hidden_dim) + 1) / 2; }
+#define PANEL_FLOATS(c) ((size_t)FLM_PANEL * max_input(c))
+static int max_input(const FlmConfig *c) { return imax(mixer_dim(c), c->hidden_dim); }
+/* Widest matmul input, rounded up to whole bf16 pairs, and in int8 blocks. */
+static int max_input_pairs(const FlmConfig *c) { return (max_input(c) + 1) / 2; }
+static size_t max_input_blocks(const FlmConfig *c) { return (size_t)(max_input(c) + 31) / 32; }
 
 size_t flm_state_work_floats(const FlmConfig *c, int max_batch, int max_threads) {
     size_t b = (size_t)max_batch;
@@ -84,6 +88,8 @@ size_t flm_state_work_floats(const FlmConfig *c, int max_batch, int max_threads)
          + b * imax(q_dim(c), lin_value_dim(c)) /* gate */
          + b * (conv_dim(c) + 2 * (size_t)c->lin_v_heads) /* lin */
          + b * max_input_pairs(c)             /* xq (two bf16 per float) */
+         + b * max_input_blocks(c) * (sizeof(FlmQ8) / 4) /* xa */
+         + (size_t)max_threads * PANEL_FLOATS(c) /* wide */
          + 2 * b                              /* row_seq, row_pos */
          + (size_t)max_threads * seq_cap(c);  /* att */
 }
@@ -116,6 +122,8 @@ void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, int max_thre
     s->gate = work; work += b * imax(q_dim(c), lin_value_dim(c));
     s->lin = work;  work += b * (conv_dim(c) + 2 * (size_t)c->lin_v_heads);
     s->xq = (uint16_t *)work; work += b * max_input_pairs(c);
+    s->xa = work;   work += b * max_input_blocks(c) * (sizeof(FlmQ8) / 4);
+    s->wide = work; work += (size_t)max_threads * PANEL_FLOATS(c);
     s->row_seq = (int32_t *)work; work += b;
     s->row_pos = (int32_t *)work; work += b;
     s->att = work;
@@ -145,12 +153,48 @@ void flm_state_copy(const FlmConfig *c, FlmState *dst, const FlmState *src, int 
 
 /* --------------------------------------------------------------- kernels */
 
+/* A matmul input in every form a weight type may take: fp32 rows, bf16
+ * pairs (where bf16 weights take bf16 activations) and int8 blocks (where
+ * quantized weights take int8), each made once for all the products that
+ * share the input. */
+typedef struct {
+    const float *x;
+    int ldx;
+    const float *xb;     /* bf16 pairs, ldb pairs per row */
+    int ldb;
+    const FlmQ8 *xa;     /* lda blocks per row */
+    int lda;
+    const FlmState *s;
+    int float_acts;
+} MatInput;
+
+static int takes_bf16(const FlmMatrix *w) { return w->type == FLM_BF16 && flm_kernels->to_bf16; }
+static int takes_int8(const FlmMatrix *w, int float_acts) { return flm_is_quantized(w->type) && !float_acts; }
+
 /* Panels p0 .. p0+np-1 (rows 16*p0 ..) of out (T, N) = x (T, K) @ w (N, K)^T
- * (+ bias), w packed by flm_pack. */
-static void matmul_panels(float *out, int ldo, const float *x, int ldx, const void *w,
-                          const float *bias, int T, int K, int N, int wtype, int p0, int np) {
-    flm_gemm_fn gemm = wtype == FLM_BF16 ? flm_kernels->gemm_bf16 : flm_kernels->gemm_f32;
-    gemm(out, ldo, x, ldx, w, K, T, p0, np, N);
+ * (+ bias), for tokens t0 .. t0+T-1 of the input. */
+static void matmul_panels(float *out, int ldo, const MatInput *in, int t0, const FlmMatrix *w,
+                          const float *bias, int T, int K, int N, int p0, int np) {
+    if (w->type == FLM_F32) {
+        flm_kernels->gemm_f32(out, ldo, in->x + (size_t)t0 * in->ldx, in->ldx, w->data, K, T, p0, np, N);
+    } else if (w->type == FLM_BF16) {
+        if (takes_bf16(w))
+            flm_kernels->gemm_bf16(out, ldo, in->xb + (size_t)t0 * in->ldb, in->ldb, w->data, K, T, p0, np, N);
+        else
+            flm_kernels->gemm_bf16(out, ldo, in->x + (size_t)t0 * in->ldx, in->ldx, w->data, K, T, p0, np, N);
+    } else if (takes_int8(w, in->float_acts)) {
+        flm_qgemm(out, ldo, in->xa + (size_t)t0 * in->lda, in->lda, w->data, K, T, p0, np, N, w->type);
+    } else {
+        /* fp32 activations: each panel dequantized whole, then the fp32
+         * kernel, so the products are those of the dequantized fp32 matrix
+         * bit for bit (the kernels sum each panel the same way alone). */
+        float *wide = in->s->wide + (size_t)thread_num() * FLM_PANEL * K;
+        for (int p = p0; p < p0 + np; p++) {
+            flm_quant_dequant_panel(wide, w->data, p, 0, K, K, w->type);
+            flm_kernels->gemm_f32(out + p * FLM_PANEL, ldo, in->x + (size_t)t0 * in->ldx, in->ldx, wide, K, T, 0,
+                                  1, N - p * FLM_PANEL);
+        }
+    }
     if (bias)
         for (int t = 0; t < T; t++)
             for (int r = p0 * FLM_PANEL; r < imin(N, (p0 + np) * FLM_PANEL); r++)
@@ -171,35 +215,44 @@ static int token_blocks(int T) { return (T + token_block() - 1) / token_block();
 
 typedef struct {
     float *out;
-    const void *w;
+    const FlmMatrix *w;
     const float *bias;
     int N;     /* rows of w */
     int ldo;   /* row stride of out: N, or more when products share a buffer */
 } MatJob;
 
-/* The matmul input as the kernels read it: x itself, or, where bf16 weights
- * take bf16 activations, x rounded to bf16 once for every product that
- * shares it. Called inside a parallel region. */
-static const float *matmul_input(uint16_t *xq, const float *x, int T, int K, int wtype, int *ldx) {
-    if (wtype != FLM_BF16 || !flm_kernels->to_bf16) {
-        *ldx = K;
-        return x;
+/* The input x (T, K) in the forms the weights of jobs take. Called inside
+ * a parallel region. */
+static MatInput matmul_input(const FlmState *s, const float *x, int T, int K, const MatJob *jobs, int njobs,
+                             int float_acts) {
+    MatInput in = {x, K, NULL, 0, NULL, 0, s, float_acts};
+    int bf16 = 0, int8 = 0;
+    for (int i = 0; i < njobs; i++) {
+        bf16 |= takes_bf16(jobs[i].w);
+        int8 |= takes_int8(jobs[i].w, float_acts);
     }
-    const int pairs = (K + 1) / 2;
+    if (bf16) {
+        in.ldb = (K + 1) / 2;
+        in.xb = (const float *)s->xq;
+    }
+    if (int8) {
+        in.lda = K / 32;
+        in.xa = (const FlmQ8 *)s->xa;
+    }
 #pragma omp for schedule(static)
-    for (int t = 0; t < T; t++)
-        flm_kernels->to_bf16(xq + (size_t)t * pairs * 2, x + (size_t)t * K, K);
-    *ldx = pairs;
-    return (const float *)xq;
+    for (int t = 0; t < T; t++) {
+        if (bf16) flm_kernels->to_bf16(s->xq + (size_t)t * in.ldb * 2, x + (size_t)t * K, K);
+        if (int8) flm_quantize_q8((FlmQ8 *)s->xa + (size_t)t * in.lda, x + (size_t)t * K, K);
+    }
+    return in;
 }
 
 /* Several products of the same input (q, k and v) in one parallel loop, so
  * the threads meet at one barrier instead of three. Called inside a
  * parallel region. */
-static void matmul_multi(uint16_t *xq, const float *x, int T, int K, int wtype, const MatJob *jobs,
-                         int njobs) {
-    int ldx;
-    x = matmul_input(xq, x, T, K, wtype, &ldx);
+static void matmul_multi(const FlmState *s, const float *x, int T, int K, const MatJob *jobs, int njobs,
+                         int float_acts) {
+    const MatInput in = matmul_input(s, x, T, K, jobs, njobs, float_acts);
     const int per = item_panels(T), tb = token_blocks(T);
     int items[8], total = 0;
     for (int i = 0; i < njobs; i++) {
@@ -212,23 +265,23 @@ static void matmul_multi(uint16_t *xq, const float *x, int T, int K, int wtype, 
         while (local >= items[i]) local -= items[i++];
         int panels = (jobs[i].N + FLM_PANEL - 1) / FLM_PANEL, p0 = local / tb * per;
         int t0 = local % tb * token_block(), nt = imin(token_block(), T - t0);
-        matmul_panels(jobs[i].out + (size_t)t0 * jobs[i].ldo, jobs[i].ldo, x + (size_t)t0 * ldx, ldx,
-                      jobs[i].w, jobs[i].bias, nt, K, jobs[i].N, wtype, p0, imin(per, panels - p0));
+        matmul_panels(jobs[i].out + (size_t)t0 * jobs[i].ldo, jobs[i].ldo, &in, t0, jobs[i].w, jobs[i].bias, nt,
+                      K, jobs[i].N, p0, imin(per, panels - p0));
     }
 }
 
-static void matmul(FlmState *s, float *out, const float *x, const void *w, const float *bias,
-                   int T, int K, int N, int wtype) {
+static void matmul(const FlmConfig *c, FlmState *s, float *out, const float *x, const FlmMatrix *w,
+                   const float *bias, int T, int K, int N) {
     MatJob job = {out, w, bias, N, N};
-    matmul_multi(s->xq, x, T, K, wtype, &job, 1);
+    matmul_multi(s, x, T, K, &job, 1, c->float_acts);
 }
 
-void flm_matmul(float *out, const float *x, const void *w, int T, int K, int N, int wtype,
-                uint16_t *xq, int n_threads) {
+void flm_matmul(float *out, const float *x, const FlmMatrix *w, int T, int K, int N, FlmState *s,
+                int float_acts, int n_threads) {
     if (!kernels_ready) { flm_kernels_init(); kernels_ready = 1; }
     MatJob job = {out, w, NULL, N, N};
 #pragma omp parallel num_threads(n_threads > 0 ? n_threads : 1)
-    matmul_multi(xq, x, T, K, wtype, &job, 1);
+    matmul_multi(s, x, T, K, &job, 1, float_acts);
 }
 
 static void rmsnorm(float *out, const float *x, const float *weight, int n, float eps) {
@@ -252,34 +305,36 @@ static void gate_up(const FlmConfig *c, const FlmLayer *L, FlmState *s, int T) {
     const int hidden = c->hidden_dim, dim = c->dim;
     const int per = item_panels(T), tb = token_blocks(T);
     const int panels = (hidden + FLM_PANEL - 1) / FLM_PANEL, groups = (panels + per - 1) / per;
-    int ldx;
-    const float *x = matmul_input(s->xq, s->xb, T, dim, c->wtype, &ldx);
+    MatJob jobs[2] = {{s->hb, L->w_gate, L->b_gate, hidden, hidden}, {s->hb2, L->w_up, L->b_up, hidden, hidden}};
+    const MatInput in = matmul_input(s, s->xb, T, dim, jobs, 2, c->float_acts);
 #pragma omp for schedule(static)
     for (int g = 0; g < groups * tb; g++) {
         int p0 = g / tb * per, np = imin(per, panels - p0);
         int r0 = p0 * FLM_PANEL, nr = imin(np * FLM_PANEL, hidden - r0);
         int t0 = g % tb * token_block(), nt = imin(token_block(), T - t0);
-        matmul_panels(s->hb + (size_t)t0 * hidden, hidden, x + (size_t)t0 * ldx, ldx, L->w_gate,
-                      L->b_gate, nt, dim, hidden, c->wtype, p0, np);
-        matmul_panels(s->hb2 + (size_t)t0 * hidden, hidden, x + (size_t)t0 * ldx, ldx, L->w_up,
-                      L->b_up, nt, dim, hidden, c->wtype, p0, np);
+        for (int j = 0; j < 2; j++)
+            matmul_panels(jobs[j].out + (size_t)t0 * hidden, hidden, &in, t0, jobs[j].w, jobs[j].bias, nt, dim,
+                          hidden, p0, np);
         for (int t = t0; t < t0 + nt; t++)
             flm_kernels->silu_mul(s->hb + (size_t)t * hidden + r0, s->hb2 + (size_t)t * hidden + r0, nr);
     }
 }
 
-static void embed_row(float *out, const FlmWeights *w, int token, int dim, int wtype) {
-    const void *table = w->embed;
-    if (!table) {  /* tied: the rows live in the packed LM head */
-        flm_packed_row(out, w->lm_head, token, dim, wtype);
-    } else if (wtype == FLM_BF16) {
-        const uint16_t *row = (const uint16_t *)table + (size_t)token * dim;
-        for (int i = 0; i < dim; i++) {
-            uint32_t u = (uint32_t)row[i] << 16;
-            memcpy(&out[i], &u, sizeof u);
-        }
+static void embed_row(float *out, const FlmWeights *w, int token, int dim) {
+    if (!w->embed) {  /* tied: the rows live in the packed LM head */
+        flm_packed_row(out, w->lm_head->data, token, dim, w->lm_head->type);
+        return;
+    }
+    const int type = w->embed->type;
+    if (type == FLM_BF16) {
+        const uint16_t *row = (const uint16_t *)w->embed->data + (size_t)token * dim;
+        for (int i = 0; i < dim; i++) out[i] = flm_bf16_to_f32(row[i]);
+    } else if (type == FLM_F32) {
+        memcpy(out, (const float *)w->embed->data + (size_t)token * dim, sizeof(float) * dim);
     } else {
-        memcpy(out, (const float *)table + (size_t)token * dim, sizeof(float) * dim);
+        const FlmQuantType *q = flm_quant_type(type);
+        const size_t row_bytes = (size_t)dim / q->ggml_block * q->ggml_bytes;
+        flm_quant_dequant_row(out, (const char *)w->embed->data + (size_t)token * row_bytes, dim, type);
     }
 }
 
@@ -330,7 +385,7 @@ static void attention(const FlmConfig *c, const FlmWeights *w, const FlmLayer *L
 
     MatJob jobs[4] = {{s->q, L->wq, L->bq, qd, qd}, {s->k, L->wk, L->bk, kvd, kvd},
                       {s->v, L->wv, L->bv, kvd, kvd}, {s->gate, L->w_attn_gate, NULL, qd, qd}};
-    matmul_multi(s->xq, s->xb, T, dim, c->wtype, jobs, L->w_attn_gate ? 4 : 3);
+    matmul_multi(s, s->xb, T, dim, jobs, L->w_attn_gate ? 4 : 3, c->float_acts);
     mark(s, FLM_PHASE_QKV);
 
     /* Per-head norm and RoPE; keys and values go into the cache. */
@@ -376,7 +431,7 @@ static void attention(const FlmConfig *c, const FlmWeights *w, const FlmLayer *L
 #undef KCACHE
 #undef VCACHE
     mark(s, FLM_PHASE_ATTENTION);
-    matmul(s, s->xb2, s->xb, L->wo, L->bo, T, qd, dim, c->wtype);
+    matmul(c, s, s->xb2, s->xb, L->wo, L->bo, T, qd, dim);
     mark(s, FLM_PHASE_OUT_PROJ);
 }
 
@@ -413,7 +468,7 @@ static void linear_attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
 
     MatJob jobs[4] = {{s->lin, L->w_qkv, NULL, cd, ld}, {s->gate, L->w_z, NULL, vd, vd},
                       {s->lin + cd, L->w_b, NULL, hv, ld}, {s->lin + cd + hv, L->w_a, NULL, hv, ld}};
-    matmul_multi(s->xq, s->xb, T, dim, c->wtype, jobs, 4);
+    matmul_multi(s, s->xb, T, dim, jobs, 4, c->float_acts);
     mark(s, FLM_PHASE_QKV);
 
     /* Conv over the window of the last K-1 inputs, channel by channel, each
@@ -466,7 +521,7 @@ static void linear_attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
 #undef CONV_STATE
 #undef DELTA_STATE
     mark(s, FLM_PHASE_RECURRENCE);
-    matmul(s, s->xb2, s->xb, L->w_out, NULL, T, vd, dim, c->wtype);
+    matmul(c, s, s->xb2, s->xb, L->w_out, NULL, T, vd, dim);
     mark(s, FLM_PHASE_OUT_PROJ);
 }
 
@@ -491,7 +546,7 @@ static void forward_rows(const FlmConfig *c, const FlmWeights *w, FlmState *s, c
 #pragma omp for schedule(static)
         for (int t = 0; t < T; t++) {
             const FlmSeq *q = &seqs[s->row_seq[t]];
-            embed_row(s->x + (size_t)t * dim, w, q->tokens[s->row_pos[t] - q->pos], dim, c->wtype);
+            embed_row(s->x + (size_t)t * dim, w, q->tokens[s->row_pos[t] - q->pos], dim);
         }
 
         for (int l = 0; l < c->n_layers; l++) {
@@ -517,7 +572,7 @@ static void forward_rows(const FlmConfig *c, const FlmWeights *w, FlmState *s, c
 
             gate_up(c, L, s, T);
             mark(s, FLM_PHASE_MLP_UP);
-            matmul(s, s->xb2, s->hb, L->w_down, L->b_down, T, hidden, dim, c->wtype);
+            matmul(c, s, s->xb2, s->hb, L->w_down, L->b_down, T, hidden, dim);
             mark(s, FLM_PHASE_MLP_DOWN);
 #pragma omp for schedule(static)
             for (int t = 0; t < T; t++) {
@@ -544,7 +599,7 @@ static void forward_rows(const FlmConfig *c, const FlmWeights *w, FlmState *s, c
                 rmsnorm(s->xb + (size_t)r * dim, s->x + (size_t)t * dim, w->norm, dim, c->norm_eps);
             }
             mark(s, FLM_PHASE_NORMS);
-            matmul(s, logits, s->xb, w->lm_head, NULL, rows, dim, c->vocab_size, c->wtype);
+            matmul(c, s, logits, s->xb, w->lm_head, NULL, rows, dim, c->vocab_size);
             mark(s, FLM_PHASE_LM_HEAD);
         }
     }
@@ -585,4 +640,9 @@ const char *flm_simd_path(void) {
 int flm_set_simd_path(const char *name) {
     if (!kernels_ready) { flm_kernels_init(); kernels_ready = 1; }
     return flm_kernels_select(name);
+}
+
+const char *flm_int8_name(void) {
+    if (!kernels_ready) { flm_kernels_init(); kernels_ready = 1; }
+    return flm_int8_path();
 }

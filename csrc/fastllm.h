@@ -5,8 +5,10 @@
  * of memory for the run state, and calls flm_forward. Every buffer is
  * allocated and every input validated by the caller before C is called.
  *
- * Weight matrices are HF's (out_features, in_features) matrices in fp32 or
- * bf16 (FlmConfig.wtype), packed by flm_pack into panels (gemm.h). Q and K
+ * Weight matrices are HF's (out_features, in_features) matrices, each in
+ * its own storage type (FlmMatrix): fp32, bf16, f16 or one of GGML's
+ * quantized block formats, packed by flm_pack into panels (gemm.h,
+ * quant.h). Q and K
  * rows are expected permuted so that RoPE rotates adjacent pairs (2i, 2i+1)
  * of each head.
  */
@@ -20,7 +22,14 @@
 extern "C" {
 #endif
 
-enum { FLM_F32 = 0, FLM_BF16 = 1, FLM_F16 = 2 };
+/* Storage types of weights (and, the first three, of the KV cache). The
+ * quantized ones are GGML's block formats (quant.h). */
+enum {
+    FLM_F32 = 0, FLM_BF16 = 1, FLM_F16 = 2,
+    FLM_Q8_0 = 3, FLM_Q4_0 = 4, FLM_Q4_1 = 5, FLM_Q5_0 = 6, FLM_Q5_1 = 7,
+    FLM_Q4_K = 8, FLM_Q5_K = 9, FLM_Q6_K = 10,
+    FLM_TYPES
+};
 enum { FLM_ATTENTION = 0, FLM_LINEAR_ATTENTION = 1 };
 
 typedef struct {
@@ -33,7 +42,8 @@ typedef struct {
     int vocab_size;
     int seq_len;      /* KV cache length (n_ctx): positions 0 .. seq_len-1 */
     int rope_dim;     /* rotated dims per head, even, <= head_dim */
-    int wtype;        /* FLM_F32 or FLM_BF16: storage of matrices and embedding */
+    int float_acts;   /* quantized weights multiply the fp32 activations (with the exact
+                         dequantized weights) instead of int8 blocks of them */
     int kv_type;      /* FLM_F32, FLM_BF16 or FLM_F16: storage of the KV cache (keys and
                          values are rounded to it, nearest-even, when written) */
     float norm_eps;   /* RMSNorm epsilon */
@@ -45,40 +55,47 @@ typedef struct {
     int conv_kernel;               /* K of the causal depthwise conv */
 } FlmConfig;
 
+/* A weight matrix (N, K): its storage type, and its data packed by flm_pack
+ * (an embedding table: plain rows, of GGML blocks where quantized). */
+typedef struct {
+    const void *data;
+    int type;             /* FLM_F32 .. FLM_Q6_K */
+} FlmMatrix;
+
 typedef struct {
     int kind;             /* FLM_ATTENTION or FLM_LINEAR_ATTENTION */
     /* attention */
-    const void *wq;       /* (n_heads*head_dim, dim)      */
-    const void *wk;       /* (n_kv_heads*head_dim, dim)   */
-    const void *wv;       /* (n_kv_heads*head_dim, dim)   */
-    const void *wo;       /* (dim, n_heads*head_dim)      */
+    const FlmMatrix *wq;       /* (n_heads*head_dim, dim)      */
+    const FlmMatrix *wk;       /* (n_kv_heads*head_dim, dim)   */
+    const FlmMatrix *wv;       /* (n_kv_heads*head_dim, dim)   */
+    const FlmMatrix *wo;       /* (dim, n_heads*head_dim)      */
     const float *bq, *bk, *bv, *bo;   /* biases, or NULL   */
     const float *q_norm, *k_norm;     /* (head_dim) per-head RMSNorm (Qwen3), or NULL */
-    const void *w_attn_gate;          /* (n_heads*head_dim, dim): output *= sigmoid(x @ w^T), or NULL */
+    const FlmMatrix *w_attn_gate;          /* (n_heads*head_dim, dim): output *= sigmoid(x @ w^T), or NULL */
     /* linear attention (Gated DeltaNet); conv_dim = 2*Hk*dk + Hv*dv */
-    const void *w_qkv;    /* (conv_dim, dim) */
-    const void *w_z;      /* (Hv*dv, dim) gate of the output norm */
-    const void *w_b;      /* (Hv, dim) -> beta = sigmoid */
-    const void *w_a;      /* (Hv, dim) -> decay */
+    const FlmMatrix *w_qkv;    /* (conv_dim, dim) */
+    const FlmMatrix *w_z;      /* (Hv*dv, dim) gate of the output norm */
+    const FlmMatrix *w_b;      /* (Hv, dim) -> beta = sigmoid */
+    const FlmMatrix *w_a;      /* (Hv, dim) -> decay */
     const float *conv_w;  /* (conv_dim, conv_kernel) */
     const float *lin_A;   /* (Hv) -exp(A_log) */
     const float *dt_bias; /* (Hv) */
     const float *lin_norm;/* (dv) gated RMSNorm weight */
-    const void *w_out;    /* (dim, Hv*dv) */
+    const FlmMatrix *w_out;    /* (dim, Hv*dv) */
     /* both */
     const float *attn_norm;           /* (dim) */
     const float *ffn_norm;            /* (dim) */
-    const void *w_gate;   /* (hidden_dim, dim) */
-    const void *w_up;     /* (hidden_dim, dim) */
-    const void *w_down;   /* (dim, hidden_dim) */
+    const FlmMatrix *w_gate;   /* (hidden_dim, dim) */
+    const FlmMatrix *w_up;     /* (hidden_dim, dim) */
+    const FlmMatrix *w_down;   /* (dim, hidden_dim) */
     const float *b_gate, *b_up, *b_down; /* MLP biases, or NULL */
 } FlmLayer;
 
 typedef struct {
-    const void *embed;        /* (vocab_size, dim) row-major; NULL: rows of lm_head (tied) */
+    const FlmMatrix *embed;   /* (vocab_size, dim) plain rows; NULL: rows of lm_head (tied) */
     const FlmLayer *layers;   /* n_layers of them */
     const float *norm;        /* (dim) final RMSNorm */
-    const void *lm_head;      /* (vocab_size, dim), packed */
+    const FlmMatrix *lm_head; /* (vocab_size, dim), packed */
     const float *rope_cos;    /* (seq_len, rope_dim/2) */
     const float *rope_sin;    /* (seq_len, rope_dim/2) */
 } FlmWeights;
@@ -100,6 +117,10 @@ typedef struct {
     float *lin;       /* (max_batch, conv_dim + 2*Hv) projections of a linear layer */
     uint16_t *xq;     /* (max_batch, max matmul input, even) matmul input as bf16,
                          where bf16 weights take bf16 activations */
+    void *xa;         /* (max_batch, max matmul input / 32) FlmQ8 blocks: the matmul
+                         input quantized, where quantized weights take int8 */
+    float *wide;      /* (max_threads, 16 * max matmul input) a panel of f16 or
+                         quantized weights dequantized, for fp32 activations */
     float *lin_state; /* (n_layers, conv_dim*(K-1) + Hv*dk*dv) conv windows and
                          recurrent states of the linear layers */
     /* In kv_type: */
@@ -134,9 +155,11 @@ enum {
     FLM_PHASES
 };
 
-/* Bytes of an (N, K) matrix packed in panels, and the packing itself. */
-size_t flm_packed_bytes(int N, int K, int wtype);
-void flm_pack(void *dst, const void *src, int N, int K, int wtype, int n_threads);
+/* Bytes of an (N, K) matrix of a type packed in panels, and the packing
+ * itself, from rows of fp32, bf16 or f16 values or of GGML blocks. Quantized
+ * types need K to be a whole number of their superblocks (32 or 256). */
+size_t flm_packed_bytes(int N, int K, int type);
+void flm_pack(void *dst, const void *src, int N, int K, int type, int n_threads);
 
 /* Floats needed by the run state's work buffers (everything but the KV
  * cache), and by the KV cache (keys and values together). */
@@ -187,16 +210,19 @@ void flm_forward_batch(const FlmConfig *c, const FlmWeights *w, FlmState *work, 
                        int n_seqs, float *logits, int n_threads);
 
 /* out (T, N) = x (T, K) @ W^T, W packed by flm_pack, split over threads as
- * the run loop splits its matmuls (for benchmarks of the kernels alone).
- * xq: room for T * (K+1)/2 * 2 bf16 values, used where bf16 weights take bf16
- * activations. */
-void flm_matmul(float *out, const float *x, const void *w, int T, int K, int N, int wtype,
-                uint16_t *xq, int n_threads);
+ * the run loop splits its matmuls (for benchmarks of the kernels alone), in
+ * the work buffers of a state whose config has max input >= K and whose
+ * max_batch >= T. */
+void flm_matmul(float *out, const float *x, const FlmMatrix *w, int T, int K, int N, FlmState *s,
+                int float_acts, int n_threads);
 
 /* Name of the SIMD path chosen for this CPU ("avx512", "avx2", "generic"). */
 const char *flm_simd_path(void);
 /* Force a path by name (for tests); returns 0 on success, -1 if unsupported. */
 int flm_set_simd_path(const char *name);
+/* Name of the int8 kernels that quantized weights run on under that path
+ * ("avx512_vnni", "generic"). */
+const char *flm_int8_name(void);
 
 #ifdef __cplusplus
 }

@@ -8,6 +8,7 @@
 
 #include "fastllm.h"
 #include "gemm.h"
+#include "quant.h"
 #include "simd.h"
 
 #define PANEL FLM_PANEL
@@ -18,11 +19,16 @@ static int imin(int a, int b) { return a < b ? a : b; }
 static size_t padded_k(int K, int wtype) { return wtype == FLM_BF16 ? (size_t)(K + 1) / 2 * 2 : (size_t)K; }
 
 size_t flm_packed_bytes(int N, int K, int wtype) {
+    if (wtype != FLM_F32 && wtype != FLM_BF16) return flm_quant_packed_bytes(N, K, wtype);
     size_t panels = (size_t)(N + PANEL - 1) / PANEL;
     return panels * padded_k(K, wtype) * PANEL * (wtype == FLM_BF16 ? 2 : 4);
 }
 
 void flm_pack(void *dst, const void *src, int N, int K, int wtype, int n_threads) {
+    if (wtype != FLM_F32 && wtype != FLM_BF16) {
+        flm_quant_pack(dst, src, N, K, wtype, n_threads);
+        return;
+    }
     const int panels = (N + PANEL - 1) / PANEL;
     const size_t kp = padded_k(K, wtype);
 #pragma omp parallel for schedule(static) num_threads(n_threads > 0 ? n_threads : 1)
@@ -49,6 +55,10 @@ void flm_pack(void *dst, const void *src, int N, int K, int wtype, int n_threads
 
 /* Row r, column k of a packed matrix (for embedding lookups from a tied head). */
 void flm_packed_row(float *out, const void *wp, int r, int K, int wtype) {
+    if (wtype != FLM_F32 && wtype != FLM_BF16) {
+        flm_quant_packed_row(out, wp, r, K, wtype);
+        return;
+    }
     const size_t kp = padded_k(K, wtype);
     const int p = r / PANEL, i = r % PANEL;
     if (wtype == FLM_BF16) {

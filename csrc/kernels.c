@@ -1,6 +1,7 @@
 /* Attention, softmax, delta-rule and elementwise kernels for each path:
  * generic C, AVX2+FMA, AVX-512; the dispatch table (matmul kernels: gemm.c). */
 #include "kernels.h"
+#include "quant.h"
 #include "simd.h"
 
 #include <math.h>
@@ -382,6 +383,7 @@ void flm_kernels_init(void) {
     for (size_t i = 0; i < sizeof all_paths / sizeof all_paths[0]; i++)
         if (all_paths[i]->to_bf16 == NULL && supported(all_paths[i])) {
             flm_kernels = all_paths[i];
+            flm_int8_select(flm_kernels->name);
             return;
         }
 }
@@ -390,6 +392,7 @@ int flm_kernels_select(const char *name) {
     for (size_t i = 0; i < sizeof all_paths / sizeof all_paths[0]; i++)
         if (strcmp(all_paths[i]->name, name) == 0 && supported(all_paths[i])) {
             flm_kernels = all_paths[i];
+            flm_int8_select(flm_kernels->name);
             return 0;
         }
     return -1;

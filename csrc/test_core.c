@@ -3,9 +3,13 @@
  *  - with 1 and 3 threads (bit for bit),
  *  - on every SIMD path this CPU has, against the portable path (close),
  *  - with fp32 and bf16 weights, q/k norms, biases, the attention output
- *    gate and a Gated DeltaNet layer.
+ *    gate and a Gated DeltaNet layer,
+ *  - with every quantized weight type: the int8 matmul of each SIMD path
+ *    against the portable one (bit for bit), the fp32-activation matmul
+ *    against the fp32 matmul of the dequantized matrix (bit for bit), and
+ *    whole models as above.
  * Everything it allocates is freed, so it runs clean under LeakSanitizer.
- * Build: cc -O2 -fopenmp csrc/fastllm.c csrc/kernels.c csrc/gemm.c csrc/test_core.c -lm */
+ * Build: cc -O2 -fopenmp csrc/fastllm.c csrc/kernels.c csrc/gemm.c csrc/quant.c csrc/test_core.c -lm */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +17,7 @@
 
 #include "fastllm.h"
 #include "kernels.h"
+#include "quant.h"
 
 static unsigned long long rng_state = 88172645463325252ULL;
 static float frand(void) { /* xorshift64, uniform in [-1, 1) */
@@ -21,7 +26,7 @@ static float frand(void) { /* xorshift64, uniform in [-1, 1) */
 }
 
 /* Every buffer of the model under test, freed when the test is done. */
-static void *owned[128];
+static void *owned[512];
 static int n_owned = 0;
 static void *own(void *p) {
     if (n_owned == (int)(sizeof owned / sizeof owned[0])) abort();
@@ -32,7 +37,51 @@ static void free_owned(void) {
     while (n_owned) free(owned[--n_owned]);
 }
 
+static void *alloc(size_t n, int wtype, float scale);
+
+/* Bytes of a row of K values of a weight type. */
+static size_t row_size(int K, int type) {
+    const FlmQuantType *q = flm_quant_type(type);
+    return q ? (size_t)K / q->ggml_block * q->ggml_bytes : (size_t)K * (type == FLM_BF16 ? 2 : 4);
+}
+
+/* n rows of K random weights of a quantized type: random quants and scale
+ * bits, with the f16 scales set to small finite values. */
+static void *random_blocks(size_t n, int K, int type, float scale) {
+    const FlmQuantType *q = flm_quant_type(type);
+    const size_t bytes = n * row_size(K, type), blocks = n * (size_t)K / q->ggml_block;
+    uint8_t *p = malloc(bytes);
+    for (size_t i = 0; i < bytes; i++) p[i] = (uint8_t)(frand() * 128.0f + 128.0f);
+    const int d_at = type == FLM_Q6_K ? 208 : 0, has_m = type == FLM_Q4_1 || type == FLM_Q5_1 ||
+                                                        type == FLM_Q4_K || type == FLM_Q5_K;
+    const float unit = type == FLM_Q8_0 ? 0.004f : type >= FLM_Q4_K ? 0.002f : 0.03f;
+    for (size_t b = 0; b < blocks; b++) {
+        uint8_t *blk = p + b * q->ggml_bytes;
+        uint16_t d = flm_f32_to_f16(scale * unit * (1.0f + 0.5f * frand())), m = flm_f32_to_f16(scale * unit * frand());
+        memcpy(blk + d_at, &d, 2);
+        if (has_m) memcpy(blk + 2, &m, 2);
+    }
+    return p;
+}
+
+static void *alloc_rows(int N, int K, int type, float scale) {
+    if (flm_is_quantized(type)) return random_blocks((size_t)N, K, type, scale);
+    return alloc((size_t)N * K, type, scale);
+}
+
+static FlmMatrix *matrix(const void *data, int type) {
+    FlmMatrix *m = own(malloc(sizeof *m));
+    m->data = data;
+    m->type = type;
+    return m;
+}
+
 static void *alloc(size_t n, int wtype, float scale) {
+    if (wtype == FLM_F16) {
+        uint16_t *p = malloc(n * 2);
+        for (size_t i = 0; i < n; i++) p[i] = flm_f32_to_f16(frand() * scale);
+        return p;
+    }
     if (wtype == FLM_BF16) {
         uint16_t *p = malloc(n * 2);
         for (size_t i = 0; i < n; i++) { float f = frand() * scale; uint32_t u; memcpy(&u, &f, 4); p[i] = u >> 16; }
@@ -43,15 +92,15 @@ static void *alloc(size_t n, int wtype, float scale) {
     return p;
 }
 
-static void *packed(const void *m, int N, int K, int wtype) {
+static FlmMatrix *packed(const void *m, int N, int K, int wtype) {
     void *p = own(malloc(flm_packed_bytes(N, K, wtype)));
     flm_pack(p, m, N, K, wtype, 2);
-    return p;
+    return matrix(p, wtype);
 }
 
-static void *mat(int N, int K, int wtype, float scale) {
-    void *m = alloc((size_t)N * K, wtype, scale);
-    void *p = packed(m, N, K, wtype);
+static FlmMatrix *mat(int N, int K, int wtype, float scale) {
+    void *m = alloc_rows(N, K, wtype, scale);
+    FlmMatrix *p = packed(m, N, K, wtype);
     free(m);
     return p;
 }
@@ -142,10 +191,16 @@ static void linear_layer(FlmLayer *L, const FlmConfig *c, int wtype) {
 
 static void test_model(int wtype, int qk_norm, int bias, int gate, int linear) {
     FlmConfig c = {.dim = 71, .hidden_dim = 100, .n_layers = 2, .n_heads = 6, .n_kv_heads = 2,
-                   .head_dim = 20, .vocab_size = 97, .seq_len = 40, .rope_dim = 16, .wtype = wtype,
+                   .head_dim = 20, .vocab_size = 97, .seq_len = 40, .rope_dim = 16,
                    .norm_eps = 1e-5f, .attn_scale = 1.0f / sqrtf(20.0f)};
     if (linear) {
         c.lin_k_heads = 2; c.lin_v_heads = 4; c.lin_k_dim = 12; c.lin_v_dim = 10; c.conv_kernel = 4;
+    }
+    if (flm_is_quantized(wtype) || wtype == FLM_F16) {
+        /* Every matmul input a whole number of superblocks (256). */
+        c.dim = 256; c.hidden_dim = 512; c.n_heads = 8; c.head_dim = 32;
+        c.attn_scale = 1.0f / sqrtf(32.0f);
+        if (linear) { c.lin_k_dim = 16; c.lin_v_dim = 64; }
     }
     int qd = c.n_heads * c.head_dim, kvd = c.n_kv_heads * c.head_dim;
     FlmLayer layers[2];
@@ -180,9 +235,10 @@ static void test_model(int wtype, int qk_norm, int bias, int gate, int linear) {
             cosv[p * c.rope_dim / 2 + i] = cosf(a);
             sinv[p * c.rope_dim / 2 + i] = sinf(a);
         }
-    FlmWeights w = {.embed = own(alloc((size_t)c.vocab_size * c.dim, wtype, 1.0f)), .layers = layers,
+    const void *table = own(alloc_rows(c.vocab_size, c.dim, wtype, 1.0f));
+    FlmWeights w = {.embed = matrix(table, wtype), .layers = layers,
                     .norm = vec(c.dim, 1.0f, 0.2f), .rope_cos = cosv, .rope_sin = sinv};
-    w.lm_head = packed(w.embed, c.vocab_size, c.dim, wtype);
+    w.lm_head = packed(table, c.vocab_size, c.dim, wtype);
 
     int n = 37;
     int32_t tok[37];
@@ -204,6 +260,9 @@ static void test_model(int wtype, int qk_norm, int bias, int gate, int linear) {
          * the activations to bf16 (8 significant bits): a bound to match.
          * The portable path is the reference the others are held to. */
         double tol = (wtype == FLM_BF16 && pi >= 3) ? 0.25 : 1e-4;
+        /* int8 activations turn the last-bit differences of the other
+         * kernels into whole quantization steps of an activation. */
+        if (flm_is_quantized(wtype)) tol = 0.05;
         double maxerr = 0;
         for (size_t i = 0; pi > 0 && i < sz; i++) {
             double e = fabs(full[i] - generic[i]) / (tol + tol * fabs(generic[i]));
@@ -211,7 +270,7 @@ static void test_model(int wtype, int qk_norm, int bias, int gate, int linear) {
         }
         CHECK(maxerr <= 1.0, "%s wtype=%d: differs from the portable path (err/bound %.2f)", paths[pi], wtype, maxerr);
         test_batch(&c, &w, tok, paths[pi]);
-        const void *embed = w.embed;
+        const FlmMatrix *embed = w.embed;
         w.embed = NULL; /* tied: rows come from the packed head, same values */
         run(&c, &w, tok, n, 64, 0, 2, other);
         w.embed = embed;
@@ -224,8 +283,10 @@ static void test_model(int wtype, int qk_norm, int bias, int gate, int linear) {
         /* A 16-bit KV cache: keys and values rounded once when written, then
          * read exactly, so every run of it agrees with itself bit for bit,
          * and it stays near the fp32 cache (bf16 keeps 8 bits, f16 11; where
-         * activations are rounded to bf16 too, the bound is that path's). */
-        for (int kv = FLM_BF16; kv <= FLM_F16; kv++) {
+         * activations are rounded to bf16 too, the bound is that path's).
+         * Not with int8 activations, which turn its rounding into whole
+         * quantization steps: the cache is the same for every weight type. */
+        for (int kv = FLM_BF16; kv <= FLM_F16 && !flm_is_quantized(wtype); kv++) {
             FlmConfig c16 = c;
             c16.kv_type = kv;
             float *half = own(malloc(sz * 4));
@@ -281,6 +342,63 @@ static void test_conversions(void) {
     printf("ok  f16/bf16 conversions\n");
 }
 
+/* The matmul alone, for a quantized type: the int8 path of every SIMD path
+ * against the portable one, and the fp32-activation path against the fp32
+ * matmul of the dequantized matrix, both bit for bit; packed rows against
+ * GGML rows dequantized directly. */
+static void test_quant_matmul(int type) {
+    const int N = 37, K = 512, T = 13;
+    FlmConfig c = {.dim = K, .hidden_dim = K, .n_layers = 1, .n_heads = 1, .n_kv_heads = 1, .head_dim = 16,
+                   .vocab_size = N, .seq_len = 16, .rope_dim = 16};
+    FlmState s;
+    float *work = own(calloc(flm_state_work_floats(&c, T, 4), 4));
+    flm_state_init(&s, &c, T, 4, work, NULL);
+    void *rows = own(alloc_rows(N, K, type, 1.0f));
+    FlmMatrix *q = packed(rows, N, K, type);
+    float *deq = own(malloc((size_t)N * K * 4)), *x = own(malloc((size_t)T * K * 4));
+    int rows_ok = 1;
+    for (int r = 0; r < N; r++) {
+        float *row = own(malloc((size_t)K * 4));
+        flm_quant_dequant_row(deq + (size_t)r * K, (const char *)rows + r * row_size(K, type), K, type);
+        flm_packed_row(row, q->data, r, K, type);
+        rows_ok &= memcmp(row, deq + (size_t)r * K, (size_t)K * 4) == 0;
+    }
+    CHECK(rows_ok, "%s: packed rows differ from the GGML rows", flm_quant_type(type)->name);
+    FlmMatrix *f = packed(deq, N, K, FLM_F32);
+    for (size_t i = 0; i < (size_t)T * K; i++) x[i] = frand() * (i % 7 == 0 ? 3.0f : 1.0f);
+    float *ref = own(malloc((size_t)T * N * 4)), *out = own(malloc((size_t)T * N * 4)), *exact = own(malloc((size_t)T * N * 4));
+    flm_set_simd_path("generic");
+    if (flm_is_quantized(type)) flm_matmul(ref, x, q, T, K, N, &s, 0, 2);
+    const char *paths[] = {"generic", "avx2", "avx512", "avx512_bf16", "amx_bf16"};
+    for (int pi = 0; pi < 5; pi++) {
+        if (flm_set_simd_path(paths[pi]) != 0) continue;
+        if (flm_is_quantized(type)) {
+            flm_matmul(out, x, q, T, K, N, &s, 0, 2);
+            CHECK(memcmp(out, ref, (size_t)T * N * 4) == 0, "%s %s: int8 matmul differs from the portable one",
+                  paths[pi], flm_quant_type(type)->name);
+            flm_matmul(out, x, q, 1, K, N, &s, 0, 1);
+            CHECK(memcmp(out, ref, (size_t)N * 4) == 0, "%s %s: one token differs from a batch", paths[pi],
+                  flm_quant_type(type)->name);
+        }
+        flm_matmul(out, x, q, T, K, N, &s, 1, 2);
+        flm_matmul(exact, x, f, T, K, N, &s, 0, 2);
+        CHECK(memcmp(out, exact, (size_t)T * N * 4) == 0, "%s %s: fp32 activations differ from the dequantized matrix",
+              paths[pi], flm_quant_type(type)->name);
+        if (flm_is_quantized(type)) {
+            /* int8 activations: near the exact product (a few parts per thousand of its scale). */
+            double err = 0, scale = 0;
+            for (int i = 0; i < T * N; i++) {
+                err = fmax(err, fabs(ref[i] - exact[i]));
+                scale = fmax(scale, fabs(exact[i]));
+            }
+            CHECK(err <= 0.02 * scale, "%s %s: int8 matmul too far from the exact one (%g of %g)", paths[pi],
+                  flm_quant_type(type)->name, err, scale);
+        }
+    }
+    printf("ok  %s matmul (int8 bit for bit across paths, fp32 activations exact)\n", flm_quant_type(type)->name);
+    free_owned();
+}
+
 int main(void) {
     printf("SIMD path of this CPU: %s\n", flm_simd_path());
     test_conversions();
@@ -290,6 +408,11 @@ int main(void) {
     test_model(FLM_BF16, 1, 0, 0, 0);
     test_model(FLM_F32, 1, 0, 1, 1);   /* Qwen3.5: gated attention beside a Gated DeltaNet layer */
     test_model(FLM_BF16, 1, 0, 1, 1);
+    for (int type = FLM_F16; type < FLM_TYPES; type++) test_quant_matmul(type);
+    test_model(FLM_Q4_0, 1, 1, 0, 0);
+    test_model(FLM_Q4_K, 0, 0, 0, 0);
+    test_model(FLM_Q6_K, 1, 0, 1, 1);
+    test_model(FLM_Q8_0, 0, 0, 0, 0);
     printf(failures ? "%d failed\n" : "all passed\n", failures);
     return failures != 0;
 }

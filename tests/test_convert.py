@@ -305,11 +305,12 @@ def llama3_rope_factors(rope: dict, theta: float, dim: int) -> np.ndarray:
 
 
 def write_gguf(path: Path, folder: Path, vocab: dict, qtype=None, name: str = "tiny",
-               add_bos: bool = False, extra=None) -> Path:
+               add_bos: bool = False, extra=None, quantize=None) -> Path:
     """GGUF of the HF checkpoint in folder, laid out as llama.cpp writes it.
 
     qtype: None for float32 throughout, else the type of every 2-D weight
-    (1-D tensors stay float32, as llama.cpp keeps them).
+    (1-D tensors stay float32, as llama.cpp keeps them). quantize: instead,
+    quantize(gguf name, float32 matrix) -> (blocks, type) for each 2-D weight.
     """
     raw = json.loads((folder / "config.json").read_text())
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
@@ -339,8 +340,7 @@ def write_gguf(path: Path, folder: Path, vocab: dict, qtype=None, name: str = "t
     if rope.get("rope_type") == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(rope["factor"])
-    w.add_file_type(0 if qtype is None else {gguf.GGMLQuantizationType.Q8_0: 7,
-                                             gguf.GGMLQuantizationType.Q4_1: 3}[qtype])
+    w.add_file_type({None: 0, gguf.GGMLQuantizationType.Q8_0: 7, gguf.GGMLQuantizationType.Q4_1: 3}.get(qtype, 0))
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(vocab["pre"])
     w.add_token_list(vocab["tokens"])
@@ -371,7 +371,10 @@ def write_gguf(path: Path, folder: Path, vocab: dict, qtype=None, name: str = "t
             data = llama_permute(data, n_head)
         elif arch == "llama" and base.endswith("k_proj"):
             data = llama_permute(data, n_kv)
-        if qtype is not None and data.ndim == 2:
+        if quantize is not None and data.ndim == 2:
+            blocks, btype = quantize(f"{gguf_name}.{suffix}", data)
+            w.add_tensor(f"{gguf_name}.{suffix}", blocks, raw_dtype=btype)
+        elif qtype is not None and data.ndim == 2:
             w.add_tensor(f"{gguf_name}.{suffix}", gguf.quants.quantize(data, qtype), raw_dtype=qtype)
         else:
             w.add_tensor(f"{gguf_name}.{suffix}", data)

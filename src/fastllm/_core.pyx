@@ -46,16 +46,15 @@ def simd_path():
     return flm.flm_simd_path().decode()
 
 
+def int8_path():
+    """The int8 kernels quantized weights run on: 'avx512_vnni' or 'generic'."""
+    return flm.flm_int8_name().decode()
+
+
 def set_simd_path(str name):
     """Force a SIMD path (for tests and benchmarks)."""
     if flm.flm_set_simd_path(name.encode()) != 0:
         raise ValueError(f"SIMD path {name!r} is not available on this CPU")
-
-
-def packed_size(int N, int K, wtype):
-    """Elements of an (N, K) matrix packed for the run loop."""
-    bf16 = np.dtype(wtype) == np.uint16
-    return flm.flm_packed_bytes(N, K, flm.FLM_BF16 if bf16 else flm.FLM_F32) // (2 if bf16 else 4)
 
 
 def check_token_ids(tokens, long long vocab_size):
@@ -77,25 +76,138 @@ def check_token_ids(tokens, long long vocab_size):
     return np.ascontiguousarray(ids, dtype=np.int32)
 
 
-def pack(matrix, int n_threads=0):
-    """Pack an (N, K) float32 matrix, or bf16 bit patterns as uint16, into
-    the panel layout the run loop reads: a new 1-D array of the same dtype."""
-    cdef cnp.ndarray src = np.ascontiguousarray(matrix)
-    if src.ndim != 2 or src.dtype not in (np.float32, np.uint16):
-        raise TypeError("pack takes a 2-D float32 or uint16 (bf16) matrix")
-    cdef int N = src.shape[0], K = src.shape[1]
-    cdef int wtype = flm.FLM_BF16 if src.dtype == np.uint16 else flm.FLM_F32
-    cdef cnp.ndarray dst = np.empty(packed_size(N, K, src.dtype), src.dtype)
+# Weight storage types by name: the C enum, and how numpy holds the values
+# of a row before packing (absent: GGML blocks, as bytes).
+TYPES = {"f32": flm.FLM_F32, "bf16": flm.FLM_BF16, "f16": flm.FLM_F16, "q8_0": flm.FLM_Q8_0,
+         "q4_0": flm.FLM_Q4_0, "q4_1": flm.FLM_Q4_1, "q5_0": flm.FLM_Q5_0, "q5_1": flm.FLM_Q5_1,
+         "q4_k": flm.FLM_Q4_K, "q5_k": flm.FLM_Q5_K, "q6_k": flm.FLM_Q6_K}
+_ROW_DTYPES = {"f32": np.float32, "bf16": np.uint16, "f16": np.float16}
+
+
+def block_size(str dtype):
+    """(values, bytes) of one block of a weight type: (1, 4) for f32."""
+    if dtype not in TYPES:
+        raise ValueError(f"unknown weight type {dtype!r}; known: {', '.join(TYPES)}")
+    if dtype in ("f32", "bf16"):
+        return 1, 4 if dtype == "f32" else 2
+    cdef const flm.FlmQuantType *q = flm.flm_quant_type(TYPES[dtype])
+    return q.ggml_block, q.ggml_bytes
+
+
+def superblock(str dtype):
+    """Values of a row that a type's scales come in: K must be a multiple."""
+    block_size(dtype)
+    if dtype in ("f32", "bf16"):
+        return 1
+    return flm.flm_quant_type(TYPES[dtype]).sb
+
+
+def row_bytes(str dtype, long long K):
+    n, b = block_size(dtype)
+    return K // n * b
+
+
+cdef class Matrix:
+    """A weight matrix for the run loop: its type, shape (N, K), and data,
+    either packed into panels (every matrix the loop multiplies by) or as
+    plain rows (an embedding table, read one row per token)."""
+    cdef flm.FlmMatrix m
+    cdef readonly object data
+    cdef readonly str dtype
+    cdef readonly int N, K
+    cdef readonly bint packed
+
+    def __cinit__(self, cnp.ndarray data, str dtype, int N, int K, bint packed):
+        self.data, self.dtype, self.N, self.K, self.packed = data, dtype, N, K, packed
+        self.m.data = cnp.PyArray_DATA(data)
+        self.m.type = TYPES[dtype]
+
+    @property
+    def shape(self):
+        return (self.N, self.K)
+
+    @property
+    def nbytes(self):
+        return self.data.nbytes
+
+    def row(self, int r):
+        """Row r as float32 values, as the run loop sees them."""
+        if not 0 <= r < self.N:
+            raise IndexError(r)
+        cdef cnp.ndarray out = np.empty(self.K, np.float32)
+        cdef const char *base = <const char *>self.m.data
+        if self.packed:
+            flm.flm_packed_row(<float *>cnp.PyArray_DATA(out), self.m.data, r, self.K, self.m.type)
+        elif self.dtype == "f32":
+            out[:] = self.data[r]
+        elif self.dtype == "bf16":
+            out[:] = (self.data[r].astype(np.uint32) << 16).view(np.float32)
+        else:
+            stride = row_bytes(self.dtype, self.K)
+            flm.flm_quant_dequant_row(<float *>cnp.PyArray_DATA(out), base + <size_t>r * <size_t>stride,
+                                      self.K, self.m.type)
+        return out
+
+
+def _check_rows(data, str dtype, int K):
+    """data as a contiguous (N, row) array of a type's rows, and N."""
+    if K < 1 or K % superblock(dtype):
+        raise ValueError(f"{dtype} rows hold whole blocks of {superblock(dtype)} values; K = {K}")
+    cdef cnp.ndarray src = np.ascontiguousarray(data)
+    want = _ROW_DTYPES.get(dtype, np.uint8)
+    width = K if dtype in _ROW_DTYPES else row_bytes(dtype, K)
+    if src.ndim != 2 or src.dtype != want or src.shape[1] != width:
+        raise TypeError(f"{dtype} rows of {K} values are a 2-D {np.dtype(want)} array of width {width}, "
+                        f"got {src.dtype} {tuple(np.shape(src))}")
+    return src, src.shape[0]
+
+
+def pack(matrix, int n_threads=0, str dtype=None, int K=0):
+    """Pack an (N, K) matrix into the panel layout the run loop reads: a
+    Matrix. matrix holds float32 values, bf16 bit patterns as uint16, f16
+    values as float16, or (with dtype, and K the values per row) rows of
+    GGML blocks as uint8."""
+    if dtype is None:
+        arr = np.asarray(matrix)
+        dtype = {np.dtype(np.float32): "f32", np.dtype(np.uint16): "bf16",
+                 np.dtype(np.float16): "f16"}.get(arr.dtype)
+        if dtype is None or arr.ndim != 2:
+            raise TypeError("pack takes a 2-D float32, uint16 (bf16) or float16 matrix, "
+                            "or GGML blocks with their dtype")
+        K = arr.shape[1]
+    src, N = _check_rows(matrix, dtype, K)
+    cdef int n = N, k = K, wtype = TYPES[dtype]
+    cdef cnp.ndarray dst = np.empty(flm.flm_packed_bytes(n, k, wtype), np.uint8)
     cdef int nt = n_threads if n_threads > 0 else (os.cpu_count() or 1)
     cdef void *d = cnp.PyArray_DATA(dst)
-    cdef const void *sp = cnp.PyArray_DATA(src)
+    cdef const void *sp = cnp.PyArray_DATA(<cnp.ndarray>src)
     with nogil:
-        flm.flm_pack(d, sp, N, K, wtype, nt)
-    return dst
+        flm.flm_pack(d, sp, n, k, wtype, nt)
+    return Matrix(dst, dtype, N, K, True)
 
 
-cdef const void *_packed_ptr(object arr, object dtype, tuple shape, str what) except NULL:
-    return _ptr(arr, dtype, (packed_size(shape[0], shape[1], dtype),), what)
+def rows(matrix, str dtype=None, int K=0):
+    """An embedding table as plain rows (float32, bf16 bits as uint16, or
+    GGML blocks as uint8 with dtype and K): a Matrix read one row per token."""
+    if dtype is None:
+        arr = np.asarray(matrix)
+        dtype = {np.dtype(np.float32): "f32", np.dtype(np.uint16): "bf16"}.get(arr.dtype)
+        if dtype is None or arr.ndim != 2:
+            raise TypeError("rows takes a 2-D float32 or uint16 (bf16) matrix, or GGML blocks with their dtype")
+        K = arr.shape[1]
+    src, N = _check_rows(matrix, dtype, K)
+    return Matrix(src, dtype, N, K, False)
+
+
+cdef const void *_matrix_ptr(object m, tuple shape, bint packed, str what) except NULL:
+    if not isinstance(m, Matrix):
+        raise TypeError(f"{what}: expected a fastllm._core.Matrix, got {type(m).__name__}")
+    cdef Matrix mat = <Matrix>m
+    if mat.shape != shape:
+        raise ValueError(f"{what}: expected shape {shape}, got {mat.shape}")
+    if mat.packed != packed:
+        raise ValueError(f"{what}: expected {'packed panels' if packed else 'plain rows'}")
+    return &mat.m
 
 
 cdef const void *_ptr(object arr, object dtype, tuple shape, str what) except NULL:
@@ -113,9 +225,11 @@ cdef const void *_ptr(object arr, object dtype, tuple shape, str what) except NU
 cdef class Weights:
     """A model's weights and config, ready for forward passes, shared by
     every State made from it. config is a ModelConfig (already checked);
-    weights the dict of weights.load_weights: matrices packed (see pack) in
-    float32 or bf16 bits (uint16, as lm_head), vectors in float32. The
-    context holds n_ctx positions."""
+    weights the dict of weights.load_weights: matrices as Matrix objects
+    (packed, see pack; the embedding as rows, or None where tied), vectors
+    in float32. The context holds n_ctx positions. With float_acts,
+    quantized weights multiply fp32 activations (their exact dequantized
+    values) rather than int8 blocks of them."""
     cdef flm.FlmConfig cfg
     cdef flm.FlmWeights w
     cdef flm.FlmLayer *layers
@@ -123,12 +237,10 @@ cdef class Weights:
     cdef object _keep
     cdef int _n_threads
 
-    def __cinit__(self, config, dict weights, int n_ctx, int n_threads=1, str kv_dtype="f32"):
+    def __cinit__(self, config, dict weights, int n_ctx, int n_threads=1, str kv_dtype="f32",
+                  bint float_acts=False):
         if n_ctx < 1:
             raise ValueError(f"n_ctx must be positive, got {n_ctx}")
-        wdtype = np.dtype(weights["lm_head"].dtype)
-        if wdtype not in (np.float32, np.uint16):
-            raise TypeError(f"weights must be float32 or bf16 (uint16 bits), not {wdtype}")
         layers = weights["layers"]
         if len(layers) != config.num_hidden_layers:
             raise ValueError(f"expected {config.num_hidden_layers} layers, got {len(layers)}")
@@ -139,7 +251,7 @@ cdef class Weights:
         c.n_layers, c.n_heads = config.num_hidden_layers, config.num_attention_heads
         c.n_kv_heads, c.head_dim = config.num_key_value_heads, config.head_dim
         c.vocab_size, c.seq_len, c.rope_dim = config.vocab_size, n_ctx, config.rope_dim
-        c.wtype = flm.FLM_BF16 if wdtype == np.uint16 else flm.FLM_F32
+        c.float_acts = float_acts
         kv_types = {"f32": flm.FLM_F32, "bf16": flm.FLM_BF16, "f16": flm.FLM_F16}
         if kv_dtype not in kv_types:
             raise ValueError(f"kv_dtype must be one of {tuple(kv_types)}, got {kv_dtype!r}")
@@ -164,19 +276,22 @@ cdef class Weights:
                     f"{what} weights {names}" for what, names in (("missing", missing), ("unknown", unknown))
                     if names))
             for name, t in expected.items():
-                _set_field(&self.layers[i], name, _array_ptr(d[name], t, config, wdtype, f"layer {i} {name}"))
+                _set_field(&self.layers[i], name, _array_ptr(d[name], t, config, f"layer {i} {name}"))
         self.w.layers = self.layers
         # embed None: tied, the rows are read from the packed head.
         embed = weights["embed"]
-        self.w.embed = NULL if embed is None else _array_ptr(embed, schema.EMBED, config, wdtype, "embedding")
-        self.w.lm_head = _array_ptr(weights["lm_head"], schema.LM_HEAD, config, wdtype, "lm_head")
-        self.w.norm = <const float *>_array_ptr(weights["norm"], schema.NORM, config, wdtype, "final norm")
+        if isinstance(embed, np.ndarray):
+            embed = rows(embed)
+        self.w.embed = NULL if embed is None else <const flm.FlmMatrix *>_array_ptr(
+            embed, schema.EMBED, config, "embedding")
+        self.w.lm_head = <const flm.FlmMatrix *>_array_ptr(weights["lm_head"], schema.LM_HEAD, config, "lm_head")
+        self.w.norm = <const float *>_array_ptr(weights["norm"], schema.NORM, config, "final norm")
         cos, sin = config.rope_tables(n_ctx)
         self.w.rope_cos = <const float *>_ptr(cos, np.float32, (n_ctx, c.rope_dim // 2), "rope cos")
         self.w.rope_sin = <const float *>_ptr(sin, np.float32, (n_ctx, c.rope_dim // 2), "rope sin")
         # Copies of the containers: the arrays stay alive whatever the caller
         # later does with its dict and lists.
-        self._keep = (dict(weights, layers=[dict(d) for d in layers]), cos, sin)
+        self._keep = (dict(weights, embed=embed, layers=[dict(d) for d in layers]), cos, sin)
 
     def __dealloc__(self):
         free(self.layers)
@@ -202,17 +317,40 @@ cdef class Weights:
         return {flm.FLM_F32: "f32", flm.FLM_BF16: "bf16", flm.FLM_F16: "f16"}[self.cfg.kv_type]
 
     @property
+    def weight_types(self):
+        """Parameters of the matrices by weight type, e.g. {"q4_k": ..., "q6_k": ...}."""
+        counts = {}
+        for m in self._matrices():
+            counts[m.dtype] = counts.get(m.dtype, 0) + m.N * m.K
+        return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+    @property
+    def nbytes(self):
+        """Bytes of every weight array C reads."""
+        arrays = [self._keep[0]["norm"]] + [a for d in self._keep[0]["layers"] for k, a in d.items()
+                                            if k != "kind" and not isinstance(a, Matrix)]
+        return sum(m.nbytes for m in self._matrices()) + sum(a.nbytes for a in arrays)
+
+    def _matrices(self):
+        w = self._keep[0]
+        found = [w["lm_head"]] + ([w["embed"]] if w["embed"] is not None else [])
+        return found + [a for d in w["layers"] for a in d.values() if isinstance(a, Matrix)]
+
+    @property
+    def float_acts(self):
+        return bool(self.cfg.float_acts)
+
+    @property
     def vocab_size(self):
         return self.cfg.vocab_size
 
 
-cdef const void *_array_ptr(object arr, object t, object config, object wdtype, str what) except NULL:
-    """The data of a schema tensor's array, once its dtype and shape are right."""
+cdef const void *_array_ptr(object arr, object t, object config, str what) except NULL:
+    """What C reads for a schema tensor, once its type and shape are right:
+    a matrix's FlmMatrix, a vector's data."""
     shape = t.shape(config)
-    if t is schema.EMBED:
-        return _ptr(arr, wdtype, shape, what)
     if t.matrix:
-        return _packed_ptr(arr, wdtype, shape, what)
+        return _matrix_ptr(arr, shape, t is not schema.EMBED, what)
     return _ptr(arr, np.float32, shape, what)
 
 

@@ -6,6 +6,15 @@ cdef extern from "fastllm.h" nogil:
         FLM_F32
         FLM_BF16
         FLM_F16
+        FLM_Q8_0
+        FLM_Q4_0
+        FLM_Q4_1
+        FLM_Q5_0
+        FLM_Q5_1
+        FLM_Q4_K
+        FLM_Q5_K
+        FLM_Q6_K
+        FLM_TYPES
     enum:
         FLM_ATTENTION
         FLM_LINEAR_ATTENTION
@@ -20,7 +29,7 @@ cdef extern from "fastllm.h" nogil:
         int vocab_size
         int seq_len
         int rope_dim
-        int wtype
+        int float_acts
         int kv_type
         float norm_eps
         float attn_scale
@@ -30,6 +39,10 @@ cdef extern from "fastllm.h" nogil:
         int lin_v_dim
         int conv_kernel
 
+    ctypedef struct FlmMatrix:
+        const void *data
+        int type
+
     # The pointer fields follow kind in the order of fastllm.schema.LAYER;
     # _core sets them by index from wq on.
     ctypedef struct FlmLayer:
@@ -37,10 +50,10 @@ cdef extern from "fastllm.h" nogil:
         const void *wq
 
     ctypedef struct FlmWeights:
-        const void *embed
+        const FlmMatrix *embed
         const FlmLayer *layers
         const float *norm
-        const void *lm_head
+        const FlmMatrix *lm_head
         const float *rope_cos
         const float *rope_sin
 
@@ -69,4 +82,22 @@ cdef extern from "fastllm.h" nogil:
     void flm_forward_batch(const FlmConfig *c, const FlmWeights *w, FlmState *work,
                            const FlmSeq *seqs, int n_seqs, float *logits, int n_threads)
     const char *flm_simd_path()
+    const char *flm_int8_name()
     int flm_set_simd_path(const char *name)
+
+
+cdef extern from "quant.h" nogil:
+    ctypedef struct FlmQuantType:
+        const char *name
+        int sb
+        int header
+        int data
+        int bits
+        int offset
+        int ggml_block
+        int ggml_bytes
+    const FlmQuantType *flm_quant_type(int type)
+    void flm_quant_dequant_row(float *out, const void *row, int K, int type)
+
+cdef extern from "gemm.h" nogil:
+    void flm_packed_row(float *out, const void *wp, int r, int K, int wtype)

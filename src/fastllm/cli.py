@@ -47,8 +47,12 @@ def _model_args(p: argparse.ArgumentParser):
                    help="threads for the run loop (default: physical cores)")
     p.add_argument("--ctx", "-c", type=int, default=None,
                    help="context length in tokens (default: the model's max_position_embeddings)")
-    p.add_argument("--dtype", choices=("f32", "bf16"), default="f32",
-                   help="weight precision in memory (default: f32)")
+    p.add_argument("--dtype", choices=("f32", "bf16", "gguf"), default=None,
+                   help="weights in memory: a GGUF file's own types (gguf, the default for a .gguf), "
+                        "or dequantized to f32 (the default for a folder) or bf16")
+    p.add_argument("--activations", choices=("int8", "f32"), default="int8",
+                   help="what quantized weights multiply: int8 blocks of the activations (default), or "
+                        "f32 activations with the exact dequantized weights (slower)")
     p.add_argument("--kv-dtype", choices=("f32", "bf16", "f16"), default="f32",
                    help="KV cache precision: bf16/f16 halve what attention reads (default: f32)")
 
@@ -168,7 +172,7 @@ def main(argv=None) -> int:
 def _load(args):
     from .model import Model
     return Model.from_pretrained(args.model, n_ctx=args.ctx, threads=args.threads, dtype=args.dtype,
-                                 kv_dtype=args.kv_dtype)
+                                 kv_dtype=args.kv_dtype, activations=args.activations)
 
 
 class Settings:
@@ -477,7 +481,8 @@ def cmd_convert(args) -> int:
 def cmd_info(args) -> int:
     model = _load(args)
     c = model.config
-    weight_bytes = c.n_params() * (2 if model.dtype == "bf16" else 4)
+    weight_bytes = model.weight_bytes
+    types = ", ".join(f"{t} {n / model.config.n_params():.0%}" for t, n in model.weight_types.items())
     kv_bytes = (2 * c.num_hidden_layers * model.n_ctx * c.num_key_value_heads * c.head_dim
                 * (4 if model.kv_dtype == "f32" else 2))
     rows = [
@@ -493,10 +498,12 @@ def cmd_info(args) -> int:
         ("rope_scaling", c.rope_scaling),
         ("tie_word_embeddings", c.tie_word_embeddings),
         ("context (n_ctx)", f"{model.n_ctx} (max_position_embeddings {c.max_position_embeddings})"),
-        ("weights in memory", f"{weight_bytes / 2**20:.1f} MiB ({model.dtype})"),
-        ("KV cache at full context", f"{kv_bytes / 2**20:.1f} MiB (f32)"),
+        ("weights in memory", f"{weight_bytes / 2**20:.1f} MiB ({types})"),
+        ("KV cache at full context", f"{kv_bytes / 2**20:.1f} MiB ({model.kv_dtype})"),
         ("threads", model.threads),
         ("SIMD path", __import__("fastllm._core", fromlist=["simd_path"]).simd_path()),
+        ("int8 kernels", __import__("fastllm._core", fromlist=["int8_path"]).int8_path()
+         + ("" if model.activations == "int8" else " (not used: f32 activations)")),
         ("OpenMP wait", __import__("fastllm._openmp", fromlist=["wait_policy"]).wait_policy()),
     ]
     width = max(len(k) for k, _ in rows)

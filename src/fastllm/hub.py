@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Union
 
-from .formats.gguf import DEFAULT_DTYPE, MODEL_FILES, OutputExistsError, convert_gguf, is_complete_model_dir
+from .formats.gguf import (DEFAULT_DTYPE, METADATA_ONLY, OutputExistsError, convert_gguf, folder_files,
+                           is_complete_model_dir)
 from .errors import FastLLMError
 from .files import check_regular, read_bounded
 
@@ -107,13 +108,14 @@ def _read_stamp(folder: Path) -> Optional[dict]:
     return stamp if isinstance(stamp, dict) else None
 
 
-def _file_sizes(folder: Path) -> dict:
-    return {name: (folder / name).stat().st_size for name in MODEL_FILES}
+def _file_sizes(folder: Path, dtype: str) -> dict:
+    return {name: (folder / name).stat().st_size for name in folder_files(dtype)}
 
 
 def _cache_problem(folder: Path, stamp: dict) -> Optional[str]:
     """Why the cache folder cannot be used as it is, or None if it can."""
-    if not is_complete_model_dir(folder):
+    dtype = stamp["dtype"]
+    if not is_complete_model_dir(folder, dtype):
         return "files are missing"
     recorded = _read_stamp(folder)
     if recorded is None:
@@ -122,10 +124,10 @@ def _cache_problem(folder: Path, stamp: dict) -> Optional[str]:
     if {k: v for k, v in recorded.items() if k != "files"} != stamp or not isinstance(sizes, dict):
         return "it was made from another file or by another version of fastllm"
     try:
-        actual = _file_sizes(folder)
+        actual = _file_sizes(folder, dtype)
     except OSError as e:
         return f"a file cannot be read ({e.strerror})"
-    for name in MODEL_FILES:
+    for name in folder_files(dtype):
         if actual[name] != sizes.get(name):
             return f"{name} is {actual[name]} bytes, but {sizes.get(name)} were written"
     return None
@@ -184,7 +186,8 @@ def _convert_cached(gguf: Path, target: Path, dtype: str, stamp: dict) -> Path:
         return target
     if os.path.lexists(target):
         sys.stderr.write(f"fastllm: the cached {target} cannot be used ({problem}); converting again\n")
-    sys.stderr.write(f"fastllm: converting {gguf.name} once into {target}\n")
+    what = "reading the tokenizer and config of" if dtype == METADATA_ONLY else "converting"
+    sys.stderr.write(f"fastllm: {what} {gguf.name} once into {target}\n")
     sys.stderr.flush()
     for _ in range(2):
         # An incomplete or outdated folder is replaced. The stamp is written
@@ -192,7 +195,7 @@ def _convert_cached(gguf: Path, target: Path, dtype: str, stamp: dict) -> Path:
         # has it.
         try:
             convert_gguf(gguf, target, dtype=dtype, progress=None, overwrite=os.path.lexists(target),
-                         extra_files={_STAMP: lambda folder: dict(stamp, files=_file_sizes(folder))})
+                         extra_files={_STAMP: lambda folder: dict(stamp, files=_file_sizes(folder, dtype))})
         except OutputExistsError:
             pass  # another process finished first; its result is checked below
         except OSError as e:
@@ -215,6 +218,31 @@ def default_model_dir() -> Path:
     gguf = default_gguf_path()
     target = cache_dir() / f"{DEFAULT_MODEL}-{DEFAULT_DTYPE}"
     return _convert_cached(gguf, target, DEFAULT_DTYPE, _stamp_for(gguf, DEFAULT_DTYPE))
+
+
+def gguf_metadata_dir(gguf: Optional[PathLike] = None) -> Path:
+    """The config, generation config and tokenizer files of a GGUF file (the
+    default model's with None), made once into the cache: what running the
+    file's own weights needs beside the file."""
+    gguf = default_gguf_path() if gguf is None else Path(gguf).expanduser()
+    target = _gguf_cache_dir(gguf, METADATA_ONLY)
+    return _convert_cached(gguf, target, METADATA_ONLY, _stamp_for(gguf, METADATA_ONLY))
+
+
+def gguf_file(path_or_none: Optional[PathLike] = None) -> Optional[Path]:
+    """The GGUF file a model name stands for (None or the default model's
+    name: the default model's), or None for a model folder."""
+    if path_or_none is None or (str(path_or_none) == DEFAULT_MODEL and not os.path.exists(path_or_none)):
+        return default_gguf_path()
+    p = Path(path_or_none).expanduser()
+    if p.is_dir():
+        return None
+    if os.path.exists(p):
+        check_regular(p, "model file")
+        if p.suffix.lower() != ".gguf":
+            raise ValueError(f"{p} is a file but not a .gguf file; give a model folder or a GGUF file")
+        return p
+    raise FileNotFoundError(f"model not found: {path_or_none} (expected a model folder or a .gguf file)")
 
 
 def _gguf_cache_dir(gguf: Path, dtype: str) -> Path:

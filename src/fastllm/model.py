@@ -19,9 +19,14 @@ from .errors import ModelFileError
 from .sampling import Sampler, SamplingParams, generation_defaults, read_generation_config
 from .session import Session
 from .textstream import TextStream
-from .weights import load_weights
+from .weights import load_gguf_weights, load_weights
 
-DTYPES = ("f32", "bf16")
+# Weights as stored: f32 and bf16 for any model; "gguf" (the default for a
+# GGUF file) keeps every tensor of a GGUF file in its own type.
+DTYPES = ("f32", "bf16", "gguf")
+# Activations of quantized matmuls: int8 blocks (as llama.cpp), or fp32
+# with the exact dequantized weights (slower: for checking the weights).
+ACTIVATIONS = ("int8", "f32")
 # The KV cache: f32 keeps attention exact; bf16 and f16 halve what it reads
 # (keys and values rounded once when stored, nearest-even).
 KV_DTYPES = ("f32", "bf16", "f16")
@@ -187,29 +192,51 @@ class Model:
 
     @classmethod
     def from_pretrained(cls, path=None, n_ctx: int | None = None, threads: int | None = None,
-                        dtype: str = "f32", max_batch: int = 512, kv_dtype: str = "f32") -> "Model":
+                        dtype: str | None = None, max_batch: int = 512, kv_dtype: str = "f32",
+                        activations: str = "int8") -> "Model":
         """Load a HF model folder (config.json, model.safetensors, tokenizer.json),
-        a .gguf file (converted once into the cache), or with no path the
-        default model, SmolLM2-135M-Instruct."""
-        from .hub import resolve_model
+        a .gguf file, or with no path the default model, SmolLM2-135M-Instruct
+        (a GGUF file).
 
-        if dtype not in DTYPES:
+        dtype: how the weights are held. A GGUF file runs by default at its
+        own precision ("gguf"), as llama.cpp runs it: every tensor in its own
+        type, quantized ones quantized. "f32" or "bf16" dequantize it instead
+        (converted once into the cache). A folder defaults to "f32".
+        activations: what quantized weights multiply: "int8" blocks of the
+        activations (fast), or "f32" activations with the exact dequantized
+        weights (the results of the dequantized float32 model, bit for bit)."""
+        from .hub import gguf_file, gguf_metadata_dir, resolve_model
+
+        if dtype is not None and dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
         if kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
-        folder = Path(resolve_model(path))
+        if activations not in ACTIVATIONS:
+            raise ValueError(f"activations must be one of {ACTIVATIONS}, got {activations!r}")
+        gguf = gguf_file(path)
+        if dtype is None:
+            dtype = "gguf" if gguf is not None else "f32"
+        if dtype == "gguf" and gguf is None:
+            raise ValueError(f"dtype 'gguf' runs a GGUF file's own tensors, and {path} is a model folder")
+        folder = Path(gguf_metadata_dir(gguf) if dtype == "gguf" else resolve_model(path))
         if not folder.is_dir():
             raise ModelFileError(folder, "not a model folder")
         config = ModelConfig.from_file(folder / "config.json")
         gen_config = read_generation_config(folder / "generation_config.json")
         threads = physical_cores() if threads is None else usable_threads(threads)
-        check_sizes(config, folder)
+        if dtype != "gguf":
+            check_sizes(config, folder)
         seq_len = context_size(config, n_ctx, kv_dtype, threads)
         if not _whole(max_batch) or not 1 <= max_batch <= 1 << 16:
             raise ValueError(f"max_batch must be a whole number from 1 to 65536, got {max_batch!r}")
 
-        weights = _core.Weights(config, load_weights(config, folder, bf16=(dtype == "bf16")), seq_len,
-                                threads, kv_dtype)
+        if dtype == "gguf":
+            arrays, types = load_gguf_weights(config, gguf)
+            # Named by the type that holds most of the parameters.
+            dtype = max(types, key=types.get)
+        else:
+            arrays = load_weights(config, folder, bf16=(dtype == "bf16"))
+        weights = _core.Weights(config, arrays, seq_len, threads, kv_dtype, activations == "f32")
         # A folder without tokenizer.json still runs on token ids (logits,
         # generate_tokens); the text methods then say what is missing.
         tokenizer = None
@@ -220,6 +247,22 @@ class Model:
                    gen_config, max_batch)
 
     # ------------------------------------------------------------ settings
+
+    @property
+    def weight_types(self) -> dict:
+        """Parameters of the weight matrices by type, most first (a GGUF file
+        such as Q4_K_M mixes several)."""
+        return self._weights.weight_types
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the weights in memory."""
+        return self._weights.nbytes
+
+    @property
+    def activations(self) -> str:
+        """What quantized weights multiply: "int8" or "f32" activations."""
+        return "f32" if self._weights.float_acts else "int8"
 
     @property
     def n_ctx(self) -> int:

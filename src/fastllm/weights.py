@@ -54,6 +54,19 @@ def _all_finite(a: np.ndarray) -> bool:
     return bool(np.isfinite(np.sum(a, dtype=np.float32))) or bool(np.isfinite(a).all())
 
 
+def _vector(t: schema.Tensor, arr: np.ndarray, cfg: ModelConfig) -> np.ndarray:
+    """A float32 vector tensor as the run loop reads it."""
+    arr = np.asarray(arr, np.float32)
+    if t.norm and cfg.norm_plus_one:
+        # (1 + w) is formed once here, in float32 as the reference forms it.
+        arr = (np.float32(1.0) + arr).astype(np.float32)
+    elif t.field == "lin_A":
+        arr = (-np.exp(arr)).astype(np.float32)
+    elif t.field == "conv_w":
+        arr = arr.reshape(t.shape(cfg))
+    return np.ascontiguousarray(arr)
+
+
 def load_weights(cfg: ModelConfig, folder, bf16: bool = False) -> dict:
     """The arrays for fastllm._core.Weights: embed, norm, lm_head and a dict
     per layer (its kind and its tensors by FlmLayer field), each checked
@@ -84,13 +97,8 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False) -> dict:
             gate = _core.pack(np.ascontiguousarray(both[:, 1]).reshape(qd, h))
             return {"wq": q, "w_attn_gate": gate}
         arr = _as_compute_dtype(f, name, bf16 and t.matrix, perm if t.rope else None, heads.get(t.rope))
-        if t.norm and cfg.norm_plus_one:
-            # (1 + w) is formed once here, in float32 as the reference forms it.
-            arr = (np.float32(1.0) + arr).astype(np.float32)
-        elif t.field == "lin_A":
-            arr = (-np.exp(arr.astype(np.float32))).astype(np.float32)
-        elif t.field == "conv_w":
-            arr = np.ascontiguousarray(arr.reshape(t.shape(cfg)))
+        if not t.matrix:
+            arr = _vector(t, arr, cfg)
         check_finite(arr)
         if t.matrix and t is not schema.EMBED:
             arr = _core.pack(arr)
@@ -119,3 +127,113 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False) -> dict:
     else:
         out.update(get(schema.EMBED, embed_name), **get(schema.LM_HEAD, schema.hf_name(schema.LM_HEAD, cfg)))
     return dict(out, layers=layers)
+
+
+# GGML tensor types the run loop multiplies as they are (gguf's type names).
+NATIVE_GGML_TYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "q4_0",
+                     "Q4_1": "q4_1", "Q5_0": "q5_0", "Q5_1": "q5_1", "Q4_K": "q4_k", "Q5_K": "q5_k",
+                     "Q6_K": "q6_k"}
+# Byte offsets of the f16 scales in one GGML block of each quantized type.
+_F16_SCALES = {"q8_0": (0,), "q4_0": (0,), "q5_0": (0,), "q4_1": (0, 2), "q5_1": (0, 2),
+               "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,)}
+
+
+class DequantizedTypeWarning(UserWarning):
+    """A GGUF file holds tensors of a type without native kernels; they are
+    dequantized to float32 at load."""
+
+
+def _finite_blocks(blocks: np.ndarray, dtype: str) -> bool:
+    """No NaN or infinity among the f16 scales of rows of GGML blocks (the
+    quants themselves are integers)."""
+    n, size = _core.block_size(dtype)
+    flat = blocks.reshape(-1, size)
+    for at in _F16_SCALES[dtype]:
+        scales = flat[:, at:at + 2].copy().view(np.float16)
+        if not np.isfinite(scales).all():
+            return False
+    return True
+
+
+def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
+    """The arrays for fastllm._core.Weights from a GGUF file's own tensors,
+    each matrix in its own type (quantized ones stay quantized; types
+    without native kernels are dequantized to float32, with one warning per
+    file), and a count of the matrices' parameters by type."""
+    import warnings
+    from collections import Counter
+
+    from .formats import gguf as gguf_format
+    from .formats.gguf_file import read_tensor_bytes
+
+    path = gguf_format.Path(path)
+    contents = gguf_format._read_gguf(path)
+    tensors = {t.name: t for t in contents.tensors}
+    tensors.pop("rope_freqs.weight", None)
+    planned = gguf_format._plan_tensors(tensors, gguf_format._tensor_shapes(contents.tensors), cfg, path)
+    by_hf = {hf: g for hf, g, _ in planned}
+    perm = rope_permutation(cfg.head_dim, cfg.rope_dim)
+    heads = {"q": cfg.num_attention_heads, "k": cfg.num_key_value_heads}
+    interleaved = cfg.family.gguf_qk_interleaved
+    types, dequantized = Counter(), set()
+
+    def rows_in_order(arr: np.ndarray, t: schema.Tensor) -> np.ndarray:
+        """Rows (or vector entries) in the order the run loop reads."""
+        if t.rope in heads:
+            if interleaved:
+                arr = gguf_format.unpermute(arr, heads[t.rope])
+            n = heads[t.rope]
+            arr = np.take(arr.reshape(n, len(perm), *arr.shape[1:]), perm, axis=1).reshape(arr.shape)
+        elif t.rope == "head":
+            arr = arr[perm]
+        return np.ascontiguousarray(arr)
+
+    def get(t: schema.Tensor, hf: str):
+        g = by_hf[hf]
+        kind = getattr(g.tensor_type, "name", str(g.tensor_type))
+        dtype = NATIVE_GGML_TYPES.get(kind) if t.matrix else None
+        if dtype is None:
+            if t.matrix:
+                dequantized.add(kind)
+            arr = gguf_format._dequantize(g, path)
+            dtype = "f32"
+        else:
+            raw = read_tensor_bytes(path, g)
+            N, K = g.shape
+            arr = {"f32": lambda: raw.view("<f4"), "f16": lambda: raw.view("<f2"),
+                   "bf16": lambda: raw.view("<u2")}.get(dtype, lambda: raw)().reshape(N, -1)
+        arr = rows_in_order(arr, t)
+        finite = _finite_blocks(arr, dtype) if dtype not in ("f32", "f16", "bf16") else _all_finite(
+            arr.astype(np.float32) if dtype == "f16" else arr)
+        if not finite:
+            raise ModelFileError(path, f"tensor {g.name!r} holds NaN or infinite values; such weights only "
+                                       f"give garbage: re-download or re-convert it")
+        if not t.matrix:
+            return _vector(t, arr, cfg)
+        K = g.shape[1]
+        types[dtype] += arr.shape[0] * K
+        try:
+            if t is schema.EMBED:
+                return _core.rows(arr, dtype=dtype, K=K)
+            return _core.pack(arr, dtype=dtype, K=K)
+        except (TypeError, ValueError) as e:
+            raise ModelFileError(path, f"tensor {g.name!r}: {e}") from None
+
+    layers = []
+    for i in range(cfg.num_hidden_layers):
+        kind = cfg.layer_kind(i)
+        layer = {"kind": kind}
+        for t in schema.layer_tensors(cfg, kind):
+            layer[t.field] = get(t, schema.hf_name(t, cfg, i))
+        layers.append(layer)
+    out = {"layers": layers, "norm": get(schema.NORM, schema.hf_name(schema.NORM, cfg))}
+    embed_hf = schema.hf_name(schema.EMBED, cfg)
+    head_hf = schema.hf_name(schema.LM_HEAD, cfg)
+    if head_hf in by_hf:
+        out.update(embed=get(schema.EMBED, embed_hf), lm_head=get(schema.LM_HEAD, head_hf))
+    else:   # tied: the packed head's rows serve as the embedding
+        out.update(embed=None, lm_head=get(schema.LM_HEAD, embed_hf))
+    if dequantized:
+        warnings.warn(f"{path.name}: tensors of type {', '.join(sorted(dequantized))} have no native kernels "
+                      f"in fastllm and were dequantized to float32", DequantizedTypeWarning, stacklevel=3)
+    return out, types

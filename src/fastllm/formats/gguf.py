@@ -55,6 +55,14 @@ MODEL_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
 )
+# convert_gguf's dtype for a folder of everything but the weights: what a
+# GGUF file run at its own precision needs beside the file itself.
+METADATA_ONLY = "metadata"
+
+
+def folder_files(dtype: str) -> tuple:
+    """The files a conversion to dtype writes."""
+    return tuple(f for f in MODEL_FILES if dtype != METADATA_ONLY or f != "model.safetensors")
 
 SUPPORTED_ARCHITECTURES = GGUF_ARCHITECTURES
 
@@ -769,11 +777,12 @@ def _publish(tmp: Path, out_dir: Path, overwrite: bool) -> None:
         old.unlink()
 
 
-def is_complete_model_dir(path: PathLike) -> bool:
-    """Whether path holds every file a conversion writes."""
+def is_complete_model_dir(path: PathLike, dtype: str = "f32") -> bool:
+    """Whether path holds every file a conversion to dtype writes."""
     p = Path(path)
     try:
-        return all((p / f).is_file() for f in MODEL_FILES) and (p / "model.safetensors").stat().st_size > 8
+        return all((p / f).is_file() for f in folder_files(dtype)) and (
+            dtype == METADATA_ONLY or (p / "model.safetensors").stat().st_size > 8)
     except OSError:
         return False
 
@@ -802,7 +811,9 @@ def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DT
 
     dtype: "f32" (the exact dequantized values; the default, as for the
     default model and for GGUF files converted on first use) or "bf16"
-    (weights rounded to bfloat16 as torch rounds: half the size).
+    (weights rounded to bfloat16 as torch rounds: half the size), or
+    METADATA_ONLY: config, generation config and tokenizer files only, for
+    running the GGUF file's own weights.
     progress: a callable progress(done, total) called after each tensor,
     True/False to force the stderr progress bar on/off, or None for a bar
     only when stderr is a terminal.
@@ -816,7 +827,7 @@ def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DT
     The folder is built beside out_dir under a hidden name and renamed into
     place at the end, so out_dir either appears complete or not at all.
     """
-    if dtype not in ("bf16", "f32"):
+    if dtype not in ("bf16", "f32", METADATA_ONLY):
         raise ValueError(f"dtype must be 'bf16' or 'f32', not {dtype!r}")
     path = Path(gguf_path).expanduser()
     out_dir = Path(out_dir).expanduser().absolute()
@@ -866,8 +877,11 @@ def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DT
             f.flush()
             os.fsync(f.fileno())
 
-        writer = _SafetensorsWriter(tmp / "model.safetensors", entries,
-                                    {"format": "pt", "source": path.name})
+        if dtype == METADATA_ONLY:
+            order = []
+        else:
+            writer = _SafetensorsWriter(tmp / "model.safetensors", entries,
+                                        {"format": "pt", "source": path.name})
         total = len(order)
         if report:
             report(0, total)
@@ -880,8 +894,9 @@ def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DT
             del w
             if report:
                 report(i + 1, total)
-        writer.close()
-        writer = None
+        if writer is not None:
+            writer.close()
+            writer = None
         for name, obj in (extra_files or {}).items():
             _write_json(tmp / name, obj(tmp) if callable(obj) else obj)
         _publish(tmp, out_dir, overwrite)

@@ -1,0 +1,562 @@
+/* Quantized weights: GGML blocks repacked into panels (layout: quant.h),
+ * their exact dequantization, int8 activations, and the portable int8
+ * matmul that every SIMD path must match bit for bit. */
+#include <math.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "quant.h"
+#include "simd.h"
+
+#define PANEL FLM_PANEL
+
+static const FlmQuantType types[FLM_TYPES] = {
+    [FLM_F16] = {"f16", 32, 0, 1024, 16, 0, 1, 2},
+    [FLM_Q8_0] = {"q8_0", 32, 32, 512, 8, 128, 32, 34},
+    [FLM_Q4_0] = {"q4_0", 32, 32, 256, 4, 8, 32, 18},
+    [FLM_Q4_1] = {"q4_1", 32, 64, 256, 4, 0, 32, 20},
+    [FLM_Q5_0] = {"q5_0", 32, 32, 320, 5, 16, 32, 22},
+    [FLM_Q5_1] = {"q5_1", 32, 64, 320, 5, 0, 32, 24},
+    [FLM_Q4_K] = {"q4_k", 256, 320, 256, 4, 0, 256, 144},
+    [FLM_Q5_K] = {"q5_k", 256, 320, 320, 5, 0, 256, 176},
+    [FLM_Q6_K] = {"q6_k", 256, 288, 384, 6, 32, 256, 210},
+};
+
+const FlmQuantType *flm_quant_type(int type) {
+    return type >= FLM_F16 && type < FLM_TYPES ? &types[type] : NULL;
+}
+
+int flm_is_quantized(int type) { return type >= FLM_Q8_0 && type < FLM_TYPES; }
+
+static size_t sb_bytes(const FlmQuantType *q) { return (size_t)q->header + (size_t)q->sb / 32 * q->data; }
+static size_t panel_bytes(const FlmQuantType *q, int K) { return (size_t)K / q->sb * sb_bytes(q); }
+
+size_t flm_quant_packed_bytes(int N, int K, int type) {
+    return (size_t)((N + PANEL - 1) / PANEL) * panel_bytes(flm_quant_type(type), K);
+}
+
+static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+
+/* ----------------------------------------------------- GGML's blocks */
+
+/* One GGML superblock of a row, decoded: unsigned quants and raw scales. */
+typedef struct {
+    uint8_t u[256];
+    uint16_t d, m;          /* f16 scale, and min (Q4_1, Q5_1) or dmin (Q4_K, Q5_K) */
+    uint8_t sc[16], mn[16]; /* per 32 (Q4_K, Q5_K: 6 bits each) or per 16 (Q6_K: int8 bits) */
+} Decoded;
+
+/* The 6-bit scale and min of sub-block j of a Q4_K/Q5_K superblock. */
+static void k_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *mn) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *mn = s[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4));
+        *mn = (uint8_t)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+    }
+}
+
+static void decode(Decoded *o, const uint8_t *b, int type) {
+    switch (type) {
+    case FLM_Q8_0:
+        o->d = rd16(b);
+        for (int k = 0; k < 32; k++) o->u[k] = (uint8_t)((int8_t)b[2 + k] + 128);
+        break;
+    case FLM_Q4_0:
+    case FLM_Q4_1: {
+        const uint8_t *qs = b + (type == FLM_Q4_1 ? 4 : 2);
+        o->d = rd16(b);
+        o->m = type == FLM_Q4_1 ? rd16(b + 2) : 0;
+        for (int j = 0; j < 16; j++) {
+            o->u[j] = qs[j] & 0xF;
+            o->u[j + 16] = qs[j] >> 4;
+        }
+        break;
+    }
+    case FLM_Q5_0:
+    case FLM_Q5_1: {
+        const int m = type == FLM_Q5_1;
+        const uint8_t *qh = b + (m ? 4 : 2), *qs = qh + 4;
+        const uint32_t h = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
+        o->d = rd16(b);
+        o->m = m ? rd16(b + 2) : 0;
+        for (int j = 0; j < 16; j++) {
+            o->u[j] = (uint8_t)((qs[j] & 0xF) | ((h >> j) & 1) << 4);
+            o->u[j + 16] = (uint8_t)((qs[j] >> 4) | ((h >> (j + 16)) & 1) << 4);
+        }
+        break;
+    }
+    case FLM_Q4_K:
+    case FLM_Q5_K: {
+        const int five = type == FLM_Q5_K;
+        const uint8_t *scales = b + 4, *qh = b + 16, *qs = b + (five ? 48 : 16);
+        o->d = rd16(b);
+        o->m = rd16(b + 2);
+        for (int j = 0; j < 8; j++) k_scale_min(scales, j, &o->sc[j], &o->mn[j]);
+        for (int c = 0; c < 4; c++)       /* 64 values: two sub-blocks from one run of 32 bytes */
+            for (int l = 0; l < 32; l++) {
+                uint8_t lo = qs[32 * c + l] & 0xF, hi = qs[32 * c + l] >> 4;
+                if (five) {
+                    lo |= (uint8_t)(((qh[l] >> (2 * c)) & 1) << 4);
+                    hi |= (uint8_t)(((qh[l] >> (2 * c + 1)) & 1) << 4);
+                }
+                o->u[64 * c + l] = lo;
+                o->u[64 * c + 32 + l] = hi;
+            }
+        break;
+    }
+    case FLM_Q6_K: {
+        const uint8_t *ql = b, *qh = b + 128, *sc = b + 192;
+        o->d = rd16(b + 208);
+        memcpy(o->sc, sc, 16);
+        for (int n = 0; n < 2; n++)
+            for (int l = 0; l < 32; l++) {
+                const uint8_t *L = ql + 64 * n, h = qh[32 * n + l];
+                uint8_t *u = o->u + 128 * n;
+                u[l] = (uint8_t)((L[l] & 0xF) | (h & 3) << 4);
+                u[l + 32] = (uint8_t)((L[l + 32] & 0xF) | ((h >> 2) & 3) << 4);
+                u[l + 64] = (uint8_t)((L[l] >> 4) | ((h >> 4) & 3) << 4);
+                u[l + 96] = (uint8_t)((L[l + 32] >> 4) | ((h >> 6) & 3) << 4);
+            }
+        break;
+    }
+    }
+}
+
+/* ------------------------------------------------------------ panels */
+
+/* Row r of a panel superblock: its header fields and the records of its 32-k blocks. */
+static void put_row(uint8_t *sbp, const FlmQuantType *q, int type, int r, const Decoded *o) {
+    uint8_t *h = sbp;
+    memcpy(h + 2 * r, &o->d, 2);
+    if (type == FLM_Q4_1 || type == FLM_Q5_1 || type == FLM_Q4_K || type == FLM_Q5_K) memcpy(h + 32 + 2 * r, &o->m, 2);
+    if (type == FLM_Q4_K || type == FLM_Q5_K)
+        for (int i = 0; i < 8; i++) {
+            h[64 + i * 16 + r] = o->sc[i];
+            h[64 + 128 + i * 16 + r] = o->mn[i];
+        }
+    if (type == FLM_Q6_K)
+        for (int i = 0; i < 16; i++) h[32 + i * 16 + r] = o->sc[i];
+    for (int i = 0; i < q->sb / 32; i++) {
+        uint8_t *rec = sbp + q->header + (size_t)i * q->data;
+        const uint8_t *u = o->u + 32 * i;
+        if (q->bits == 8) {
+            for (int g = 0; g < 8; g++)
+                for (int j = 0; j < 4; j++) rec[(g * 16 + r) * 4 + j] = u[4 * g + j];
+            continue;
+        }
+        for (int g = 0; g < 4; g++)
+            for (int j = 0; j < 4; j++)
+                rec[(g * 16 + r) * 4 + j] = (uint8_t)((u[8 * g + j] & 0xF) | (u[8 * g + 4 + j] & 0xF) << 4);
+        for (int plane = 0; plane < q->bits - 4; plane++) {
+            uint8_t *masks = rec + 256 + 64 * plane;
+            for (int m = 0; m < 8; m++)
+                for (int j = 0; j < 4; j++)
+                    if ((u[4 * m + j] >> (4 + plane)) & 1) {
+                        const int bit = 4 * r + j;
+                        masks[8 * m + bit / 8] |= (uint8_t)(1u << (bit % 8));
+                    }
+        }
+    }
+}
+
+void flm_quant_pack(void *dst, const void *src, int N, int K, int type, int n_threads) {
+    const FlmQuantType *q = flm_quant_type(type);
+    const int panels = (N + PANEL - 1) / PANEL, nsb = K / q->sb;
+    const size_t row_bytes = (size_t)K / q->ggml_block * q->ggml_bytes;
+#pragma omp parallel for schedule(static) num_threads(n_threads > 0 ? n_threads : 1)
+    for (int p = 0; p < panels; p++) {
+        uint8_t *pp = (uint8_t *)dst + (size_t)p * panel_bytes(q, K);
+        memset(pp, 0, panel_bytes(q, K));   /* rows past N: zero scales, zero weights */
+        for (int r = 0; r < PANEL && p * PANEL + r < N; r++) {
+            const uint8_t *row = (const uint8_t *)src + (size_t)(p * PANEL + r) * row_bytes;
+            if (type == FLM_F16) {
+                for (int k = 0; k < K; k++)
+                    memcpy(pp + ((size_t)k * PANEL + r) * 2, row + 2 * (size_t)k, 2);
+                continue;
+            }
+            Decoded o;
+            for (int j = 0; j < nsb; j++) {
+                memset(&o, 0, sizeof o);
+                decode(&o, row + (size_t)j * q->ggml_bytes, type);
+                put_row(pp + (size_t)j * sb_bytes(q), q, type, r, &o);
+            }
+        }
+    }
+}
+
+/* The quants of one 32-k record: u[r*32 + k]. */
+static void unpack_record(uint8_t *u, const uint8_t *rec, const FlmQuantType *q) {
+    for (int r = 0; r < PANEL; r++) {
+        if (q->bits == 8) {
+            for (int g = 0; g < 8; g++)
+                for (int j = 0; j < 4; j++) u[r * 32 + 4 * g + j] = rec[(g * 16 + r) * 4 + j];
+            continue;
+        }
+        for (int g = 0; g < 4; g++)
+            for (int j = 0; j < 4; j++) {
+                const uint8_t b = rec[(g * 16 + r) * 4 + j];
+                u[r * 32 + 8 * g + j] = b & 0xF;
+                u[r * 32 + 8 * g + 4 + j] = b >> 4;
+            }
+        for (int plane = 0; plane < q->bits - 4; plane++)
+            for (int m = 0; m < 8; m++)
+                for (int j = 0; j < 4; j++) {
+                    const int bit = 4 * r + j;
+                    if ((rec[256 + 64 * plane + 8 * m + bit / 8] >> (bit % 8)) & 1)
+                        u[r * 32 + 4 * m + j] |= (uint8_t)(16 << plane);
+                }
+    }
+}
+
+/* Scales of row r for the 32-k block i of a superblock header h:
+ * w = a * u + b for the first 16 k and a2 * u + b for the last 16 (a2 = a
+ * except in Q6_K), each as GGML forms it; the offset is folded into b
+ * here (d * (u - off) = d*u - d*off exactly: both are products of an f16
+ * and a small integer). */
+typedef struct { float a, a2, b; } RowScale;
+
+static RowScale row_scale(const uint8_t *h, int type, int i, int r) {
+    const float d = flm_f16_to_f32(rd16(h + 2 * r));
+    RowScale s = {d, d, 0.0f};
+    switch (type) {
+    case FLM_Q8_0: s.b = -128.0f * d; break;
+    case FLM_Q4_0: s.b = -8.0f * d; break;
+    case FLM_Q5_0: s.b = -16.0f * d; break;
+    case FLM_Q4_1:
+    case FLM_Q5_1: s.b = flm_f16_to_f32(rd16(h + 32 + 2 * r)); break;
+    case FLM_Q4_K:
+    case FLM_Q5_K:
+        s.a = s.a2 = d * (float)h[64 + i * 16 + r];
+        s.b = -(flm_f16_to_f32(rd16(h + 32 + 2 * r)) * (float)h[64 + 128 + i * 16 + r]);
+        break;
+    case FLM_Q6_K:
+        s.a = d * (float)(int8_t)h[32 + (2 * i) * 16 + r];
+        s.a2 = d * (float)(int8_t)h[32 + (2 * i + 1) * 16 + r];
+        break;
+    }
+    return s;
+}
+
+/* One weight from its quant, as GGML's dequantizer computes it. */
+static float weight(RowScale s, int type, int u, int k) {
+    const float a = k < 16 ? s.a : s.a2;
+    if (type == FLM_Q6_K) return a * (float)(u - 32);
+    if (type == FLM_Q4_0 || type == FLM_Q5_0 || type == FLM_Q8_0) return s.a * (float)u + s.b;
+    return a * (float)u + s.b;
+}
+
+void flm_quant_dequant_panel(float *dst, const void *wp, int p, int k0, int nk, int K, int type) {
+    const FlmQuantType *q = flm_quant_type(type);
+    const uint8_t *pp = (const uint8_t *)wp + (size_t)p * panel_bytes(q, K);
+    if (type == FLM_F16) {
+        const uint16_t *h = (const uint16_t *)pp + (size_t)k0 * PANEL;
+        for (size_t i = 0; i < (size_t)nk * PANEL; i++) dst[i] = flm_f16_to_f32(h[i]);
+        return;
+    }
+    uint8_t u[PANEL * 32];
+    for (int k = k0; k < k0 + nk; k += 32) {
+        const uint8_t *sbp = pp + (size_t)(k / q->sb) * sb_bytes(q);
+        const int i = k % q->sb / 32;
+        unpack_record(u, sbp + q->header + (size_t)i * q->data, q);
+        for (int r = 0; r < PANEL; r++) {
+            RowScale s = row_scale(sbp, type, i, r);
+            for (int j = 0; j < 32; j++) dst[(size_t)(k - k0 + j) * PANEL + r] = weight(s, type, u[r * 32 + j], j);
+        }
+    }
+}
+
+void flm_quant_packed_row(float *out, const void *wp, int r, int K, int type) {
+    float tile[32 * PANEL];
+    for (int k = 0; k < K; k += 32) {
+        flm_quant_dequant_panel(tile, wp, r / PANEL, k, 32, K, type);
+        for (int j = 0; j < 32; j++) out[k + j] = tile[j * PANEL + r % PANEL];
+    }
+}
+
+void flm_quant_dequant_row(float *out, const void *row, int K, int type) {
+    const FlmQuantType *q = flm_quant_type(type);
+    if (type == FLM_F16) {
+        for (int k = 0; k < K; k++) out[k] = flm_f16_to_f32(rd16((const uint8_t *)row + 2 * (size_t)k));
+        return;
+    }
+    /* Through a one-row panel, so both paths share one definition. */
+    uint8_t sbp[320 + 8 * 384];
+    Decoded o;
+    for (int j = 0; j < K / q->sb; j++) {
+        memset(&o, 0, sizeof o);
+        memset(sbp, 0, sizeof sbp);
+        decode(&o, (const uint8_t *)row + (size_t)j * q->ggml_bytes, type);
+        put_row(sbp, q, type, 0, &o);
+        for (int i = 0; i < q->sb / 32; i++) {
+            RowScale s = row_scale(sbp, type, i, 0);
+            for (int k = 0; k < 32; k++) out[j * q->sb + 32 * i + k] = weight(s, type, o.u[32 * i + k], k);
+        }
+    }
+}
+
+/* ------------------------------------------------------- activations */
+
+void flm_quantize_q8_generic(FlmQ8 *dst, const float *x, int K) {
+    for (int b = 0; b < K / 32; b++, x += 32) {
+        float amax = 0.0f;
+        for (int k = 0; k < 32; k++) amax = fmaxf(amax, fabsf(x[k]));
+        const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        dst[b].d = amax / 127.0f;
+        int s0 = 0, s1 = 0;
+        for (int k = 0; k < 32; k++) {
+            const int v = (int)nearbyintf(x[k] * id);
+            dst[b].q[k] = (int8_t)v;
+            if (k < 16) s0 += v;
+            else s1 += v;
+        }
+        dst[b].s[0] = (int16_t)s0;
+        dst[b].s[1] = (int16_t)s1;
+    }
+}
+
+/* ------------------------------------------------- the int8 matmul
+ *
+ * Per row and 32-k block, with exact integer sums I = sum u*q and the
+ * block's activation sums S = s0 + s1:
+ *   offset types (Q8_0, Q4_0, Q5_0): acc = fma((float)(I - off*S), d*xd, acc)
+ *   min types (Q4_1, Q5_1):          acc = fma((float)I, d*xd, acc); acc = fma(m, xd*S, acc)
+ *   Q4_K, Q5_K (a = d*sc, b = dmin*mn): acc = fma((float)I, a*xd, acc); acc = fma(-b, xd*S, acc)
+ *   Q6_K, per 16 k (h = 0, 1):       acc = fma((float)(I_h - 32*s_h), (d*sc_h)*xd, acc)
+ * The SIMD paths compute the same operations in the same order. */
+
+static float fma_block(float acc, const uint8_t *hdr, int type, int i, int r, const uint8_t *u, const FlmQ8 *x) {
+    const float d = flm_f16_to_f32(rd16(hdr + 2 * r));
+    int I0 = 0, I1 = 0;
+    for (int k = 0; k < 16; k++) I0 += u[k] * x->q[k];
+    for (int k = 16; k < 32; k++) I1 += u[k] * x->q[k];
+    const int S = x->s[0] + x->s[1];
+    switch (type) {
+    case FLM_Q8_0:
+    case FLM_Q4_0:
+    case FLM_Q5_0:
+        return fmaf((float)(I0 + I1 - flm_quant_type(type)->offset * S), d * x->d, acc);
+    case FLM_Q4_1:
+    case FLM_Q5_1:
+        acc = fmaf((float)(I0 + I1), d * x->d, acc);
+        return fmaf(flm_f16_to_f32(rd16(hdr + 32 + 2 * r)), x->d * (float)S, acc);
+    case FLM_Q4_K:
+    case FLM_Q5_K: {
+        const float a = d * (float)hdr[64 + i * 16 + r];
+        const float b = flm_f16_to_f32(rd16(hdr + 32 + 2 * r)) * (float)hdr[64 + 128 + i * 16 + r];
+        acc = fmaf((float)(I0 + I1), a * x->d, acc);
+        return fmaf(-b, x->d * (float)S, acc);
+    }
+    default: { /* FLM_Q6_K */
+        const float a0 = d * (float)(int8_t)hdr[32 + (2 * i) * 16 + r];
+        const float a1 = d * (float)(int8_t)hdr[32 + (2 * i + 1) * 16 + r];
+        acc = fmaf((float)(I0 - 32 * x->s[0]), a0 * x->d, acc);
+        return fmaf((float)(I1 - 32 * x->s[1]), a1 * x->d, acc);
+    }
+    }
+}
+
+void flm_qgemm_generic(float *out, int ldo, const FlmQ8 *x, int lda, const void *wp, int K, int T, int p0,
+                       int np, int N, int type) {
+    const FlmQuantType *q = flm_quant_type(type);
+    uint8_t u[PANEL * 32];
+    for (int p = p0; p < p0 + np; p++) {
+        const uint8_t *pp = (const uint8_t *)wp + (size_t)p * panel_bytes(q, K);
+        for (int t0 = 0; t0 < T; t0 += 8) {
+            float acc[8][PANEL] = {{0}};
+            const int nt = T - t0 < 8 ? T - t0 : 8;
+            for (int b = 0; b < K / 32; b++) {
+                const uint8_t *sbp = pp + (size_t)(b * 32 / q->sb) * sb_bytes(q);
+                const int i = b * 32 % q->sb / 32;
+                unpack_record(u, sbp + q->header + (size_t)i * q->data, q);
+                for (int t = 0; t < nt; t++)
+                    for (int r = 0; r < PANEL; r++)
+                        acc[t][r] = fma_block(acc[t][r], sbp, type, i, r, u + r * 32, x + (size_t)(t0 + t) * lda + b);
+            }
+            for (int t = 0; t < nt; t++)
+                for (int r = 0; r < PANEL && p * PANEL + r < N; r++) out[(size_t)(t0 + t) * ldo + p * PANEL + r] = acc[t][r];
+        }
+    }
+}
+
+/* ------------------------------------------------ AVX-512 VNNI */
+#ifdef FLM_X86
+
+/* The per-type constants, as functions of a constant type so that each
+ * instantiation of the kernel below folds them away. */
+INLINE int q_sb(int t) { return t == FLM_Q4_K || t == FLM_Q5_K || t == FLM_Q6_K ? 256 : 32; }
+INLINE int q_header(int t) {
+    return t == FLM_Q4_K || t == FLM_Q5_K ? 320 : t == FLM_Q6_K ? 288 : t == FLM_Q4_1 || t == FLM_Q5_1 ? 64 : 32;
+}
+INLINE int q_bits(int t) {
+    return t == FLM_Q8_0 ? 8 : t == FLM_Q5_0 || t == FLM_Q5_1 || t == FLM_Q5_K ? 5 : t == FLM_Q6_K ? 6 : 4;
+}
+INLINE int q_data(int t) { return q_bits(t) == 8 ? 512 : 256 + 64 * (q_bits(t) - 4); }
+INLINE int q_offset(int t) { return t == FLM_Q8_0 ? 128 : t == FLM_Q4_0 ? 8 : t == FLM_Q5_0 ? 16 : 0; }
+INLINE int q_has_min(int t) { return t == FLM_Q4_1 || t == FLM_Q5_1; }
+INLINE int q_is_k(int t) { return t == FLM_Q4_K || t == FLM_Q5_K; }
+
+/* v[m]: the 16 rows' quants for k = 4m .. 4m+3 of one record, as bytes. */
+INLINE AVX512VNNI void unpack16(__m512i v[8], const uint8_t *rec, const int bits) {
+    if (bits == 8) {
+        _Pragma("GCC unroll 8")
+        for (int m = 0; m < 8; m++) v[m] = _mm512_loadu_si512((const void *)(rec + 64 * m));
+        return;
+    }
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    _Pragma("GCC unroll 8")
+    for (int g = 0; g < 4; g++) {
+        const __m512i x = _mm512_loadu_si512((const void *)(rec + 64 * g));
+        v[2 * g] = _mm512_and_si512(x, low);
+        v[2 * g + 1] = _mm512_and_si512(_mm512_srli_epi16(x, 4), low);
+    }
+    _Pragma("GCC unroll 8")
+    for (int plane = 0; plane < bits - 4; plane++) {
+        const __m512i bit = _mm512_set1_epi8((char)(16 << plane));
+        _Pragma("GCC unroll 8")
+        for (int m = 0; m < 8; m++) {
+            uint64_t mask;
+            memcpy(&mask, rec + 256 + 64 * plane + 8 * m, 8);
+            v[m] = _mm512_mask_add_epi8(v[m], (__mmask64)mask, v[m], bit);
+        }
+    }
+}
+
+INLINE AVX512VNNI __m512i dot4(__m512i acc, __m512i w, const int8_t *x) {
+    int32_t four;
+    memcpy(&four, x, 4);
+    return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(four));
+}
+
+INLINE AVX512VNNI __m512 f16x16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+INLINE AVX512VNNI __m512 u8x16(const uint8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+INLINE AVX512VNNI __m512 i8x16(const uint8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+
+/* One panel for NT tokens: the operations of fma_block, 16 rows at a time. */
+INLINE AVX512VNNI void qpanel(float *out, int ldo, const FlmQ8 *x, int lda, const uint8_t *pp, int K,
+                              const int type, const int NT, __mmask16 rows) {
+    const int sb = q_sb(type), hdr = q_header(type), data = q_data(type), off = q_offset(type);
+    const size_t sbb = (size_t)hdr + (size_t)sb / 32 * data;
+    __m512 acc[NT];
+    _Pragma("GCC unroll 8")
+    for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
+    for (int b = 0; b < K / 32; b++) {
+        const uint8_t *h = pp + (size_t)(b * 32 / sb) * sbb;
+        const int i = b * 32 % sb / 32;
+        __m512i v[8];
+        unpack16(v, h + hdr + (size_t)i * data, q_bits(type));
+        const __m512 d = f16x16(h);
+        __m512 a = d, a2 = d, mn = d;
+        if (q_has_min(type)) mn = f16x16(h + 32);
+        if (q_is_k(type)) {
+            a = _mm512_mul_ps(d, u8x16(h + 64 + i * 16));
+            mn = _mm512_mul_ps(f16x16(h + 32), u8x16(h + 64 + 128 + i * 16));
+        }
+        if (type == FLM_Q6_K) {
+            a = _mm512_mul_ps(d, i8x16(h + 32 + (2 * i) * 16));
+            a2 = _mm512_mul_ps(d, i8x16(h + 32 + (2 * i + 1) * 16));
+        }
+        _Pragma("GCC unroll 8")
+        for (int t = 0; t < NT; t++) {
+            const FlmQ8 *xb = x + (size_t)t * lda + b;
+            const __m512 xd = _mm512_set1_ps(xb->d);
+            if (type == FLM_Q6_K) {
+                __m512i I0 = _mm512_set1_epi32(-32 * xb->s[0]), I1 = _mm512_set1_epi32(-32 * xb->s[1]);
+                _Pragma("GCC unroll 8")
+                for (int m = 0; m < 4; m++) I0 = dot4(I0, v[m], xb->q + 4 * m);
+                _Pragma("GCC unroll 8")
+                for (int m = 4; m < 8; m++) I1 = dot4(I1, v[m], xb->q + 4 * m);
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I0), _mm512_mul_ps(a, xd), acc[t]);
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I1), _mm512_mul_ps(a2, xd), acc[t]);
+                continue;
+            }
+            const int S = xb->s[0] + xb->s[1];
+            __m512i I = _mm512_set1_epi32(-off * S);
+            _Pragma("GCC unroll 8")
+            for (int m = 0; m < 8; m++) I = dot4(I, v[m], xb->q + 4 * m);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(a, xd), acc[t]);
+            if (q_has_min(type)) acc[t] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xb->d * (float)S), acc[t]);
+            if (q_is_k(type)) acc[t] = _mm512_fnmadd_ps(mn, _mm512_set1_ps(xb->d * (float)S), acc[t]);
+        }
+    }
+    _Pragma("GCC unroll 8")
+    for (int t = 0; t < NT; t++) _mm512_mask_storeu_ps(out + (size_t)t * ldo, rows, acc[t]);
+}
+
+INLINE AVX512VNNI void qgemm_type(float *out, int ldo, const FlmQ8 *x, int lda, const void *wp, int K, int T,
+                                  int p0, int np, int N, const int type) {
+    const size_t pb = (size_t)K / q_sb(type) * ((size_t)q_header(type) + (size_t)q_sb(type) / 32 * q_data(type));
+    for (int p = p0; p < p0 + np; p++) {
+        const uint8_t *pp = (const uint8_t *)wp + (size_t)p * pb;
+        const __mmask16 rows = tail_mask(N - p * PANEL);
+        float *o = out + p * PANEL;
+        int t = 0;
+        for (; T - t >= 8; t += 8) qpanel(o + (size_t)t * ldo, ldo, x + (size_t)t * lda, lda, pp, K, type, 8, rows);
+        if (T - t >= 4) { qpanel(o + (size_t)t * ldo, ldo, x + (size_t)t * lda, lda, pp, K, type, 4, rows); t += 4; }
+        if (T - t >= 2) { qpanel(o + (size_t)t * ldo, ldo, x + (size_t)t * lda, lda, pp, K, type, 2, rows); t += 2; }
+        if (T - t >= 1) qpanel(o + (size_t)t * ldo, ldo, x + (size_t)t * lda, lda, pp, K, type, 1, rows);
+    }
+}
+
+AVX512VNNI void flm_qgemm_avx512_vnni(float *out, int ldo, const FlmQ8 *x, int lda, const void *wp, int K, int T,
+                                      int p0, int np, int N, int type) {
+    switch (type) {
+#define CASE(TY) case TY: qgemm_type(out, ldo, x, lda, wp, K, T, p0, np, N, TY); break;
+    CASE(FLM_Q8_0) CASE(FLM_Q4_0) CASE(FLM_Q4_1) CASE(FLM_Q5_0) CASE(FLM_Q5_1)
+    CASE(FLM_Q4_K) CASE(FLM_Q5_K) CASE(FLM_Q6_K)
+#undef CASE
+    }
+}
+
+AVX512 void flm_quantize_q8_avx512(FlmQ8 *dst, const float *x, int K) {
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    for (int b = 0; b < K / 32; b++, x += 32) {
+        const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, v0), _mm512_andnot_ps(sign, v1)));
+        const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        dst[b].d = amax / 127.0f;
+        const __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(id)));
+        const __m512i i1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)));
+        _mm_storeu_si128((__m128i *)dst[b].q, _mm512_cvtepi32_epi8(i0));
+        _mm_storeu_si128((__m128i *)(dst[b].q + 16), _mm512_cvtepi32_epi8(i1));
+        dst[b].s[0] = (int16_t)_mm512_reduce_add_epi32(i0);
+        dst[b].s[1] = (int16_t)_mm512_reduce_add_epi32(i1);
+    }
+}
+#endif
+
+/* ------------------------------------------------------------ dispatch */
+
+static flm_qgemm_fn qgemm_impl = flm_qgemm_generic;
+static void (*quantize_impl)(FlmQ8 *, const float *, int) = flm_quantize_q8_generic;
+static const char *int8_name = "generic";
+
+void flm_int8_select(const char *simd_path) {
+    qgemm_impl = flm_qgemm_generic;
+    quantize_impl = flm_quantize_q8_generic;
+    int8_name = "generic";
+#ifdef FLM_X86
+    __builtin_cpu_init();
+    if (strncmp(simd_path, "avx512", 6) == 0 || strcmp(simd_path, "amx_bf16") == 0) {
+        quantize_impl = flm_quantize_q8_avx512;
+        if (__builtin_cpu_supports("avx512vnni")) {
+            qgemm_impl = flm_qgemm_avx512_vnni;
+            int8_name = "avx512_vnni";
+        }
+    }
+#endif
+}
+
+const char *flm_int8_path(void) { return int8_name; }
+
+void flm_qgemm(float *out, int ldo, const FlmQ8 *x, int lda, const void *wp, int K, int T, int p0, int np, int N,
+               int type) {
+    qgemm_impl(out, ldo, x, lda, wp, K, T, p0, np, N, type);
+}
+
+void flm_quantize_q8(FlmQ8 *dst, const float *x, int K) { quantize_impl(dst, x, K); }

@@ -1,0 +1,84 @@
+/* Quantized weight matrices, and the int8 activations they multiply.
+ *
+ * A GGUF file stores a quantized matrix as rows of GGML blocks. flm_pack
+ * repacks them into panels of FLM_PANEL rows, as it does fp32 and bf16
+ * matrices, so that one 64-byte load brings 16 rows' quants side by side:
+ *
+ *   panel = superblocks of `sb` k (32, or 256 for the K-quants), each
+ *     header: the scales of its 16 rows (layout per type, in quant.c)
+ *     then one record of `data` bytes per 32 k:
+ *       8-bit quants: [8 groups of 4 k][16 rows][4]           512 bytes
+ *       4-bit and up: [4 groups of 8 k][16 rows][4] nibbles   256 bytes,
+ *         low nibble k = 8g+j, high nibble k = 8g+4+j (j < 4),
+ *         then for 5- and 6-bit quants one or two bit planes of 8 masks
+ *         of 64 bits, mask m for k = 4m..4m+3, bit 4r+j for row r, k 4m+j.
+ *
+ * Every quant is stored unsigned (u = q + offset), so that an int8 dot
+ * product multiplies unsigned weights by signed activations (vpdpbusd);
+ * the offset comes back exactly, in integers, through the sums of the
+ * activation blocks. Each row keeps the exact values GGML's dequantizers
+ * give: d * (u - offset), d * u + m, (d*sc) * u - dmin*mn, (d*sc) * (u - 32). */
+#ifndef FASTLLM_QUANT_H
+#define FASTLLM_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fastllm.h"
+
+/* 32 activations quantized to int8: x[k] ~ d * q[k]; s[h] is the sum of
+ * q[16h .. 16h+15]. */
+typedef struct {
+    float d;
+    int16_t s[2];
+    int8_t q[32];
+} FlmQ8;
+
+typedef struct {
+    const char *name;
+    int sb;          /* k per superblock of scales: 32 or 256 */
+    int header;      /* bytes of a panel superblock's scales */
+    int data;        /* bytes per 32 k of a panel: quants and bit planes */
+    int bits;        /* bits per quant (16: F16, float only) */
+    int offset;      /* subtracted from every quant, or 0 where a min is added */
+    int ggml_block;  /* values per GGML block, and its bytes */
+    int ggml_bytes;
+} FlmQuantType;
+
+/* The layout of a quantized type (FLM_F16 .. FLM_Q6_K), NULL for others. */
+const FlmQuantType *flm_quant_type(int type);
+int flm_is_quantized(int type);
+
+/* Bytes of an (N, K) quantized matrix in panels; K must be a whole number of superblocks. */
+size_t flm_quant_packed_bytes(int N, int K, int type);
+/* Repack N rows of GGML blocks (F16: N rows of K halves). */
+void flm_quant_pack(void *dst, const void *src, int N, int K, int type, int n_threads);
+/* Panel p's weights for k = k0 .. k0+nk-1 (multiples of 32) as fp32 panel
+ * rows, dst[(k - k0)*16 + r], exactly as GGML dequantizes them. */
+void flm_quant_dequant_panel(float *dst, const void *wp, int p, int k0, int nk, int K, int type);
+/* One row of GGML blocks (unpacked: an embedding row), dequantized. */
+void flm_quant_dequant_row(float *out, const void *row, int K, int type);
+/* Row r of a packed quantized matrix, dequantized. */
+void flm_quant_packed_row(float *out, const void *wp, int r, int K, int type);
+
+/* K activations (K a multiple of 32) into K/32 blocks. */
+void flm_quantize_q8_generic(FlmQ8 *dst, const float *x, int K);
+
+/* out[t*ldo + r] = sum_k x[t][k] * W[r][k] for the rows of panels p0 ..
+ * p0+np-1 below N, x as blocks (lda blocks per token). Each output is
+ * summed block by block, in order, whatever T and the panels are. */
+typedef void (*flm_qgemm_fn)(float *out, int ldo, const FlmQ8 *x, int lda, const void *wp, int K, int T,
+                             int p0, int np, int N, int type);
+void flm_qgemm_generic(float *, int, const FlmQ8 *, int, const void *, int, int, int, int, int, int);
+void flm_qgemm_avx512_vnni(float *, int, const FlmQ8 *, int, const void *, int, int, int, int, int, int);
+void flm_quantize_q8_avx512(FlmQ8 *dst, const float *x, int K);
+
+/* The int8 kernels of the chosen SIMD path (flm_int8_select, called
+ * whenever the path is chosen), and its name. */
+void flm_int8_select(const char *simd_path);
+const char *flm_int8_path(void);
+void flm_qgemm(float *out, int ldo, const FlmQ8 *x, int lda, const void *wp, int K, int T, int p0, int np, int N,
+               int type);
+void flm_quantize_q8(FlmQ8 *dst, const float *x, int K);
+
+#endif

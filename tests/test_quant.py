@@ -1,0 +1,190 @@
+"""Quantized GGUF weights run as they are (no dequantization at load).
+
+With fp32 activations the quantized matmuls multiply the exact dequantized
+weights: the oracle is transformers running the same GGUF file (it
+dequantizes with the gguf package), and on the default model the float32
+model that fastllm converts from the same file, bit for bit. With int8
+activations (the default) the results are measured against the float32
+model: top-1 agreement and KL divergence.
+"""
+import json
+import warnings
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from fastllm import Model
+from fastllm.errors import ModelFileError
+from fastllm.weights import DequantizedTypeWarning
+from test_convert import synthetic_vocab, write_gguf
+
+QT = gguf.GGMLQuantizationType
+# Types gguf's own quantizer writes (the tiny models' rows are 32-value multiples).
+GGUF_QUANTIZED = [QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.F16]
+K_QUANTS = [QT.Q4_K, QT.Q5_K, QT.Q6_K]
+F16_SCALES = {QT.Q8_0: (0,), QT.Q4_0: (0,), QT.Q5_0: (0,), QT.Q4_1: (0, 2), QT.Q5_1: (0, 2),
+              QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q6_K: (208,), QT.Q2_K: (80, 82)}
+
+
+def random_blocks(rows: int, cols: int, qtype, seed: int, scale: float = 2e-4) -> np.ndarray:
+    """Rows of GGML blocks with random quants and small random f16 scales."""
+    n, size = gguf.GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, (rows * cols // n, size), dtype=np.uint8)
+    for at in F16_SCALES[qtype]:
+        d = (scale * rng.uniform(0.5, 1.5, len(blocks))).astype(np.float16)
+        blocks[:, at:at + 2] = d.view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(rows, cols // n * size)
+
+
+def logits_ref(folder, name, ids):
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].numpy()
+
+
+def assert_close(ours, ref, atol=1e-4, rtol=1e-4):
+    err = np.abs(ours - ref) / (atol + rtol * np.abs(ref))
+    assert err.max() <= 1.0, f"max err/bound {err.max():.3f}"
+
+
+@pytest.mark.parametrize("qtype", GGUF_QUANTIZED, ids=lambda q: q.name)
+def test_float_activations_match_transformers(qtype, tiny_model_dir, tmp_path):
+    folder = tiny_model_dir("llama-gqa")
+    vocab_size = json.loads((folder / "config.json").read_text())["vocab_size"]
+    write_gguf(tmp_path / "m.gguf", folder, synthetic_vocab(vocab_size), qtype=qtype)
+    ids = [(i * 37 + 5) % vocab_size for i in range(13)]
+    model = Model.from_pretrained(tmp_path / "m.gguf", activations="f32", threads=2)
+    assert model.weight_types == {qtype.name.lower(): sum(model.weight_types.values())}
+    assert_close(model.logits(ids), logits_ref(tmp_path, "m.gguf", ids))
+
+
+def k_quant_checkpoint(tmp_path, tiny_model_dir):
+    """A tiny llama whose rows are whole 256-value superblocks."""
+    from transformers import AutoConfig
+    config = AutoConfig.for_model("llama", hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, vocab_size=300,
+                                  tie_word_embeddings=False, max_position_embeddings=256,
+                                  rms_norm_eps=1e-5)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    folder = tmp_path / "hf"
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def test_mixed_types_match_transformers(tiny_model_dir, tmp_path):
+    """Every tensor in a type of its own, K-quants included, as in a Q4_K_M file."""
+    folder = k_quant_checkpoint(tmp_path, tiny_model_dir)
+    types = K_QUANTS + GGUF_QUANTIZED[:-1]
+    chosen = {}
+
+    def quantize(name, data):
+        qtype = types[len(chosen) % len(types)]
+        chosen[name] = qtype
+        return random_blocks(*data.shape, qtype, seed=len(chosen)), qtype
+
+    write_gguf(tmp_path / "m.gguf", folder, synthetic_vocab(300), quantize=quantize)
+    assert set(chosen.values()) == set(types)
+    ids = [(i * 37 + 5) % 300 for i in range(11)]
+    ref = logits_ref(tmp_path, "m.gguf", ids)
+    exact = Model.from_pretrained(tmp_path / "m.gguf", activations="f32", threads=2)
+    assert set(exact.weight_types) == {t.name.lower() for t in types}
+    got = exact.logits(ids)
+    assert_close(got, ref)
+    # int8 activations: near, and the same whatever the threads and however the prompt is split.
+    fast = Model.from_pretrained(tmp_path / "m.gguf", threads=2)
+    one = fast.logits(ids)
+    assert np.abs(one - ref).max() <= 0.05 * np.abs(ref).max()
+    fast.threads = 1
+    s = fast.new_session()
+    s.prefill(ids[:4])
+    s.extend(ids[4:9])
+    assert np.array_equal(s.extend(ids[9:]), one[-1])
+
+
+def test_unsupported_type_is_dequantized_with_a_warning(tmp_path, tiny_model_dir):
+    folder = k_quant_checkpoint(tmp_path, tiny_model_dir)
+    write_gguf(tmp_path / "m.gguf", folder, synthetic_vocab(300),
+               quantize=lambda name, data: (random_blocks(*data.shape, QT.Q2_K, 1, 1e-3), QT.Q2_K))
+    ids = [3, 1, 4, 1, 5, 9, 2, 6]
+    with pytest.warns(DequantizedTypeWarning, match="Q2_K"):
+        model = Model.from_pretrained(tmp_path / "m.gguf", threads=2)
+    assert model.weight_types == {"f32": sum(model.weight_types.values())}
+    assert_close(model.logits(ids), logits_ref(tmp_path, "m.gguf", ids))
+
+
+def test_nan_scale_is_refused(tmp_path, tiny_model_dir):
+    folder = tiny_model_dir("llama-gqa")
+
+    def quantize(name, data):
+        blocks = random_blocks(*data.shape, QT.Q4_0, 2)
+        if name == "blk.1.ffn_up.weight":
+            blocks[3, 0:2] = np.array([np.nan], np.float16).view(np.uint8)
+        return blocks, QT.Q4_0
+
+    write_gguf(tmp_path / "m.gguf", folder, synthetic_vocab(300), quantize=quantize)
+    with pytest.raises(ModelFileError, match="blk.1.ffn_up.weight.*NaN"):
+        Model.from_pretrained(tmp_path / "m.gguf", threads=2)
+
+
+@pytest.fixture(scope="module")
+def default_models(smollm2_dir):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return (Model.from_pretrained(threads=2), Model.from_pretrained(threads=2, activations="f32"),
+                Model.from_pretrained(smollm2_dir, threads=2))
+
+
+def test_default_model_runs_its_own_q4_1(default_models):
+    native, _, reference = default_models
+    assert native.dtype == "q4_1" and set(native.weight_types) == {"q4_1", "q8_0"}
+    # Quantized in memory: about the file's size, not the 540 MB of float32.
+    assert native.weight_bytes < 110 * 2**20 < reference.weight_bytes
+
+
+def test_default_model_float_activations_are_the_f32_model(default_models):
+    """The dequantized weights, exactly: the results of the float32 folder made from the same file."""
+    _, exact, reference = default_models
+    ids = exact.tokenizer.encode("The quick brown fox jumps over the lazy dog, and then it rests. " * 4)
+    assert np.array_equal(exact.logits(ids), reference.logits(ids))
+
+
+def test_default_model_int8_activations_stay_close(default_models):
+    native, _, reference = default_models
+    text = ("Paris is the capital and most populous city of France. Situated on the Seine River, in the "
+            "north of the country, it is at the heart of the Ile-de-France region. The city is a major "
+            "centre of finance, diplomacy, commerce, culture, fashion and gastronomy.")
+    ids = native.tokenizer.encode(text)
+    got, ref = native.logits(ids), reference.logits(ids)
+    p = np.exp(ref - ref.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    logq = got - got.max(1, keepdims=True)
+    logq -= np.log(np.exp(logq).sum(1, keepdims=True))
+    kl = (p * (np.log(p + 1e-30) - logq)).sum(1)
+    top1 = (got.argmax(1) == ref.argmax(1)).mean()
+    print(f"int8 vs f32 on {len(ids)} tokens: top-1 agreement {top1:.3f}, mean KL {kl.mean():.5f}")
+    assert top1 >= 0.9 and kl.mean() < 0.02
+    # The greedy choice is the same wherever the float32 model's has a clear margin.
+    top2 = np.sort(ref, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] >= 1.0
+    assert clear.sum() >= len(ids) // 2
+    assert np.array_equal(got.argmax(1)[clear], ref.argmax(1)[clear])
+
+
+def test_default_model_batch_and_threads_invariant(default_models):
+    native, _, _ = default_models
+    ids = native.tokenizer.encode("One two three four five six seven eight nine ten eleven twelve.")
+    whole = native.logits(ids)
+    native.threads = 1
+    try:
+        s = native.new_session()
+        last = s.prefill(ids[:5])
+        for i in range(5, len(ids), 5):
+            last = s.extend(ids[i:i + 5])
+        assert np.array_equal(last, whole[-1])
+    finally:
+        native.threads = 2
