@@ -1,4 +1,4 @@
-"""The `fastllm` command: run, chat, an interactive REPL, convert, info, bench."""
+"""The `fastllm` command: run, chat, an interactive REPL, convert, info, bench, serve, perplexity."""
 from __future__ import annotations
 
 import argparse
@@ -135,6 +135,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", default=None, help="require this bearer token")
     p.add_argument("--model-name", default=None, help="the model's id in the API (default: folder name)")
 
+    p = sub.add_parser("perplexity", help="perplexity on a text, and KL divergence from a base model, "
+                                          "measured as llama.cpp's llama-perplexity measures them")
+    p.add_argument("file", nargs="?", default=None,
+                   help="UTF-8 text file (default: the Lee corpus of English news stories in gensim)")
+    p.add_argument("--model", "-m", default=None,
+                   help="HF model folder or .gguf file (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--ctx", "-c", type=int, default=512,
+                   help="tokens per chunk; the second half of each is scored (default: 512)")
+    p.add_argument("--chunks", type=int, default=None, help="score only the first N chunks (default: all)")
+    p.add_argument("--kl-divergence-base", default=None, metavar="BASE",
+                   help="a second model (folder or .gguf, e.g. the f32 model) to compare the "
+                        "next-token distributions with: KL divergence, top-1 agreement, PPL of both")
+    p.add_argument("--threads", "-t", type=int, default=None,
+                   help="threads for the run loop (default: physical cores)")
+
     from .bench import add_bench_parser
     add_bench_parser(sub)
     return parser
@@ -142,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = ("run", "repl", "chat", "convert", "info", "bench", "serve")
+    commands = ("run", "repl", "chat", "convert", "info", "bench", "serve", "perplexity")
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
         argv = ["repl"] + argv
     elif argv[0] not in commands and not argv[0].startswith("-"):
@@ -160,7 +175,7 @@ def main(argv=None) -> int:
         if args.command == "run" and args.prompt is None:
             args.command = "repl"
         return {"run": cmd_run, "repl": cmd_repl, "chat": cmd_chat, "info": cmd_info,
-                "serve": cmd_serve}[args.command](args)
+                "serve": cmd_serve, "perplexity": cmd_perplexity}[args.command](args)
     except (FastLLMError, ValueError, FileNotFoundError) as e:
         print(f"fastllm: error: {e}", file=sys.stderr)
         return 1
@@ -475,6 +490,23 @@ def cmd_convert(args) -> int:
     from .formats.gguf import convert_gguf
     out = convert_gguf(args.input, args.output, dtype=args.dtype)
     print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def cmd_perplexity(args) -> int:
+    from . import perplexity
+    from .model import Model
+    text = perplexity.corpus_text() if args.file is None else perplexity.read_text(args.file)
+    model = Model.from_pretrained(args.model, n_ctx=args.ctx, threads=args.threads)
+    base = (None if args.kl_divergence_base is None else
+            Model.from_pretrained(args.kl_divergence_base, n_ctx=args.ctx, threads=args.threads))
+    ids = perplexity.tokenize(model, text)
+
+    def progress(i, n, ppl):
+        print(f"[{i}/{n}] {ppl:.4f}", file=sys.stderr, flush=True)
+    result = perplexity.evaluate(model, ids, args.ctx, base=base, chunks=args.chunks,
+                                 bos=perplexity.chunk_bos(model), progress=progress)
+    print(perplexity.report(result))
     return 0
 
 
