@@ -513,6 +513,156 @@ AVX512VNNI void flm_qgemm_avx512_vnni(float *out, int ldo, const FlmQ8 *x, int l
     }
 }
 
+/* ------------------------------------------------------- AVX2
+ * A 256-bit vector holds half a panel: 8 rows x 4 k. maddubs multiplies
+ * unsigned by signed bytes into 16-bit pair sums, which cannot overflow for
+ * quants of up to 6 bits (2 x 63 x 127); 8-bit quants are made signed again
+ * (u - 128) and multiplied as |w| by the activation with w's sign. */
+
+/* v[m]: rows 8h .. 8h+7 of the record's quants for k = 4m .. 4m+3. */
+INLINE AVX2 void unpack8(__m256i v[8], const uint8_t *rec, const int bits, int h) {
+    if (bits == 8) {
+        const __m256i flip = _mm256_set1_epi8((char)0x80);
+        _Pragma("GCC unroll 8")
+        for (int m = 0; m < 8; m++)
+            v[m] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(rec + 64 * m + 32 * h)), flip);
+        return;
+    }
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    _Pragma("GCC unroll 4")
+    for (int g = 0; g < 4; g++) {
+        const __m256i x = _mm256_loadu_si256((const __m256i *)(rec + 64 * g + 32 * h));
+        v[2 * g] = _mm256_and_si256(x, low);
+        v[2 * g + 1] = _mm256_and_si256(_mm256_srli_epi16(x, 4), low);
+    }
+    /* Byte i of a vector takes bit i of its 32 mask bits. */
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i select = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    _Pragma("GCC unroll 2")
+    for (int plane = 0; plane < bits - 4; plane++) {
+        const __m256i bit = _mm256_set1_epi8((char)(16 << plane));
+        _Pragma("GCC unroll 8")
+        for (int m = 0; m < 8; m++) {
+            uint32_t mask;
+            memcpy(&mask, rec + 256 + 64 * plane + 8 * m + 4 * h, 4);
+            __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)mask), spread);
+            b = _mm256_cmpeq_epi8(_mm256_and_si256(b, select), select);
+            v[m] = _mm256_add_epi8(v[m], _mm256_and_si256(b, bit));
+        }
+    }
+}
+
+/* 8 rows' sums over k = 4m .. 4m+3 of v[m] times the activations there. */
+INLINE AVX2 __m256i dot4_avx2(__m256i acc, __m256i w, const int8_t *x, const int bits) {
+    int32_t four;
+    memcpy(&four, x, 4);
+    const __m256i a = _mm256_set1_epi32(four);
+    __m256i pairs;
+    if (bits == 8) pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+    else pairs = _mm256_maddubs_epi16(w, a);
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+
+INLINE AVX2 __m256 f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+INLINE AVX2 __m256 u8x8(const uint8_t *p) {
+    int64_t e;
+    memcpy(&e, p, 8);
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(e)));
+}
+INLINE AVX2 __m256 i8x8(const uint8_t *p) {
+    int64_t e;
+    memcpy(&e, p, 8);
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(e)));
+}
+
+/* Rows 8h .. 8h+7 of one panel for NT tokens: fma_block's operations. */
+INLINE AVX2 void qhalf(float *out, int ldo, const FlmQ8 *x, int lda, const uint8_t *pp, int K, const int type,
+                       const int NT, int h, int rows) {
+    const int sb = q_sb(type), hdr = q_header(type), data = q_data(type), bits = q_bits(type);
+    const int off = bits == 8 ? 0 : q_offset(type);   /* 8-bit quants come back signed */
+    const size_t sbb = (size_t)hdr + (size_t)sb / 32 * data;
+    __m256 acc[NT];
+    _Pragma("GCC unroll 8")
+    for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
+    for (int b = 0; b < K / 32; b++) {
+        const uint8_t *hp = pp + (size_t)(b * 32 / sb) * sbb;
+        const int i = b * 32 % sb / 32;
+        __m256i v[8];
+        unpack8(v, hp + hdr + (size_t)i * data, bits, h);
+        const __m256 d = f16x8(hp + 16 * h);
+        __m256 a = d, a2 = d, mn = d;
+        if (q_has_min(type)) mn = f16x8(hp + 32 + 16 * h);
+        if (q_is_k(type)) {
+            a = _mm256_mul_ps(d, u8x8(hp + 64 + i * 16 + 8 * h));
+            mn = _mm256_mul_ps(f16x8(hp + 32 + 16 * h), u8x8(hp + 64 + 128 + i * 16 + 8 * h));
+        }
+        if (type == FLM_Q6_K) {
+            a = _mm256_mul_ps(d, i8x8(hp + 32 + (2 * i) * 16 + 8 * h));
+            a2 = _mm256_mul_ps(d, i8x8(hp + 32 + (2 * i + 1) * 16 + 8 * h));
+        }
+        _Pragma("GCC unroll 8")
+        for (int t = 0; t < NT; t++) {
+            const FlmQ8 *xb = x + (size_t)t * lda + b;
+            const __m256 xd = _mm256_set1_ps(xb->d);
+            if (type == FLM_Q6_K) {
+                __m256i I0 = _mm256_set1_epi32(-32 * xb->s[0]), I1 = _mm256_set1_epi32(-32 * xb->s[1]);
+                _Pragma("GCC unroll 4")
+                for (int m = 0; m < 4; m++) I0 = dot4_avx2(I0, v[m], xb->q + 4 * m, bits);
+                _Pragma("GCC unroll 4")
+                for (int m = 4; m < 8; m++) I1 = dot4_avx2(I1, v[m], xb->q + 4 * m, bits);
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I0), _mm256_mul_ps(a, xd), acc[t]);
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I1), _mm256_mul_ps(a2, xd), acc[t]);
+                continue;
+            }
+            const int S = xb->s[0] + xb->s[1];
+            __m256i I = _mm256_set1_epi32(-off * S);
+            _Pragma("GCC unroll 8")
+            for (int m = 0; m < 8; m++) I = dot4_avx2(I, v[m], xb->q + 4 * m, bits);
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(a, xd), acc[t]);
+            if (q_has_min(type)) acc[t] = _mm256_fmadd_ps(mn, _mm256_set1_ps(xb->d * (float)S), acc[t]);
+            if (q_is_k(type)) acc[t] = _mm256_fnmadd_ps(mn, _mm256_set1_ps(xb->d * (float)S), acc[t]);
+        }
+    }
+    _Pragma("GCC unroll 8")
+    for (int t = 0; t < NT; t++) {
+        if (rows >= 8) {
+            _mm256_storeu_ps(out + (size_t)t * ldo, acc[t]);
+        } else {
+            float tmp[8];
+            _mm256_storeu_ps(tmp, acc[t]);
+            for (int r = 0; r < rows; r++) out[(size_t)t * ldo + r] = tmp[r];
+        }
+    }
+}
+
+INLINE AVX2 void qgemm_type_avx2(float *out, int ldo, const FlmQ8 *x, int lda, const void *wp, int K, int T,
+                                 int p0, int np, int N, const int type) {
+    const size_t pb = (size_t)K / q_sb(type) * ((size_t)q_header(type) + (size_t)q_sb(type) / 32 * q_data(type));
+    for (int p = p0; p < p0 + np; p++) {
+        const uint8_t *pp = (const uint8_t *)wp + (size_t)p * pb;
+        for (int h = 0; h < 2; h++) {
+            const int rows = N - p * PANEL - 8 * h;
+            if (rows <= 0) break;
+            float *o = out + p * PANEL + 8 * h;
+            int t = 0;
+            for (; T - t >= 4; t += 4) qhalf(o + (size_t)t * ldo, ldo, x + (size_t)t * lda, lda, pp, K, type, 4, h, rows);
+            if (T - t >= 2) { qhalf(o + (size_t)t * ldo, ldo, x + (size_t)t * lda, lda, pp, K, type, 2, h, rows); t += 2; }
+            if (T - t >= 1) qhalf(o + (size_t)t * ldo, ldo, x + (size_t)t * lda, lda, pp, K, type, 1, h, rows);
+        }
+    }
+}
+
+AVX2 void flm_qgemm_avx2(float *out, int ldo, const FlmQ8 *x, int lda, const void *wp, int K, int T, int p0, int np,
+                         int N, int type) {
+    switch (type) {
+#define CASE(TY) case TY: qgemm_type_avx2(out, ldo, x, lda, wp, K, T, p0, np, N, TY); break;
+    CASE(FLM_Q8_0) CASE(FLM_Q4_0) CASE(FLM_Q4_1) CASE(FLM_Q5_0) CASE(FLM_Q5_1)
+    CASE(FLM_Q4_K) CASE(FLM_Q5_K) CASE(FLM_Q6_K)
+#undef CASE
+    }
+}
+
 AVX512 void flm_quantize_q8_avx512(FlmQ8 *dst, const float *x, int K) {
     const __m512 sign = _mm512_set1_ps(-0.0f);
     for (int b = 0; b < K / 32; b++, x += 32) {
@@ -542,6 +692,10 @@ void flm_int8_select(const char *simd_path) {
     int8_name = "generic";
 #ifdef FLM_X86
     __builtin_cpu_init();
+    if (strcmp(simd_path, "generic") != 0) {
+        qgemm_impl = flm_qgemm_avx2;
+        int8_name = "avx2";
+    }
     if (strncmp(simd_path, "avx512", 6) == 0 || strcmp(simd_path, "amx_bf16") == 0) {
         quantize_impl = flm_quantize_q8_avx512;
         if (__builtin_cpu_supports("avx512vnni")) {

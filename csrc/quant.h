@@ -71,6 +71,7 @@ typedef void (*flm_qgemm_fn)(float *out, int ldo, const FlmQ8 *x, int lda, const
                              int p0, int np, int N, int type);
 void flm_qgemm_generic(float *, int, const FlmQ8 *, int, const void *, int, int, int, int, int, int);
 void flm_qgemm_avx512_vnni(float *, int, const FlmQ8 *, int, const void *, int, int, int, int, int, int);
+void flm_qgemm_avx2(float *, int, const FlmQ8 *, int, const void *, int, int, int, int, int, int);
 void flm_quantize_q8_avx512(FlmQ8 *dst, const float *x, int K);
 
 /* The int8 kernels of the chosen SIMD path (flm_int8_select, called
