@@ -268,10 +268,37 @@ void flm_quant_dequant_panel(float *dst, const void *wp, int p, int k0, int nk, 
 }
 
 void flm_quant_packed_row(float *out, const void *wp, int r, int K, int type) {
-    float tile[32 * PANEL];
+    const FlmQuantType *q = flm_quant_type(type);
+    const uint8_t *pp = (const uint8_t *)wp + (size_t)(r / PANEL) * panel_bytes(q, K);
+    const int i16 = r % PANEL;
+    if (type == FLM_F16) {
+        for (int k = 0; k < K; k++) out[k] = flm_f16_to_f32(rd16(pp + ((size_t)k * PANEL + i16) * 2));
+        return;
+    }
+    /* Only this row's quants of each record (an embedding lookup per token). */
     for (int k = 0; k < K; k += 32) {
-        flm_quant_dequant_panel(tile, wp, r / PANEL, k, 32, K, type);
-        for (int j = 0; j < 32; j++) out[k + j] = tile[j * PANEL + r % PANEL];
+        const uint8_t *sbp = pp + (size_t)(k / q->sb) * sb_bytes(q), *rec;
+        const int i = k % q->sb / 32;
+        rec = sbp + q->header + (size_t)i * q->data;
+        uint8_t u[32];
+        for (int g = 0; g < (q->bits == 8 ? 8 : 4); g++)
+            for (int j = 0; j < 4; j++) {
+                const uint8_t byte = rec[(g * 16 + i16) * 4 + j];
+                if (q->bits == 8) {
+                    u[4 * g + j] = byte;
+                } else {
+                    u[8 * g + j] = byte & 0xF;
+                    u[8 * g + 4 + j] = byte >> 4;
+                }
+            }
+        for (int plane = 0; plane < q->bits - 4 && q->bits < 8; plane++)
+            for (int m = 0; m < 8; m++)
+                for (int j = 0; j < 4; j++) {
+                    const int bit = 4 * i16 + j;
+                    if ((rec[256 + 64 * plane + 8 * m + bit / 8] >> (bit % 8)) & 1) u[4 * m + j] |= (uint8_t)(16 << plane);
+                }
+        const RowScale sc = row_scale(sbp, type, i, i16);
+        for (int j = 0; j < 32; j++) out[k + j] = weight(sc, type, u[j], j);
     }
 }
 

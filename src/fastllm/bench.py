@@ -23,7 +23,9 @@ def add_bench_parser(sub):
                    help="comma-separated thread counts (default: physical cores)")
     p.add_argument("-r", "--repetitions", type=int, default=5,
                    help="timed runs per test, after one warm-up run (default: 5)")
-    p.add_argument("--dtype", default="f32", help="comma-separated weight precisions to test: f32, bf16 (default: f32)")
+    p.add_argument("--dtype", default=None,
+                   help="comma-separated weight precisions to test: f32, bf16, gguf (a GGUF file's own types; "
+                        "default: gguf for a .gguf file or the default model, f32 for a folder)")
     p.add_argument("--kv-dtype", choices=("f32", "bf16", "f16"), default="f32",
                    help="KV cache precision (default: f32)")
     p.add_argument("--json", action="store_true", help="print results as JSON")
@@ -67,7 +69,7 @@ def bench_model(model, n_prompt: int, n_gen: int, repetitions: int) -> list[dict
     return results
 
 
-def run_bench(model_path, n_prompt=512, n_gen=128, threads=None, repetitions=5, dtypes=("f32",),
+def run_bench(model_path, n_prompt=512, n_gen=128, threads=None, repetitions=5, dtypes=(None,),
               kv_dtype="f32"):
     """Yield one result per (dtype, threads, test), loading each dtype once."""
     from .model import Model, physical_cores
@@ -88,10 +90,10 @@ def cmd_bench(args) -> int:
     from ._core import simd_path
     from .model import physical_cores
     threads = _ints(args.threads) if args.threads else [physical_cores()]
-    dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()]
+    dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()] if args.dtype else [None]
     for d in dtypes:
-        if d not in ("f32", "bf16"):
-            raise ValueError(f"unknown dtype {d!r} (f32, bf16)")
+        if d not in ("f32", "bf16", "gguf", None):
+            raise ValueError(f"unknown dtype {d!r} (f32, bf16, gguf)")
     if args.repetitions < 1:
         raise ValueError("repetitions must be at least 1")
     rows = []
