@@ -88,12 +88,12 @@ def run_bench(model_path, n_prompt=512, n_gen=128, threads=None, repetitions=5, 
 
 def cmd_bench(args) -> int:
     from ._core import simd_path
-    from .model import physical_cores
+    from .model import DTYPES, physical_cores
     threads = _ints(args.threads) if args.threads else [physical_cores()]
     dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()] if args.dtype else [None]
     for d in dtypes:
-        if d not in ("f32", "bf16", "gguf", None):
-            raise ValueError(f"unknown dtype {d!r} (f32, bf16, gguf)")
+        if d is not None and d not in DTYPES:
+            raise ValueError(f"unknown dtype {d!r} ({', '.join(DTYPES)})")
     if args.repetitions < 1:
         raise ValueError("repetitions must be at least 1")
     rows = []

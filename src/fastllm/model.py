@@ -22,8 +22,11 @@ from .textstream import TextStream
 from .weights import load_gguf_weights, load_weights
 
 # Weights as stored: f32 and bf16 for any model; "gguf" (the default for a
-# GGUF file) keeps every tensor of a GGUF file in its own type.
-DTYPES = ("f32", "bf16", "gguf")
+# GGUF file) keeps every tensor of a GGUF file in its own type; a
+# quantization mix quantizes a folder's matrices at load, as llama-quantize
+# would (see formats.quants.plan).
+QUANT_MIXES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k_m", "q5_k_m", "q6_k", "q4_k", "q5_k")
+DTYPES = ("f32", "bf16", "gguf") + QUANT_MIXES
 # Activations of quantized matmuls: int8 blocks (as llama.cpp), or fp32
 # with the exact dequantized weights (slower: for checking the weights).
 ACTIVATIONS = ("int8", "f32")
@@ -202,6 +205,9 @@ class Model:
         own precision ("gguf"), as llama.cpp runs it: every tensor in its own
         type, quantized ones quantized. "f32" or "bf16" dequantize it instead
         (converted once into the cache). A folder defaults to "f32".
+        A quantization mix ("q8_0", "q4_0", "q4_k_m", ... as llama-quantize
+        names them) quantizes the matrices of a folder (or of a GGUF file
+        dequantized first) at load.
         activations: what quantized weights multiply: "int8" blocks of the
         activations (fast), or "f32" activations with the exact dequantized
         weights (the results of the dequantized float32 model, bit for bit)."""
@@ -235,7 +241,8 @@ class Model:
             # Named by the type that holds most of the parameters.
             dtype = max(types, key=types.get)
         else:
-            arrays = load_weights(config, folder, bf16=(dtype == "bf16"))
+            arrays = load_weights(config, folder, bf16=(dtype == "bf16"),
+                                  mix=dtype if dtype in QUANT_MIXES else None)
         weights = _core.Weights(config, arrays, seq_len, threads, kv_dtype, activations == "f32")
         # A folder without tokenizer.json still runs on token ids (logits,
         # generate_tokens); the text methods then say what is missing.

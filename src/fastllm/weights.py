@@ -54,6 +54,11 @@ def _all_finite(a: np.ndarray) -> bool:
     return bool(np.isfinite(np.sum(a, dtype=np.float32))) or bool(np.isfinite(a).all())
 
 
+def _row_length(blocks: np.ndarray, qtype: str) -> int:
+    n, size = _core.block_size(qtype)
+    return blocks.shape[1] // size * n
+
+
 def _vector(t: schema.Tensor, arr: np.ndarray, cfg: ModelConfig) -> np.ndarray:
     """A float32 vector tensor as the run loop reads it."""
     arr = np.asarray(arr, np.float32)
@@ -67,13 +72,41 @@ def _vector(t: schema.Tensor, arr: np.ndarray, cfg: ModelConfig) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
-def load_weights(cfg: ModelConfig, folder, bf16: bool = False) -> dict:
+def load_weights(cfg: ModelConfig, folder, bf16: bool = False, mix: str | None = None) -> dict:
     """The arrays for fastllm._core.Weights: embed, norm, lm_head and a dict
     per layer (its kind and its tensors by FlmLayer field), each checked
-    against the shape the config implies."""
+    against the shape the config implies. mix: quantize the matrices at load
+    under a llama.cpp quantization mix ("q8_0", "q4_k_m", ...: see
+    formats.quants.plan), one tensor at a time."""
     ck = Checkpoint(folder)
     perm = rope_permutation(cfg.head_dim, cfg.rope_dim)
     heads = {"q": cfg.num_attention_heads, "k": cfg.num_key_value_heads, "head": 1}
+    types = {}
+    if mix is not None:
+        from .formats import quants
+        matrices = {}
+        for i in range(cfg.num_hidden_layers):
+            for t in schema.layer_tensors(cfg, cfg.layer_kind(i)):
+                if t.matrix:
+                    matrices[schema.hf_name(t, cfg, i)] = schema.hf_shape(t, cfg)
+        for t in (schema.EMBED, schema.LM_HEAD):
+            name = schema.hf_name(t, cfg)
+            if name in ck:
+                matrices[name] = schema.hf_shape(t, cfg)
+        types = quants.plan(matrices, mix)
+
+    def packed(arr: np.ndarray, name: str, embed: bool):
+        """A float32 matrix in the type the mix gives it (as plain rows for an embedding)."""
+        qtype = types.get(name, "bf16" if arr.dtype == np.uint16 else "f32")
+        if qtype in ("f32", "bf16"):
+            return _core.rows(arr) if embed else _core.pack(arr)
+        if qtype == "f16":
+            arr = arr.astype(np.float16)
+        else:
+            from .formats import quants
+            arr = quants.quantize(np.ascontiguousarray(arr, np.float32), qtype)
+        return (_core.rows if embed else _core.pack)(arr, dtype=qtype, K=arr.shape[1] if qtype == "f16" else
+                                                     _row_length(arr, qtype))
 
     def get(t: schema.Tensor, name: str):
         f = ck.file_of(name)
@@ -93,15 +126,15 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False) -> dict:
             qd, h = t.shape(cfg)
             both = _as_compute_dtype(f, name, bf16).reshape(heads["q"], 2, cfg.head_dim, h)
             check_finite(both)
-            q = _core.pack(np.ascontiguousarray(both[:, 0][:, perm]).reshape(qd, h))
-            gate = _core.pack(np.ascontiguousarray(both[:, 1]).reshape(qd, h))
+            q = packed(np.ascontiguousarray(both[:, 0][:, perm]).reshape(qd, h), name, False)
+            gate = packed(np.ascontiguousarray(both[:, 1]).reshape(qd, h), name, False)
             return {"wq": q, "w_attn_gate": gate}
         arr = _as_compute_dtype(f, name, bf16 and t.matrix, perm if t.rope else None, heads.get(t.rope))
         if not t.matrix:
             arr = _vector(t, arr, cfg)
         check_finite(arr)
-        if t.matrix and t is not schema.EMBED:
-            arr = _core.pack(arr)
+        if t.matrix:
+            arr = packed(arr, name, t is schema.EMBED)
         return {t.field: arr}
 
     layers = []
