@@ -305,3 +305,104 @@ def dequantize(blocks: np.ndarray, qtype: str, k: int) -> np.ndarray:
         raise ValueError(f"{qtype} rows of {k} elements take {nbytes} bytes; got shape {blocks.shape}")
     out = _gguf().quants.dequantize(blocks, ggml_type(qtype))
     return np.ascontiguousarray(out, dtype=F32).reshape(blocks.shape[0], k)
+
+
+# --------------------------------------------------------------------------
+# Quantization mixes: which tensor gets which type
+
+
+# mix -> (the type of most matrices, whether llama.cpp's per-tensor rules
+# apply: the output in Q6_K, and for the _M mixes attn_v and ffn_down in
+# Q6_K in some layers). Plain q4_k/q5_k put every matrix in that type.
+MIXES = {
+    "f32": ("f32", False), "f16": ("f16", False), "bf16": ("bf16", False),
+    "q8_0": ("q8_0", True), "q4_0": ("q4_0", True), "q4_1": ("q4_1", True),
+    "q5_0": ("q5_0", True), "q5_1": ("q5_1", True),
+    "q4_k_m": ("q4_k", True), "q5_k_m": ("q5_k", True), "q6_k": ("q6_k", True),
+    "q4_k": ("q4_k", False), "q5_k": ("q5_k", False),
+}
+# llama.cpp's general.file_type of each mix (gguf.LlamaFileType values).
+FILE_TYPES = {"f32": 0, "f16": 1, "bf16": 32, "q8_0": 7, "q4_0": 2, "q4_1": 3, "q5_0": 8, "q5_1": 9,
+              "q4_k_m": 15, "q5_k_m": 17, "q6_k": 18, "q4_k": 14, "q5_k": 16}
+
+# Where a row does not fill whole super-blocks, llama.cpp takes these instead.
+_FALLBACK = {"q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"}
+
+_OUTPUT, _EMBED, _ATTN_V, _FFN_DOWN, _OTHER = "output", "embed", "attn_v", "ffn_down", "other"
+
+
+def _role(name: str):
+    """(role, layer) of a tensor named as in GGUF (blk.3.attn_v.weight) or
+    in a HF checkpoint (model.layers.3.self_attn.v_proj.weight)."""
+    layer = None
+    for marker in ("blk.", "layers."):
+        at = name.find(marker)
+        if at >= 0 and (at == 0 or name[at - 1] == "."):
+            digits = name[at + len(marker):].split(".", 1)[0]
+            if digits.isdigit():
+                layer = int(digits)
+                break
+    if name in ("output.weight", "lm_head.weight"):
+        return _OUTPUT, layer
+    if name == "token_embd.weight" or name.endswith("embed_tokens.weight"):
+        return _EMBED, layer
+    if name.endswith(("attn_v.weight", "v_proj.weight")):
+        return _ATTN_V, layer
+    if name.endswith(("ffn_down.weight", "down_proj.weight")):
+        return _FFN_DOWN, layer
+    return _OTHER, layer
+
+
+def _more_bits(i: int, n: int) -> bool:
+    # llama.cpp's use_more_bits: the first and last eighth of the layers and every third between.
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def _fits(qtype: str, k: int) -> bool:
+    return k % _SIZES[qtype][0] == 0
+
+
+def plan(tensors, mix: str) -> dict:
+    """{name: type} for the tensors of a model under a quantization mix.
+
+    tensors: (name, shape) pairs, or a {name: shape} dict, with shapes as
+    in the checkpoint ((rows, row length) for a matrix) and names as in a
+    GGUF file or a HF checkpoint. The types follow llama-quantize without an
+    importance matrix: vectors (norms, biases) stay f32; the output matrix
+    (the embedding where it is tied) gets Q6_K unless the mix is Q8_0; the
+    _M mixes give attn_v and ffn_down Q6_K in the first and last eighth of
+    the layers and every third layer between. A row length that is not a
+    multiple of the type's block takes llama.cpp's fallback (Q4_K -> Q5_0,
+    Q5_K -> Q5_1, Q6_K -> Q8_0), and f16 where even that does not fit.
+    """
+    if mix not in MIXES:
+        raise ValueError(f"unknown quantization mix {mix!r} (known: {', '.join(MIXES)})")
+    base, rules = MIXES[mix]
+    items = list(tensors.items() if isinstance(tensors, dict) else tensors)
+    roles = {name: _role(name) for name, _ in items}
+    tied = not any(role == _OUTPUT for role, _ in roles.values())
+    n_layers = 1 + max((layer for _, layer in roles.values() if layer is not None), default=-1)
+    out = {}
+    for name, shape in items:
+        shape = tuple(int(s) for s in shape)
+        if len(shape) != 2 or not name.endswith("weight") or name.endswith("norm.weight") or "conv1d" in name:
+            out[name] = "f32"
+            continue
+        k = shape[-1]
+        qtype = base
+        role, layer = roles[name]
+        if rules and base in QTYPES:
+            if role == _OUTPUT or (tied and role == _EMBED):
+                if not _fits(base, k):
+                    qtype = "q8_0"
+                elif base != "q8_0":
+                    qtype = "q6_k"
+            elif role in (_ATTN_V, _FFN_DOWN) and mix in ("q4_k_m", "q5_k_m") and layer is not None:
+                if _more_bits(layer, n_layers):
+                    qtype = "q6_k"
+        if not _fits(qtype, k):
+            qtype = _FALLBACK.get(qtype, qtype)
+            if not _fits(qtype, k):
+                qtype = "f16"
+        out[name] = qtype
+    return out
