@@ -152,6 +152,8 @@ def _tokenizer(w, folder: Path, cfg: ModelConfig) -> None:
     tokens, types = [], []
     for i in range(n):
         text, kind = by_id.get(i, (f"[PAD{i}]", _TOKEN_UNUSED))
+        if text == f"[PAD{i}]":
+            kind = _TOKEN_UNUSED  # a padding row that came in from such a converter goes back as one
         tokens.append(text)
         types.append(kind)
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
