@@ -11,7 +11,6 @@ tensor, not the model. The file appears under its name only once complete.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import secrets
