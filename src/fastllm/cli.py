@@ -114,13 +114,16 @@ def build_parser() -> argparse.ArgumentParser:
     _sampling_args(p, STEPS["chat"])
     p.add_argument("--system", default=None, help="system message")
 
-    p = sub.add_parser("convert", help="convert a GGUF file into a HF model folder")
-    p.add_argument("input", help="the .gguf file")
-    p.add_argument("output", help="folder to create")
+    p = sub.add_parser("convert", help="convert a GGUF file into a HF model folder, or a HF model "
+                                       "folder into a GGUF file (the input decides)")
+    p.add_argument("input", help="a .gguf file, or a HF model folder")
+    p.add_argument("output", help="the folder to create (from a .gguf), or the .gguf file to write")
     from .formats.gguf import DEFAULT_DTYPE
-    p.add_argument("--dtype", choices=("f32", "bf16"), default=DEFAULT_DTYPE,
-                   help="safetensors precision: f32 keeps the dequantized values exactly, "
-                        f"bf16 halves the size (default: {DEFAULT_DTYPE})")
+    from .formats.quants import MIXES
+    p.add_argument("--dtype", choices=tuple(MIXES), default=DEFAULT_DTYPE, metavar="DTYPE",
+                   help="from a .gguf: the safetensors precision, f32 (the dequantized values exactly) "
+                        "or bf16; to a .gguf: f32, f16, bf16 or a llama.cpp quantization mix "
+                        f"({', '.join(m for m in MIXES if m[0] == 'q')}) (default: {DEFAULT_DTYPE})")
 
     p = sub.add_parser("info", help="config, parameter count and memory of a model")
     _model_args(p)
@@ -489,8 +492,14 @@ def cmd_serve(args) -> int:
 
 
 def cmd_convert(args) -> int:
-    from .formats.gguf import convert_gguf
-    out = convert_gguf(args.input, args.output, dtype=args.dtype)
+    if Path(args.input).is_dir():
+        from .formats.gguf_writer import export_gguf
+        out = export_gguf(args.input, args.output, mix=args.dtype)
+    else:
+        from .formats.gguf import convert_gguf
+        if args.dtype not in ("f32", "bf16"):
+            raise ValueError(f"a GGUF file converts to a f32 or bf16 folder, not {args.dtype}")
+        out = convert_gguf(args.input, args.output, dtype=args.dtype)
     print(f"wrote {out}", file=sys.stderr)
     return 0
 

@@ -1,0 +1,282 @@
+"""Export a HuggingFace model folder as a llama.cpp GGUF file.
+
+The other direction of formats/gguf.py: config.json becomes the llama.cpp
+hyperparameters, tokenizer.json the tokenizer.ggml.* keys, and every tensor
+is written under its llama.cpp name (schema.py), in the type the
+quantization mix gives it (quants.plan), with the Q/K rows of llama models
+interleaved per head as llama.cpp's RoPE wants them.
+
+Tensors are quantized and written one at a time, so memory holds one
+tensor, not the model. The file appears under its name only once complete.
+"""
+from __future__ import annotations
+
+import math
+import os
+import secrets
+from pathlib import Path
+from typing import Callable, Optional, Union
+
+import numpy as np
+
+from .. import schema
+from ..config import ModelConfig, read_json
+from ..errors import ModelFileError
+from ..families import FAMILIES, GGUF_ARCHITECTURES
+from . import quants
+from .gguf import _PRE_TOKENIZERS, ConversionError, OutputExistsError, _progress_fn, gguf_names
+from .safetensors import Checkpoint
+
+__all__ = ["export_gguf", "permute", "MIXES"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+MIXES = tuple(quants.MIXES)
+
+# Canonical llama.cpp name of each HF pre-tokenizer pipeline that the
+# importer knows, in the order ties are broken (gpt2 over its "default" alias).
+_PRE_NAMES = ("smollm", "gpt2", "qwen2", "llama-bpe")
+_TOKEN_NORMAL, _TOKEN_CONTROL, _TOKEN_USER_DEFINED, _TOKEN_UNUSED = 1, 3, 4, 5
+_MAX_TOKENIZER_JSON = 1 << 30
+
+
+def permute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """HF's half-split rotary rows to llama.cpp's interleaved ones: the
+    inverse of formats.gguf.unpermute."""
+    half = w.shape[0] // n_heads // 2
+    return w.reshape(n_heads, 2, half, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+# --------------------------------------------------------------------------
+# Hyperparameters
+
+
+def _llama3_rope_factors(scaling: dict, theta: float, head_dim: int) -> np.ndarray:
+    # llama.cpp takes Llama 3's frequency scaling as a table of per-frequency
+    # divisors (the rope_freqs tensor) rather than as parameters.
+    freqs = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float32).astype(np.float64) / head_dim))
+    factor = float(scaling["factor"])
+    low, high = float(scaling.get("low_freq_factor", 1.0)), float(scaling.get("high_freq_factor", 4.0))
+    orig = float(scaling["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / freqs
+    smooth = (orig / wavelen - low) / (high - low)
+    table = np.where(wavelen < orig / high, 1.0,
+                     np.where(wavelen > orig / low, factor, 1.0 / ((1 - smooth) / factor + smooth)))
+    return table.astype(np.float32)
+
+
+def _hyperparameters(w, cfg: ModelConfig, folder: Path):
+    """Write the architecture's keys; returns the rope_freqs tensor, if any."""
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_rope_dimension_count(cfg.rope_dim)
+    w.add_rope_freq_base(float(cfg.rope_theta))
+    w.add_layer_norm_rms_eps(float(cfg.rms_norm_eps))
+    w.add_vocab_size(cfg.vocab_size)
+    scaling = cfg.rope_scaling
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if kind == "default":
+        return None
+    if kind == "linear":
+        import gguf
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(float(scaling["factor"]))
+        return None
+    if kind == "llama3":
+        return _llama3_rope_factors(scaling, float(cfg.rope_theta), cfg.head_dim)
+    raise ConversionError(folder / "config.json", f"rope scaling {kind!r} cannot be written to GGUF "
+                                                  f"(supported: linear, llama3)")
+
+
+# --------------------------------------------------------------------------
+# Tokenizer
+
+
+def _token_text(value) -> Optional[str]:
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _adds_bos(tok_config: dict, tok_json: dict) -> bool:
+    if isinstance(tok_config.get("add_bos_token"), bool):
+        return tok_config["add_bos_token"]
+    # Llama 3 style: a post-processor template that starts with a special token.
+    post = tok_json.get("post_processor") or {}
+    for p in post.get("processors", [post]) if isinstance(post, dict) else []:
+        single = p.get("single") if isinstance(p, dict) and p.get("type") == "TemplateProcessing" else None
+        if single and "SpecialToken" in single[0]:
+            return True
+    return False
+
+
+def _chat_template(folder: Path, tok_config: dict):
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    return tok_config.get("chat_template")
+
+
+def _tokenizer(w, folder: Path, cfg: ModelConfig) -> None:
+    tj_path = folder / "tokenizer.json"
+    if not tj_path.is_file():
+        raise ConversionError(folder, "no tokenizer.json (GGUF needs the tokenizer)")
+    tok = read_json(tj_path, _MAX_TOKENIZER_JSON, "tokenizer.json")
+    tc_path = folder / "tokenizer_config.json"
+    tok_config = read_json(tc_path, 1 << 26, "tokenizer_config.json") if tc_path.is_file() else {}
+    model = tok.get("model") or {}
+    if model.get("type") != "BPE":
+        raise ConversionError(tj_path, f"tokenizer model {model.get('type')!r} cannot be written; "
+                                       f"only byte-level BPE is supported")
+    pipeline = (tok.get("normalizer"), tok.get("pre_tokenizer"))
+    pre = next((n for n in _PRE_NAMES if _PRE_TOKENIZERS[n][:2] == pipeline), None)
+    if pre is None:
+        raise ConversionError(tj_path, "the pre-tokenizer matches none llama.cpp knows by name "
+                                       f"({', '.join(_PRE_NAMES)})")
+
+    by_id = {}
+    for text, i in model.get("vocab", {}).items():
+        by_id[int(i)] = (text, _TOKEN_NORMAL)
+    for added in tok.get("added_tokens", []):
+        by_id[int(added["id"])] = (added["content"], _TOKEN_CONTROL if added.get("special") else _TOKEN_USER_DEFINED)
+    n = max(cfg.vocab_size, max(by_id) + 1 if by_id else 0)
+    if n > cfg.vocab_size:
+        raise ConversionError(tj_path, f"token ids run to {n - 1}, but the embedding has {cfg.vocab_size} rows")
+    # Embedding rows without a token (padding to a round size) get unused names, as llama.cpp's converter does.
+    tokens, types = [], []
+    for i in range(n):
+        text, kind = by_id.get(i, (f"[PAD{i}]", _TOKEN_UNUSED))
+        if text == f"[PAD{i}]":
+            kind = _TOKEN_UNUSED  # a padding row that came in from such a converter goes back as one
+        tokens.append(text)
+        types.append(kind)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    if merges:
+        w.add_token_merges(merges)
+    ids = {t: i for i, t in enumerate(tokens)}
+
+    def token_id(key: str, fallback):
+        text = _token_text(tok_config.get(key))
+        if text is not None and text in ids:
+            return ids[text]
+        return fallback
+
+    eos_cfg = cfg.eos_token_id[0] if cfg.eos_token_id else None
+    bos = token_id("bos_token", cfg.bos_token_id)
+    eos = token_id("eos_token", eos_cfg)
+    if bos is not None:
+        w.add_bos_token_id(bos)
+    if eos is not None:
+        w.add_eos_token_id(eos)
+    unk = token_id("unk_token", None)
+    if unk is not None:
+        w.add_unk_token_id(unk)
+    pad = token_id("pad_token", None)
+    if pad is not None:
+        w.add_pad_token_id(pad)
+    w.add_add_bos_token(_adds_bos(tok_config, tok))
+    template = _chat_template(folder, tok_config)
+    if template:
+        w.add_chat_template(template)
+
+
+# --------------------------------------------------------------------------
+# Entry point
+
+
+def export_gguf(folder: PathLike, out_path: PathLike, mix: str = "f32",
+                progress: Union[None, bool, Callable[[int, int], None]] = None, *,
+                overwrite: bool = False) -> Path:
+    """Write the HF model in folder as a GGUF file llama.cpp loads.
+
+    mix: "f32", "f16", "bf16" (every matrix in that type) or a llama.cpp
+    quantization mix (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k_m, q5_k_m, q6_k,
+    and q4_k / q5_k for every matrix in that type); vectors stay float32.
+    progress: as for formats.gguf.convert_gguf.
+    """
+    import gguf
+
+    if mix not in quants.MIXES:
+        raise ValueError(f"unknown dtype {mix!r} (known: {', '.join(quants.MIXES)})")
+    folder = Path(folder).expanduser()
+    out_path = Path(out_path).expanduser().absolute()
+    if out_path.exists() and not overwrite:
+        raise OutputExistsError(f"{out_path} already exists (pass overwrite=True to replace it)")
+    cfg = ModelConfig.from_file(folder / "config.json")
+    if cfg.model_type not in GGUF_ARCHITECTURES:
+        raise ConversionError(folder / "config.json",
+                              f"model_type {cfg.model_type!r} cannot be written to GGUF "
+                              f"(supported: {', '.join(GGUF_ARCHITECTURES)})")
+    family = FAMILIES[cfg.model_type]
+    ckpt = Checkpoint(folder)
+    names = gguf_names(cfg)  # GGUF name -> (HF name, schema tensor), embedding first
+    shapes = {}
+    for g, (hf, t) in names.items():
+        want = schema.hf_shape(t, cfg)
+        got = ckpt.file_of(hf).shape(hf)
+        if tuple(got) != tuple(want):
+            raise ModelFileError(ckpt.file_of(hf).path, f"tensor {hf!r} has shape {list(got)}, "
+                                                        f"config.json implies {list(want)}")
+        shapes[g] = tuple(want)
+    types = quants.plan(shapes, mix)
+
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.parent / f".{out_path.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
+    w = gguf.GGUFWriter(str(tmp), cfg.model_type)
+    try:
+        w.add_name(folder.absolute().name)
+        w.add_file_type(quants.FILE_TYPES[mix])
+        if any(q in quants.QTYPES for q in types.values()):
+            w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        rope_freqs = _hyperparameters(w, cfg, folder)
+        _tokenizer(w, folder, cfg)
+
+        order = [(g, hf, t) for g, (hf, t) in names.items()]
+        if rope_freqs is not None:
+            w.add_tensor_info("rope_freqs.weight", rope_freqs.shape, np.dtype(np.float32), rope_freqs.nbytes)
+        for g, _, _ in order:
+            qtype, shape = types[g], shapes[g]
+            k = shape[-1]
+            nbytes = quants.row_bytes(qtype, k) * math.prod(shape[:-1])
+            # The writer takes a raw tensor's shape in bytes, rows last.
+            byte_shape = (*shape[:-1], quants.row_bytes(qtype, k))
+            w.add_tensor_info(g, byte_shape, np.dtype(np.uint8), nbytes, raw_dtype=quants.ggml_type(qtype))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+
+        report = _progress_fn(progress, f"Writing {out_path.name}")
+        total = len(order)
+        if report:
+            report(0, total)
+        if rope_freqs is not None:
+            w.write_tensor_data(rope_freqs)
+        heads = {"q": cfg.num_attention_heads, "k": cfg.num_key_value_heads}
+        for i, (g, hf, t) in enumerate(order):
+            f = ckpt.file_of(hf)
+            a = np.ascontiguousarray(f.float32(hf), dtype=np.float32)
+            if family.gguf_qk_interleaved and t.rope in heads:
+                a = permute(a, heads[t.rope])
+            rows = a.reshape(-1, a.shape[-1]) if a.ndim > 1 else a.reshape(1, -1)
+            w.write_tensor_data(quants.quantize(rows, types[g]))
+            if report:
+                report(i + 1, total)
+        w.close()
+        if out_path.exists() and not overwrite:
+            raise OutputExistsError(f"{out_path} already exists (pass overwrite=True to replace it)")
+        os.replace(tmp, out_path)
+    except BaseException:
+        w.close()
+        tmp.unlink(missing_ok=True)
+        raise
+    return out_path
