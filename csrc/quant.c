@@ -11,7 +11,7 @@
 #define PANEL FLM_PANEL
 
 static const FlmQuantType types[FLM_TYPES] = {
-    [FLM_F16] = {"f16", 32, 0, 1024, 16, 0, 1, 2},
+    [FLM_F16] = {"f16", 1, 0, 32, 16, 0, 1, 2},   /* [k][16] halves, any K */
     [FLM_Q8_0] = {"q8_0", 32, 32, 512, 8, 128, 32, 34},
     [FLM_Q4_0] = {"q4_0", 32, 32, 256, 4, 8, 32, 18},
     [FLM_Q4_1] = {"q4_1", 32, 64, 256, 4, 0, 32, 20},
@@ -29,7 +29,9 @@ const FlmQuantType *flm_quant_type(int type) {
 int flm_is_quantized(int type) { return type >= FLM_Q8_0 && type < FLM_TYPES; }
 
 static size_t sb_bytes(const FlmQuantType *q) { return (size_t)q->header + (size_t)q->sb / 32 * q->data; }
-static size_t panel_bytes(const FlmQuantType *q, int K) { return (size_t)K / q->sb * sb_bytes(q); }
+static size_t panel_bytes(const FlmQuantType *q, int K) {
+    return q->bits == 16 ? (size_t)K * PANEL * 2 : (size_t)K / q->sb * sb_bytes(q);
+}
 
 size_t flm_quant_packed_bytes(int N, int K, int type) {
     return (size_t)((N + PANEL - 1) / PANEL) * panel_bytes(flm_quant_type(type), K);

@@ -36,7 +36,7 @@ typedef struct {
 
 typedef struct {
     const char *name;
-    int sb;          /* k per superblock of scales: 32 or 256 */
+    int sb;          /* k per superblock of scales: 32 or 256 (F16: 1) */
     int header;      /* bytes of a panel superblock's scales */
     int data;        /* bytes per 32 k of a panel: quants and bit planes */
     int bits;        /* bits per quant (16: F16, float only) */
