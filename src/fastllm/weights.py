@@ -200,7 +200,7 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
     from .formats.gguf_file import read_tensor_bytes
 
     path = gguf_format.Path(path)
-    contents = gguf_format._read_gguf(path)
+    contents = gguf_format._read_gguf(path, string_arrays=False)   # the tokenizer is read once, elsewhere
     tensors = {t.name: t for t in contents.tensors}
     tensors.pop("rope_freqs.weight", None)
     planned = gguf_format._plan_tensors(tensors, gguf_format._tensor_shapes(contents.tensors), cfg, path)

@@ -91,11 +91,11 @@ def _gguf_module():
     return gguf
 
 
-def _read_gguf(path: Path) -> GGUFContents:
+def _read_gguf(path: Path, string_arrays: bool = True) -> GGUFContents:
     if not path.exists():
         raise FileNotFoundError(f"GGUF file not found: {path}")
     try:
-        return read_gguf(path, _gguf_module())
+        return read_gguf(path, _gguf_module(), string_arrays)
     except GGUFError as e:
         raise ConversionError(path, e.problem) from None
 

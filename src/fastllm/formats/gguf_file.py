@@ -57,6 +57,9 @@ class GGUFTensor(NamedTuple):
         return tuple(reversed(self.dims))
 
 
+_U64 = struct.Struct("<Q")
+
+
 class _Cursor:
     """Sequential reads of a file whose size is known, refusing any read
     that would pass its end; the file is read in chunks as it is walked."""
@@ -91,6 +94,31 @@ class _Cursor:
     def unpack(self, fmt: str, what: str):
         return struct.unpack("<" + fmt, self.take(struct.calcsize("<" + fmt), what))[0]
 
+    def strings(self, count: int, what: str, keep: bool = True):
+        """count strings (a vocabulary: 10^5 of them), read straight out of
+        the buffer where they lie whole in it; None where not kept, which
+        skips them undecoded."""
+        out = [] if keep else None
+        length = _U64.unpack_from
+        for i in range(count):
+            start = self.pos - self.base
+            if start + 8 <= len(self.buf):
+                (n,) = length(self.buf, start)
+                end = start + 8 + n
+                if end <= len(self.buf):
+                    self.pos += 8 + n
+                    if keep:
+                        try:
+                            out.append(self.buf[start + 8:end].decode("utf-8"))
+                        except UnicodeDecodeError as e:
+                            raise GGUFError(self.path, f"{what}[{i}] is not valid UTF-8 "
+                                                       f"({e.reason} at byte {e.start})") from None
+                    continue
+            value = self.string(f"{what}[{i}]")   # refills the buffer, checks the file's end
+            if keep:
+                out.append(value)
+        return out
+
     def string(self, what: str) -> str:
         n = self.unpack("Q", f"the length of {what}")
         raw = self.take(n, what)
@@ -107,7 +135,7 @@ class GGUFContents(NamedTuple):
     data_start: int
 
 
-def _value(cur: _Cursor, vtype: int, what: str):
+def _value(cur: _Cursor, vtype: int, what: str, keep_strings: bool = True):
     if vtype == _STRING:
         return cur.string(what)
     if vtype in _SCALARS:
@@ -128,7 +156,7 @@ def _value(cur: _Cursor, vtype: int, what: str):
         raise GGUFError(cur.path, f"{what} claims {count} {_TYPE_NAMES[itype]} elements, more than "
                                   f"the {cur.left()} bytes left in the file can hold")
     if itype == _STRING:
-        return [cur.string(f"{what}[{i}]") for i in range(count)]
+        return cur.strings(count, what, keep_strings)
     raw = cur.take(count * least, what)
     return np.frombuffer(raw, np.dtype("<" + _SCALARS[itype]), count).tolist()
 
@@ -154,9 +182,12 @@ def _tensor_info(cur: _Cursor, index: int, gguf) -> tuple:
     return name, ttype, dims, n_bytes, offset
 
 
-def read_gguf(path, gguf) -> GGUFContents:
+def read_gguf(path, gguf, string_arrays: bool = True) -> GGUFContents:
     """The metadata (key -> str, number, bool or list) and tensor table of
-    the GGUF file at path, every size checked against the file's."""
+    the GGUF file at path, every size checked against the file's. Without
+    string_arrays, arrays of strings (the vocabulary, the merges) are
+    walked but not decoded, and read as None: loading the tensors needs
+    only the rest."""
     path = Path(path)
     with open_regular(path, "GGUF file") as f:
         size = os.fstat(f.fileno()).st_size
@@ -180,7 +211,7 @@ def read_gguf(path, gguf) -> GGUFContents:
             if key in metadata:
                 raise GGUFError(path, f"metadata key {key!r} appears twice")
             vtype = cur.unpack("I", f"the value type of {key!r}")
-            metadata[key] = _value(cur, vtype, f"metadata {key!r}")
+            metadata[key] = _value(cur, vtype, f"metadata {key!r}", string_arrays)
         infos = [_tensor_info(cur, i, gguf) for i in range(n_tensors)]
         alignment = metadata.get("general.alignment", _DEFAULT_ALIGNMENT)
         if type(alignment) is not int or alignment <= 0 or alignment & (alignment - 1):
