@@ -164,8 +164,10 @@ def main(argv):
     threads, pp, tg, reps = (int(x) for x in argv[3:7])
     bench = {"fastllm": bench_fastllm, "transformers": bench_transformers}[engine]
     load_s, info, results = bench(folder, dtype, threads, pp, tg, reps)
+    import resource
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # KiB on Linux
     print(json.dumps({"engine": engine, "dtype": dtype, "threads": threads, "load_s": load_s,
-                      "info": info, "results": results}))
+                      "peak_rss_mib": round(peak, 1), "info": info, "results": results}))
 
 
 if __name__ == "__main__":
