@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_schema_lists_flmlayer_fields_in_struct_order():
     header = (ROOT / "csrc" / "fastllm.h").read_text()
-    body = re.search(r"typedef struct \{(.*?)\} FlmLayer;", header, re.S).group(1)
+    body = re.search(r"typedef struct \{((?:(?!typedef).)*?)\} FlmLayer;", header, re.S).group(1)
     body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
     fields = [name for decl in body.split(";") if "*" in decl for name in re.findall(r"\*\s*(\w+)", decl)]
     assert fields == [t.field for t in schema.LAYER]

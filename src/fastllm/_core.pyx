@@ -10,6 +10,7 @@ State.run checks positions and releases the GIL while C computes.
 from libc.stdlib cimport calloc, free
 from libc.stdint cimport int32_t
 
+import mmap
 import os
 
 import numpy as np
@@ -354,6 +355,17 @@ cdef const void *_array_ptr(object arr, object t, object config, str what) excep
     return _ptr(arr, np.float32, shape, what)
 
 
+def _lazy_zeros(size_t n):
+    """n float32 zeros in fresh pages that cost memory only once written:
+    the KV cache grows with the positions used, not with n_ctx. (numpy asks
+    for 2 MB huge pages for large arrays, and the first key written to each
+    layer and head would then bring in 2 MB.)"""
+    buf = mmap.mmap(-1, max(n, 1) * 4)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        buf.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(buf, np.float32, n)
+
+
 cdef class State:
     """The run state of one sequence over shared Weights: work buffers, the
     KV cache and the recurrent state of linear layers. A State serves one
@@ -367,11 +379,10 @@ cdef class State:
         if max_batch < 1:
             raise ValueError(f"max_batch must be positive, got {max_batch}")
         self.weights = weights
-        # One attention score row per thread that may ever run. np.zeros maps
-        # fresh zero pages: the KV cache costs memory only as it fills.
+        # One attention score row per thread that may ever run.
         max_threads = max(max_threads, weights._n_threads, os.cpu_count() or 1)
         self._work = np.zeros(flm.flm_state_work_floats(&weights.cfg, max_batch, max_threads), np.float32)
-        self._cache = np.zeros(flm.flm_state_cache_floats(&weights.cfg), np.float32)
+        self._cache = _lazy_zeros(flm.flm_state_cache_floats(&weights.cfg))
         flm.flm_state_init(&self.s, &weights.cfg, max_batch, max_threads,
                            <float *>cnp.PyArray_DATA(self._work), <float *>cnp.PyArray_DATA(self._cache))
 
