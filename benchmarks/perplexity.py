@@ -84,6 +84,8 @@ def main(argv=None) -> int:
     p.add_argument("--ctx", type=int, default=perplexity.DEFAULT_CTX)
     p.add_argument("--chunks", type=int, default=None, help="first N chunks only (default: all)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--activations", choices=("int8", "f32"), default="int8",
+                   help="what fastllm multiplies quantized weights by (f32: the exact dequantized weights)")
     p.add_argument("--work", type=Path, default=None, help="folder for the text, logs and llama.cpp's .kld file")
     args = p.parse_args(argv)
 
@@ -105,7 +107,8 @@ def main(argv=None) -> int:
     print(f"llama.cpp took {time.perf_counter() - t:.0f} s", file=sys.stderr)
 
     t = time.perf_counter()
-    load = lambda path: Model.from_pretrained(path, n_ctx=args.ctx, threads=args.threads)  # noqa: E731
+    load = lambda path: Model.from_pretrained(path, n_ctx=args.ctx, threads=args.threads,  # noqa: E731
+                                              activations=args.activations)
     base = load(args.base)
     models = [load(g) for g in args.ggufs]
     ids = perplexity.tokenize(base, text)
