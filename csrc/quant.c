@@ -494,20 +494,33 @@ INLINE AVX512VNNI void qpanel(float *out, int ldo, const FlmQ8 *x, int lda, cons
         for (int t = 0; t < NT; t++) {
             const FlmQ8 *xb = x + (size_t)t * lda + b;
             const __m512 xd = _mm512_set1_ps(xb->d);
+            /* Integer sums are exact in any order: two chains of dot
+             * products each, so a single token does not wait on one
+             * chain's latency. */
             if (type == FLM_Q6_K) {
                 __m512i I0 = _mm512_set1_epi32(-32 * xb->s[0]), I1 = _mm512_set1_epi32(-32 * xb->s[1]);
+                __m512i J0 = _mm512_setzero_si512(), J1 = _mm512_setzero_si512();
                 _Pragma("GCC unroll 8")
-                for (int m = 0; m < 4; m++) I0 = dot4(I0, v[m], xb->q + 4 * m);
-                _Pragma("GCC unroll 8")
-                for (int m = 4; m < 8; m++) I1 = dot4(I1, v[m], xb->q + 4 * m);
+                for (int m = 0; m < 4; m += 2) {
+                    I0 = dot4(I0, v[m], xb->q + 4 * m);
+                    J0 = dot4(J0, v[m + 1], xb->q + 4 * m + 4);
+                    I1 = dot4(I1, v[m + 4], xb->q + 4 * m + 16);
+                    J1 = dot4(J1, v[m + 5], xb->q + 4 * m + 20);
+                }
+                I0 = _mm512_add_epi32(I0, J0);
+                I1 = _mm512_add_epi32(I1, J1);
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I0), _mm512_mul_ps(a, xd), acc[t]);
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I1), _mm512_mul_ps(a2, xd), acc[t]);
                 continue;
             }
             const int S = xb->s[0] + xb->s[1];
-            __m512i I = _mm512_set1_epi32(-off * S);
+            __m512i I = _mm512_set1_epi32(-off * S), J = _mm512_setzero_si512();
             _Pragma("GCC unroll 8")
-            for (int m = 0; m < 8; m++) I = dot4(I, v[m], xb->q + 4 * m);
+            for (int m = 0; m < 8; m += 2) {
+                I = dot4(I, v[m], xb->q + 4 * m);
+                J = dot4(J, v[m + 1], xb->q + 4 * m + 4);
+            }
+            I = _mm512_add_epi32(I, J);
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(a, xd), acc[t]);
             if (q_has_min(type)) acc[t] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xb->d * (float)S), acc[t]);
             if (q_is_k(type)) acc[t] = _mm512_fnmadd_ps(mn, _mm512_set1_ps(xb->d * (float)S), acc[t]);
