@@ -604,6 +604,21 @@ def test_incremental_decoder_holds_at_most_an_incomplete_character(name):
     assert got == hf.decode(list(data)) == data.decode("utf-8", "replace")
 
 
+def test_incremental_decoder_with_a_step_that_reads_bytelevel_text_as_one_token():
+    # A ByteFallback after ByteLevel turns a text that is all "<0x50>" into
+    # "P" and leaves a longer one as it is, so the text is not cut at
+    # ByteLevel's characters: it is held while it ends in U+FFFD.
+    ours, hf = _byte_tokenizers({"type": "Sequence", "decoders": [_BL_DEC, {"type": "ByteFallback"}]})
+    for ids in ([256 + 0x50, 0xF0, 0x41], [256 + 0x50, 0xC3, 0xC3, 0x41], [256 + 0xFF, 0x80, 256 + 0x41, 0xE6]):
+        full = hf.decode(ids)
+        inc = ours.incremental_decoder()
+        got = ""
+        for i in ids:
+            got += inc.add(i)
+            assert full.startswith(got), ids
+        assert got + inc.flush() == full == ours.decode(ids)
+
+
 # --------------------------------------------------------------------------
 # tokenizer_config.json handling (transformers is the reference)
 # --------------------------------------------------------------------------

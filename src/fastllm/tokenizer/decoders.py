@@ -165,6 +165,17 @@ def byte_level_token_steps(decoder):
     return None
 
 
+def cuts_at_characters(decoder):
+    """Whether the decoder's text can be cut wherever the bytes entering its
+    ByteLevel step end on a character: it has one ByteLevel step, no step
+    before it joins tokens (Fuse: ByteLevel then reads them as one) and none
+    after it reads the text as tokens again (ByteLevel, ByteFallback)."""
+    steps = _steps(decoder)
+    at = [i for i, d in enumerate(steps) if isinstance(d, ByteLevel)]
+    return len(at) == 1 and not any(isinstance(d, Fuse) for d in steps[:at[0]]) and not any(
+        isinstance(d, ByteFallback) for d in steps[at[0] + 1:])
+
+
 def byte_level_input(decoder, tokens):
     """The bytes that the decoder's first ByteLevel step decodes as UTF-8
     when the decoder is given tokens (None if it has no ByteLevel step)."""

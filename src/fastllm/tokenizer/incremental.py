@@ -49,11 +49,11 @@ class IncrementalDecoder:
     first one apart; a step after ByteLevel gets all of the text as one
     string), so, as in tokenizers' DecodeStream, each add()
     decodes the ids of the last release (the prefix) with the new ones, and
-    releases what the new ones add.  When a ByteLevel step is among them,
-    text is held only while the bytes entering that step end in an incomplete
-    character (at most 3 bytes; DecodeStream holds all text that ends in
-    U+FFFD, so a stream of invalid bytes was held, and decoded again, for
-    good).  With a ByteFallback decoder a run of
+    releases what the new ones add.  When a ByteLevel step is among them
+    and the text can be cut at its characters (decoders.cuts_at_characters),
+    only an incomplete character (at most 3 bytes) is held back: DecodeStream
+    holds all text that ends in U+FFFD, so a stream of invalid bytes was
+    held, and decoded again, for good.  With a ByteFallback decoder a run of
     <0xXX> tokens that is valid UTF-8 so far is held back, because one more
     byte can turn the whole run into replacement characters; once it can
     never be valid, each of its bytes is one U+FFFD, released as it comes.
@@ -72,8 +72,11 @@ class IncrementalDecoder:
         self._release_invalid_runs = self._byte_runs and (
             _decode_chain(decoder, ["<0xFF>"] * 2) == _decode_chain(decoder, ["<0xFF>"]) + "\ufffd")
         # A ByteLevel step among others: its text may end in an incomplete
-        # character, which later ids complete.
+        # character, which later ids complete. Where the text can be cut at
+        # the characters of that step, only an incomplete one is held;
+        # otherwise, as in DecodeStream, all text that ends in U+FFFD.
         self._byte_level_step = decoders.uses(decoder, decoders.ByteLevel)
+        self._cuts_at_characters = decoders.cuts_at_characters(decoder)
         self._reset()
 
     def _reset(self):
@@ -107,7 +110,7 @@ class IncrementalDecoder:
         ids = self.ids
         if not self.prefix and ids and self._run is None:
             p = self._decode(ids)
-            if not (self._ends_mid_character(ids) if self._byte_level_step else p.endswith("\ufffd")):
+            if not (self._ends_mid_character(ids) if self._cuts_at_characters else p.endswith("\ufffd")):
                 self.prefix = p
                 self.prefix_index = len(ids)
         ids.append(token_id)
@@ -134,10 +137,10 @@ class IncrementalDecoder:
             self._run = "released"
             self._anchor([token_id])
             return new
-        if not new:
+        if not new or (self._byte_level_step and not self._cuts_at_characters and new.endswith("\ufffd")):
             return ""
-        if self._byte_level_step and self._ends_mid_character(ids):
-            return self._release_before_incomplete(ids)
+        if self._cuts_at_characters and self._ends_mid_character(ids):
+            return self._release_before_incomplete(ids, text)
         self._anchor(ids[self.prefix_index:])
         return new
 
@@ -150,10 +153,11 @@ class IncrementalDecoder:
         end in an incomplete UTF-8 character."""
         return bool(_incomplete_end(self._byte_level_input(ids)))
 
-    def _release_before_incomplete(self, ids):
+    def _release_before_incomplete(self, ids, text):
         """Releases the text of the ids before the incomplete character that
-        ends the window, when they decode on their own; without this a lead
-        byte after a lead byte after ... would hold the window open for good."""
+        ends the window (whose text is text), when they decode on their own;
+        without this a lead byte after a lead byte after ... would hold the
+        window open for good."""
         data = self._byte_level_input(ids)
         # The incomplete character is at most 3 bytes: the ids before it are
         # among the last few.
@@ -161,10 +165,13 @@ class IncrementalDecoder:
             head = self._byte_level_input(ids[:j])
             if not (data.startswith(head) and _splits_cleanly(head, data[len(head):len(head) + 1])):
                 continue
-            text = self._decode(ids[:j])
-            if not (text.startswith(self.prefix) and len(text) > len(self.prefix)):
+            head_text = self._decode(ids[:j])
+            # A step after ByteLevel may treat a shorter text otherwise (a
+            # ByteFallback turns a text that is all "<0x50>" into "P").
+            if not (text.startswith(head_text) and head_text.startswith(self.prefix)
+                    and len(head_text) > len(self.prefix)):
                 return ""
-            new, pending = text[len(self.prefix):], ids[j:]
+            new, pending = head_text[len(self.prefix):], ids[j:]
             self._anchor(ids[self.prefix_index:j])
             self.ids += pending
             return new
