@@ -409,10 +409,17 @@ EXPLOSIVE_TEMPLATES = [
     ("{{ 1 + 'a' }}", "TypeError"),
     ("{{ messages[0].content|int / 0 }}", "ZeroDivisionError"),
     ("{{ range(10**9) }}", "OverflowError"),
+    # Found by fuzzing: jinja's code generation takes time cubic in the
+    # nesting (300 unary minus signs: minutes), and Python refuses the code
+    # of deeper nestings with a SyntaxError.
+    ("{% for m in messages %}{{ m.content" + "-" * 300 + "1 }}{% endfor %}", "nested more than 64"),
+    ("{{ 'a'" + "|trim" * 200 + " }}", "nested more than 64"),
+    ("{% if true %}" * 120 + "{% endif %}" * 120, "nested more than 64"),
+    ("{% for m in messages %}" * 21 + "{% endfor %}" * 21, "too deeply nested"),
 ]
 
 
-@pytest.mark.parametrize("template,problem", EXPLOSIVE_TEMPLATES, ids=[t for t, _ in EXPLOSIVE_TEMPLATES])
+@pytest.mark.parametrize("template,problem", EXPLOSIVE_TEMPLATES, ids=[t[:80] for t, _ in EXPLOSIVE_TEMPLATES])
 def test_a_chat_template_that_explodes_is_bounded(template, problem):
     from fastllm.chat_template import TemplateError, render_chat
     with pytest.raises(TemplateError, match=problem):
@@ -426,6 +433,11 @@ def test_bounded_templates_still_render_what_real_ones_do():
          "{{ messages|map(attribute='role')|join(', ') }}{{ ' {:>4}'.format(ns.n) }}")
     msgs = [{"role": "user", "content": " a\nb "}, {"role": "assistant", "content": "c"}]
     assert render_chat(t, msgs) == "1: a\n  b---\n2: c---\nuser, assistant    2"
+    # Nesting within the bound: 20 loops in loops (Python's limit), a long
+    # chain of + and of filters.
+    assert render_chat("{% for m in messages %}" * 20 + "{{ m.role }}" + "{% endfor %}" * 20, msgs[1:]) == "assistant"
+    assert render_chat("{{ messages[0].content" + " + 'x'" * 50 + " }}", msgs) == " a\nb " + "x" * 50
+    assert render_chat("{{ messages[1].content" + "|trim" * 50 + " }}", msgs) == "c"
 
 
 def test_a_normalizer_chain_that_multiplies_the_text_is_refused(tmp_path):

@@ -7,6 +7,7 @@ combinations (normalizers, pre-tokenizers, added-token flags, decoders,
 post-processors) so that each feature is checked where it differs from the
 others.
 """
+import codecs
 import json
 import random
 from pathlib import Path
@@ -172,7 +173,8 @@ def test_incremental_decoder_never_splits_a_character(smollm2):
 
 def _stream_lone_continuation_bytes(tok, token, monkeypatch, n=8000):
     """Streams n random lone UTF-8 continuation bytes, each a token made by
-    token(byte); returns the texts released and how many ids were decoded."""
+    token(byte); returns the ids, the texts released and how many ids were
+    decoded."""
     rng = random.Random(3)
     ids = [tok.token_to_id(token(rng.randrange(0x80, 0xC0))) for _ in range(n)]
     decoded = []
@@ -183,14 +185,14 @@ def _stream_lone_continuation_bytes(tok, token, monkeypatch, n=8000):
     pieces.append(inc.flush())
     monkeypatch.undo()
     assert "".join(pieces) == tok.decode(ids) == "\ufffd" * n
-    return pieces, sum(decoded)
+    return ids, pieces, sum(decoded)
 
 
 def test_incremental_decoder_releases_bytes_that_cannot_complete(smollm2, monkeypatch):
     # Each lone continuation byte is a U+FFFD of its own in decode(), so none
     # is held back; before, all were, and each add() decoded all of them.
     byte_char = _bytes_to_unicode()
-    pieces, decoded = _stream_lone_continuation_bytes(smollm2[0], lambda b: byte_char[b], monkeypatch)
+    _, pieces, decoded = _stream_lone_continuation_bytes(smollm2[0], lambda b: byte_char[b], monkeypatch)
     assert pieces[:-1] == ["\ufffd"] * (len(pieces) - 1)
     assert decoded == 0
 
@@ -519,9 +521,102 @@ def test_incremental_decoder_with_byte_fallback(base_models, decoder):
 
 def test_incremental_decoder_releases_byte_fallback_runs_that_cannot_be_valid(base_models, monkeypatch):
     ours = Tokenizer.from_str(json.dumps(_spec(base_models, "spm", pre=_ms("first"), decoder=_LLAMA_DECODER)))
-    pieces, decoded = _stream_lone_continuation_bytes(ours, lambda b: "<0x%02X>" % b, monkeypatch)
+    _, pieces, decoded = _stream_lone_continuation_bytes(ours, lambda b: "<0x%02X>" % b, monkeypatch)
     assert pieces[:-1] == ["\ufffd"] * (len(pieces) - 1)
     assert decoded <= 3   # the run when it turns invalid, its last byte as the prefix, flush()
+
+
+_BYTE_CHAR = _bytes_to_unicode()
+
+
+def _byte_char(b):
+    return _BYTE_CHAR[b]
+
+
+def _byte_fallback_token(b):
+    return "<0x%02X>" % b
+
+
+def _byte_tokenizers(decoder):
+    """(ours, HF's) tokenizer whose ids 0..255 are ByteLevel's byte characters
+    and 256..511 the <0xXX> tokens, with the given decoder."""
+    vocab = {_byte_char(b): b for b in range(256)}
+    vocab.update({_byte_fallback_token(b): 256 + b for b in range(256)})
+    js = json.loads(HFTokenizer(models.BPE(vocab, [])).to_str())
+    js["decoder"] = decoder
+    return Tokenizer.from_str(json.dumps(js)), HFTokenizer.from_str(json.dumps(js))
+
+
+_BYTE_DECODERS = {   # name: (decoder, the token of a byte)
+    "bytelevel": (_BL_DEC, _byte_char),
+    "sequence-bytelevel": ({"type": "Sequence", "decoders": [_BL_DEC]}, _byte_char),
+    "replace-then-bytelevel": ({"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": "a"}, "content": "b"}, _BL_DEC]}, _byte_char),
+    # A step after ByteLevel: decoded as DecodeStream does, a window of ids
+    "bytelevel-then-replace": ({"type": "Sequence", "decoders": [
+        _BL_DEC, {"type": "Replace", "pattern": {"String": "a"}, "content": "b"}]}, _byte_char),
+    "bytefallback": (_LLAMA_DECODER, _byte_fallback_token),
+}
+
+
+@pytest.mark.parametrize("name", list(_BYTE_DECODERS))
+def test_incremental_decoder_holds_no_invalid_bytes(name, monkeypatch):
+    # 100,000 lone continuation bytes: each can never be part of a character,
+    # so each is one U+FFFD, released at once, and the work is linear (a
+    # ByteLevel step inside a Sequence held them all and decoded them again
+    # on every add).
+    decoder, byte_token = _BYTE_DECODERS[name]
+    ours, hf = _byte_tokenizers(decoder)
+    n = 100_000
+    ids, pieces, decoded = _stream_lone_continuation_bytes(ours, byte_token, monkeypatch, n)
+    assert pieces == ["\ufffd"] * n + [""]
+    assert decoded <= 4 * n
+    assert "".join(pieces) == hf.decode(ids)
+
+
+@pytest.mark.parametrize("name", ["sequence-bytelevel", "replace-then-bytelevel", "bytelevel-then-replace"])
+def test_incremental_decoder_holds_at_most_an_incomplete_character(name):
+    # Valid characters, lone lead and continuation bytes (runs of lead bytes,
+    # each breaking the one before, too), ASCII: after each id
+    # all text is out but an incomplete character's bytes (at most 3), and the
+    # pieces add up to HF's decode of the whole.
+    ours, hf = _byte_tokenizers(_BYTE_DECODERS[name][0])
+    rng = random.Random(13)
+    data = bytearray()
+    while len(data) < 20_000:
+        kind = rng.randrange(4)
+        if kind == 0:
+            data += rng.choice(["\u00e9", "\u65e5", "\U0001f600", "\u0c40"]).encode()
+        elif kind == 1:
+            data.append(rng.randrange(0x80, 0xC0))
+        elif kind == 2:
+            data += bytes(rng.choice([0xC3, 0xE6, 0xF0, 0xF4, 0xFF]) for _ in range(rng.randint(1, 30)))
+        else:
+            data.append(rng.choice(b" !09AZbz~"))   # no "a", which the Replace steps rewrite
+    inc = ours.incremental_decoder()
+    ref = codecs.getincrementaldecoder("utf-8")("replace")
+    got = want = ""
+    for b in data:
+        got += inc.add(b)
+        want += ref.decode(bytes([b]))
+        assert got == want
+    got += inc.flush()
+    assert got == hf.decode(list(data)) == data.decode("utf-8", "replace")
+
+
+def test_incremental_decoder_with_a_step_that_reads_bytelevel_text_as_one_token():
+    # A ByteFallback after ByteLevel turns a text that is all "<0x50>" into
+    # "P" and leaves a longer one as it is, so the text is not cut at
+    # ByteLevel's characters: it is held while it ends in U+FFFD.
+    ours, hf = _byte_tokenizers({"type": "Sequence", "decoders": [_BL_DEC, {"type": "ByteFallback"}]})
+    for ids in ([256 + 0x50, 0xF0, 0x41], [256 + 0x50, 0xC3, 0xC3, 0x41], [256 + 0xFF, 0x80, 256 + 0x41, 0xE6]):
+        full = hf.decode(ids)
+        inc = ours.incremental_decoder()
+        got = ""
+        for i in ids:
+            got += inc.add(i)
+            assert full.startswith(got), ids
+        assert got + inc.flush() == full == ours.decode(ids)
 
 
 # --------------------------------------------------------------------------

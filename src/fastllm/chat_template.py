@@ -104,6 +104,11 @@ MAX_STEPS = 2_000_000       # loop iterations and calls in one rendering
 MAX_VALUE = 1 << 24         # characters (or items) of one value a template builds
 MAX_OUTPUT = 1 << 26        # characters of rendered text
 MAX_ARG = 1024              # a width, indent or count given to a string method or filter
+# Nesting of a template's syntax tree (blocks in blocks, operators, filter
+# chains). jinja's code generation takes time cubic in it (300 unary minus
+# signs: minutes), and Python refuses code nested past 100 blocks or 200
+# parentheses; SmolLM2's and Qwen3.5's templates nest 5 and 12 deep.
+MAX_DEPTH = 64
 _steps = contextvars.ContextVar("chat_template_steps")
 
 
@@ -194,6 +199,16 @@ def _bounded_filter(name, f):
     return bounded
 
 
+def _check_depth(tree):
+    stack = [(tree, 1)]   # no recursion: the depth is what is in question
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise TemplateError(f"chat template is nested more than {MAX_DEPTH} deep "
+                                f"(blocks, operators or filters, line {node.lineno})")
+        stack.extend((child, depth + 1) for child in node.iter_child_nodes())
+
+
 class _Bounded(jinja2.visitor.NodeTransformer):
     """Routes every for loop and ~ concatenation through the bounded helpers."""
 
@@ -211,7 +226,9 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
     intercepted_binops = frozenset(["*", "%", "+", "**", "//"])
 
     def _parse(self, source, name, filename):
-        return _Bounded().visit(super()._parse(source, name, filename))
+        tree = super()._parse(source, name, filename)
+        _check_depth(tree)
+        return _Bounded().visit(tree)
 
     def getattr(self, obj, attribute):
         if isinstance(obj, str) and attribute in ("format", "format_map"):
@@ -278,6 +295,8 @@ def compile_template(source):
         raise TemplateError(f"chat template has a syntax error at line {e.lineno}: {e.message}") from e
     except (RecursionError, MemoryError) as e:
         raise TemplateError(f"chat template is too deeply nested to compile ({type(e).__name__})") from None
+    except SyntaxError as e:   # in the Python code jinja made: past Python's limits (21 loops in loops)
+        raise TemplateError(f"chat template is too deeply nested to compile ({e.msg})") from None
 
 
 def get_template(own, requested=None, tools=None):

@@ -26,6 +26,11 @@ def instrumented():
     return atheris.instrument_imports()
 
 
-def main(test_one_input):
+def main(test_one_input, instrument_all=False):
+    """Fuzzes test_one_input with the libFuzzer options of the command line.
+    instrument_all also instruments every module loaded by then (json's and
+    numpy's Python code, say), not only the imports made in instrumented()."""
+    if instrument_all:
+        atheris.instrument_all()
     atheris.Setup(sys.argv, test_one_input)
     atheris.Fuzz()

@@ -9,7 +9,6 @@ exception, a crash, a hang or unbounded memory is a bug.
     python tests/fuzz/fuzz_safetensors.py CORPUS_COPY -runs=1000000 -rss_limit_mb=2048 -timeout=10
 """
 import atexit
-import contextlib
 import json
 import os
 import shutil
@@ -17,15 +16,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-try:
-    import atheris
-except ImportError:  # the corpus replay test runs without atheris
-    atheris = None
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _target import instrumented, main  # noqa: E402
 from file_seeds import TINY_CONFIG  # noqa: E402
 
-with atheris.instrument_imports() if atheris else contextlib.nullcontext():
+with instrumented():
     from fastllm.config import ModelConfig
     from fastllm.errors import ModelFileError
     from fastllm.formats.safetensors import Checkpoint
@@ -55,6 +50,4 @@ def TestOneInput(data: bytes) -> None:
 
 
 if __name__ == "__main__":
-    atheris.instrument_all()
-    atheris.Setup(sys.argv, TestOneInput)
-    atheris.Fuzz()
+    main(TestOneInput, instrument_all=True)

@@ -8,22 +8,17 @@ fuzz_safetensors does.
 
     python tests/fuzz/fuzz_safetensors_header.py CORPUS_COPY -runs=1000000 -rss_limit_mb=2048 -timeout=10
 """
-import contextlib
 import json
 import struct
 import sys
 from pathlib import Path
 
-try:
-    import atheris
-except ImportError:  # the corpus replay test runs without atheris
-    atheris = None
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fuzz_safetensors  # noqa: E402  (its config, scratch folder and loading)
+from _target import instrumented, main  # noqa: E402
 from file_seeds import tiny_tensors  # noqa: E402
 
-with atheris.instrument_imports() if atheris else contextlib.nullcontext():
+with instrumented():
     from fastllm.formats.safetensors import save_file
 
 _SEED = fuzz_safetensors._TMP / "seed.safetensors"
@@ -91,6 +86,4 @@ def TestOneInput(data: bytes) -> None:
 
 
 if __name__ == "__main__":
-    atheris.instrument_all()
-    atheris.Setup(sys.argv, TestOneInput)
-    atheris.Fuzz()
+    main(TestOneInput, instrument_all=True)

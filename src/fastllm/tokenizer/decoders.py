@@ -143,6 +143,52 @@ def build(d, where="decoder"):
                                     "ByteLevel, ByteFallback, Fuse, Strip, Replace, Metaspace, Sequence)")
 
 
+def _steps(decoder):
+    """The decoder as a flat list of steps (a Sequence in a Sequence is its steps)."""
+    if isinstance(decoder, Sequence):
+        return [s for d in decoder.items for s in _steps(d)]
+    return [decoder]
+
+
+def byte_level_token_steps(decoder):
+    """The steps before ByteLevel when the decoder's text is the UTF-8
+    decoding of bytes that each token gives on its own: ByteLevel, after
+    steps that rewrite each token alone (Replace, Strip) and before none but
+    Fuse (nothing to join in ByteLevel's one string).  None otherwise."""
+    steps = _steps(decoder)
+    first = next((i for i, d in enumerate(steps) if isinstance(d, ByteLevel)), None)
+    if first is None:
+        return None
+    if all(isinstance(d, (Replace, Strip)) for d in steps[:first]) and all(
+            isinstance(d, Fuse) for d in steps[first + 1:]):
+        return steps[:first]
+    return None
+
+
+def cuts_at_characters(decoder):
+    """Whether the decoder's text can be cut wherever the bytes entering its
+    ByteLevel step end on a character: it has one ByteLevel step, no step
+    before it joins tokens (Fuse: ByteLevel then reads them as one) and none
+    after it reads the text as tokens again (ByteLevel, ByteFallback)."""
+    steps = _steps(decoder)
+    at = [i for i, d in enumerate(steps) if isinstance(d, ByteLevel)]
+    return len(at) == 1 and not any(isinstance(d, Fuse) for d in steps[:at[0]]) and not any(
+        isinstance(d, ByteFallback) for d in steps[at[0] + 1:])
+
+
+def byte_level_input(decoder, tokens):
+    """The bytes that the decoder's first ByteLevel step decodes as UTF-8
+    when the decoder is given tokens (None if it has no ByteLevel step)."""
+    if isinstance(decoder, ByteLevel):
+        return b"".join([token_bytes(t) for t in tokens])
+    if isinstance(decoder, Sequence):
+        for d in decoder.items:
+            if uses(d, ByteLevel):
+                return byte_level_input(d, tokens)
+            tokens = d.decode_chain(tokens)
+    return None
+
+
 def uses(decoder, kind):
     """Whether the decoder, or a step of it, is of the given class."""
     if isinstance(decoder, kind):
