@@ -91,7 +91,7 @@ size_t flm_state_work_floats(const FlmConfig *c, int max_batch, int max_threads)
          + b * max_input_blocks(c) * (sizeof(FlmQ8) / 4) /* xa */
          + (size_t)max_threads * PANEL_FLOATS(c) /* wide */
          + 2 * b                              /* row_seq, row_pos */
-         + (size_t)max_threads * seq_cap(c);  /* att */
+         + 2 * (size_t)max_threads * seq_cap(c); /* att: two rows per thread */
 }
 
 /* Bytes of one value of the KV cache, and the address of element i of it. */
@@ -343,18 +343,30 @@ static void embed_row(float *out, const FlmWeights *w, int token, int dim) {
  * scores of 16 keys come from one multiply-add per dimension; each score is
  * the same chain over the dimensions however the blocks are grouped, so
  * batched and one-token passes agree bit for bit. */
+static void softmax(float *att, int n, float scale) {
+    const float max = flm_kernels->scale_max(att, n, scale);
+    flm_kernels->scale(att, n, 1.0f / flm_kernels->exp_sum(att, n, max));
+}
+
 static void attend(float *out, const float *q, const void *kblocks, const void *vc, int kv_type,
                    float *att, int pos, int head_dim, int kvd, float scale) {
     const int n = pos + 1;
     flm_kernels->key_scores(att, q, kblocks, n, head_dim, kv_type);
-    float max = -INFINITY;
-    for (int j = 0; j < n; j++) {
-        att[j] *= scale;
-        if (att[j] > max) max = att[j];
-    }
-    float inv = 1.0f / flm_kernels->exp_sum(att, n, max);
-    for (int j = 0; j < n; j++) att[j] *= inv;
+    softmax(att, n, scale);
     flm_kernels->weighted_sum(out, att, vc, n, kvd, head_dim, kv_type);
+}
+
+/* Two queries of one head at positions pos and pos + 1 of one sequence:
+ * each key and value is read once for both, and each output is what
+ * attend gives it, bit for bit. */
+static void attend2(float *out0, float *out1, const float *q0, const float *q1, const void *kblocks,
+                    const void *vc, int kv_type, float *att0, float *att1, int pos, int head_dim, int kvd,
+                    float scale) {
+    const int n = pos + 1;
+    flm_kernels->key_scores2(att0, att1, q0, q1, kblocks, n + 1, head_dim, kv_type);
+    softmax(att0, n, scale);
+    softmax(att1, n + 1, scale);
+    flm_kernels->weighted_sum2(out0, out1, att0, att1, vc, n, kvd, head_dim, kv_type);
 }
 
 /* Store n values into the KV cache at element i (stride elements apart),
@@ -417,15 +429,26 @@ static void attention(const FlmConfig *c, const FlmWeights *w, const FlmLayer *L
 #pragma omp for schedule(static, 1)
     for (int i = 0; i < (T + run - 1) / run * nh; i++) {
         const int h = i % nh, kvh = h / group;
-        for (int t = i / nh * run; t < imin(T, (i / nh + 1) * run); t++) {
+        const int end = imin(T, (i / nh + 1) * run);
+        float *att = s->att + 2 * (size_t)thread_num() * seq_cap(c);
+        for (int t = i / nh * run; t < end;) {
             float *out = s->xb + (size_t)t * qd + h * hd;
-            attend(out, s->q + (size_t)t * qd + h * hd, kv_elem(c, KCACHE(t), kvh * head_keys),
-                   kv_elem(c, VCACHE(t), (size_t)kvh * hd), c->kv_type,
-                   s->att + (size_t)thread_num() * seq_cap(c), s->row_pos[t], hd, kvd, c->attn_scale);
-            if (L->w_attn_gate) {
-                const float *g = s->gate + (size_t)t * qd + h * hd;
-                for (int d = 0; d < hd; d++) out[d] *= sigmoid(g[d]);
+            const float *q = s->q + (size_t)t * qd + h * hd;
+            const void *kb = kv_elem(c, KCACHE(t), kvh * head_keys), *vc = kv_elem(c, VCACHE(t), (size_t)kvh * hd);
+            /* The next row the same sequence's next position: both at once. */
+            const int pair = flm_kernels->key_scores2 && t + 1 < end && s->row_seq[t + 1] == s->row_seq[t] &&
+                             s->row_pos[t + 1] == s->row_pos[t] + 1;
+            if (pair)
+                attend2(out, out + qd, q, q + qd, kb, vc, c->kv_type, att, att + seq_cap(c), s->row_pos[t], hd, kvd,
+                        c->attn_scale);
+            else
+                attend(out, q, kb, vc, c->kv_type, att, s->row_pos[t], hd, kvd, c->attn_scale);
+            for (int u = t; u <= t + pair && L->w_attn_gate; u++) {
+                float *o = s->xb + (size_t)u * qd + h * hd;
+                const float *g = s->gate + (size_t)u * qd + h * hd;
+                for (int d = 0; d < hd; d++) o[d] *= sigmoid(g[d]);
             }
+            t += 1 + pair;
         }
     }
 #undef KCACHE

@@ -111,8 +111,8 @@ typedef struct {
     float *v;         /* (max_batch, n_kv_heads*head_dim) */
     float *hb;        /* (max_batch, hidden_dim) */
     float *hb2;       /* (max_batch, hidden_dim) */
-    float *att;       /* (max_threads, seq_cap) attention scores; seq_cap = seq_len
-                         rounded up to a multiple of 16 */
+    float *att;       /* (max_threads, 2, seq_cap) attention scores of one or two queries;
+                         seq_cap = seq_len rounded up to a multiple of 16 */
     float *gate;      /* (max_batch, max(q_dim, Hv*dv)) attention gate or z */
     float *lin;       /* (max_batch, conv_dim + 2*Hv) projections of a linear layer */
     uint16_t *xq;     /* (max_batch, max matmul input, even) matmul input as bf16,

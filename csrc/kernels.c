@@ -35,6 +35,19 @@ static float exp_sum_generic(float *x, int n, float max) {
     return reduce8(acc);
 }
 
+static float scale_max_generic(float *x, int n, float s) {
+    float max = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        x[i] *= s;
+        if (x[i] > max) max = x[i];
+    }
+    return max;
+}
+
+static void scale_generic(float *x, int n, float s) {
+    for (int i = 0; i < n; i++) x[i] *= s;
+}
+
 static void weighted_sum_generic(float *out, const float *p, const void *v, int n, size_t ldv, int dim,
                                  int kv) {
     for (int d = 0; d < dim; d++) out[d] = 0.0f;
@@ -74,7 +87,7 @@ static void silu_mul_generic(float *g, const float *u, int n) {
 
 static const FlmKernels kernels_generic = {
     "generic", flm_gemm_f32_generic, flm_gemm_bf16_generic, NULL,
-    key_scores_generic, exp_sum_generic,
+    key_scores_generic, exp_sum_generic, NULL, NULL, scale_max_generic, scale_generic,
     weighted_sum_generic, delta_rule_generic, rmsnorm_generic, silu_mul_generic,
     60,
 };
@@ -145,7 +158,7 @@ static AVX2 void weighted_sum_avx2(float *out, const float *p, const void *v, in
 
 static const FlmKernels kernels_avx2 = {
     "avx2", flm_gemm_f32_avx2, flm_gemm_bf16_avx2, NULL, key_scores_avx2,
-    exp_sum_generic, weighted_sum_avx2,
+    exp_sum_generic, NULL, NULL, scale_max_generic, scale_generic, weighted_sum_avx2,
     delta_rule_generic, rmsnorm_generic, silu_mul_generic,
     60,
 };
@@ -206,10 +219,71 @@ INLINE AVX512 void key_scores_avx512_kv(float *att, const float *q, const void *
     }
 }
 
+/* Two queries against the same keys: each key block is loaded once for
+ * both, and the two queries' chains run side by side. */
+INLINE AVX512 void key_scores2_avx512_kv(float *att0, float *att1, const float *q0, const float *q1,
+                                         const void *kb, int n, int hd, int kv) {
+    int b = 0;
+    for (; b + 32 <= n + 15; b += 32) {
+        const size_t k0 = (size_t)b * hd, k1 = k0 + 16 * hd;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, c0 = a0, c1 = a0;
+        for (int d = 0; d < hd; d++) {
+            const __m512 x = _mm512_set1_ps(q0[d]), y = _mm512_set1_ps(q1[d]);
+            const __m512 w0 = KV16(kb, k0 + d * 16, kv), w1 = KV16(kb, k1 + d * 16, kv);
+            a0 = _mm512_fmadd_ps(x, w0, a0);
+            a1 = _mm512_fmadd_ps(x, w1, a1);
+            c0 = _mm512_fmadd_ps(y, w0, c0);
+            c1 = _mm512_fmadd_ps(y, w1, c1);
+        }
+        _mm512_storeu_ps(att0 + b, a0);
+        _mm512_storeu_ps(att0 + b + 16, a1);
+        _mm512_storeu_ps(att1 + b, c0);
+        _mm512_storeu_ps(att1 + b + 16, c1);
+    }
+    for (; b < n; b += 16) {
+        const size_t k0 = (size_t)b * hd;
+        __m512 a0 = _mm512_setzero_ps(), c0 = a0;
+        for (int d = 0; d < hd; d++) {
+            const __m512 w0 = KV16(kb, k0 + d * 16, kv);
+            a0 = _mm512_fmadd_ps(_mm512_set1_ps(q0[d]), w0, a0);
+            c0 = _mm512_fmadd_ps(_mm512_set1_ps(q1[d]), w0, c0);
+        }
+        _mm512_storeu_ps(att0 + b, a0);
+        _mm512_storeu_ps(att1 + b, c0);
+    }
+}
+
+static AVX512 void key_scores2_avx512(float *att0, float *att1, const float *q0, const float *q1, const void *kb,
+                                      int n, int hd, int kv) {
+#define CALL(t) key_scores2_avx512_kv(att0, att1, q0, q1, kb, n, hd, t)
+    KV_DISPATCH(CALL, kv);
+#undef CALL
+}
+
 static AVX512 void key_scores_avx512(float *att, const float *q, const void *kb, int n, int hd, int kv) {
 #define CALL(t) key_scores_avx512_kv(att, q, kb, n, hd, t)
     KV_DISPATCH(CALL, kv);
 #undef CALL
+}
+
+static AVX512 float scale_max_avx512(float *x, int n, float s) {
+    const __m512 vs = _mm512_set1_ps(s);
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 m = tail_mask(n - i);
+        const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), vs);
+        _mm512_mask_storeu_ps(x + i, m, v);
+        mx = _mm512_mask_max_ps(mx, m, v, mx);   /* a NaN in v keeps mx, as the scalar loop does */
+    }
+    return _mm512_reduce_max_ps(mx);
+}
+
+static AVX512 void scale_avx512(float *x, int n, float s) {
+    const __m512 vs = _mm512_set1_ps(s);
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 m = tail_mask(n - i);
+        _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), vs));
+    }
 }
 
 static AVX512 float exp_sum_avx512(float *x, int n, float max) {
@@ -242,6 +316,52 @@ INLINE AVX512 void weighted_sum_avx512_kv(float *out, const float *p, const void
         _mm512_mask_storeu_ps(out + d + 32, m[2], a2);
         _mm512_mask_storeu_ps(out + d + 48, m[3], a3);
     }
+}
+
+/* Two queries' weighted sums over the same values: p0 over n of them, p1
+ * over n + 1, each value vector loaded once for both. */
+INLINE AVX512 void weighted_sum2_avx512_kv(float *out0, float *out1, const float *p0, const float *p1,
+                                           const void *v, int n, size_t ldv, int dim, int kv) {
+    for (int d = 0; d < dim; d += 64) {
+        __mmask16 m[4];
+        for (int i = 0; i < 4; i++) m[i] = tail_mask(dim - d - 16 * i);
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
+        for (int j = 0; j < n; j++) {
+            const size_t vd = j * ldv + d;
+            const __m512 x = _mm512_set1_ps(p0[j]), y = _mm512_set1_ps(p1[j]);
+            const __m512 v0 = kv_load16(m[0], v, vd, kv), v1 = kv_load16(m[1], v, vd + 16, kv);
+            const __m512 v2 = kv_load16(m[2], v, vd + 32, kv), v3 = kv_load16(m[3], v, vd + 48, kv);
+            a0 = _mm512_fmadd_ps(x, v0, a0);
+            a1 = _mm512_fmadd_ps(x, v1, a1);
+            a2 = _mm512_fmadd_ps(x, v2, a2);
+            a3 = _mm512_fmadd_ps(x, v3, a3);
+            c0 = _mm512_fmadd_ps(y, v0, c0);
+            c1 = _mm512_fmadd_ps(y, v1, c1);
+            c2 = _mm512_fmadd_ps(y, v2, c2);
+            c3 = _mm512_fmadd_ps(y, v3, c3);
+        }
+        const size_t vd = (size_t)n * ldv + d;
+        const __m512 y = _mm512_set1_ps(p1[n]);
+        c0 = _mm512_fmadd_ps(y, kv_load16(m[0], v, vd, kv), c0);
+        c1 = _mm512_fmadd_ps(y, kv_load16(m[1], v, vd + 16, kv), c1);
+        c2 = _mm512_fmadd_ps(y, kv_load16(m[2], v, vd + 32, kv), c2);
+        c3 = _mm512_fmadd_ps(y, kv_load16(m[3], v, vd + 48, kv), c3);
+        _mm512_mask_storeu_ps(out0 + d, m[0], a0);
+        _mm512_mask_storeu_ps(out0 + d + 16, m[1], a1);
+        _mm512_mask_storeu_ps(out0 + d + 32, m[2], a2);
+        _mm512_mask_storeu_ps(out0 + d + 48, m[3], a3);
+        _mm512_mask_storeu_ps(out1 + d, m[0], c0);
+        _mm512_mask_storeu_ps(out1 + d + 16, m[1], c1);
+        _mm512_mask_storeu_ps(out1 + d + 32, m[2], c2);
+        _mm512_mask_storeu_ps(out1 + d + 48, m[3], c3);
+    }
+}
+
+static AVX512 void weighted_sum2_avx512(float *out0, float *out1, const float *p0, const float *p1, const void *v,
+                                        int n, size_t ldv, int dim, int kv) {
+#define CALL(t) weighted_sum2_avx512_kv(out0, out1, p0, p1, v, n, ldv, dim, t)
+    KV_DISPATCH(CALL, kv);
+#undef CALL
 }
 
 static AVX512 void weighted_sum_avx512(float *out, const float *p, const void *v, int n, size_t ldv, int dim,
@@ -302,7 +422,7 @@ static AVX512 void silu_mul_avx512(float *g, const float *u, int n) {
 
 static const FlmKernels kernels_avx512 = {
     "avx512", flm_gemm_f32_avx512, flm_gemm_bf16_avx512, NULL, key_scores_avx512,
-    exp_sum_avx512,
+    exp_sum_avx512, key_scores2_avx512, weighted_sum2_avx512, scale_max_avx512, scale_avx512,
     weighted_sum_avx512, delta_rule_avx512, rmsnorm_avx512, silu_mul_avx512,
     60,
 };
@@ -311,7 +431,8 @@ static const FlmKernels kernels_avx512 = {
  * the multiplies per instruction at the cost of rounding the activations. */
 static const FlmKernels kernels_avx512_bf16 = {
     "avx512_bf16", flm_gemm_f32_avx512, flm_gemm_bf16_dp_avx512, flm_to_bf16_avx512,
-    key_scores_avx512, exp_sum_avx512, weighted_sum_avx512, delta_rule_avx512, rmsnorm_avx512, silu_mul_avx512,
+    key_scores_avx512, exp_sum_avx512, key_scores2_avx512, weighted_sum2_avx512, scale_max_avx512,
+    scale_avx512, weighted_sum_avx512, delta_rule_avx512, rmsnorm_avx512, silu_mul_avx512,
     60,
 };
 
@@ -326,7 +447,8 @@ static int has_f16c(void) {
 /* The same, with the bf16 matmuls on AMX tiles. */
 static const FlmKernels kernels_amx_bf16 = {
     "amx_bf16", flm_gemm_f32_avx512, flm_gemm_bf16_amx, flm_to_bf16_avx512,
-    key_scores_avx512, exp_sum_avx512, weighted_sum_avx512, delta_rule_avx512, rmsnorm_avx512, silu_mul_avx512,
+    key_scores_avx512, exp_sum_avx512, key_scores2_avx512, weighted_sum2_avx512, scale_max_avx512,
+    scale_avx512, weighted_sum_avx512, delta_rule_avx512, rmsnorm_avx512, silu_mul_avx512,
     64,
 };
 

@@ -29,6 +29,18 @@ typedef struct {
     void (*key_scores)(float *att, const float *q, const void *kblocks, int n, int hd, int kv);
     /* x[i] = exp(x[i] - max) for i < n; returns the sum of the new x. */
     float (*exp_sum)(float *x, int n, float max);
+    /* Two queries of one head at consecutive positions, where a path has
+     * them (else NULL): key_scores of q0 and of q1 over the same n keys,
+     * and weighted_sum of p0 over n keys and of p1 over n + 1, each output
+     * summed exactly as the one-query kernels sum it. */
+    void (*key_scores2)(float *att0, float *att1, const float *q0, const float *q1, const void *kblocks, int n,
+                        int hd, int kv);
+    void (*weighted_sum2)(float *out0, float *out1, const float *p0, const float *p1, const void *v, int n,
+                          size_t ldv, int dim, int kv);
+    /* x[i] *= s for i < n; returns the largest new x (NaN ignored). */
+    float (*scale_max)(float *x, int n, float s);
+    /* x[i] *= s for i < n. */
+    void (*scale)(float *x, int n, float s);
     /* out[d] = sum_j p[j] * v[j*ldv + d] for d < dim, j < n (j in order), v
      * stored as kv. */
     void (*weighted_sum)(float *out, const float *p, const void *v, int n, size_t ldv, int dim, int kv);
