@@ -243,10 +243,8 @@ static RowScale row_scale(const uint8_t *h, int type, int i, int r) {
 
 /* One weight from its quant, as GGML's dequantizer computes it. */
 static float weight(RowScale s, int type, int u, int k) {
-    const float a = k < 16 ? s.a : s.a2;
-    if (type == FLM_Q6_K) return a * (float)(u - 32);
-    if (type == FLM_Q4_0 || type == FLM_Q5_0 || type == FLM_Q8_0) return s.a * (float)u + s.b;
-    return a * (float)u + s.b;
+    const float a = k < 16 ? s.a : s.a2;   /* a2 differs from a in Q6_K only */
+    return type == FLM_Q6_K ? a * (float)(u - 32) : a * (float)u + s.b;
 }
 
 void flm_quant_dequant_panel(float *dst, const void *wp, int p, int k0, int nk, int K, int type) {
@@ -412,17 +410,13 @@ void flm_qgemm_generic(float *out, int ldo, const FlmQ8 *x, int lda, const void 
 /* ------------------------------------------------ AVX-512 VNNI */
 #ifdef FLM_X86
 
-/* The per-type constants, as functions of a constant type so that each
- * instantiation of the kernel below folds them away. */
-INLINE int q_sb(int t) { return t == FLM_Q4_K || t == FLM_Q5_K || t == FLM_Q6_K ? 256 : 32; }
-INLINE int q_header(int t) {
-    return t == FLM_Q4_K || t == FLM_Q5_K ? 320 : t == FLM_Q6_K ? 288 : t == FLM_Q4_1 || t == FLM_Q5_1 ? 64 : 32;
-}
-INLINE int q_bits(int t) {
-    return t == FLM_Q8_0 ? 8 : t == FLM_Q5_0 || t == FLM_Q5_1 || t == FLM_Q5_K ? 5 : t == FLM_Q6_K ? 6 : 4;
-}
-INLINE int q_data(int t) { return q_bits(t) == 8 ? 512 : 256 + 64 * (q_bits(t) - 4); }
-INLINE int q_offset(int t) { return t == FLM_Q8_0 ? 128 : t == FLM_Q4_0 ? 8 : t == FLM_Q5_0 ? 16 : 0; }
+/* The layout of a type, read from the table: with the type a constant in
+ * each instantiation of the kernels below, the reads fold away. */
+INLINE int q_sb(int t) { return types[t].sb; }
+INLINE int q_header(int t) { return types[t].header; }
+INLINE int q_bits(int t) { return types[t].bits; }
+INLINE int q_data(int t) { return types[t].data; }
+INLINE int q_offset(int t) { return types[t].offset; }
 INLINE int q_has_min(int t) { return t == FLM_Q4_1 || t == FLM_Q5_1; }
 INLINE int q_is_k(int t) { return t == FLM_Q4_K || t == FLM_Q5_K; }
 
