@@ -1,12 +1,17 @@
 """Sessions: several sequences on one loaded model, prefix reuse, rewinding,
 and threads sharing a Model."""
+import os
+import select
+import signal
 import sys
 import threading
+import time
+import warnings
 
 import numpy as np
 import pytest
 
-from fastllm import Model, SamplingParams, Session
+from fastllm import Model, SamplingParams, Session, _core
 
 
 @pytest.fixture(scope="module")
@@ -117,3 +122,68 @@ def test_four_threads_on_one_model_match_sequential_results(llama, own_sessions)
     for (i, round), (tokens, logits) in got.items():
         want_tokens, want_logits = want[(i + round) % 4]
         assert tokens == want_tokens and np.array_equal(logits, want_logits), (i, round)
+
+
+def _tasks() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+def test_every_calling_thread_runs_on_the_one_compute_thread(tiny_model_dir):
+    """libgomp gives each thread that starts parallel work a worker pool of
+    its own and stops spinning at barriers once the pools outnumber the
+    cores, so calls from other threads must not start pools of their own."""
+    model = Model.from_pretrained(tiny_model_dir("llama-gqa"), threads=2, n_ctx=96)
+    want = model.new_session().prefill(PROMPTS[0])
+    before = _tasks()
+    stepped, release = threading.Barrier(5), threading.Event()
+    got = {}
+
+    def call(i):
+        got[i] = model.new_session().prefill(PROMPTS[0])
+        stepped.wait()
+        release.wait()
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    stepped.wait()
+    try:
+        assert _tasks() - before == 4    # the callers themselves, no new workers
+        assert _core.compute_thread_ident() not in {t.ident for t in threads} | {threading.get_ident()}
+    finally:
+        release.set()
+        for t in threads:
+            t.join()
+    assert all(np.array_equal(g, want) for g in got.values())
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_forked_child_runs_the_model(llama):
+    """The parent's compute thread does not exist in a forked child: the
+    child starts its own instead of waiting on it forever."""
+    want = llama.new_session().prefill(PROMPTS[1])
+    read, write = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)   # fork with threads running
+        pid = os.fork()
+    if pid == 0:
+        try:
+            os.write(write, llama.new_session().prefill(PROMPTS[1]).tobytes())
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        data = b""
+        deadline = time.monotonic() + 60
+        while len(data) < want.nbytes and time.monotonic() < deadline:
+            if select.select([read], [], [], 1)[0]:
+                chunk = os.read(read, want.nbytes)
+                if not chunk:
+                    break
+                data += chunk
+        assert np.array_equal(np.frombuffer(data, np.float32), want), "the child gave no logits in 60 s"
+    finally:
+        os.close(read)
+        if os.waitpid(pid, os.WNOHANG) == (0, 0):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)

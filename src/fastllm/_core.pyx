@@ -9,9 +9,12 @@ State.run checks positions and releases the GIL while C computes.
 """
 from libc.stdlib cimport calloc, free
 from libc.stdint cimport int32_t
+from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_acquire_lock,
+                               PyThread_release_lock, WAIT_LOCK)
 
 import mmap
 import os
+import threading
 
 import numpy as np
 cimport numpy as cnp
@@ -27,6 +30,124 @@ cdef size_t _FIRST = <size_t>(<char *>&_probe.wq - <char *>&_probe)
 if (sizeof(flm.FlmLayer) - _FIRST) // sizeof(void *) != len(schema.LAYER):
     raise ImportError("FlmLayer in fastllm.h and fastllm.schema.LAYER list different tensors")
 _FIELD_INDEX = {t.field: i for i, t in enumerate(schema.LAYER)}
+
+
+# ------------------------------------------------------- the compute thread
+#
+# Every C call that starts OpenMP threads (packing, forward passes) runs on
+# one thread per process, whichever thread asks; calls from several threads
+# take turns. libgomp gives each thread that starts a parallel region a pool
+# of workers of its own, and once the workers of all pools outnumber the
+# cores it spins only 100 rounds at a barrier instead of GOMP_SPINCOUNT's.
+# A model loaded in the main thread and stepped from another (a server's
+# engine thread, a web framework's worker threads) then decoded at a third
+# of its speed on 2 cores (benchmarks/wait_policy.py --thread measures it),
+# and two threads stepping at once oversubscribed the cores. The hand-over
+# costs two lock releases, about 20 us, against milliseconds per pass.
+
+ctypedef void (*Job)(void *) noexcept nogil
+
+cdef struct Compute:
+    PyThread_type_lock turn    # held by the caller whose job is in hand
+    PyThread_type_lock go      # released to hand the job over
+    PyThread_type_lock done    # released by the compute thread when the job ends
+    Job job
+    void *arg
+
+cdef Compute _compute
+_compute_thread = None
+_compute_start = threading.Lock()
+
+
+cdef void _compute_loop() noexcept nogil:
+    while True:
+        PyThread_acquire_lock(_compute.go, WAIT_LOCK)
+        _compute.job(_compute.arg)
+        PyThread_release_lock(_compute.done)
+
+
+def _compute_main():
+    with nogil:
+        _compute_loop()
+
+
+cdef int _start_compute_thread() except -1:
+    global _compute_thread
+    with _compute_start:
+        if _compute_thread is not None:
+            return 0
+        _compute.turn = PyThread_allocate_lock()
+        _compute.go = PyThread_allocate_lock()
+        _compute.done = PyThread_allocate_lock()
+        if _compute.turn == NULL or _compute.go == NULL or _compute.done == NULL:
+            raise MemoryError()
+        PyThread_acquire_lock(_compute.go, WAIT_LOCK)
+        PyThread_acquire_lock(_compute.done, WAIT_LOCK)
+        thread = threading.Thread(target=_compute_main, name="fastllm-compute", daemon=True)
+        thread.start()
+        _compute_thread = thread
+    return 0
+
+
+cdef int _run_job(Job job, void *arg) except -1:
+    """job(arg) on the compute thread; returns when it has run. The caller
+    keeps everything arg points to alive until then."""
+    if _compute_thread is None:
+        _start_compute_thread()
+    with nogil:
+        PyThread_acquire_lock(_compute.turn, WAIT_LOCK)
+        _compute.job = job
+        _compute.arg = arg
+        PyThread_release_lock(_compute.go)
+        PyThread_acquire_lock(_compute.done, WAIT_LOCK)
+        PyThread_release_lock(_compute.turn)
+    return 0
+
+
+def _forget_compute_thread():
+    """In a forked child: the parent's compute thread is not there (its
+    locks may be held), so the next call starts one of the child's own."""
+    global _compute_thread, _compute_start
+    _compute_thread = None
+    _compute_start = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_compute_thread)
+
+
+def compute_thread_ident():
+    """The thread id of the thread that runs fastllm's parallel C work (None
+    before the first call)."""
+    return None if _compute_thread is None else _compute_thread.ident
+
+
+cdef struct PackArgs:
+    void *dst
+    const void *src
+    int N, K, wtype, n_threads
+
+cdef void _pack_job(void *p) noexcept nogil:
+    cdef PackArgs *a = <PackArgs *>p
+    flm.flm_pack(a.dst, a.src, a.N, a.K, a.wtype, a.n_threads)
+
+
+cdef struct ForwardArgs:
+    const flm.FlmConfig *cfg
+    const flm.FlmWeights *w
+    flm.FlmState *s
+    const int32_t *tokens
+    const flm.FlmSeq *seqs
+    int n, pos, all_logits, n_threads
+    float *logits
+
+cdef void _forward_job(void *p) noexcept nogil:
+    cdef ForwardArgs *a = <ForwardArgs *>p
+    flm.flm_forward(a.cfg, a.w, a.s, a.tokens, a.n, a.pos, a.logits, a.all_logits, a.n_threads)
+
+cdef void _forward_batch_job(void *p) noexcept nogil:
+    cdef ForwardArgs *a = <ForwardArgs *>p
+    flm.flm_forward_batch(a.cfg, a.w, a.s, a.seqs, a.n, a.logits, a.n_threads)
 
 
 cdef int _set_field(flm.FlmLayer *L, str name, const void *p) except -1:
@@ -180,10 +301,11 @@ def pack(matrix, int n_threads=0, str dtype=None, int K=0):
     cdef int n = N, k = K, wtype = TYPES[dtype]
     cdef cnp.ndarray dst = np.empty(flm.flm_packed_bytes(n, k, wtype), np.uint8)
     cdef int nt = n_threads if n_threads > 0 else (os.cpu_count() or 1)
-    cdef void *d = cnp.PyArray_DATA(dst)
-    cdef const void *sp = cnp.PyArray_DATA(<cnp.ndarray>src)
-    with nogil:
-        flm.flm_pack(d, sp, n, k, wtype, nt)
+    cdef PackArgs job
+    job.dst = cnp.PyArray_DATA(dst)
+    job.src = cnp.PyArray_DATA(<cnp.ndarray>src)
+    job.N, job.K, job.wtype, job.n_threads = n, k, wtype, nt
+    _run_job(_pack_job, &job)
     return Matrix(dst, dtype, N, K, True)
 
 
@@ -414,9 +536,11 @@ cdef class State:
             trace = np.empty((w.cfg.n_layers, n, w.cfg.dim), np.float32)
             self.s.trace = <float *>cnp.PyArray_DATA(trace)
             self.s.trace_tokens = n
+        cdef ForwardArgs job
+        job.cfg, job.w, job.s, job.tokens, job.seqs = &w.cfg, &w.w, &self.s, &tokens[0], NULL
+        job.n, job.pos, job.all_logits, job.n_threads, job.logits = n, pos, all_logits, nt, &out[0, 0]
         try:
-            with nogil:
-                flm.flm_forward(&w.cfg, &w.w, &self.s, &tokens[0], n, pos, &out[0, 0], all_logits, nt)
+            _run_job(_forward_job, &job)
         finally:
             self.s.trace = NULL
         result = out if all_logits else out[0]
@@ -443,6 +567,7 @@ def run_batch(list states, list tokens, list positions, State work=None):
     cdef const int32_t[::1] ids
     cdef long long total = 0, pos
     cdef cnp.ndarray[float, ndim=2, mode="c"] out = np.empty((n, w.cfg.vocab_size), np.float32)
+    cdef ForwardArgs job
     keep = []
     try:
         for k in range(n):
@@ -463,8 +588,9 @@ def run_batch(list states, list tokens, list positions, State work=None):
         if total > first.s.max_batch:
             raise ValueError(f"{total} tokens in one batch: more than the {first.s.max_batch} "
                              "the work buffers hold")
-        with nogil:
-            flm.flm_forward_batch(&w.cfg, &w.w, &first.s, seqs, n, &out[0, 0], w._n_threads)
+        job.cfg, job.w, job.s, job.tokens, job.seqs = &w.cfg, &w.w, &first.s, NULL, seqs
+        job.n, job.pos, job.all_logits, job.n_threads, job.logits = n, 0, 0, w._n_threads, &out[0, 0]
+        _run_job(_forward_batch_job, &job)
     finally:
         free(seqs)
     return out
