@@ -48,26 +48,44 @@ class Request:
     first_token: float | None = None  # when the first token came (time.monotonic)
     _out: queue.Queue = field(default_factory=queue.Queue, repr=False)
     _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
+    _wake: object = field(default=None, repr=False)   # set by an async reader
 
     def cancel(self):
         self._cancelled.set()
+
+    def _put(self, token):
+        """From the engine thread: a token, or None at the end."""
+        self._out.put(token)
+        wake = self._wake
+        if wake is not None:
+            try:
+                wake()
+            except RuntimeError:   # the reader's event loop has closed
+                pass
 
     def __iter__(self):
         while (token := self._out.get()) is not None:
             yield token
 
     async def __aiter__(self):
-        """The tokens in an asyncio program: waits without holding a thread
-        (a token comes every few milliseconds at best on a CPU)."""
-        while True:
-            try:
-                token = self._out.get_nowait()
-            except queue.Empty:
-                await asyncio.sleep(0.002)
-                continue
-            if token is None:
-                return
-            yield token
+        """The tokens in an asyncio program: the engine wakes the event loop
+        for each token, and no thread waits meanwhile."""
+        loop = asyncio.get_running_loop()
+        ready = asyncio.Event()
+        self._wake = lambda: loop.call_soon_threadsafe(ready.set)
+        try:
+            while True:
+                try:
+                    token = self._out.get_nowait()
+                except queue.Empty:
+                    await ready.wait()
+                    ready.clear()
+                    continue
+                if token is None:
+                    return
+                yield token
+        finally:
+            self._wake = None
 
 
 @dataclass(eq=False)
@@ -161,11 +179,11 @@ class BatchEngine:
 
     def _finish_waiting(self, request):
         request.finish_reason = "cancelled"
-        request._out.put(None)
+        request._put(None)
 
     def _release(self, run: _Running, reason: str):
         run.request.finish_reason = reason
-        run.request._out.put(None)
+        run.request._put(None)
         self._running.remove(run)
         self._free.append(run.session)
 
@@ -202,7 +220,7 @@ class BatchEngine:
                 request.logprobs.append(_logprobs(logits, token, request.top_logprobs))
             if request.first_token is None:
                 request.first_token = time.monotonic()
-            request._out.put(token)
+            request._put(token)
             if run.session.position + 1 >= self.model.n_ctx:
                 self._release(run, "context")
             elif request.generated >= request.max_new_tokens:
