@@ -144,6 +144,8 @@ def test_default_model_runs_its_own_q4_1(default_models):
     assert native.dtype == "q4_1" and set(native.weight_types) == {"q4_1", "q8_0"}
     # Quantized in memory: about the file's size, not the 540 MB of float32.
     assert native.weight_bytes < 110 * 2**20 < reference.weight_bytes
+    # Named by its file (the server's model id), not by the cache folder of its tokenizer.
+    assert native.name == "SmolLM2-135M-Instruct.Q4_1" and reference.name == reference.path.name
 
 
 def test_default_model_float_activations_are_the_f32_model(default_models):

@@ -81,7 +81,7 @@ def run_bench(model_path, n_prompt=512, n_gen=128, threads=None, repetitions=5, 
         for t in threads:
             model.threads = t
             for r in bench_model(model, n_prompt, n_gen, repetitions):
-                r["model"] = str(model.path.name)
+                r["model"] = model.name
                 yield r
         del model
 

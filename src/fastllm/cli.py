@@ -378,7 +378,7 @@ def _repl(model, args, chat: bool, system: str | None = None, read=None, steps: 
     read = read or input
     settings = Settings(model, args, steps)
     history = []   # the conversation in chat mode, without the system message
-    print(f"fastllm {'chat' if chat else 'REPL'} with {model.path.name} "
+    print(f"fastllm {'chat' if chat else 'REPL'} with {model.name} "
           f"({model.threads} threads, context {model.n_ctx}). /help for commands, /quit to leave.",
           file=sys.stderr)
     while True:

@@ -170,11 +170,16 @@ class Model:
     the weights."""
 
     def __init__(self, weights: _core.Weights, config: ModelConfig, tokenizer, path: Path, dtype: str,
-                 eos_token_ids: set, generation_config: dict | None = None, max_batch: int = 512):
+                 eos_token_ids: set, generation_config: dict | None = None, max_batch: int = 512,
+                 name: str | None = None):
         self._weights = weights
         self.config = config
         self.tokenizer = tokenizer
         self.path = path
+        # What the model is called (the server's model id): the folder's
+        # name, or the GGUF file's, not that of the cache folder its
+        # tokenizer and config were read into.
+        self.name = name or path.name
         self.dtype = dtype
         self.kv_dtype = weights.kv_dtype
         self.eos_token_ids = eos_token_ids
@@ -236,7 +241,8 @@ class Model:
         if not _whole(max_batch) or not 1 <= max_batch <= 1 << 16:
             raise ValueError(f"max_batch must be a whole number from 1 to 65536, got {max_batch!r}")
 
-        if dtype == "gguf":
+        native = dtype == "gguf"
+        if native:
             arrays, types = load_gguf_weights(config, gguf)
             # Named by the type that holds most of the parameters.
             dtype = max(types, key=types.get)
@@ -251,7 +257,7 @@ class Model:
             from .tokenizer import Tokenizer
             tokenizer = Tokenizer.from_pretrained(folder)
         return cls(weights, config, tokenizer, folder, dtype, _eos_ids(gen_config, config, tokenizer),
-                   gen_config, max_batch)
+                   gen_config, max_batch, name=Path(gguf).stem if native else None)
 
     # ------------------------------------------------------------ settings
 

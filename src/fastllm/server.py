@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import os
 import time
 import uuid
 
@@ -315,7 +316,9 @@ def create_app(model, engine: BatchEngine, model_name: str, api_key: str | None 
             {"id": model_name, "object": "model", "created": 0, "owned_by": "fastllm"}]})
 
     async def health(request):
-        return JSONResponse({"status": "ok", "active": engine.active, "queue": engine.queue_depth})
+        # The process id tells replicas apart behind a load balancer.
+        return JSONResponse({"status": "ok", "active": engine.active, "queue": engine.queue_depth,
+                             "pid": os.getpid()})
 
     async def prometheus(request):
         return PlainTextResponse(metrics.text(engine), media_type="text/plain; version=0.0.4")
@@ -335,7 +338,7 @@ def serve(model, host: str = "127.0.0.1", port: int = 8000, parallel: int = 4, m
     import uvicorn
     engine = BatchEngine(model, parallel=parallel, max_queue=max_queue)
     try:
-        app = create_app(model, engine, model_name or model.path.name, api_key)
+        app = create_app(model, engine, model_name or model.name, api_key)
         uvicorn.run(app, host=host, port=port, log_level="info")
     finally:
         engine.close()
