@@ -1,0 +1,79 @@
+"""Replicas of `fastllm serve` behind Ray Serve: one OpenAI-compatible
+endpoint in front of several processes, on one machine or across a Ray
+cluster (`pip install "fastllm-engine[ray]"`).
+
+    serve run fastllm.ray_serve:build model=/models/m.gguf replicas=4 threads=4 parallel=8
+
+Each replica is a Ray actor process that loads the model and runs the same
+Starlette app and continuous-batching engine as `fastllm serve`; Ray's proxy
+sends each request to a replica with room for it (`max_ongoing_requests`:
+the replica's slots plus as many waiting, so the rest wait at the proxy
+for whichever replica frees up first), and Ray places replicas on the
+cluster's nodes by the cores each asks for (`threads`). The model path must
+exist on every node, or be left out for the default model.
+"""
+from __future__ import annotations
+
+# The settings `serve run fastllm.ray_serve:build key=value ...` takes, with
+# their types and defaults. Per replica: threads, parallel (slots), ctx
+# (tokens per slot), max_queue.
+SETTINGS = {
+    "model": (str, None),
+    "replicas": (int, 1),
+    "threads": (int, 1),
+    "parallel": (int, 4),
+    "ctx": (int, 2048),
+    "max_queue": (int, 64),
+    "dtype": (str, None),
+    "api_key": (str, None),
+    "model_name": (str, None),
+}
+
+
+def deployment(model: str | None = None, *, replicas: int = 1, threads: int = 1, parallel: int = 4,
+               ctx: int = 2048, max_queue: int = 64, dtype: str | None = None,
+               api_key: str | None = None, model_name: str | None = None):
+    """A Ray Serve application of `replicas` copies of fastllm's server, for
+    serve.run(); each replica loads model with `threads` threads and serves
+    `parallel` requests at once with a KV cache of `ctx` tokens each."""
+    from ray import serve
+
+    if replicas < 1 or threads < 1 or parallel < 1 or ctx < 2 or max_queue < 1:
+        raise ValueError("replicas, threads, parallel and max_queue must be positive and ctx at least 2")
+
+    def build_app():
+        # Runs in each replica's process, when Ray starts it.
+        from .model import Model
+        from .server import create_app
+        from .serving import BatchEngine
+        m = Model.from_pretrained(model, n_ctx=ctx, threads=threads, dtype=dtype)
+        engine = BatchEngine(m, parallel=parallel, max_queue=max_queue)
+        return create_app(m, engine, model_name or m.name, api_key)
+
+    @serve.deployment(num_replicas=replicas, ray_actor_options={"num_cpus": threads},
+                      max_ongoing_requests=2 * parallel)
+    @serve.ingress(build_app)
+    class FastllmServer:
+        pass
+
+    return FastllmServer.bind()
+
+
+def build(args: dict):
+    """The application builder for Ray's CLI: `serve run
+    fastllm.ray_serve:build key=value ...` with the keys of SETTINGS."""
+    unknown = set(args) - set(SETTINGS)
+    if unknown:
+        raise ValueError(f"unknown setting(s) {', '.join(sorted(unknown))}; "
+                         f"fastllm.ray_serve takes {', '.join(SETTINGS)}")
+    kw = {}
+    for key, (kind, default) in SETTINGS.items():
+        value = args.get(key, default)
+        if value is not None and not isinstance(value, kind):
+            try:
+                value = kind(value)
+            except ValueError:
+                raise ValueError(f"{key}={value!r} is not a{'n' if kind is int else ''} "
+                                 f"{kind.__name__}") from None
+        kw[key] = value
+    return deployment(kw.pop("model"), **kw)
