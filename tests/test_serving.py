@@ -113,3 +113,26 @@ def test_a_shared_prefix_is_copied_between_slots(kind, tiny_model_dir):
         assert list(tokens) == list(model.generate_tokens(first, 60, stop_token_ids=()))[1:]
     finally:
         engine.close()
+
+
+def test_asyncio_readers_get_every_token_without_a_thread_each(tiny_model_dir):
+    """`async for` over requests: the engine wakes each reader's event loop
+    per token, whether the reader waits before its tokens come or starts
+    after all of them came."""
+    import asyncio
+    model = Model.from_pretrained(tiny_model_dir("llama-gqa"), threads=2)
+    prompts = _prompts(model, 5, seed=3)
+    want = [list(model.generate_tokens(p, 10, stop_token_ids=())) for p in prompts]
+    engine = BatchEngine(model, parallel=2, max_queue=8)
+
+    async def read(request):
+        return [token async for token in request]
+
+    async def main():
+        requests = [engine.submit(p, 10, stop_ids=()) for p in prompts]
+        _wait(lambda: requests[0].finish_reason)   # its tokens all came before its reader starts
+        return await asyncio.wait_for(asyncio.gather(*(read(r) for r in requests)), 60)
+    try:
+        assert asyncio.run(main()) == want
+    finally:
+        engine.close()
