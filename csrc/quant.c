@@ -460,6 +460,19 @@ INLINE AVX512VNNI __m512 i8x16(const uint8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
 
+/* Bytes ahead of the block in hand that a tile of 4 or more tokens asks
+ * the cache for. Such a tile computes long enough on each block that the
+ * hardware prefetcher falls behind and the pass waits on memory: on the
+ * 2-core AVX-512 machine a pass of 8 tokens (8 decoding streams, or a short
+ * prompt) ran 13-25% faster with it on the default model's shape and 45% on
+ * a 1.7B shape, a pass of 512 the same. Tiles of 1 and 2 tokens (decoding)
+ * were slower with it. */
+#define PREFETCH_AHEAD 2048
+
+INLINE void prefetch_record(const uint8_t *rec, int data) {
+    for (int o = 0; o <= data; o += 64) _mm_prefetch((const char *)rec + PREFETCH_AHEAD + o, _MM_HINT_T0);
+}
+
 /* One panel for NT tokens: the operations of fma_block, 16 rows at a time. */
 INLINE AVX512VNNI void qpanel(float *out, int ldo, const FlmQ8 *x, int lda, const uint8_t *pp, int K,
                               const int type, const int NT, __mmask16 rows) {
@@ -472,6 +485,7 @@ INLINE AVX512VNNI void qpanel(float *out, int ldo, const FlmQ8 *x, int lda, cons
         const uint8_t *h = pp + (size_t)(b * 32 / sb) * sbb;
         const int i = b * 32 % sb / 32;
         __m512i v[8];
+        if (NT >= 4) prefetch_record(h + hdr + (size_t)i * data, data);
         unpack16(v, h + hdr + (size_t)i * data, q_bits(type));
         const __m512 d = f16x16(h);
         __m512 a = d, a2 = d, mn = d;
@@ -625,6 +639,7 @@ INLINE AVX2 void qhalf(float *out, int ldo, const FlmQ8 *x, int lda, const uint8
         const uint8_t *hp = pp + (size_t)(b * 32 / sb) * sbb;
         const int i = b * 32 % sb / 32;
         __m256i v[8];
+        if (NT >= 4 && h == 0) prefetch_record(hp + hdr + (size_t)i * data, data);
         unpack8(v, hp + hdr + (size_t)i * data, bits, h);
         const __m256 d = f16x8(hp + 16 * h);
         __m256 a = d, a2 = d, mn = d;
