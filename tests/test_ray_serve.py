@@ -54,6 +54,7 @@ def _get(url):
         return json.loads(r.read())
 
 
+@pytest.mark.slow
 def test_replies_through_ray_equal_the_model_alone(endpoint, gguf):
     model = Model.from_pretrained(gguf, n_ctx=512, threads=1)
     want = [model.chat([{"role": "user", "content": p}], max_new_tokens=MAX_TOKENS,
@@ -75,11 +76,13 @@ def test_replies_through_ray_equal_the_model_alone(endpoint, gguf):
     assert [m.id for m in client.models.list().data] == ["smollm2"]
 
 
+@pytest.mark.slow
 def test_two_replica_processes_answer(endpoint):
     pids = {_get(endpoint + "/health")["pid"] for _ in range(24)}
     assert len(pids) == 2 and os.getpid() not in pids
 
 
+@pytest.mark.slow
 def test_errors_keep_openai_shape_through_the_proxy(endpoint):
     request = urllib.request.Request(endpoint + "/v1/completions", data=b'{"prompt": "hi", "max_tokens": -1}',
                                      headers={"Content-Type": "application/json"})
