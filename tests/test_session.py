@@ -3,6 +3,7 @@ and threads sharing a Model."""
 import os
 import select
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -187,3 +188,19 @@ def test_a_forked_child_runs_the_model(llama):
         if os.waitpid(pid, os.WNOHANG) == (0, 0):
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
+
+
+def test_a_gevent_patched_process_runs_the_model(llama, tiny_model_dir):
+    """gevent's monkey-patching turns threading.Thread into a greenlet,
+    which would never run the compute thread's C loop: it is an OS thread."""
+    pytest.importorskip("gevent")
+    want = list(llama.generate_tokens(PROMPTS[0], 4, stop_token_ids=()))
+    code = ("from gevent import monkey; monkey.patch_all()\n"
+            "import sys\n"
+            "from fastllm import Model\n"
+            "m = Model.from_pretrained(sys.argv[1], threads=2, n_ctx=96)\n"
+            f"print(list(m.generate_tokens({PROMPTS[0]}, 4, stop_token_ids=())))\n")
+    out = subprocess.run([sys.executable, "-c", code, str(tiny_model_dir("llama-gqa"))],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(want)

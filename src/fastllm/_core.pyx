@@ -12,6 +12,12 @@ from libc.stdint cimport int32_t
 from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_acquire_lock,
                                PyThread_release_lock, WAIT_LOCK)
 
+cdef extern from "pythread.h":
+    # An OS thread that runs a C function, whatever threading may have been
+    # monkey-patched into (gevent's greenlets would never run a C loop).
+    unsigned long PyThread_start_new_thread(void (*)(void *) noexcept nogil, void *)
+    unsigned long PYTHREAD_INVALID_THREAD_ID
+
 import mmap
 import os
 import threading
@@ -56,20 +62,16 @@ cdef struct Compute:
     void *arg
 
 cdef Compute _compute
-_compute_thread = None
+_compute_thread = None     # its thread id, once started
 _compute_start = threading.Lock()
 
 
-cdef void _compute_loop() noexcept nogil:
+cdef void _compute_loop(void *unused) noexcept nogil:
+    # Pure C, on a thread without a Python thread state: it never takes the GIL.
     while True:
         PyThread_acquire_lock(_compute.go, WAIT_LOCK)
         _compute.job(_compute.arg)
         PyThread_release_lock(_compute.done)
-
-
-def _compute_main():
-    with nogil:
-        _compute_loop()
 
 
 cdef int _start_compute_thread() except -1:
@@ -84,9 +86,10 @@ cdef int _start_compute_thread() except -1:
             raise MemoryError()
         PyThread_acquire_lock(_compute.go, WAIT_LOCK)
         PyThread_acquire_lock(_compute.done, WAIT_LOCK)
-        thread = threading.Thread(target=_compute_main, name="fastllm-compute", daemon=True)
-        thread.start()
-        _compute_thread = thread
+        ident = PyThread_start_new_thread(_compute_loop, NULL)
+        if ident == PYTHREAD_INVALID_THREAD_ID:
+            raise RuntimeError("fastllm could not start its compute thread")
+        _compute_thread = ident
     return 0
 
 
@@ -120,7 +123,7 @@ if hasattr(os, "register_at_fork"):
 def compute_thread_ident():
     """The thread id of the thread that runs fastllm's parallel C work (None
     before the first call)."""
-    return None if _compute_thread is None else _compute_thread.ident
+    return _compute_thread
 
 
 cdef struct PackArgs:
