@@ -47,8 +47,9 @@ def _model_args(p: argparse.ArgumentParser):
                    help="threads for the run loop (default: physical cores)")
     p.add_argument("--ctx", "-c", type=int, default=None,
                    help="context length in tokens (default: the model's max_position_embeddings)")
-    p.add_argument("--dtype", choices=("f32", "bf16", "gguf", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k_m",
-                                       "q5_k_m", "q6_k", "q4_k", "q5_k"), default=None,
+    from .formats.quants import MIXES
+    p.add_argument("--dtype", choices=("f32", "bf16", "gguf") + tuple(m for m in MIXES if m.startswith("q")),
+                   default=None,
                    help="weights in memory: a GGUF file's own types (gguf, the default for a .gguf), "
                         "dequantized to f32 (the default for a folder) or bf16, or quantized at load "
                         "under a llama.cpp mix (q8_0, q4_k_m, ...)")

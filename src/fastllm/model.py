@@ -19,13 +19,14 @@ from .errors import ModelFileError
 from .sampling import Sampler, SamplingParams, generation_defaults, read_generation_config
 from .session import Session
 from .textstream import TextStream
+from .formats.quants import MIXES
 from .weights import load_gguf_weights, load_weights
 
 # Weights as stored: f32 and bf16 for any model; "gguf" (the default for a
 # GGUF file) keeps every tensor of a GGUF file in its own type; a
 # quantization mix quantizes a folder's matrices at load, as llama-quantize
 # would (see formats.quants.plan).
-QUANT_MIXES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k_m", "q5_k_m", "q6_k", "q4_k", "q5_k")
+QUANT_MIXES = tuple(m for m in MIXES if m.startswith("q"))
 DTYPES = ("f32", "bf16", "gguf") + QUANT_MIXES
 # Activations of quantized matmuls: int8 blocks (as llama.cpp), or fp32
 # with the exact dequantized weights (slower: for checking the weights).
@@ -227,21 +228,21 @@ class Model:
         gguf = gguf_file(path)
         if dtype is None:
             dtype = "gguf" if gguf is not None else "f32"
-        if dtype == "gguf" and gguf is None:
+        native = dtype == "gguf"
+        if native and gguf is None:
             raise ValueError(f"dtype 'gguf' runs a GGUF file's own tensors, and {path} is a model folder")
-        folder = Path(gguf_metadata_dir(gguf) if dtype == "gguf" else resolve_model(path))
+        folder = Path(gguf_metadata_dir(gguf) if native else resolve_model(path))
         if not folder.is_dir():
             raise ModelFileError(folder, "not a model folder")
         config = ModelConfig.from_file(folder / "config.json")
         gen_config = read_generation_config(folder / "generation_config.json")
         threads = physical_cores() if threads is None else usable_threads(threads)
-        if dtype != "gguf":
+        if not native:
             check_sizes(config, folder)
         seq_len = context_size(config, n_ctx, kv_dtype, threads)
         if not _whole(max_batch) or not 1 <= max_batch <= 1 << 16:
             raise ValueError(f"max_batch must be a whole number from 1 to 65536, got {max_batch!r}")
 
-        native = dtype == "gguf"
         if native:
             arrays, types = load_gguf_weights(config, gguf)
             # Named by the type that holds most of the parameters.
