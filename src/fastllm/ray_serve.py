@@ -14,20 +14,7 @@ exist on every node, or be left out for the default model.
 """
 from __future__ import annotations
 
-# The settings `serve run fastllm.ray_serve:build key=value ...` takes, with
-# their types and defaults. Per replica: threads, parallel (slots), ctx
-# (tokens per slot), max_queue.
-SETTINGS = {
-    "model": (str, None),
-    "replicas": (int, 1),
-    "threads": (int, 1),
-    "parallel": (int, 4),
-    "ctx": (int, 2048),
-    "max_queue": (int, 64),
-    "dtype": (str, None),
-    "api_key": (str, None),
-    "model_name": (str, None),
-}
+import inspect
 
 
 def deployment(model: str | None = None, *, replicas: int = 1, threads: int = 1, parallel: int = 4,
@@ -61,19 +48,19 @@ def deployment(model: str | None = None, *, replicas: int = 1, threads: int = 1,
 
 def build(args: dict):
     """The application builder for Ray's CLI: `serve run
-    fastllm.ray_serve:build key=value ...` with the keys of SETTINGS."""
-    unknown = set(args) - set(SETTINGS)
+    fastllm.ray_serve:build key=value ...`, with deployment()'s arguments
+    as keys (values come as strings: numbers are read as int)."""
+    params = inspect.signature(deployment).parameters
+    unknown = set(args) - set(params)
     if unknown:
         raise ValueError(f"unknown setting(s) {', '.join(sorted(unknown))}; "
-                         f"fastllm.ray_serve takes {', '.join(SETTINGS)}")
+                         f"fastllm.ray_serve takes {', '.join(params)}")
     kw = {}
-    for key, (kind, default) in SETTINGS.items():
-        value = args.get(key, default)
-        if value is not None and not isinstance(value, kind):
+    for key, value in args.items():
+        if isinstance(params[key].default, int) and not isinstance(value, int):
             try:
-                value = kind(value)
+                value = int(value)
             except ValueError:
-                raise ValueError(f"{key}={value!r} is not a{'n' if kind is int else ''} "
-                                 f"{kind.__name__}") from None
+                raise ValueError(f"{key}={value!r} is not an int") from None
         kw[key] = value
-    return deployment(kw.pop("model"), **kw)
+    return deployment(**kw)
