@@ -42,13 +42,12 @@ def in_thread(fn, *args):
 
 def together(model, prompt, n: int, callers: int) -> float:
     """Aggregate tokens/s of `callers` threads decoding at once."""
-    rates = [0.0] * callers
     start = threading.Barrier(callers)
 
-    def run(i):
+    def run():
         start.wait()
-        rates[i] = decode(model, prompt, n)
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(callers)]
+        decode(model, prompt, n)
+    threads = [threading.Thread(target=run) for _ in range(callers)]
     t0 = time.perf_counter()
     for t in threads:
         t.start()
