@@ -298,7 +298,8 @@ class Model:
     def _use(self, session: Session | None):
         """session, else the default session, held until the block ends."""
         if session is not None:
-            yield session
+            with session.held():
+                yield session
             return
         # (a Ctrl-C inside the finally below can leave _holder set after
         # the lock is released: only a held lock counts)
