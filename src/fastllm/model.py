@@ -414,7 +414,8 @@ class Model:
 
     def stream(self, prompt: str, max_new_tokens: int | None = None, *, sampling: SamplingParams | None = None,
                stop=None, add_special_tokens: bool = True, session: Session | None = None,
-               constraint: Constraint | None = None, **overrides) -> Iterator[str]:
+               constraint: Constraint | None = None, response_format: dict | None = None,
+               **overrides) -> Iterator[str]:
         """Yield the continuation of prompt as text pieces, each a whole
         number of characters, as tokens are generated.
 
@@ -424,14 +425,31 @@ class Model:
         setting as it is) are applied on top, and checked here, at the call.
         max_new_tokens: else default_max_new_tokens(). session: where to
         run (see generate_tokens). constraint: constrained decoding (see
-        generate_tokens). stop: a string or a list of strings that
+        generate_tokens). response_format: OpenAI's {"type": "json_object"}
+        or {"type": "json_schema", "json_schema": {"name": ..., "schema":
+        {...}}}: the text is JSON (that follows the schema), by constrained
+        decoding (needs llguidance). stop: a string or a list of strings that
         end the text (not included); an empty one is refused. Afterwards
         last_stats.finish_reason says why generation ended; "context" (the
         context is full) also gives a ContextFullWarning."""
         params = self._sampling(sampling, overrides)
+        constraint = self._constraint(constraint, response_format)
         ids = self._encode(prompt, add_special_tokens)
         n = self.default_max_new_tokens(len(ids)) if max_new_tokens is None else max_new_tokens
         return self._stream_ids(ids, n, params, _stop_strings(stop), session, constraint)
+
+    def _constraint(self, constraint, response_format, prompt: str | None = None):
+        """constraint, or the one response_format asks for; prompt: the
+        rendered chat, whose template may have the reply reason first."""
+        if response_format is None:
+            return constraint
+        if constraint is not None:
+            raise ValueError("pass constraint or response_format, not both")
+        from .constrain import reply_grammar
+        from .toolcalls import reasoning_mode
+        reasoning = None if prompt is None else reasoning_mode(self.tokenizer.chat_template, prompt)
+        grammar = reply_grammar(self, response_format=response_format, reasoning=reasoning)
+        return None if grammar is None else grammar.start()
 
     def _sampling(self, sampling: SamplingParams | None, overrides: dict) -> SamplingParams:
         base = self.default_sampling if sampling is None else sampling
@@ -451,13 +469,17 @@ class Model:
 
     def chat(self, messages, max_new_tokens: int | None = None, stream: bool = False, *,
              sampling: SamplingParams | None = None, stop=None, template_kwargs: dict | None = None,
-             session: Session | None = None, constraint: Constraint | None = None, **overrides):
+             session: Session | None = None, constraint: Constraint | None = None,
+             response_format: dict | None = None, **overrides):
         """Render messages with the model's chat template (as transformers
         does) and generate the assistant's reply. Settings as for stream;
-        max_new_tokens falls back to 256."""
+        max_new_tokens falls back to 256. With response_format, a model
+        that reasons first (<think>...</think>) does so freely, then the
+        JSON follows."""
         params = self._sampling(sampling, overrides)
         text = self._need_tokenizer().apply_chat_template(messages, add_generation_prompt=True,
                                                           **(template_kwargs or {}))
+        constraint = self._constraint(constraint, response_format, text)
         ids = self._encode(text, False)
         n = self.default_max_new_tokens(len(ids), 256) if max_new_tokens is None else max_new_tokens
         pieces = self._stream_ids(ids, n, params, _stop_strings(stop), session, constraint)
