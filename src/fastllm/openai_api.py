@@ -13,7 +13,10 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import re
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from .sampling import SamplingParams
 
@@ -65,28 +68,19 @@ def _no_constant(name):
     raise ValueError(f"{name} is not JSON")   # NaN and Infinity, which Python's json accepts
 
 
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_OPEN = np.zeros(256, np.int8)
+_OPEN[[ord("["), ord("{")]] = 1
+_OPEN[[ord("]"), ord("}")]] = -1
+
+
 def _nesting(raw: bytes) -> int:
-    """The deepest nesting of brackets outside strings (an upper bound on
-    the JSON's own depth, counted without parsing)."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for byte in raw:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif byte == 0x5C:   # backslash
-                escaped = True
-            elif byte == 0x22:   # quote
-                in_string = False
-        elif byte == 0x22:
-            in_string = True
-        elif byte in (0x5B, 0x7B):
-            depth += 1
-            if depth > deepest:
-                deepest = depth
-        elif byte in (0x5D, 0x7D):
-            depth -= 1
-    return deepest
+    """The deepest nesting of brackets outside strings (the JSON's depth,
+    counted without parsing, at the speed of re and numpy)."""
+    if raw.count(b"[") + raw.count(b"{") == 0:
+        return 0
+    steps = _OPEN[np.frombuffer(_STRING.sub(b"", raw), np.uint8)]
+    return int(np.cumsum(steps, dtype=np.int64).max(initial=0))
 
 
 def _whole(v) -> bool:
