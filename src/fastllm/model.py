@@ -1,6 +1,7 @@
 """Model: a loaded checkpoint with its tokenizer, and text generation."""
 from __future__ import annotations
 
+import itertools
 import numbers
 import os
 import threading
@@ -181,6 +182,7 @@ class Model:
         # name, or the GGUF file's, not that of the cache folder its
         # tokenizer and config were read into.
         self.name = name or path.name
+        self.file = path   # what was loaded: the folder, or the GGUF file (from_pretrained)
         self.dtype = dtype
         self.kv_dtype = weights.kv_dtype
         self.eos_token_ids = eos_token_ids
@@ -257,8 +259,10 @@ class Model:
         if (folder / "tokenizer.json").exists():
             from .tokenizer import Tokenizer
             tokenizer = Tokenizer.from_pretrained(folder)
-        return cls(weights, config, tokenizer, folder, dtype, _eos_ids(gen_config, config, tokenizer),
-                   gen_config, max_batch, name=Path(gguf).stem if native else None)
+        model = cls(weights, config, tokenizer, folder, dtype, _eos_ids(gen_config, config, tokenizer),
+                    gen_config, max_batch, name=Path(gguf).stem if native else None)
+        model.file = Path(gguf) if gguf is not None else folder
+        return model
 
     # ------------------------------------------------------------ settings
 
@@ -406,8 +410,7 @@ class Model:
         for i, out in zip(ids, outs):
             limit = self.default_max_new_tokens(len(i)) if max_new_tokens is None else n
             text = TextStream(tok, stops)
-            pieces = [text.add(t) for t in out[:limit]] + [text.flush()]
-            texts.append("".join(pieces))
+            texts.append("".join(text.feed(t) for t in out[:limit] + [None]))
         return texts
 
     # ---------------------------------------------------------------- text
@@ -506,19 +509,15 @@ class Model:
         text = TextStream(self.tokenizer, stops)
         tokens = self.generate_tokens(ids, max_new_tokens, sampling, session=session, constraint=constraint)
         try:
-            for token in tokens:
-                piece = text.add(token)
+            for token in itertools.chain(tokens, [None]):
+                piece = text.feed(token)
                 if piece:
                     yield piece
-                if text.stopped:
-                    self.last_stats.finish_reason = "stop"
-                    return
-            piece = text.flush()
+                if text.ended:
+                    break
             if text.stopped:
                 self.last_stats.finish_reason = "stop"
-            if piece:
-                yield piece
-            if self.last_stats.finish_reason == "context":
+            elif self.last_stats.finish_reason == "context":
                 warnings.warn(f"the context is full ({self.n_ctx} tokens): generation stopped early; "
                               "load the model with a larger n_ctx", ContextFullWarning, stacklevel=3)
         finally:
