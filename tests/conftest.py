@@ -70,6 +70,23 @@ def tiny_model_dir(tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="session")
+def tiny_qwen(request, tmp_path_factory):
+    """tiny_qwen(kind) -> a Model: tiny and random, with the Qwen3 ("qwen3")
+    or Qwen3.5 ("qwen3.5") vocabulary and chat template (made once)."""
+    from fastllm import Model
+    from oracles.tiny_chat_models import make_tiny_chat_model
+    cache = request.config.cache.mkdir("fastllm_qwen_tokenizers")
+    made = {}
+
+    def get(kind):
+        if kind not in made:
+            folder = make_tiny_chat_model(kind, tmp_path_factory.mktemp(kind.replace(".", "_")), cache)
+            made[kind] = Model.from_pretrained(folder, n_ctx=512, threads=2)
+        return made[kind]
+    return get
+
+
 @pytest.fixture
 def simd_path():
     """simd_path(name) runs the rest of the test on that SIMD path, skipping

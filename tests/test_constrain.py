@@ -160,21 +160,6 @@ def test_llama3_json_calls_and_the_grammar_agree(model):
     assert not follows(grammar, model, '{"name": "get_time", "parameters": {}}')[1]
 
 
-@pytest.fixture(scope="module")
-def tiny_qwen(request, tmp_path_factory):
-    """tiny_qwen(kind): a tiny random model with the Qwen3 or Qwen3.5 vocabulary and chat template."""
-    from oracles.tiny_chat_models import make_tiny_chat_model
-    cache = request.config.cache.mkdir("fastllm_qwen_tokenizers")
-    made = {}
-
-    def get(kind):
-        if kind not in made:
-            folder = make_tiny_chat_model(kind, tmp_path_factory.mktemp(kind.replace(".", "_")), cache)
-            made[kind] = Model.from_pretrained(folder, n_ctx=512, threads=2)
-        return made[kind]
-    return get
-
-
 @pytest.mark.slow
 def test_qwen_token_bytes_add_up_to_the_text(tiny_qwen):
     tok = tiny_qwen("qwen3").tokenizer

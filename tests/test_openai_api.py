@@ -27,6 +27,7 @@ class FakeModel:
 
         class Recording:
             max_chars_per_token = real.max_chars_per_token
+            chat_template = real.chat_template
 
             def apply_chat_template(self, messages, **kw):
                 model.template_calls.append((messages, kw))

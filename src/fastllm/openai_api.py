@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import toolcalls
+from .constrain import reply_grammar, response_format_schema
 from .sampling import SamplingParams
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -135,6 +137,9 @@ class Generation:
     include_usage: bool = False
     constraints: list | None = None   # one per choice, for constrained decoding
     extra: dict = field(default_factory=dict)
+    # How a chat reply is read (toolcalls.ReplyStream's options: reasoning,
+    # tools and their format); None: the text as it is.
+    reply: dict | None = None
 
 
 def parse_request(body: dict, chat: bool, model, max_choices: int = MAX_CHOICES) -> Generation:
@@ -151,13 +156,24 @@ def parse_request(body: dict, chat: bool, model, max_choices: int = MAX_CHOICES)
     options = field_of(body, "stream_options", dict, {})
     include_usage = field_of(options, "include_usage", bool, False) if stream else False
     stop_ids = set() if field_of(body, "ignore_eos", bool, False) else None
+    response_format = body.get("response_format")
+    try:
+        response_format_schema(response_format)
+    except ValueError as e:
+        raise APIError(400, str(e), param="response_format") from None
+    reply = None
     if chat:
         limit = field_of(body, "max_completion_tokens", int, None, 1)
         limit = field_of(body, "max_tokens", int, None, 1) if limit is None else limit
         want = field_of(body, "logprobs", bool, False)
         top = field_of(body, "top_logprobs", int, 0, 0, MAX_TOP_LOGPROBS)
         top_logprobs = top if want else None
-        ids = chat_prompt_ids(body, model)
+        tools, choice = tools_of(body)
+        parallel = field_of(body, "parallel_tool_calls", bool, True)
+        ids, prompt = chat_prompt(body, model, tools if choice != "none" else None)
+        reply = reply_options(model, prompt, tools, choice)
+        grammar = grammar_of(model, response_format=response_format, tools=tools, tool_choice=choice,
+                             fmt=reply["fmt"], parallel=parallel, reasoning=reply["reasoning"])
     else:
         limit = field_of(body, "max_tokens", int, None, 1)
         top_logprobs = field_of(body, "logprobs", int, None, 0, 5)
@@ -166,11 +182,13 @@ def parse_request(body: dict, chat: bool, model, max_choices: int = MAX_CHOICES)
         if field_of(body, "suffix", str, None):
             raise APIError(400, "'suffix' is not supported", param="suffix")
         ids = completion_prompt_ids(body, model)
+        grammar = grammar_of(model, response_format=response_format)
     room = model.n_ctx - len(ids)
     if limit is None:
         limit = model.default_max_new_tokens(len(ids), room if chat else 16)
+    constraints = None if grammar is None else [grammar.start() for _ in samplings]
     return Generation(chat, ids, max(1, min(limit, room)), samplings, stops, stop_ids, top_logprobs,
-                      stream, include_usage)
+                      stream, include_usage, constraints, reply=reply)
 
 
 def sampling_of(body: dict, model, max_choices: int = MAX_CHOICES) -> list:
@@ -273,21 +291,57 @@ def fit_context(n: int, model, param: str):
                        param=param, code="context_length_exceeded")
 
 
-def chat_prompt_ids(body: dict, model) -> list:
+def chat_prompt(body: dict, model, tools: dict | None = None) -> tuple:
+    """(ids, text) of the chat prompt, tools (check_tools's) described to
+    the model: by its template, or else in the system turn."""
     messages = [message_of(m, i) for i, m in enumerate(_messages(body))]
-    tools = field_of(body, "tools", list, None)
     kwargs = field_of(body, "chat_template_kwargs", dict, {})
     clash = [k for k in kwargs if k in _TEMPLATE_ARGUMENTS]
     if clash:
         raise APIError(400, f"'chat_template_kwargs' may not set {clash[0]!r}",
                        param="chat_template_kwargs")
+    tool_list = None if tools is None else body["tools"]
+    messages, tool_list = toolcalls.messages_for_template(messages, tool_list, model.tokenizer.chat_template)
     try:
         prompt = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                     tools=tools, **kwargs)
+                                                     tools=tool_list, **kwargs)
     except Exception as e:   # the model's own template refuses these messages
         raise APIError(400, f"the chat template cannot render these messages: {e}",
                        param="messages") from None
-    return encode(model, prompt, False, "messages")
+    return encode(model, prompt, False, "messages"), prompt
+
+
+def tools_of(body: dict) -> tuple:
+    """(tools as {name: parameters schema} or None, tool_choice: None,
+    "none", "auto", "required" or a function's name), checked."""
+    tools = body.get("tools")
+    try:
+        checked = None if tools is None else toolcalls.check_tools(tools)
+    except ValueError as e:
+        raise APIError(400, str(e), param="tools") from None
+    try:
+        return checked, toolcalls.check_tool_choice(body.get("tool_choice"), checked)
+    except ValueError as e:
+        raise APIError(400, str(e), param="tool_choice") from None
+
+
+def reply_options(model, prompt: str, tools: dict | None, choice: str | None) -> dict:
+    """How the reply to prompt is read (toolcalls.ReplyStream's options)."""
+    template = model.tokenizer.chat_template
+    return {"reasoning": toolcalls.reasoning_mode(template, prompt),
+            "tools": list(tools) if tools and choice != "none" else None,
+            "fmt": toolcalls.tool_format(template)}
+
+
+def grammar_of(model, **options):
+    """constrain.reply_grammar's Grammar (or None), its refusals as 400s."""
+    try:
+        return reply_grammar(model, **options)
+    except ImportError as e:
+        raise APIError(501, str(e), type="server_error", param="response_format") from None
+    except ValueError as e:
+        param = "tools" if str(e).startswith("tools") else "response_format"
+        raise APIError(400, str(e), param=param) from None
 
 
 def _messages(body: dict) -> list:
@@ -412,9 +466,50 @@ def choice(g: Generation, index: int, text: str, reason: str, logprobs) -> dict:
     """One choice of a whole (not streamed) response."""
     out = {"index": index, "finish_reason": reason, "logprobs": logprobs}
     if g.chat:
-        out["message"] = {"role": "assistant", "content": text}
+        out["message"], out["finish_reason"] = chat_message(g, text, reason)
     else:
         out["text"] = text
+    return out
+
+
+def chat_message(g: Generation, text: str, reason: str) -> tuple:
+    """(the assistant's message, finish reason) of a chat reply's text: its
+    reasoning_content and tool_calls apart from its content."""
+    if g.reply is None:
+        return {"role": "assistant", "content": text}, reason
+    reply = toolcalls.parse_reply(text, **g.reply)
+    message = {"role": "assistant", "content": reply.content if reply.content or not reply.tool_calls else None}
+    if reply.reasoning is not None:
+        message["reasoning_content"] = reply.reasoning
+    if reply.tool_calls:
+        message["tool_calls"] = reply.tool_calls
+    return message, finish_with_calls(reason, bool(reply.tool_calls))
+
+
+def finish_with_calls(reason: str, called: bool) -> str:
+    """OpenAI's "tool_calls" for a reply that ended calling tools."""
+    return "tool_calls" if called and reason == "stop" else reason
+
+
+def reply_stream(g: Generation):
+    """A choice's toolcalls.ReplyStream, or None where the text goes out as it is."""
+    return toolcalls.ReplyStream(**g.reply) if g.chat and g.reply is not None else None
+
+
+def delta_choices(g: Generation, index: int, deltas, logprobs=None) -> list:
+    """Stream chunk choices of a ReplyStream's deltas (the logprobs of the
+    tokens they came from on the first; an empty content delta carries
+    them where the text is held back)."""
+    out = []
+    for d in deltas:
+        if d.kind == "tool_call":
+            delta = {"tool_calls": [{"index": d.index, **d.call}]}
+        else:
+            delta = {"reasoning_content" if d.kind == "reasoning" else "content": d.text}
+        out.append({"index": index, "logprobs": None if out else logprobs, "finish_reason": None,
+                    "delta": delta})
+    if not out and logprobs is not None:
+        out.append({"index": index, "logprobs": logprobs, "finish_reason": None, "delta": {"content": ""}})
     return out
 
 

@@ -249,22 +249,32 @@ class Completions:
         rid, created, name = _id(g), int(time.time()), self.model_name
         tokenizer = self.model.tokenizer
         offsets = [0] * len(requests)
+        readers = [api.reply_stream(g) for _ in requests]   # tool calls and reasoning, per choice
         state = {"timed_out": False}
         try:
             if g.chat:
                 yield api.chunk(g, rid, created, name,
                                 [api.chunk_choice(g, i, role=True) for i in range(len(requests))])
             async for index, piece, extra in self.run(g, requests, http_request, state):
+                reader = readers[index]
                 if piece is None:
                     if extra is not None:
                         yield api.error_event(engine_error(extra))
                         continue
-                    last = api.chunk_choice(g, index, reason=self.finish(requests[index], state["timed_out"]))
-                    yield api.chunk(g, rid, created, name, [last])
+                    reason = self.finish(requests[index], state["timed_out"])
+                    if reader is not None:
+                        for c in api.delta_choices(g, index, reader.close()):
+                            yield api.chunk(g, rid, created, name, [c])
+                        reason = api.finish_with_calls(reason, reader.called)
+                    yield api.chunk(g, rid, created, name, [api.chunk_choice(g, index, reason=reason)])
                     continue
                 logprobs = api.logprobs_of(g, tokenizer, extra, offsets[index]) if extra else None
                 offsets[index] += len(piece)
-                yield api.chunk(g, rid, created, name, [api.chunk_choice(g, index, piece, logprobs=logprobs)])
+                if reader is None:
+                    yield api.chunk(g, rid, created, name, [api.chunk_choice(g, index, piece, logprobs=logprobs)])
+                    continue
+                for c in api.delta_choices(g, index, reader.feed(piece), logprobs):
+                    yield api.chunk(g, rid, created, name, [c])
             if g.include_usage:
                 yield api.chunk(g, rid, created, name, [],
                                 usage=api.usage(len(g.prompt_ids), sum(r.generated for r in requests)))

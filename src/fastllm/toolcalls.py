@@ -243,6 +243,11 @@ class ReplyStream:
         self._whole = fmt.begin == ""   # the whole reply may be one call (Llama 3)
         self._maybe_whole = None        # with _whole: None (undecided), True, False
 
+    @property
+    def called(self) -> bool:
+        """Whether a tool call has been given out."""
+        return self._calls > 0
+
     # -- reasoning ---------------------------------------------------------
 
     def feed(self, piece: str) -> list:
