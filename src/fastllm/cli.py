@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 from pathlib import Path
 
@@ -89,6 +90,25 @@ def _sampling_args(p: argparse.ArgumentParser, steps: int):
                    help="print token counts, tokens/s and why generation stopped to stderr")
 
 
+def _json_schema_arg(p: argparse.ArgumentParser):
+    p.add_argument("--json-schema", default=None, metavar="FILE",
+                   help="reply with JSON that follows the JSON Schema in FILE (constrained decoding; "
+                        "needs fastllm-engine[structured])")
+
+
+def _response_format(path) -> dict | None:
+    """--json-schema FILE as Model.chat/stream's response_format."""
+    if path is None:
+        return None
+    from .constrain import llguidance
+    try:
+        llguidance()
+        schema = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (ImportError, OSError, ValueError) as e:
+        raise ValueError(f"--json-schema {path}: {e}") from None
+    return {"type": "json_schema", "json_schema": {"name": Path(path).stem, "schema": schema}}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fastllm", description="CPU LLM inference. With no command: an interactive REPL.")
@@ -102,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(p)
     _sampling_args(p, STEPS["run"])
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    _json_schema_arg(p)
     p.add_argument("prompt", nargs="?", help="prompt text ('-' reads stdin; none opens the REPL)")
 
     p = sub.add_parser("repl", help="interactive prompt (the default command)")
@@ -114,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(p)
     _sampling_args(p, STEPS["chat"])
     p.add_argument("--system", default=None, help="system message")
+    _json_schema_arg(p)
 
     p = sub.add_parser("convert", help="convert a GGUF file into a HF model folder, or a HF model "
                                        "folder into a GGUF file (the input decides)")
@@ -229,6 +251,7 @@ class Settings:
             if getattr(args, key, None) is not None:
                 self.set(key, getattr(args, key))
         self.stop = list(getattr(args, "stop", None) or [])
+        self.response_format = _response_format(getattr(args, "json_schema", None))
 
     def set(self, key, value):
         """Change one setting; a bad value raises ValueError and changes nothing."""
@@ -253,7 +276,8 @@ class Settings:
 
     def kwargs(self) -> dict:
         """Keywords for Model.stream/chat."""
-        return dict(max_new_tokens=self.max_new_tokens, sampling=self.params, stop=list(self.stop) or None)
+        return dict(max_new_tokens=self.max_new_tokens, sampling=self.params, stop=list(self.stop) or None,
+                    response_format=self.response_format)
 
 
 def _context_notice(model, repl: bool):
