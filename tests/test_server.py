@@ -202,6 +202,9 @@ def test_bad_fields_are_refused_before_they_take_a_slot(model):
             status, body = post(url, "/v1/chat/completions", {"messages": messages(0), **bad})
             openai_error(status, body, 400)
             assert engine.active == 0 and engine.queue_depth == 0, bad
+        # an error that quotes a lone surrogate of the client's still renders
+        status, body = post(url, "/v1/chat/completions", b'{"messages": [{"role": "\\ud800", "content": "x"}]}')
+        assert "role" in openai_error(status, body, 400)["message"]
         status, body = post(url, "/v1/chat/completions",
                             b'{"messages": [], "repetition_penalty": Infinity}')
         assert "not valid JSON" in openai_error(status, body, 400)["message"]
