@@ -410,3 +410,21 @@ def test_serve_passes_its_limits_to_uvicorn_and_says_what_it_serves(model, monke
     assert any(t in line for t in model.weight_types)
     with pytest.raises(ValueError, match="max_body must be positive"):
         ServeOptions(max_body=0)
+
+
+def test_concurrent_clients_on_the_q4_1_file_with_int8_activations_get_their_reply_alone(fastllm_home):
+    """Batch invariance on the path `fastllm serve` runs by default: the
+    default model's own GGUF (Q4_1) with int8 activations, greedy and seeded."""
+    from fastllm.hub import default_gguf_path
+    q4 = Model.from_pretrained(str(default_gguf_path()), n_ctx=512, threads=2)
+    assert q4.activations == "int8" and "q4_1" in q4.weight_types
+    settings = [dict(temperature=0), dict(temperature=0.9, top_p=0.95, seed=7)]
+    want = [[q4.chat(messages(i), 12, sampling=SamplingParams(**s)) for i in range(8)] for s in settings]
+    with running(q4, parallel=8) as (url, _):
+        for s, expected in zip(settings, want):
+            def ask(i):
+                r = client(url).chat.completions.create(model="smollm2", messages=messages(i), max_tokens=12,
+                                                        **s)
+                return r.choices[0].message.content
+            with ThreadPoolExecutor(8) as pool:
+                assert list(pool.map(ask, range(8))) == expected
