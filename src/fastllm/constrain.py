@@ -84,12 +84,14 @@ class _Vocabulary:
         special = set(self.special_token_ids)
         self.tokens = [SPECIAL + token_bytes(tokenizer, i) if i in special else token_bytes(tokenizer, i)
                        for i in range(vocab_size)]
-        self._tokenizer = tokenizer
+        # weakly: llguidance's tokenizer, cached for the tokenizer's life,
+        # keeps this object and must not keep the tokenizer alive
+        self._tokenizer = weakref.ref(tokenizer)
 
     def __call__(self, text):
         if isinstance(text, bytes):
             text = text.decode("utf-8", "replace")
-        return self._tokenizer.encode(text, add_special_tokens=False)
+        return self._tokenizer().encode(text, add_special_tokens=False)
 
 
 _tokenizers = weakref.WeakKeyDictionary()   # fastllm tokenizer -> {(vocab size, eos ids): LLTokenizer}

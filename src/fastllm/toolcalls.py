@@ -239,7 +239,6 @@ class ReplyStream:
         self._calls = 0
         self._in_call = False
         self._space = ""           # whitespace content, given out once more content follows
-        self._content_started = False
         self._whole = fmt.begin == ""   # the whole reply may be one call (Llama 3)
         self._maybe_whole = None        # with _whole: None (undecided), True, False
 
@@ -248,14 +247,16 @@ class ReplyStream:
         """Whether a tool call has been given out."""
         return self._calls > 0
 
-    # -- reasoning ---------------------------------------------------------
-
     def feed(self, piece: str) -> list:
+        """The Deltas that piece (the reply's next text) completes."""
         self._held += piece
         return self._run(final=False)
 
     def close(self) -> list:
+        """The Deltas of what is held back, at the end of the reply."""
         return self._run(final=True)
+
+    # -- reasoning ---------------------------------------------------------
 
     def _run(self, final: bool) -> list:
         out = []
@@ -308,19 +309,15 @@ class ReplyStream:
                 end = self._held.find(fmt.end)
                 if end < 0 and not final:
                     return out
-                body = self._held[:end] if end >= 0 else self._held
-                rest = self._held[end + len(fmt.end):] if end >= 0 else ""
-                raw = fmt.begin + self._held[:end + len(fmt.end)] if end >= 0 else fmt.begin + self._held
-                self._in_call, self._held = False, rest
+                end = len(self._held) if end < 0 else end   # a call the reply ended before closing
+                body, closing = self._held[:end], self._held[end:end + len(fmt.end)]
+                self._in_call, self._held = False, self._held[end + len(closing):]
                 call = self._read_call(body)
                 if call is not None:
                     self._space = ""
                     out.append(self._call_delta(call))
                 else:
-                    out += self._text(raw)
-                if not rest and final:
-                    out += self._end_text()
-                    return out
+                    out += self._text(fmt.begin + body + closing)
                 continue
             start = self._held.find(fmt.begin)
             if start >= 0:
