@@ -231,3 +231,29 @@ def test_text_that_is_not_unicode_is_the_callers_fault(model):
     assert "lone surrogate" in str(e)
     e = refused({"messages": [{"role": "user", "content": "hi \udfff"}]}, model, param="messages")
     assert "lone surrogate" in str(e)
+
+
+def test_chat_replies_shaped_with_tool_calls_and_reasoning():
+    from fastllm.toolcalls import QWEN
+    g = api.Generation(True, [1], 5, [None], [], None, None,
+                       reply={"reasoning": "open", "tools": ["now"], "fmt": QWEN})
+    text = 'Time matters.\n</think>\n\n<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>'
+    c = api.choice(g, 0, text, "stop", None)
+    assert c["finish_reason"] == "tool_calls"
+    message = c["message"]
+    assert message["content"] is None and message["reasoning_content"] == "Time matters.\n"
+    assert [(t["type"], t["function"]) for t in message["tool_calls"]] == [
+        ("function", {"name": "now", "arguments": "{}"})]
+    # cut short by max_tokens: "length" stays, text without calls stays content
+    assert api.choice(g, 0, "Hm.</think>Hello", "length", None)["message"] == {
+        "role": "assistant", "content": "Hello", "reasoning_content": "Hm."}
+    assert api.finish_with_calls("length", True) == "length"
+    # streamed: one chunk choice per delta, the logprobs on the first
+    stream = api.reply_stream(g)
+    chunks = api.delta_choices(g, 2, stream.feed(text), logprobs={"content": []})
+    assert [c["delta"].keys() for c in chunks] == [{"reasoning_content"}, {"tool_calls"}]
+    assert chunks[0]["logprobs"] == {"content": []} and chunks[1]["logprobs"] is None
+    assert chunks[1]["delta"]["tool_calls"][0]["index"] == 0 and stream.called
+    # text held back still carries its logprobs
+    assert api.delta_choices(g, 0, [], logprobs={"content": []})[0]["delta"] == {"content": ""}
+    assert api.reply_stream(api.Generation(False, [1], 5, [None], [], None, None)) is None
