@@ -208,6 +208,8 @@ def test_bad_fields_are_refused_before_they_take_a_slot(model):
         status, body = post(url, "/v1/chat/completions",
                             b'{"messages": [], "repetition_penalty": Infinity}')
         assert "not valid JSON" in openai_error(status, body, 400)["message"]
+        status, body = post(url, "/v1/chat/completions", {"messages": messages(0), "n": 2})
+        assert "at most 1 on this server" in openai_error(status, body, 400)["message"]
         # the one slot is free for a good request
         r = client(url).chat.completions.create(model="smollm2", messages=messages(0), max_tokens=2)
         assert r.choices[0].finish_reason == "length"

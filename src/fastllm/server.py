@@ -150,6 +150,9 @@ class Completions:
 
     def submit(self, g: api.Generation) -> list:
         from .serving import QueueFull
+        if len(g.samplings) > self.engine.max_queue:
+            raise APIError(400, f"'n' must be at most {self.engine.max_queue} on this server "
+                                "(its --max-queue)", param="n")
         try:
             requests = self.engine.submit_many(g.prompt_ids, g.max_tokens, g.samplings, g.stop_ids,
                                                g.top_logprobs, g.constraints)
