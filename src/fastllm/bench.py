@@ -98,7 +98,8 @@ def cmd_bench(args) -> int:
         raise ValueError("repetitions must be at least 1")
     rows = []
     if not args.json:
-        print(f"| model | dtype | threads | test | t/s (mean ± sd) | median |   [SIMD: {simd_path()}]")
+        print(f"SIMD: {simd_path()}\n")   # above the table, which stays plain markdown
+        print("| model | dtype | threads | test | t/s (mean ± sd) | median |")
         print("|---|---|---|---|---|---|")
     for r in run_bench(args.model, args.n_prompt, args.n_gen, threads, args.repetitions, dtypes,
                        args.kv_dtype):

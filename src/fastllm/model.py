@@ -64,8 +64,8 @@ def usable_threads(n) -> int:
         raise ValueError(f"threads must be a whole number >= 1, got {n!r}")
     cpus = available_cpus()
     if n > cpus:
-        warnings.warn(f"threads={n}: this process may use {cpus} CPUs, so {cpus} threads are used",
-                      ResourceLimitWarning, stacklevel=3)
+        warnings.warn(f"{n} threads asked for, but this process may use {cpus} CPUs: "
+                      f"{cpus} threads are used", ResourceLimitWarning, stacklevel=3)
         return cpus
     return int(n)
 
