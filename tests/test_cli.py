@@ -588,3 +588,29 @@ def test_bench_prints_a_plain_markdown_table(tiny_dir, capsys):
     assert lines[:4] == [f"SIMD: {simd_path()}", "", "| model | dtype | threads | test | t/s (mean ± sd) | median |",
                          "|---|---|---|---|---|---|"]
     assert len(lines) == 6 and all(line.startswith("| tiny | f32 | 1 | ") for line in lines[4:])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "-n", "-5", "hi"], "argument --max-tokens/-n/--steps: must be at least 1, got -5"),
+    (["run", "--ctx", "0", "hi"], "argument --ctx/-c: must be at least 1, got 0"),
+    (["run", "-t", "-5", "hi"], "argument --threads/-t: must be at least 1, got -5"),
+    (["run", "--top-k", "-5", "hi"], "argument --top-k: must be at least 0, got -5"),
+    (["run", "--seed", "-5", "hi"], "argument --seed: must be at least 0, got -5"),
+    (["run", "--repeat-last-n", "-5", "hi"], "argument --repeat-last-n: must be at least -1, got -5"),
+    (["run", "--ctx", "2k", "hi"], "argument --ctx/-c: expected a whole number, got '2k'"),
+    (["bench", "-p", "-5"], "argument -p/--n-prompt: must be at least 0, got -5"),
+    (["bench", "-t", "1,-5"], "argument -t/--threads: must be at least 1, got -5"),
+    (["bench", "-r", "0"], "argument -r/--repetitions: must be at least 1, got 0"),
+    (["perplexity", "--chunks", "-5"], "argument --chunks: must be at least 1, got -5"),
+])
+def test_bad_numbers_are_refused_naming_the_flag(capsys, argv, message):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"fastllm {argv[0]}: error: {message}"
+
+
+def test_a_negative_seed_is_refused_at_the_call():
+    # numpy's generators take none: refused with the other settings, not at the first draw
+    with pytest.raises(ValueError, match="seed must be a whole number >= 0 or None, got -5"):
+        SamplingParams(seed=-5)

@@ -41,12 +41,26 @@ _SETTINGS = ("max_new_tokens",) + _SAMPLING_KEYS
 _GEN_SOURCE = "generation_config.json"
 
 
+def whole_number(minimum: int):
+    """An argparse type: a whole number >= minimum. A bad value is refused
+    naming the flag, before anything is loaded."""
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+    return parse
+
+
 def _model_args(p: argparse.ArgumentParser):
     p.add_argument("--model", "-m", default=None,
                    help="HF model folder or .gguf file (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--threads", "-t", type=int, default=None,
+    p.add_argument("--threads", "-t", type=whole_number(1), default=None,
                    help="threads for the run loop (default: physical cores)")
-    p.add_argument("--ctx", "-c", type=int, default=None,
+    p.add_argument("--ctx", "-c", type=whole_number(1), default=None,
                    help="context length in tokens (default: the model's max_position_embeddings)")
     from .formats.quants import MIXES
     p.add_argument("--dtype", choices=("f32", "bf16", "gguf") + tuple(m for m in MIXES if m.startswith("q")),
@@ -65,14 +79,14 @@ def _sampling_args(p: argparse.ArgumentParser):
     # Defaults are None so that a value the user did not give can come from
     # the model's generation_config.json before fastllm's own default.
     gen = "default: the model's generation_config.json, else"
-    p.add_argument("--max-tokens", "-n", "--steps", dest="max_new_tokens", type=int, default=None,
-                   metavar="N", help=f"most tokens to generate ({gen} {DEFAULT_MAX_TOKENS['chat']} for a "
+    p.add_argument("--max-tokens", "-n", "--steps", dest="max_new_tokens", type=whole_number(1),
+                   default=None, metavar="N", help=f"most tokens to generate ({gen} {DEFAULT_MAX_TOKENS['chat']} for a "
                                      f"chat reply, {DEFAULT_MAX_TOKENS['continuation']} for a continuation)")
     p.add_argument("--temp", "--temperature", dest="temperature", type=float, default=None,
                    metavar="T", help=f"sampling temperature; 0 is greedy ({gen} 0)")
     p.add_argument("--top-p", type=float, default=None, metavar="P",
                    help=f"nucleus sampling: keep the most likely tokens up to mass P; 1 is off ({gen} 1)")
-    p.add_argument("--top-k", type=int, default=None, metavar="K",
+    p.add_argument("--top-k", type=whole_number(0), default=None, metavar="K",
                    help=f"keep only the K most likely tokens; 0 is off ({gen} 0)")
     p.add_argument("--min-p", type=float, default=None, metavar="P",
                    help=f"drop tokens less likely than P times the most likely one; 0 is off ({gen} 0)")
@@ -80,10 +94,10 @@ def _sampling_args(p: argparse.ArgumentParser):
                    default=None, metavar="X",
                    help="penalise tokens already in the prompt or reply (positive logits divided by X, "
                         f"negative ones multiplied); 1 is off ({gen} 1)")
-    p.add_argument("--repeat-last-n", dest="repeat_last_n", type=int, default=None, metavar="N",
+    p.add_argument("--repeat-last-n", dest="repeat_last_n", type=whole_number(-1), default=None, metavar="N",
                    help="tokens the repetition penalty looks back on; -1 is all of them, 0 none "
                         "(default: -1)")
-    p.add_argument("--seed", type=int, default=None,
+    p.add_argument("--seed", type=whole_number(0), default=None,
                    help="seed for sampling, for reproducible runs (default: random)")
     p.add_argument("--stop", action="append", default=None, metavar="STR",
                    help="also stop generating at STR (repeatable)")
@@ -158,13 +172,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="UTF-8 text file (default: the Lee corpus of English news stories in gensim)")
     p.add_argument("--model", "-m", default=None,
                    help="HF model folder or .gguf file (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--ctx", "-c", type=int, default=512,
+    p.add_argument("--ctx", "-c", type=whole_number(1), default=512,
                    help="tokens per chunk; the second half of each is scored (default: 512)")
-    p.add_argument("--chunks", type=int, default=None, help="score only the first N chunks (default: all)")
+    p.add_argument("--chunks", type=whole_number(1), default=None, help="score only the first N chunks (default: all)")
     p.add_argument("--kl-divergence-base", default=None, metavar="BASE",
                    help="a second model (folder or .gguf, e.g. the f32 model) to compare the "
                         "next-token distributions with: KL divergence, top-1 agreement, PPL of both")
-    p.add_argument("--threads", "-t", type=int, default=None,
+    p.add_argument("--threads", "-t", type=whole_number(1), default=None,
                    help="threads for the run loop (default: physical cores)")
 
     from .bench import add_bench_parser

@@ -44,7 +44,8 @@ _CHECKS = {
     "repetition_penalty": (lambda v: _number(v) and v > 0, "a number > 0"),
     "repeat_last_n": (lambda v: _whole(v) and v >= -1,
                       "-1 (all tokens), 0 (none) or a positive count"),
-    "seed": (lambda v: v is None or _whole(v), "a whole number or None"),
+    # numpy's generators take no negative seed
+    "seed": (lambda v: v is None or (_whole(v) and v >= 0), "a whole number >= 0 or None"),
 }
 
 
