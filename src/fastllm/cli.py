@@ -80,8 +80,9 @@ def _sampling_args(p: argparse.ArgumentParser):
     # the model's generation_config.json before fastllm's own default.
     gen = "default: the model's generation_config.json, else"
     p.add_argument("--max-tokens", "-n", "--steps", dest="max_new_tokens", type=whole_number(1),
-                   default=None, metavar="N", help=f"most tokens to generate ({gen} {DEFAULT_MAX_TOKENS['chat']} for a "
-                                     f"chat reply, {DEFAULT_MAX_TOKENS['continuation']} for a continuation)")
+                   default=None, metavar="N",
+                   help=f"most tokens to generate ({gen} {DEFAULT_MAX_TOKENS['chat']} for a chat reply, "
+                        f"{DEFAULT_MAX_TOKENS['continuation']} for a continuation)")
     p.add_argument("--temp", "--temperature", dest="temperature", type=float, default=None,
                    metavar="T", help=f"sampling temperature; 0 is greedy ({gen} 0)")
     p.add_argument("--top-p", type=float, default=None, metavar="P",
@@ -174,7 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="HF model folder or .gguf file (default: SmolLM2-135M-Instruct)")
     p.add_argument("--ctx", "-c", type=whole_number(1), default=512,
                    help="tokens per chunk; the second half of each is scored (default: 512)")
-    p.add_argument("--chunks", type=whole_number(1), default=None, help="score only the first N chunks (default: all)")
+    p.add_argument("--chunks", type=whole_number(1), default=None,
+                   help="score only the first N chunks (default: all)")
     p.add_argument("--kl-divergence-base", default=None, metavar="BASE",
                    help="a second model (folder or .gguf, e.g. the f32 model) to compare the "
                         "next-token distributions with: KL divergence, top-1 agreement, PPL of both")
