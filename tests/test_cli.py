@@ -99,8 +99,6 @@ def test_every_option_of_every_command_has_help():
 
 def test_cli_defaults():
     p = cli.build_parser()
-    assert cli.CLI_SAMPLING == SamplingParams(repetition_penalty=1.1, repeat_last_n=64)
-    assert cli.STEPS["run"] == 128
     args = p.parse_args(["run", "hi"])
     # unset flags stay None so generation_config.json can fill them
     assert args.max_new_tokens is None and args.repetition_penalty is None and args.temperature is None
@@ -204,8 +202,8 @@ def test_show_prints_every_setting(tiny, tiny_dir, capsys):
     err = out.err
     for text in (str(tiny_dir), "threads", "128 tokens", "f32", "plain continuation", "'Be terse.'",
                  "min_p (/minp)             0.1 (set)", "top_k (/topk)             3 (set)",
-                 "temperature (/temp)       0.0 (default)", "repeat penalty (/repeat)  1.1 (default)",
-                 "repeat last n (/lastn)    64 (default)", "max tokens (/steps)       128 (default)",
+                 "temperature (/temp)       0.0 (default)", "repeat penalty (/repeat)  1.0 (default)",
+                 "repeat last n (/lastn)    -1 (default)", "max tokens (/steps)       128 (default)",
                  "'END'", "end-of-sequence ids"):
         assert text in err, text
 
@@ -219,7 +217,7 @@ def test_bad_values_are_refused_and_the_repl_goes_on(tiny, capsys):
     assert "unknown command '/chat maybe'" in out.err and "unknown command '/nonsense'" in out.err
     assert "Traceback" not in out.err
     (_, _, kw), = rec.calls   # the settings are as before the bad values
-    assert kw["sampling"] == cli.CLI_SAMPLING and kw["max_new_tokens"] == 2
+    assert kw["sampling"] == tiny.default_sampling and kw["max_new_tokens"] == 2
 
 
 def test_chat_mode_system_message_and_reset(tiny, capsys):
@@ -260,14 +258,15 @@ def test_context_full_python_api(tiny_dir):
 
 
 def test_context_full_cli_notice(tiny_dir):
-    out = _cli(["run", "--model", str(tiny_dir), "--ctx", "16", "-t", "1", "-n", "100", "abcdef"])
+    out = _cli(["run", "--raw", "--model", str(tiny_dir), "--ctx", "16", "-t", "1", "-n", "100", "abcdef"])
     assert out.returncode == 0, out.stderr
     assert "[context full: 16 tokens; use --ctx N]" in out.stderr
     assert "ContextFullWarning" not in out.stderr
-    out = _cli(["run", "--model", str(tiny_dir), "--ctx", "16", "-t", "1", "-n", "5", "abcdef"])
+    out = _cli(["run", "--raw", "--model", str(tiny_dir), "--ctx", "16", "-t", "1", "-n", "5", "abcdef"])
     assert "context full" not in out.stderr
-    out = _cli(["run", "--model", str(tiny_dir), "--ctx", "4", "-t", "1", "abcdef"])
-    assert out.returncode == 1 and "context full" in out.stderr and "Traceback" not in out.stderr
+    out = _cli(["run", "--raw", "--model", str(tiny_dir), "--ctx", "4", "-t", "1", "abcdef"])
+    assert out.returncode == 1 and "does not fit the context of 4 tokens" in out.stderr
+    assert "Traceback" not in out.stderr
 
 
 @pytest.mark.filterwarnings("ignore::fastllm.model.ContextFullWarning")  # main() silences it
@@ -277,7 +276,9 @@ def test_context_full_repl_notice(tiny_dir, capsys):
                             capsys=capsys)
     assert rc == 0
     assert "[context full: 40 tokens; use --ctx N or /reset]" in out.err
-    assert "error:" in out.err   # the second turn no longer fits
+    # the second turn no longer fits: one message, naming the way out
+    assert "the conversation does not fit the context of 40 tokens: /reset to forget it" in out.err
+    assert "n_ctx" not in out.err
     assert len(rec.calls) == 3
 
 
@@ -329,6 +330,7 @@ def test_max_length_counts_the_prompt(tiny_dir, tmp_path):
     assert m.last_stats.prompt_tokens + m.last_stats.generated_tokens <= 10
 
 
+@pytest.mark.filterwarnings("ignore::fastllm.model.ContextFullWarning")  # main() silences it
 def test_cli_precedence_flag_over_file_over_default(tiny_dir, tmp_path, capsys):
     d = with_gen_config(tiny_dir, tmp_path / "m", dict(SAMPLED))
     m = Model.from_pretrained(d, n_ctx=64, threads=1)
@@ -337,14 +339,14 @@ def test_cli_precedence_flag_over_file_over_default(tiny_dir, tmp_path, capsys):
     assert kw["sampling"].top_k == 3                          # flag
     assert kw["sampling"].temperature == 0.7                  # the file
     assert kw["max_new_tokens"] is None                       # left to the file, per prompt
-    assert kw["sampling"].repeat_last_n == 64                 # fastllm default
+    assert kw["sampling"].repeat_last_n == -1                 # fastllm default
     assert "temperature (/temp)       0.7 (generation_config.json)" in out.err
     assert "top_k (/topk)             3 (set)" in out.err
     assert m.last_stats.generated_tokens <= 7
     # without a file the CLI defaults apply
     rc, rec, out = run_repl(Model.from_pretrained(tiny_dir, n_ctx=64, threads=1), ["hi"], capsys=capsys)
     (_, _, kw), = rec.calls
-    assert kw["sampling"] == cli.CLI_SAMPLING and kw["max_new_tokens"] == 128
+    assert kw["sampling"] == SamplingParams() and kw["max_new_tokens"] is None
 
 
 @pytest.mark.parametrize("gen, problem", [
@@ -421,3 +423,194 @@ def test_pasted_lines_are_one_turn_at_a_terminal(tiny_dir, tmp_path):
     assert b"Traceback" not in out
     assert out.count(b"> ") == 2, out   # one reply, then the next prompt
     assert os.WEXITSTATUS(status) == 0
+
+
+# ------------------------------------------------- chat by default, and why a reply ends
+
+def main_with(model, argv, capsys, monkeypatch, stdin=None):
+    """cli.main(argv) on an already loaded model (recorded): (rc, recorder, stdout, stderr)."""
+    import io
+    rec = Recorder(model)
+    monkeypatch.setattr(cli, "_load", lambda args: cli._check_ctx(model, args.ctx) or rec)
+    if stdin is not None:
+        monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+    rc = cli.main(argv)
+    out = capsys.readouterr()
+    return rc, rec, out.out, out.err
+
+
+@pytest.fixture
+def fresh(tiny_dir):
+    """A model of its own, for tests that change its end-of-sequence ids."""
+    return Model.from_pretrained(tiny_dir, n_ctx=128, threads=1)
+
+
+@pytest.fixture(scope="module")
+def no_template_dir(tiny_dir, tmp_path_factory):
+    d = tmp_path_factory.mktemp("plain") / "tiny"
+    shutil.copytree(tiny_dir, d)
+    config = json.loads((d / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (d / "tokenizer_config.json").write_text(json.dumps(config))
+    return d
+
+
+@pytest.mark.parametrize("flags, how", [([], "chat"), (["--chat"], "chat"), (["--raw"], "stream")])
+def test_run_chats_where_the_model_has_a_template(tiny, capsys, monkeypatch, flags, how):
+    rc, rec, out, err = main_with(tiny, ["run", *flags, "-n", "3", "hello"], capsys, monkeypatch)
+    assert rc == 0, err
+    (called, prompt, kw), = rec.calls
+    assert called == how
+    assert prompt == ([{"role": "user", "content": "hello"}] if how == "chat" else "hello")
+
+
+def test_repl_chats_where_the_model_has_a_template(tiny, capsys, monkeypatch):
+    rc, rec, out, err = main_with(tiny, ["-n", "2"], capsys, monkeypatch, stdin="hello\n/chat off\nhi\n")
+    assert rc == 0, err
+    assert [c[0] for c in rec.calls] == ["chat", "stream"]
+    rc, rec, out, err = main_with(tiny, ["--raw", "-n", "2"], capsys, monkeypatch, stdin="hello\n")
+    assert [c[0] for c in rec.calls] == ["stream"]
+
+
+def test_without_a_template_run_continues_and_chat_says_why_not(no_template_dir, capsys, monkeypatch):
+    plain = Model.from_pretrained(no_template_dir, n_ctx=64, threads=1)
+    rc, rec, out, err = main_with(plain, ["run", "-n", "2", "hello"], capsys, monkeypatch)
+    assert rc == 0 and [c[0] for c in rec.calls] == ["stream"]
+    for argv in (["run", "--chat", "hello"], ["chat"]):
+        rc, rec, out, err = main_with(plain, argv, capsys, monkeypatch, stdin="hello\n")
+        assert rc == 1 and rec.calls == []
+        assert "has no chat template" in err and "for a plain continuation" in err
+    rc, rec, out, err = main_with(plain, ["-n", "2"], capsys, monkeypatch, stdin="/chat on\nhello\n")
+    assert "has no chat template" in err and [c[0] for c in rec.calls] == ["stream"]
+
+
+def test_cli_answers_as_the_python_api_does(tiny, capsys, monkeypatch):
+    # one set of defaults: the same reply from `fastllm run` as from Model.chat
+    rc, rec, out, err = main_with(tiny, ["run", "-n", "12", "hello"], capsys, monkeypatch)
+    assert rc == 0, err
+    (_, _, kw), = rec.calls
+    assert kw["sampling"] == tiny.default_sampling == SamplingParams()
+    assert out == tiny.chat([{"role": "user", "content": "hello"}], max_new_tokens=12) + "\n"
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_default_max_tokens_are_the_models(tiny_dir, chat):
+    # what /show reports as the default is what the Python API does
+    fresh = Model.from_pretrained(tiny_dir, n_ctx=400, threads=1)
+    fresh.eos_token_ids = set()   # nothing ends a reply early
+    if chat:
+        fresh.chat([{"role": "user", "content": "hi"}])
+    else:
+        fresh.generate("hi")
+    assert fresh.last_stats.generated_tokens == cli.DEFAULT_MAX_TOKENS["chat" if chat else "continuation"]
+    settings = cli.Settings(fresh, cli.build_parser().parse_args(["repl"]))
+    assert settings.value("max_new_tokens", chat) == (fresh.last_stats.generated_tokens, "default")
+
+
+@pytest.mark.parametrize("argv, why", [
+    (["run", "hello"], "end-of-sequence token came first; rephrase, or try --raw for a plain continuation"),
+    (["run", "--raw", "hello"], "end-of-sequence token came first: this model often ends a plain "
+                                "continuation at once; leave out --raw to chat with it"),
+])
+def test_an_empty_reply_says_why(fresh, capsys, monkeypatch, argv, why):
+    fresh.eos_token_ids = set(range(fresh.config.vocab_size))   # every token ends the reply
+    rc, rec, out, err = main_with(fresh, argv, capsys, monkeypatch)
+    assert rc == 0 and out == "\n"
+    assert f"[no text: the model's {why}]" in err
+
+
+def test_an_empty_reply_in_the_repl_names_the_repl_command(fresh, capsys, monkeypatch):
+    fresh.eos_token_ids = set(range(fresh.config.vocab_size))
+    rc, rec, out, err = main_with(fresh, [], capsys, monkeypatch, stdin="hello\n/chat off\nhello\n")
+    assert "try /chat off for a plain continuation" in err and "/chat on to chat with it" in err
+
+
+def test_a_cut_chat_reply_carries_a_marker(fresh, capsys, monkeypatch):
+    fresh.eos_token_ids = set()
+    rc, rec, out, err = main_with(fresh, ["run", "-n", "5", "hello"], capsys, monkeypatch)
+    assert rc == 0 and out.strip()
+    assert "[... cut at 5 tokens: -n N for longer replies]" in err
+    rc, rec, out, err = main_with(fresh, ["chat", "-n", "5"], capsys, monkeypatch, stdin="hello\n")
+    assert "[... cut at 5 tokens: /steps N for longer replies]" in err
+    rc, rec, out, err = main_with(fresh, ["run", "--raw", "-n", "5", "hello"], capsys, monkeypatch)
+    assert "cut at" not in err   # a continuation always ends at a limit
+
+
+# ------------------------------------------------------------ messages
+
+def test_empty_prompt_is_refused_plainly(capsys, monkeypatch):
+    assert cli.main(["run", ""]) == 1
+    assert capsys.readouterr().err == ("fastllm: error: the prompt is empty: give the text to answer, "
+                                       "or - to read it from stdin\n")
+    import io
+    monkeypatch.setattr(sys, "stdin", io.StringIO(" \n"))
+    assert cli.main(["run", "-"]) == 1
+    assert "the prompt is empty: give the text to answer on stdin" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("prompt", ["abcdefghijklmnopqrstuvwxyz",   # more tokens than the context
+                                    "x" * 100_000])                   # refused before tokenizing
+def test_a_prompt_too_long_gives_one_message_naming_ctx(tiny_dir, capsys, monkeypatch, prompt):
+    small = Model.from_pretrained(tiny_dir, n_ctx=16, threads=1)
+    rc, rec, out, err = main_with(small, ["run", prompt], capsys, monkeypatch)
+    assert rc == 1
+    trained = small.config.max_position_embeddings
+    assert err == ("fastllm: error: the prompt does not fit the context of 16 tokens: use a larger --ctx "
+                   f"(up to the model's {trained})\n")
+
+
+def test_ctx_beyond_the_models_maximum_warns(tiny_dir, capsys):
+    trained = json.loads((tiny_dir / "config.json").read_text())["max_position_embeddings"]
+    common = ["run", "--raw", "--model", str(tiny_dir), "-t", "1", "-n", "1", "hi"]
+    assert cli.main(common + ["--ctx", str(trained)]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert cli.main(common + ["--ctx", str(trained + 1)]) == 0
+    err = capsys.readouterr().err
+    assert (f"fastllm: warning: --ctx {trained + 1} is more than the {trained} positions the model was "
+            "trained on (max_position_embeddings)") in err
+
+
+def test_warnings_print_without_a_source_line(tiny_dir, capsys):
+    from fastllm.model import available_cpus
+    cpus = available_cpus()
+    assert cli.main(["run", "--raw", "--model", str(tiny_dir), "--ctx", "32", "-t", str(cpus + 1),
+                     "-n", "1", "hi"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == (f"fastllm: warning: {cpus + 1} threads asked for, but this process may use "
+                      f"{cpus} CPUs: {cpus} threads are used")
+    assert not any("warnings.warn" in line or line.startswith(" ") for line in err)
+
+
+def test_bench_prints_a_plain_markdown_table(tiny_dir, capsys):
+    assert cli.main(["bench", "--model", str(tiny_dir), "-p", "4", "-n", "2", "-r", "1", "-t", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    from fastllm._core import simd_path
+    assert lines[:4] == [f"SIMD: {simd_path()}", "", "| model | dtype | threads | test | t/s (mean ± sd) | median |",
+                         "|---|---|---|---|---|---|"]
+    assert len(lines) == 6 and all(line.startswith("| tiny | f32 | 1 | ") for line in lines[4:])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "-n", "-5", "hi"], "argument --max-tokens/-n/--steps: must be at least 1, got -5"),
+    (["run", "--ctx", "0", "hi"], "argument --ctx/-c: must be at least 1, got 0"),
+    (["run", "-t", "-5", "hi"], "argument --threads/-t: must be at least 1, got -5"),
+    (["run", "--top-k", "-5", "hi"], "argument --top-k: must be at least 0, got -5"),
+    (["run", "--seed", "-5", "hi"], "argument --seed: must be at least 0, got -5"),
+    (["run", "--repeat-last-n", "-5", "hi"], "argument --repeat-last-n: must be at least -1, got -5"),
+    (["run", "--ctx", "2k", "hi"], "argument --ctx/-c: expected a whole number, got '2k'"),
+    (["bench", "-p", "-5"], "argument -p/--n-prompt: must be at least 0, got -5"),
+    (["bench", "-t", "1,-5"], "argument -t/--threads: must be at least 1, got -5"),
+    (["bench", "-r", "0"], "argument -r/--repetitions: must be at least 1, got 0"),
+    (["perplexity", "--chunks", "-5"], "argument --chunks: must be at least 1, got -5"),
+])
+def test_bad_numbers_are_refused_naming_the_flag(capsys, argv, message):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"fastllm {argv[0]}: error: {message}"
+
+
+def test_a_negative_seed_is_refused_at_the_call():
+    # numpy's generators take none: refused with the other settings, not at the first draw
+    with pytest.raises(ValueError, match="seed must be a whole number >= 0 or None, got -5"):
+        SamplingParams(seed=-5)

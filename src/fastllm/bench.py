@@ -6,6 +6,7 @@ Each figure is tokens per second over several repetitions after one warm-up.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -13,15 +14,17 @@ import time
 
 import numpy as np
 
+from .cli import whole_number
+
 
 def add_bench_parser(sub):
     p = sub.add_parser("bench", help="prompt and generation tokens/s, llama-bench style")
     p.add_argument("--model", "-m", default=None, help="model folder or .gguf (default: SmolLM2)")
-    p.add_argument("-p", "--n-prompt", type=int, default=512, help="prompt tokens (0 skips pp)")
-    p.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens (0 skips tg)")
-    p.add_argument("-t", "--threads", default=None,
+    p.add_argument("-p", "--n-prompt", type=whole_number(0), default=512, help="prompt tokens (0 skips pp)")
+    p.add_argument("-n", "--n-gen", type=whole_number(0), default=128, help="generated tokens (0 skips tg)")
+    p.add_argument("-t", "--threads", type=_thread_counts, default=None,
                    help="comma-separated thread counts (default: physical cores)")
-    p.add_argument("-r", "--repetitions", type=int, default=5,
+    p.add_argument("-r", "--repetitions", type=whole_number(1), default=5,
                    help="timed runs per test, after one warm-up run (default: 5)")
     p.add_argument("--dtype", default=None,
                    help="comma-separated weight precisions to test: f32, bf16, gguf (a GGUF file's own types; "
@@ -32,8 +35,11 @@ def add_bench_parser(sub):
     return p
 
 
-def _ints(text):
-    return [int(x) for x in str(text).split(",") if x.strip()]
+def _thread_counts(text) -> list:
+    counts = [whole_number(1)(x.strip()) for x in text.split(",") if x.strip()]
+    if not counts:
+        raise argparse.ArgumentTypeError(f"expected thread counts such as 1,2, got {text!r}")
+    return counts
 
 
 def bench_model(model, n_prompt: int, n_gen: int, repetitions: int) -> list[dict]:
@@ -89,16 +95,15 @@ def run_bench(model_path, n_prompt=512, n_gen=128, threads=None, repetitions=5, 
 def cmd_bench(args) -> int:
     from ._core import simd_path
     from .model import DTYPES, physical_cores
-    threads = _ints(args.threads) if args.threads else [physical_cores()]
+    threads = args.threads or [physical_cores()]
     dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()] if args.dtype else [None]
     for d in dtypes:
         if d is not None and d not in DTYPES:
             raise ValueError(f"unknown dtype {d!r} ({', '.join(DTYPES)})")
-    if args.repetitions < 1:
-        raise ValueError("repetitions must be at least 1")
     rows = []
     if not args.json:
-        print(f"| model | dtype | threads | test | t/s (mean ± sd) | median |   [SIMD: {simd_path()}]")
+        print(f"SIMD: {simd_path()}\n")   # above the table, which stays plain markdown
+        print("| model | dtype | threads | test | t/s (mean ± sd) | median |")
         print("|---|---|---|---|---|---|")
     for r in run_bench(args.model, args.n_prompt, args.n_gen, threads, args.repetitions, dtypes,
                        args.kv_dtype):

@@ -30,23 +30,38 @@ commands:
   /help         this text
   /quit         leave (Ctrl-D works too)"""
 
-# The commands that generate start from SamplingParams' defaults but for a
-# mild repetition penalty over the last 64 tokens (llama.cpp's classic
-# --repeat-penalty 1.1 --repeat-last-n 64), which keeps a small model's
-# greedy text from looping; flags and generation_config.json go on top.
-CLI_SAMPLING = SamplingParams(repetition_penalty=1.1, repeat_last_n=64)
-STEPS = {"run": 128, "repl": 128, "chat": 512}
+# The commands generate with the Python API's defaults (SamplingParams'
+# own: greedy, no repetition penalty, under the model's
+# generation_config.json), so a prompt gets the same answer from the command
+# line as from Model.chat/stream. Unless told, a reply ends at the model's
+# own limit, which these are when generation_config.json sets none (shown by
+# /show; Model.stream and Model.chat apply them).
+DEFAULT_MAX_TOKENS = {"continuation": 128, "chat": 256}
 _SAMPLING_KEYS = tuple(f.name for f in dataclasses.fields(SamplingParams))
 _SETTINGS = ("max_new_tokens",) + _SAMPLING_KEYS
 _GEN_SOURCE = "generation_config.json"
 
 
+def whole_number(minimum: int):
+    """An argparse type: a whole number >= minimum. A bad value is refused
+    naming the flag, before anything is loaded."""
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+    return parse
+
+
 def _model_args(p: argparse.ArgumentParser):
     p.add_argument("--model", "-m", default=None,
                    help="HF model folder or .gguf file (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--threads", "-t", type=int, default=None,
+    p.add_argument("--threads", "-t", type=whole_number(1), default=None,
                    help="threads for the run loop (default: physical cores)")
-    p.add_argument("--ctx", "-c", type=int, default=None,
+    p.add_argument("--ctx", "-c", type=whole_number(1), default=None,
                    help="context length in tokens (default: the model's max_position_embeddings)")
     from .formats.quants import MIXES
     p.add_argument("--dtype", choices=("f32", "bf16", "gguf") + tuple(m for m in MIXES if m.startswith("q")),
@@ -61,28 +76,30 @@ def _model_args(p: argparse.ArgumentParser):
                    help="KV cache precision: bf16/f16 halve what attention reads (default: f32)")
 
 
-def _sampling_args(p: argparse.ArgumentParser, steps: int):
+def _sampling_args(p: argparse.ArgumentParser):
     # Defaults are None so that a value the user did not give can come from
     # the model's generation_config.json before fastllm's own default.
     gen = "default: the model's generation_config.json, else"
-    p.add_argument("--max-tokens", "-n", "--steps", dest="max_new_tokens", type=int, default=None,
-                   metavar="N", help=f"most tokens to generate ({gen} {steps})")
+    p.add_argument("--max-tokens", "-n", "--steps", dest="max_new_tokens", type=whole_number(1),
+                   default=None, metavar="N",
+                   help=f"most tokens to generate ({gen} {DEFAULT_MAX_TOKENS['chat']} for a chat reply, "
+                        f"{DEFAULT_MAX_TOKENS['continuation']} for a continuation)")
     p.add_argument("--temp", "--temperature", dest="temperature", type=float, default=None,
                    metavar="T", help=f"sampling temperature; 0 is greedy ({gen} 0)")
     p.add_argument("--top-p", type=float, default=None, metavar="P",
                    help=f"nucleus sampling: keep the most likely tokens up to mass P; 1 is off ({gen} 1)")
-    p.add_argument("--top-k", type=int, default=None, metavar="K",
+    p.add_argument("--top-k", type=whole_number(0), default=None, metavar="K",
                    help=f"keep only the K most likely tokens; 0 is off ({gen} 0)")
     p.add_argument("--min-p", type=float, default=None, metavar="P",
                    help=f"drop tokens less likely than P times the most likely one; 0 is off ({gen} 0)")
     p.add_argument("--repeat-penalty", "--repetition-penalty", dest="repetition_penalty", type=float,
                    default=None, metavar="X",
                    help="penalise tokens already in the prompt or reply (positive logits divided by X, "
-                        f"negative ones multiplied); 1 is off ({gen} 1.1)")
-    p.add_argument("--repeat-last-n", dest="repeat_last_n", type=int, default=None, metavar="N",
+                        f"negative ones multiplied); 1 is off ({gen} 1)")
+    p.add_argument("--repeat-last-n", dest="repeat_last_n", type=whole_number(-1), default=None, metavar="N",
                    help="tokens the repetition penalty looks back on; -1 is all of them, 0 none "
-                        "(default: 64)")
-    p.add_argument("--seed", type=int, default=None,
+                        "(default: -1)")
+    p.add_argument("--seed", type=whole_number(0), default=None,
                    help="seed for sampling, for reproducible runs (default: random)")
     p.add_argument("--stop", action="append", default=None, metavar="STR",
                    help="also stop generating at STR (repeatable)")
@@ -109,6 +126,14 @@ def _response_format(path) -> dict | None:
     return {"type": "json_schema", "json_schema": {"name": Path(path).stem, "schema": schema}}
 
 
+def _mode_args(p: argparse.ArgumentParser, what: str):
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--chat", action="store_true",
+                      help=f"{what} in the model's chat template (the default where the model has one)")
+    mode.add_argument("--raw", action="store_true",
+                      help="plain continuation of the text, without the chat template")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fastllm", description="CPU LLM inference. With no command: an interactive REPL.")
@@ -118,22 +143,23 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND",
                                 help="what to do (default: repl; a prompt alone means run)")
 
-    p = sub.add_parser("run", help="stream the continuation of a prompt")
+    p = sub.add_parser("run", help="answer a prompt (as a chat message where the model has a chat "
+                                   "template), streaming the reply")
     _model_args(p)
-    _sampling_args(p, STEPS["run"])
-    p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    _sampling_args(p)
+    _mode_args(p, "put the prompt")
     _json_schema_arg(p)
     p.add_argument("prompt", nargs="?", help="prompt text ('-' reads stdin; none opens the REPL)")
 
     p = sub.add_parser("repl", help="interactive prompt (the default command)")
     _model_args(p)
-    _sampling_args(p, STEPS["repl"])
-    p.add_argument("--chat", action="store_true", help="start in chat mode")
+    _sampling_args(p)
+    _mode_args(p, "start with each prompt")
     p.add_argument("--system", default=None, help="system message for chat mode")
 
     p = sub.add_parser("chat", help="multi-turn chat using the model's chat template")
     _model_args(p)
-    _sampling_args(p, STEPS["chat"])
+    _sampling_args(p)
     p.add_argument("--system", default=None, help="system message")
     _json_schema_arg(p)
 
@@ -183,13 +209,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="UTF-8 text file (default: the Lee corpus of English news stories in gensim)")
     p.add_argument("--model", "-m", default=None,
                    help="HF model folder or .gguf file (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--ctx", "-c", type=int, default=512,
+    p.add_argument("--ctx", "-c", type=whole_number(1), default=512,
                    help="tokens per chunk; the second half of each is scored (default: 512)")
-    p.add_argument("--chunks", type=int, default=None, help="score only the first N chunks (default: all)")
+    p.add_argument("--chunks", type=whole_number(1), default=None,
+                   help="score only the first N chunks (default: all)")
     p.add_argument("--kl-divergence-base", default=None, metavar="BASE",
                    help="a second model (folder or .gguf, e.g. the f32 model) to compare the "
                         "next-token distributions with: KL divergence, top-1 agreement, PPL of both")
-    p.add_argument("--threads", "-t", type=int, default=None,
+    p.add_argument("--threads", "-t", type=whole_number(1), default=None,
                    help="threads for the run loop (default: physical cores)")
 
     from .bench import add_bench_parser
@@ -207,7 +234,18 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     import warnings
     from .model import ContextFullWarning
-    warnings.simplefilter("ignore", ContextFullWarning)  # the CLI prints its own notice
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ContextFullWarning)  # the CLI prints its own notice
+        warnings.showwarning = _print_warning
+        return _dispatch(args)
+
+
+def _print_warning(message, category, filename, lineno, file=None, line=None):
+    """Warnings as a command's messages: what is wrong, not the source line that said so."""
+    print(f"fastllm: warning: {message}", file=sys.stderr)
+
+
+def _dispatch(args) -> int:
     try:
         if args.command == "convert":
             return cmd_convert(args)
@@ -228,25 +266,33 @@ def main(argv=None) -> int:
 
 def _load(args):
     from .model import Model
-    return Model.from_pretrained(args.model, n_ctx=args.ctx, threads=args.threads, dtype=args.dtype,
-                                 kv_dtype=args.kv_dtype, activations=args.activations)
+    model = Model.from_pretrained(args.model, n_ctx=args.ctx, threads=args.threads, dtype=args.dtype,
+                                  kv_dtype=args.kv_dtype, activations=args.activations)
+    _check_ctx(model, args.ctx)
+    return model
+
+
+def _check_ctx(model, ctx):
+    """Warn when --ctx reaches past the positions the model was trained on."""
+    trained = model.config.max_position_embeddings
+    if ctx is not None and ctx > trained:
+        print(f"fastllm: warning: --ctx {ctx} is more than the {trained} positions the model was trained "
+              f"on (max_position_embeddings): text past position {trained} is likely to be garbage",
+              file=sys.stderr)
 
 
 class Settings:
     """The generation settings of a command: one SamplingParams that the
-    flags and REPL commands edit, made of what the user set over the model's
-    generation_config.json over CLI_SAMPLING, and the most tokens per reply
-    (None: the model's generation_config.json decides, per prompt)."""
+    flags and REPL commands edit, made of what the user set over the
+    model's defaults (SamplingParams' own under its generation_config.json,
+    as the Python API has them), and the most tokens per reply (None: the
+    model's default, per prompt)."""
 
-    def __init__(self, model, args, steps: int):
+    def __init__(self, model, args):
         self.model = model
-        self.steps = steps
         self.given = set()   # the settings the user set
-        file = {k: v for k, v in model.generation_defaults.items() if k in _SAMPLING_KEYS}
-        self.params = CLI_SAMPLING.replace(**file)
+        self.params = model.default_sampling
         self.max_new_tokens = None
-        if not ({"max_new_tokens", "max_length"} & set(model.generation_config)):
-            self.max_new_tokens = steps
         for key in _SETTINGS:
             if getattr(args, key, None) is not None:
                 self.set(key, getattr(args, key))
@@ -263,15 +309,17 @@ class Settings:
             self.params = self.params.replace(**{key: value})
         self.given.add(key)
 
-    def value(self, key):
-        """(value, where it comes from) of one setting."""
+    def value(self, key, chat: bool):
+        """(value, where it comes from) of one setting, for a chat reply or a continuation."""
         value = self.max_new_tokens if key == "max_new_tokens" else getattr(self.params, key)
         if key in self.given:
             return value, "set"
         if key in self.model.generation_defaults:
             return self.model.generation_defaults[key], _GEN_SOURCE
-        if key == "max_new_tokens" and value is None:
-            return None, f"max_length {self.model.generation_config['max_length']} in {_GEN_SOURCE}"
+        if key == "max_new_tokens":
+            if "max_length" in self.model.generation_config:
+                return None, f"max_length {self.model.generation_config['max_length']} in {_GEN_SOURCE}"
+            return DEFAULT_MAX_TOKENS["chat" if chat else "continuation"], "default"
         return value, "default"
 
     def kwargs(self) -> dict:
@@ -280,40 +328,104 @@ class Settings:
                     response_format=self.response_format)
 
 
-def _context_notice(model, repl: bool):
-    if model.last_stats.finish_reason == "context":
-        hint = "use --ctx N or /reset" if repl else "use --ctx N"
-        print(f"[context full: {model.n_ctx} tokens; {hint}]", file=sys.stderr)
+def has_chat_template(model) -> bool:
+    return model.tokenizer is not None and bool(model.tokenizer.chat_template)
 
 
-def _print_stream(pieces, model, verbose: bool, repl: bool = False):
+def _chat_mode(model, args) -> bool:
+    """Chat where the model has a chat template, unless --raw asks for a
+    plain continuation (as ollama and llama-cli's conversation mode do)."""
+    if getattr(args, "raw", False):
+        return False
+    if getattr(args, "chat", False):
+        _need_chat_template(model, "leave out --chat")
+        return True
+    return has_chat_template(model)
+
+
+def _need_chat_template(model, instead: str):
+    if not has_chat_template(model):
+        raise FastLLMError(f"{model.name} has no chat template (its tokenizer_config.json has no "
+                           f"'chat_template'): {instead} for a plain continuation")
+
+
+def _why_empty(model, chat: bool, repl: bool) -> str:
+    """Why a reply holds no text, and what to try instead."""
+    s = model.last_stats
+    if s.generated_tokens == 0 and s.finish_reason == "stop":
+        why = "the model's end-of-sequence token came first"
+        if chat:
+            return f"{why}; rephrase, or try {'/chat off' if repl else '--raw'} for a plain continuation"
+        if has_chat_template(model):
+            return (f"{why}: this model often ends a plain continuation at once; "
+                    f"{'/chat on' if repl else 'leave out --raw'} to chat with it")
+        return f"{why}; try a longer prompt"
+    if s.generated_tokens == 0:
+        return (f"no room for new tokens (max_length in {_GEN_SOURCE} counts the prompt); "
+                f"{'use /steps N' if repl else 'use -n N'}")
+    return (f"the {s.generated_tokens} tokens generated hold only whitespace, special tokens or a "
+            "stop string")
+
+
+def _print_reply(pieces, model, chat: bool, repl: bool, verbose: bool) -> str:
+    """Write a reply's pieces to stdout as they come, then on stderr why it
+    ended where that is not plain to see (nothing generated, a chat reply cut
+    at the token limit, the context full); returns the text."""
+    text = []
     for piece in pieces:
+        text.append(piece)
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")
     sys.stdout.flush()
-    _context_notice(model, repl)
+    s = model.last_stats
+    if s.finish_reason == "context":
+        print(f"[context full: {model.n_ctx} tokens; use --ctx N{' or /reset' if repl else ''}]",
+              file=sys.stderr)
+    elif not "".join(text).strip():
+        print(f"[no text: {_why_empty(model, chat, repl)}]", file=sys.stderr)
+    elif chat and s.finish_reason == "length":
+        print(f"[... cut at {s.generated_tokens} tokens: {'/steps N' if repl else '-n N'} "
+              "for longer replies]", file=sys.stderr)
     if verbose:
-        s = model.last_stats
         print(f"[prompt: {s.prompt_tokens} tokens, {s.prompt_tps:.1f} tok/s | "
               f"generated: {s.generated_tokens} tokens, {s.generate_tps:.1f} tok/s | "
               f"{model.threads} threads, {model.dtype}, stop: {s.finish_reason}]", file=sys.stderr)
+    return "".join(text)
+
+
+def _context_error(e: ValueError, model) -> bool:
+    """Whether e says that the prompt does not fit the context."""
+    return f"context of {model.n_ctx}" in str(e)
+
+
+def _too_long(model, repl: bool) -> str:
+    trained = model.config.max_position_embeddings
+    more = f"a larger --ctx (up to the model's {trained})" if model.n_ctx < trained else "a shorter prompt"
+    if repl:
+        return (f"the conversation does not fit the context of {model.n_ctx} tokens: /reset to forget it, "
+                f"or start fastllm with {more}")
+    return f"the prompt does not fit the context of {model.n_ctx} tokens: use {more}"
 
 
 def cmd_run(args) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if not prompt.strip():
+        raise ValueError("the prompt is empty: give the text to answer"
+                         + (" on stdin" if args.prompt == "-" else ", or - to read it from stdin"))
     model = _load(args)
-    kw = Settings(model, args, STEPS["run"]).kwargs()
-    if args.chat:
-        pieces = model.chat([{"role": "user", "content": prompt}], stream=True, **kw)
-    else:
-        pieces = model.stream(prompt, **kw)
+    chat = _chat_mode(model, args)
+    kw = Settings(model, args).kwargs()
     try:
-        _print_stream(pieces, model, args.verbose)
+        if chat:
+            pieces = model.chat([{"role": "user", "content": prompt}], stream=True, **kw)
+        else:
+            pieces = model.stream(prompt, **kw)
+        _print_reply(pieces, model, chat, repl=False, verbose=args.verbose)
     except ValueError as e:
-        if "context" not in str(e):
+        if not _context_error(e, model):
             raise
-        print(f"fastllm: error: {e}\n[context full: {model.n_ctx} tokens; use --ctx N]", file=sys.stderr)
+        print(f"fastllm: error: {_too_long(model, repl=False)}", file=sys.stderr)
         return 1
     return 0
 
@@ -394,7 +506,7 @@ def _show(model, settings: Settings, chat: bool, system, history: list):
             ("system (/system)", repr(system) if system else "none"),
             ("conversation", f"{len(history) // 2} turns" if chat else "-")]
     for key in _SETTINGS:
-        v, src = settings.value(key)
+        v, src = settings.value(key, chat)
         shown = ("random" if key == "seed" else "-") if v is None else v
         rows.append((names.get(key, key), f"{shown} ({src})"))
     rows.append(("stop (/stop)", ", ".join(repr(s) for s in settings.stop) or "none"))
@@ -410,12 +522,12 @@ _SETTERS = {"temp": ("temperature", float), "topp": ("top_p", float), "topk": ("
             "lastn": ("repeat_last_n", int), "seed": ("seed", int), "steps": ("max_new_tokens", int)}
 
 
-def _repl(model, args, chat: bool, system: str | None = None, read=None, steps: int = 128) -> int:
+def _repl(model, args, chat: bool, system: str | None = None, read=None) -> int:
     interactive = read is None and sys.stdin.isatty()
     if interactive:
         _setup_readline()
     read = read or input
-    settings = Settings(model, args, steps)
+    settings = Settings(model, args)
     history = []   # the conversation in chat mode, without the system message
     print(f"fastllm {'chat' if chat else 'REPL'} with {model.name} "
           f"({model.threads} threads, context {model.n_ctx}). /help for commands, /quit to leave.",
@@ -465,6 +577,9 @@ def _repl(model, args, chat: bool, system: str | None = None, read=None, steps: 
             elif cmd == "system":
                 system = value or None
             elif cmd == "chat" and value in ("on", "off"):
+                if value == "on" and not has_chat_template(model):
+                    print(f"{model.name} has no chat template: it continues plain text only", file=sys.stderr)
+                    continue
                 chat = value == "on"
                 history = []
             elif cmd == "reset":
@@ -484,39 +599,25 @@ def _repl(model, args, chat: bool, system: str | None = None, read=None, steps: 
             if chat:
                 messages = ([{"role": "system", "content": system}] if system else []) + history
                 messages.append({"role": "user", "content": text})
-                reply = []
-                for piece in model.chat(messages, stream=True, **kw):
-                    reply.append(piece)
-                    sys.stdout.write(piece)
-                    sys.stdout.flush()
-                history += [messages[-1], {"role": "assistant", "content": "".join(reply)}]
-                sys.stdout.write("\n")
-                sys.stdout.flush()
-                _context_notice(model, repl=True)
+                reply = _print_reply(model.chat(messages, stream=True, **kw), model, chat, True, args.verbose)
+                history += [messages[-1], {"role": "assistant", "content": reply}]
             else:
-                _print_stream(model.stream(text, **kw), model, False, repl=True)
+                _print_reply(model.stream(text, **kw), model, chat, True, args.verbose)
         except KeyboardInterrupt:
             print("\n[interrupted]", file=sys.stderr)
-            continue
         except ValueError as e:
-            print(f"error: {e}", file=sys.stderr)
-            if "context" in str(e):
-                print(f"[context full: {model.n_ctx} tokens; use --ctx N or /reset]", file=sys.stderr)
-            continue
-        if args.verbose:
-            s = model.last_stats
-            print(f"[{s.prompt_tokens} prompt tokens at {s.prompt_tps:.1f} tok/s, "
-                  f"{s.generated_tokens} generated at {s.generate_tps:.1f} tok/s, "
-                  f"stop: {s.finish_reason}]", file=sys.stderr)
+            print(_too_long(model, repl=True) if _context_error(e, model) else f"error: {e}", file=sys.stderr)
 
 
 def cmd_repl(args) -> int:
-    return _repl(_load(args), args, chat=bool(getattr(args, "chat", False)),
-                 system=getattr(args, "system", None), steps=STEPS["repl"])
+    model = _load(args)
+    return _repl(model, args, chat=_chat_mode(model, args), system=getattr(args, "system", None))
 
 
 def cmd_chat(args) -> int:
-    return _repl(_load(args), args, chat=True, system=args.system, steps=STEPS["chat"])
+    model = _load(args)
+    _need_chat_template(model, "use `fastllm repl`")
+    return _repl(model, args, chat=True, system=args.system)
 
 
 def cmd_serve(args) -> int:
@@ -553,6 +654,7 @@ def cmd_perplexity(args) -> int:
     from .model import Model
     text = perplexity.corpus_text() if args.file is None else perplexity.read_text(args.file)
     model = Model.from_pretrained(args.model, n_ctx=args.ctx, threads=args.threads)
+    _check_ctx(model, args.ctx)
     base = (None if args.kl_divergence_base is None else
             Model.from_pretrained(args.kl_divergence_base, n_ctx=args.ctx, threads=args.threads))
     ids = perplexity.tokenize(model, text)

@@ -65,8 +65,8 @@ def usable_threads(n) -> int:
         raise ValueError(f"threads must be a whole number >= 1, got {n!r}")
     cpus = available_cpus()
     if n > cpus:
-        warnings.warn(f"threads={n}: this process may use {cpus} CPUs, so {cpus} threads are used",
-                      ResourceLimitWarning, stacklevel=3)
+        warnings.warn(f"{n} threads asked for, but this process may use {cpus} CPUs: "
+                      f"{cpus} threads are used", ResourceLimitWarning, stacklevel=3)
         return cpus
     return int(n)
 
@@ -116,7 +116,8 @@ def context_size(config: ModelConfig, n_ctx, kv_dtype: str, threads: int) -> int
         if n_ctx > fits:
             warnings.warn(f"{config.path}: max_position_embeddings is {n_ctx}, a context of "
                           f"{n_ctx * per_token / 2**30:.1f} GiB; n_ctx is capped at {fits}, half this "
-                          f"machine's RAM (pass n_ctx= to choose)", ResourceLimitWarning, stacklevel=3)
+                          f"machine's RAM (choose with n_ctx=, or --ctx N)",
+                          ResourceLimitWarning, stacklevel=3)
             n_ctx = fits
         return n_ctx
     if not _whole(n_ctx) or not 1 <= n_ctx < 2**31:
