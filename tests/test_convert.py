@@ -453,6 +453,54 @@ def test_tiny_roundtrip_bf16(kind, tiny_gguf, tmp_path):
         assert torch.equal(value.to(torch.bfloat16), our_sd[key]), key
 
 
+@pytest.mark.parametrize("kind,qtype,dtype", [("llama-gqa", None, "f32"),
+                                              ("llama-headdim-bias", gguf.GGMLQuantizationType.Q4_1, "bf16"),
+                                              ("qwen2", gguf.GGMLQuantizationType.Q8_0, "f32")])
+def test_conversion_slice_by_slice_equals_whole(kind, qtype, dtype, tiny_gguf, tmp_path, monkeypatch):
+    # Tensors are dequantized, unpermuted and written a slice at a time; the
+    # smallest slices (a row, or a head's rows for Q and K) change no byte.
+    from fastllm.formats import gguf as gguf_format
+    _, gguf_path = tiny_gguf(kind, qtype)
+    whole = convert_gguf(gguf_path, tmp_path / "whole", dtype=dtype, progress=False)
+    monkeypatch.setattr(gguf_format, "_SLICE_VALUES", 1)
+    sliced = convert_gguf(gguf_path, tmp_path / "sliced", dtype=dtype, progress=False)
+    assert (sliced / "model.safetensors").read_bytes() == (whole / "model.safetensors").read_bytes()
+    contents = gguf_format._read_gguf(gguf_path)
+    for t in contents.tensors:
+        expected = gguf.quants.dequantize(gguf.GGUFReader(str(gguf_path)).get_tensor(
+            [x.name for x in contents.tensors].index(t.name)).data, t.tensor_type)
+        assert np.array_equal(gguf_format._dequantize(t, gguf_path), expected.reshape(t.shape)), t.name
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM from /proc")
+def test_convert_peak_memory_default_model(smollm2_dir, tmp_path):
+    """Converting holds no whole float tensor, so bf16 peaks no higher than
+    f32, and writing a bf16 GGUF peaks lower than an f32 one (the output
+    tensor is the one whole tensor held)."""
+    def peak_mib(call: str) -> float:
+        # VmHWM, the peak RSS of this process image (ru_maxrss would carry
+        # over pytest's own from before the exec).
+        code = ("from fastllm.formats.gguf import convert_gguf\n"
+                "from fastllm.formats.gguf_writer import export_gguf\n"
+                f"{call}\n"
+                "print(open('/proc/self/status').read().split('VmHWM:')[1].split()[0])")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        return int(out.stdout.split()[-1]) / 1024
+
+    src = str(hub.default_gguf_path())
+    base = peak_mib(f"convert_gguf({src!r}, {str(tmp_path / 'meta')!r}, dtype='metadata')")
+    f32 = peak_mib(f"convert_gguf({src!r}, {str(tmp_path / 'f32')!r}, dtype='f32')")
+    bf16 = peak_mib(f"convert_gguf({src!r}, {str(tmp_path / 'bf16')!r}, dtype='bf16')")
+    out_f32 = peak_mib(f"export_gguf({str(smollm2_dir)!r}, {str(tmp_path / 'f32.gguf')!r}, 'f32')")
+    out_bf16 = peak_mib(f"export_gguf({str(smollm2_dir)!r}, {str(tmp_path / 'bf16.gguf')!r}, 'bf16')")
+    embedding_mib = 49152 * 576 * 4 / 2**20   # the biggest tensor, 108 MiB in f32
+    assert f32 < base + embedding_mib / 2, (base, f32)
+    assert bf16 < f32 + 16, (f32, bf16)
+    assert out_f32 < base + embedding_mib + 64, (base, out_f32)
+    assert out_bf16 < out_f32 - embedding_mib / 4, (out_f32, out_bf16)
+
+
 @pytest.mark.parametrize("kind,qtype", [("llama-gqa", gguf.GGMLQuantizationType.Q4_1),
                                         ("qwen2", gguf.GGMLQuantizationType.Q8_0)])
 def test_tiny_quantized_matches_transformers_gguf(kind, qtype, tiny_model_dir, tmp_path):

@@ -142,11 +142,17 @@ class SafetensorsFile:
     def shape(self, name) -> tuple:
         return self._entries[name][1]
 
-    def read(self, name) -> np.ndarray:
+    def read(self, name, start: int = 0, stop: int | None = None) -> np.ndarray:
         """A fresh, writable copy of the tensor (BF16 as uint16 bit patterns),
         read with ordinary reads: a file that shrank since it was opened
-        gives a ModelFileError, not a SIGBUS."""
+        gives a ModelFileError, not a SIGBUS. start, stop: only the entries
+        [start:stop] of its first axis, to read a big tensor a slice at a time."""
         dtype_name, shape, begin, end = self._entries[name]
+        if shape:
+            start, stop, _ = slice(start, stop).indices(shape[0])
+            per_index = (end - begin) // shape[0] if shape[0] else 0
+            shape = (max(stop - start, 0), *shape[1:])
+            begin += start * per_index
         out = np.empty(shape, _DTYPES[dtype_name])
         buf = memoryview(out.reshape(-1).view(np.uint8))
         try:
