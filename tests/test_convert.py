@@ -472,6 +472,40 @@ def test_conversion_slice_by_slice_equals_whole(kind, qtype, dtype, tiny_gguf, t
         assert np.array_equal(gguf_format._dequantize(t, gguf_path), expected.reshape(t.shape)), t.name
 
 
+@pytest.mark.parametrize("kind,mix", [("llama-gqa", "f32"), ("llama-gqa", "q8_0"), ("qwen2", "bf16")])
+def test_export_slice_by_slice_equals_whole(kind, mix, tiny_gguf, tmp_path, monkeypatch):
+    # The other direction: tensors are read, permuted and quantized a slice
+    # at a time, and the smallest slices change no byte either.
+    from fastllm.formats import gguf_writer
+    folder = convert_gguf(tiny_gguf(kind)[1], tmp_path / "hf", progress=False)
+    whole = gguf_writer.export_gguf(folder, tmp_path / "whole.gguf", mix)
+    monkeypatch.setattr(gguf_writer, "_SLICE_VALUES", 1)
+    sliced = gguf_writer.export_gguf(folder, tmp_path / "sliced.gguf", mix)
+    assert sliced.read_bytes() == whole.read_bytes()
+
+
+def test_cli_convert_names_what_is_wrong_first(tiny_gguf, tmp_path, monkeypatch, capsys):
+    from fastllm.cli import main
+    monkeypatch.chdir(tmp_path)
+    # the missing input, not the dtype a GGUF input could not take
+    assert main(["convert", "nonexistent", "out.gguf", "--dtype", "q8_0"]) == 1
+    err = capsys.readouterr().err
+    assert "model not found: nonexistent" in err and "dtype" not in err and "q8_0" not in err
+    _, gguf_path = tiny_gguf("qwen2")
+    # a GGUF file converts into a folder, which a .gguf name would hide
+    assert main(["convert", str(gguf_path), "folder.gguf"]) == 1
+    assert "converts into a model folder" in capsys.readouterr().err
+    assert not (tmp_path / "folder.gguf").exists()
+    assert main(["convert", str(gguf_path), "folder"]) == 0
+    capsys.readouterr()
+    # a folder converts into a .gguf file: the extension is added, and said
+    assert main(["convert", "folder", "model", "--dtype", "q8_0"]) == 0
+    assert "the .gguf extension was added to model" in capsys.readouterr().err
+    assert (tmp_path / "model.gguf").is_file() and not (tmp_path / "model").exists()
+    assert main(["convert", "folder", "folder"]) == 1
+    assert "folder is a folder; give the name of the .gguf file" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM from /proc")
 def test_convert_peak_memory_default_model(smollm2_dir, tmp_path):

@@ -168,18 +168,6 @@ def test_quantized_export_reads_back(kind, mix, hf_folder, tmp_path, fastllm_hom
         assert types["output.weight"] == "q6_k"
 
 
-@pytest.mark.parametrize("kind,mix", [("llama-gqa", "f32"), ("llama-gqa", "q8_0"), ("qwen2", "bf16")])
-def test_export_slice_by_slice_equals_whole(kind, mix, hf_folder, tmp_path, monkeypatch):
-    # Tensors are read, permuted and quantized a slice at a time; the
-    # smallest slices (a row, or a head's rows for Q and K) change no byte.
-    from fastllm.formats import gguf_writer
-    folder, _ = hf_folder(kind)
-    whole = export_gguf(folder, tmp_path / "whole.gguf", mix)
-    monkeypatch.setattr(gguf_writer, "_SLICE_VALUES", 1)
-    sliced = export_gguf(folder, tmp_path / "sliced.gguf", mix)
-    assert sliced.read_bytes() == whole.read_bytes()
-
-
 def test_permute_inverts_unpermute():
     w = np.arange(8 * 3 * 5, dtype=np.float32).reshape(24, 5)
     assert np.array_equal(unpermute(permute(w, 3), 3), w)
