@@ -262,3 +262,85 @@ def test_convert_takes_model_names(offline, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(hub, "default_gguf_path", lambda: tmp_path / "tiny.gguf")
     assert main(["convert", hub.DEFAULT_MODEL, str(tmp_path / "back")]) == 0
     assert json.loads((tmp_path / "back" / "config.json").read_text())["model_type"] == "llama"
+
+
+# ---------------------------------------------------------------------------
+# Online: what is asked of huggingface_hub (its network calls stand in here)
+
+
+class _Hub:
+    """huggingface_hub's HfApi.model_info, hf_hub_download and
+    snapshot_download, answering from the fake cache and recording calls."""
+
+    def __init__(self, monkeypatch, cache: Path, files: dict):
+        self.calls = []
+        self.cache = cache
+        api = self
+
+        class Api:
+            def model_info(self, repo_id):
+                api.calls.append(("model_info", repo_id))
+                if isinstance(files.get(repo_id), BaseException):
+                    raise files[repo_id]
+                return type("Info", (), {"siblings": [type("S", (), {"rfilename": f}) for f in files[repo_id]]})
+
+        def hf_hub_download(repo_id, filename, cache_dir=None):
+            self.calls.append(("hf_hub_download", repo_id, filename, cache_dir))
+            return _real_hf_hub_download(repo_id, filename, cache_dir=cache_dir, local_files_only=True)
+
+        def snapshot_download(repo_id, allow_patterns=None, cache_dir=None, local_files_only=False):
+            self.calls.append(("snapshot_download", repo_id, allow_patterns, cache_dir, local_files_only))
+            return _real_snapshot_download(repo_id, cache_dir=cache_dir, local_files_only=True)
+
+        monkeypatch.setattr(huggingface_hub, "HfApi", Api)
+        monkeypatch.setattr(huggingface_hub, "hf_hub_download", hf_hub_download)
+        monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+
+
+_real_snapshot_download = huggingface_hub.snapshot_download
+_real_hf_hub_download = huggingface_hub.hf_hub_download
+
+
+def _hub_error(cls, message):
+    # Built without the HTTP response their constructors want.
+    e = cls.__new__(cls)
+    Exception.__init__(e, message)
+    return e
+
+
+@pytest.fixture
+def online(hf_cache, fastllm_home, monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(hf_cache))
+    files = {GGUF_REPO: ["README.md", "SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct.Q8_0.gguf"],
+             FOLDER_REPO: ["README.md", ".gitattributes", "config.json", "generation_config.json",
+                           "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                           "onnx/model.onnx", "onnx/config.json"],
+             "someone/missing": _hub_error(huggingface_hub.errors.RepositoryNotFoundError, "404"),
+             "someone/gated": _hub_error(huggingface_hub.errors.GatedRepoError, "401")}
+    return _Hub(monkeypatch, hf_cache, files)
+
+
+def test_online_downloads_only_what_is_needed(online):
+    path = hub.locate(f"{GGUF_REPO}:Q8_0")
+    assert path.name == "SmolLM2-135M-Instruct.Q8_0.gguf"
+    assert online.calls == [("model_info", GGUF_REPO),
+                            ("hf_hub_download", GGUF_REPO, "SmolLM2-135M-Instruct.Q8_0.gguf", str(online.cache))]
+    online.calls.clear()
+    folder = hub.locate(FOLDER_REPO)
+    assert (folder / "config.json").is_file()
+    (_, (_, repo, patterns, cache, local_only)) = online.calls
+    assert repo == FOLDER_REPO and cache == str(online.cache) and not local_only
+    assert sorted(patterns) == ["config.json", "generation_config.json", "model.safetensors",
+                                "tokenizer.json", "tokenizer_config.json"]
+
+
+def test_online_errors_say_what_to_do(online):
+    with pytest.raises(ModelNotFoundError, match="nor a model on the Hugging Face Hub.*hf auth login"):
+        hub.locate("someone/missing")
+    with pytest.raises(ModelNotFoundError, match="someone/gated is gated: accept its terms"):
+        hub.locate("someone/gated")
+    with pytest.raises(ModelNotFoundError, match="2 GGUF files and none is Q4_K_M") as e:
+        hub.locate(GGUF_REPO)
+    assert "cache" not in str(e.value)   # the Hub's listing, not the cache's
