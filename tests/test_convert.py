@@ -476,11 +476,12 @@ def test_conversion_slice_by_slice_equals_whole(kind, qtype, dtype, tiny_gguf, t
 def test_export_slice_by_slice_equals_whole(kind, mix, tiny_gguf, tmp_path, monkeypatch):
     # The other direction: tensors are read, permuted and quantized a slice
     # at a time, and the smallest slices change no byte either.
-    from fastllm.formats import gguf_writer
+    from fastllm.formats import gguf as gguf_format
+    from fastllm.formats.gguf_writer import export_gguf
     folder = convert_gguf(tiny_gguf(kind)[1], tmp_path / "hf", progress=False)
-    whole = gguf_writer.export_gguf(folder, tmp_path / "whole.gguf", mix)
-    monkeypatch.setattr(gguf_writer, "_SLICE_VALUES", 1)
-    sliced = gguf_writer.export_gguf(folder, tmp_path / "sliced.gguf", mix)
+    whole = export_gguf(folder, tmp_path / "whole.gguf", mix)
+    monkeypatch.setattr(gguf_format, "_SLICE_VALUES", 1)
+    sliced = export_gguf(folder, tmp_path / "sliced.gguf", mix)
     assert sliced.read_bytes() == whole.read_bytes()
 
 

@@ -555,9 +555,9 @@ def unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-# Values dequantized at a time: a big tensor (a 49152 x 576 embedding) is
-# read, dequantized, converted and written 1 MB of float32 at a time, so converting
-# holds no whole tensor and its dequantizer's temporaries.
+# Values converted at a time (1 MB of float32): a big tensor (a 49152 x 576
+# embedding) is read, dequantized, converted and written in slices, so
+# converting holds neither a whole tensor nor its dequantizer's temporaries.
 _SLICE_VALUES = 1 << 18
 
 
@@ -580,6 +580,14 @@ def _decode(raw: np.ndarray, tensor: GGUFTensor, shape: tuple, path: Path) -> np
     return np.ascontiguousarray(out, dtype=np.float32).reshape(shape)
 
 
+def slices(shape: tuple, step: int = 1) -> list:
+    """(start, stop) of the slices along the first axis of shape that a
+    tensor is converted in: about _SLICE_VALUES values each, and a whole
+    multiple of step entries."""
+    count = max(step, _SLICE_VALUES // max(1, math.prod(shape[1:])) // step * step)
+    return [(start, min(start + count, shape[0])) for start in range(0, shape[0], count)]
+
+
 def _dequantized_slices(tensor: GGUFTensor, path: Path, step: int = 1):
     """The tensor as float32, in slices along its first axis of a whole
     multiple of step entries each (the rows of a head, say, so that each
@@ -596,10 +604,9 @@ def _dequantized_slices(tensor: GGUFTensor, path: Path, step: int = 1):
         return
     # Every index of the first axis holds whole rows, so whole blocks.
     per_index = tensor.n_bytes // shape[0]
-    count = max(step, _SLICE_VALUES // math.prod(shape[1:]) // step * step)
     with open_regular(path, "GGUF file") as f:
-        for start in range(0, shape[0], count):
-            n = min(count, shape[0] - start)
+        for start, stop in slices(shape, step):
+            n = stop - start
             raw = np.empty(n * per_index, np.uint8)
             f.seek(tensor.offset + start * per_index)
             if f.readinto(memoryview(raw)) != raw.nbytes:

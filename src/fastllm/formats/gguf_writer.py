@@ -24,7 +24,7 @@ from ..config import ModelConfig, read_json
 from ..errors import ModelFileError
 from ..families import FAMILIES, GGUF_ARCHITECTURES
 from . import quants
-from .gguf import _PRE_TOKENIZERS, ConversionError, OutputExistsError, _progress_fn, gguf_names
+from .gguf import _PRE_TOKENIZERS, ConversionError, OutputExistsError, _progress_fn, gguf_names, slices
 from .safetensors import Checkpoint
 
 __all__ = ["export_gguf", "permute", "MIXES"]
@@ -193,14 +193,12 @@ def _tokenizer(w, folder: Path, cfg: ModelConfig) -> None:
 # --------------------------------------------------------------------------
 # Entry point
 
-# Values read and quantized at a time: the output tensor is the only whole
-# one held, never the checkpoint's float copy or the quantizer's temporaries.
-_SLICE_VALUES = 1 << 18
-
-
 def _gguf_rows(f, name: str, shape: tuple, qtype: str, n_heads: Optional[int]) -> np.ndarray:
     """Tensor name of safetensors file f as rows of qtype, as the GGUF file
-    holds them: Q/K rows interleaved per head (n_heads: their heads, or None)."""
+    holds them: Q/K rows interleaved per head (n_heads: their heads, or None).
+    It is read and quantized a slice at a time, so the output is the one
+    whole tensor held, never the checkpoint's float copy or the quantizer's
+    temporaries."""
     if len(shape) < 2:
         a = f.float32(name, f.read(name))
         a = permute(a, n_heads) if n_heads else a
@@ -208,9 +206,8 @@ def _gguf_rows(f, name: str, shape: tuple, qtype: str, n_heads: Optional[int]) -
     rows_per_index = math.prod(shape[1:-1])
     out = np.empty((shape[0] * rows_per_index, quants.row_bytes(qtype, shape[-1])), np.uint8)
     step = shape[0] // n_heads if n_heads else 1
-    count = max(step, _SLICE_VALUES // max(1, math.prod(shape[1:])) // step * step)
-    for start in range(0, shape[0], count):
-        a = f.float32(name, f.read(name, start, start + count))
+    for start, stop in slices(shape, step):
+        a = f.float32(name, f.read(name, start, stop))
         a = permute(a, len(a) // step) if n_heads else a
         out[start * rows_per_index:(start + len(a)) * rows_per_index] = \
             quants.quantize(a.reshape(-1, shape[-1]), qtype)
