@@ -472,6 +472,25 @@ def test_conversion_slice_by_slice_equals_whole(kind, qtype, dtype, tiny_gguf, t
         assert np.array_equal(gguf_format._dequantize(t, gguf_path), expected.reshape(t.shape)), t.name
 
 
+@pytest.mark.parametrize("slice_values", [7, 1 << 18])
+def test_f32_to_bf16_rounds_as_torch_in_any_slices(slice_values, monkeypatch):
+    # f32_to_bf16 rounds a slice at a time (its temporaries stay small);
+    # where the slices fall changes nothing.
+    from fastllm.formats import safetensors
+    monkeypatch.setattr(safetensors, "_BF16_SLICE", slice_values)
+    rng = np.random.default_rng(0)
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-40, 3.4e38, -3.4e38,
+                         1.00390625, 1.01171875, 1.0 + 2 ** -8 + 2 ** -20], np.float32)   # ties and near-ties
+    x = np.concatenate([specials, rng.standard_normal(997).astype(np.float32) * 10.0 ** rng.integers(-30, 30, 997)])
+    for a in (x, x.reshape(1009, 1), x[:1000].reshape(10, 100)[:, ::3], x[:0]):
+        ours = safetensors.f32_to_bf16(a)
+        ref = torch.from_numpy(np.ascontiguousarray(a, np.float32)).to(torch.bfloat16)
+        assert ours.shape == np.shape(a) and ours.dtype == np.uint16
+        nan = np.isnan(a)   # a NaN stays a NaN; its payload bits are torch's own
+        assert np.array_equal(np.isnan(safetensors.bf16_to_f32(ours)), nan)
+        assert np.array_equal(ours[~nan], ref.view(torch.int16).numpy().view(np.uint16)[~nan])
+
+
 @pytest.mark.parametrize("kind,mix", [("llama-gqa", "f32"), ("llama-gqa", "q8_0"), ("qwen2", "bf16")])
 def test_export_slice_by_slice_equals_whole(kind, mix, tiny_gguf, tmp_path, monkeypatch):
     # The other direction: tensors are read, permuted and quantized a slice
@@ -512,7 +531,7 @@ def test_cli_convert_names_what_is_wrong_first(tiny_gguf, tmp_path, monkeypatch,
 def test_convert_peak_memory_default_model(smollm2_dir, tmp_path):
     """Converting holds no whole float tensor, so bf16 peaks no higher than
     f32, and writing a bf16 GGUF peaks lower than an f32 one (the output
-    tensor is the one whole tensor held)."""
+    tensor is the one whole tensor held); loading in bf16 peaks lower too."""
     def peak_mib(call: str) -> float:
         # VmHWM, the peak RSS of this process image (ru_maxrss would carry
         # over pytest's own from before the exec).
@@ -534,6 +553,11 @@ def test_convert_peak_memory_default_model(smollm2_dir, tmp_path):
     assert bf16 < f32 + 16, (f32, bf16)
     assert out_f32 < base + embedding_mib + 64, (base, out_f32)
     assert out_bf16 < out_f32 - embedding_mib / 4, (out_f32, out_bf16)
+    # Loading with --dtype bf16 holds half the weights of f32, and its
+    # rounding never the temporaries of a whole tensor.
+    load = "from fastllm import Model; Model.from_pretrained(dtype={!r}, threads=1, n_ctx=64)"
+    load_f32, load_bf16 = peak_mib(load.format("f32")), peak_mib(load.format("bf16"))
+    assert load_bf16 < load_f32 - 100, (load_f32, load_bf16)
 
 
 @pytest.mark.parametrize("kind,qtype", [("llama-gqa", gguf.GGMLQuantizationType.Q4_1),
