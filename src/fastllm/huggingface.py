@@ -160,16 +160,12 @@ def fetch(name: str, repo_id: str, pattern: Optional[str]) -> Path:
     errors = hub.errors
     cache = _cache_dir(hub)
     offline = _truthy(os.environ.get("HF_HUB_OFFLINE")) or bool(hub.constants.HF_HUB_OFFLINE)
-    gated = ("; if it is private or gated, accept its terms on huggingface.co and log in "
-             "(hf auth login)")
     why_cached = "HF_HUB_OFFLINE is set" if offline else None
     try:
         if not offline:
             try:
                 files = [s.rfilename for s in hub.HfApi().model_info(repo_id).siblings or ()]
-            except errors.HfHubHTTPError:
-                raise
-            except Exception as e:
+            except Exception as e:   # an HTTP error answer is handled below
                 if not _unreachable(e):
                     raise
                 why_cached = f"the Hugging Face Hub cannot be reached ({e})"
@@ -194,7 +190,8 @@ def fetch(name: str, repo_id: str, pattern: Optional[str]) -> Path:
                                  f"log in (hf auth login)") from None
     except errors.RepositoryNotFoundError:
         raise ModelNotFoundError(f"{name} is not a local folder or file, nor a model on the Hugging Face "
-                                 f"Hub{gated}") from None
+                                 f"Hub; if it is private or gated, accept its terms on huggingface.co and "
+                                 f"log in (hf auth login)") from None
     except errors.HfHubHTTPError as e:
         raise ModelNotFoundError(f"the Hugging Face Hub could not give {repo_id}: {e}") from None
     except Exception as e:
