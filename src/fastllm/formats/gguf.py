@@ -29,6 +29,7 @@ import numpy as np
 from .. import schema
 from ..config import ModelConfig
 from ..errors import FastLLMError, ModelFileError
+from ..files import open_regular
 from ..families import FAMILIES, GGUF_ARCHITECTURES
 from .gguf_file import GGUFContents, GGUFError, GGUFTensor, read_gguf, read_tensor_bytes
 from .safetensors import f32_to_bf16
@@ -554,16 +555,17 @@ def unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _dequantize(tensor: GGUFTensor, path: Path) -> np.ndarray:
+# Values converted at a time (1 MB of float32): a big tensor (a 49152 x 576
+# embedding) is read, dequantized, converted and written in slices, so
+# converting holds neither a whole tensor nor its dequantizer's temporaries.
+_SLICE_VALUES = 1 << 18
+
+
+def _decode(raw: np.ndarray, tensor: GGUFTensor, shape: tuple, path: Path) -> np.ndarray:
+    """raw, the bytes of whole rows of tensor, as float32 of shape."""
     gguf = _gguf_module()
     qt = gguf.GGMLQuantizationType
     ttype = tensor.tensor_type
-    shape = tensor.shape
-    if ttype in (qt.I8, qt.I16, qt.I32, qt.I64):
-        raise ConversionError(path, f"tensor {tensor.name} has integer type {ttype.name}, not a weight")
-    if 0 in shape:
-        return np.zeros(shape, np.float32)
-    raw = read_tensor_bytes(path, tensor)
     if ttype == qt.F64:
         out = raw.view("<f8").astype(np.float32)
     else:
@@ -578,12 +580,70 @@ def _dequantize(tensor: GGUFTensor, path: Path) -> np.ndarray:
     return np.ascontiguousarray(out, dtype=np.float32).reshape(shape)
 
 
+def slices(shape: tuple, step: int = 1) -> list:
+    """(start, stop) of the slices along the first axis of shape that a
+    tensor is converted in: about _SLICE_VALUES values each, and a whole
+    multiple of step entries."""
+    count = max(step, _SLICE_VALUES // max(1, math.prod(shape[1:])) // step * step)
+    return [(start, min(start + count, shape[0])) for start in range(0, shape[0], count)]
+
+
+def _dequantized_slices(tensor: GGUFTensor, path: Path, step: int = 1):
+    """The tensor as float32, in slices along its first axis of a whole
+    multiple of step entries each (the rows of a head, say, so that each
+    slice can be unpermuted alone); a vector comes whole."""
+    qt = _gguf_module().GGMLQuantizationType
+    ttype, shape = tensor.tensor_type, tensor.shape
+    if ttype in (qt.I8, qt.I16, qt.I32, qt.I64):
+        raise ConversionError(path, f"tensor {tensor.name} has integer type {ttype.name}, not a weight")
+    if 0 in shape:
+        yield np.zeros(shape, np.float32)
+        return
+    if len(shape) < 2:
+        yield _decode(read_tensor_bytes(path, tensor), tensor, shape, path)
+        return
+    # Every index of the first axis holds whole rows, so whole blocks.
+    per_index = tensor.n_bytes // shape[0]
+    with open_regular(path, "GGUF file") as f:
+        for start, stop in slices(shape, step):
+            n = stop - start
+            raw = np.empty(n * per_index, np.uint8)
+            f.seek(tensor.offset + start * per_index)
+            if f.readinto(memoryview(raw)) != raw.nbytes:
+                raise GGUFError(path, f"tensor {tensor.name!r}: the file ends before the tensor does; "
+                                      f"it was truncated after it was opened")
+            yield _decode(raw, tensor, (n, *shape[1:]), path)
+
+
+def _dequantize(tensor: GGUFTensor, path: Path) -> np.ndarray:
+    """The whole tensor as float32."""
+    slices = _dequantized_slices(tensor, path)
+    if len(tensor.shape) < 2 or 0 in tensor.shape:
+        return next(slices)
+    out = np.empty(tensor.shape, np.float32)
+    start = 0
+    for part in slices:
+        out[start:start + len(part)] = part
+        start += len(part)
+    return out
+
+
+def _slices_to_write(tensor: GGUFTensor, path: Path, n_heads: Optional[int], dtype: str):
+    """The tensor's slices as the folder stores them: Q/K rows back in HF's
+    order (n_heads: their heads, or None), in dtype."""
+    rows_per_head = tensor.shape[0] // n_heads if n_heads else 1
+    for w in _dequantized_slices(tensor, path, rows_per_head):
+        if n_heads:
+            w = unpermute(w, len(w) // rows_per_head)
+        yield f32_to_bf16(w) if dtype == "bf16" else w
+
+
 class _SafetensorsWriter:
     """Write a safetensors file one tensor at a time.
 
     The header needs every offset up front, and every shape is known from the
-    GGUF tensor table before anything is dequantized, so only one tensor is
-    ever held in memory.
+    GGUF tensor table before anything is dequantized, so a tensor is written
+    slice by slice as it is dequantized, and no whole tensor is held.
     """
 
     _DTYPES = {"F32": 4, "BF16": 2, "F16": 2}
@@ -606,14 +666,18 @@ class _SafetensorsWriter:
         self._f.write(raw)
         self._next = 0
 
-    def write(self, name: str, data: np.ndarray) -> None:
+    def write(self, name: str, parts) -> None:
+        """The next tensor, given as its consecutive slices (arrays)."""
         want_name, want_bytes = self._expected[self._next]
-        if name != want_name or data.nbytes != want_bytes:
-            raise AssertionError(f"safetensors writer: got {name} ({data.nbytes} B), "
+        written = 0
+        for data in parts:
+            # safetensors is little-endian whatever the host is.
+            data = np.ascontiguousarray(data, dtype=data.dtype.newbyteorder("<"))
+            self._f.write(memoryview(data).cast("B"))
+            written += data.nbytes
+        if name != want_name or written != want_bytes:
+            raise AssertionError(f"safetensors writer: got {name} ({written} B), "
                                  f"expected {want_name} ({want_bytes} B)")
-        # safetensors is little-endian whatever the host is.
-        data = np.ascontiguousarray(data, dtype=data.dtype.newbyteorder("<"))
-        self._f.write(memoryview(data).cast("B"))
         self._next += 1
 
     def close(self) -> None:
@@ -885,13 +949,9 @@ def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DT
         total = len(order)
         if report:
             report(0, total)
-        heads = {"q": n_heads, "k": n_kv}
+        heads = {"q": n_heads, "k": n_kv} if FAMILIES[arch].gguf_qk_interleaved else {}
         for i, (hf, g, t) in enumerate(order):
-            w = _dequantize(g, path)
-            if FAMILIES[arch].gguf_qk_interleaved and t.rope in heads:
-                w = unpermute(w, heads[t.rope])
-            writer.write(hf, f32_to_bf16(w) if dtype == "bf16" else w)
-            del w
+            writer.write(hf, _slices_to_write(g, path, heads.get(t.rope), dtype))
             if report:
                 report(i + 1, total)
         if writer is not None:

@@ -24,7 +24,7 @@ from ..config import ModelConfig, read_json
 from ..errors import ModelFileError
 from ..families import FAMILIES, GGUF_ARCHITECTURES
 from . import quants
-from .gguf import _PRE_TOKENIZERS, ConversionError, OutputExistsError, _progress_fn, gguf_names
+from .gguf import _PRE_TOKENIZERS, ConversionError, OutputExistsError, _progress_fn, gguf_names, slices
 from .safetensors import Checkpoint
 
 __all__ = ["export_gguf", "permute", "MIXES"]
@@ -193,6 +193,27 @@ def _tokenizer(w, folder: Path, cfg: ModelConfig) -> None:
 # --------------------------------------------------------------------------
 # Entry point
 
+def _gguf_rows(f, name: str, shape: tuple, qtype: str, n_heads: Optional[int]) -> np.ndarray:
+    """Tensor name of safetensors file f as rows of qtype, as the GGUF file
+    holds them: Q/K rows interleaved per head (n_heads: their heads, or None).
+    It is read and quantized a slice at a time, so the output is the one
+    whole tensor held, never the checkpoint's float copy or the quantizer's
+    temporaries."""
+    if len(shape) < 2:
+        a = f.float32(name, f.read(name))
+        a = permute(a, n_heads) if n_heads else a
+        return quants.quantize(a.reshape(1, -1), qtype)
+    rows_per_index = math.prod(shape[1:-1])
+    out = np.empty((shape[0] * rows_per_index, quants.row_bytes(qtype, shape[-1])), np.uint8)
+    step = shape[0] // n_heads if n_heads else 1
+    for start, stop in slices(shape, step):
+        a = f.float32(name, f.read(name, start, stop))
+        a = permute(a, len(a) // step) if n_heads else a
+        out[start * rows_per_index:(start + len(a)) * rows_per_index] = \
+            quants.quantize(a.reshape(-1, shape[-1]), qtype)
+    return out
+
+
 
 def export_gguf(folder: PathLike, out_path: PathLike, mix: str = "f32",
                 progress: Union[None, bool, Callable[[int, int], None]] = None, *,
@@ -261,14 +282,9 @@ def export_gguf(folder: PathLike, out_path: PathLike, mix: str = "f32",
             report(0, total)
         if rope_freqs is not None:
             w.write_tensor_data(rope_freqs)
-        heads = {"q": cfg.num_attention_heads, "k": cfg.num_key_value_heads}
+        heads = {"q": cfg.num_attention_heads, "k": cfg.num_key_value_heads} if family.gguf_qk_interleaved else {}
         for i, (g, hf, t) in enumerate(order):
-            f = ckpt.file_of(hf)
-            a = np.ascontiguousarray(f.float32(hf), dtype=np.float32)
-            if family.gguf_qk_interleaved and t.rope in heads:
-                a = permute(a, heads[t.rope])
-            rows = a.reshape(-1, a.shape[-1]) if a.ndim > 1 else a.reshape(1, -1)
-            w.write_tensor_data(quants.quantize(rows, types[g]))
+            w.write_tensor_data(_gguf_rows(ckpt.file_of(hf), hf, shapes[g], types[g], heads.get(t.rope)))
             if report:
                 report(i + 1, total)
         w.close()

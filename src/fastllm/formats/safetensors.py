@@ -142,11 +142,17 @@ class SafetensorsFile:
     def shape(self, name) -> tuple:
         return self._entries[name][1]
 
-    def read(self, name) -> np.ndarray:
+    def read(self, name, start: int = 0, stop: int | None = None) -> np.ndarray:
         """A fresh, writable copy of the tensor (BF16 as uint16 bit patterns),
         read with ordinary reads: a file that shrank since it was opened
-        gives a ModelFileError, not a SIGBUS."""
+        gives a ModelFileError, not a SIGBUS. start, stop: only the entries
+        [start:stop] of its first axis, to read a big tensor a slice at a time."""
         dtype_name, shape, begin, end = self._entries[name]
+        if shape:
+            start, stop, _ = slice(start, stop).indices(shape[0])
+            per_index = (end - begin) // shape[0] if shape[0] else 0
+            shape = (max(stop - start, 0), *shape[1:])
+            begin += start * per_index
         out = np.empty(shape, _DTYPES[dtype_name])
         buf = memoryview(out.reshape(-1).view(np.uint8))
         try:
@@ -273,13 +279,22 @@ def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
     return out.view(np.float32)
 
 
+# Values rounded at a time: the rounding's uint32 temporaries stay a few MB
+# whatever the tensor, so bf16 never needs more memory than float32 would.
+_BF16_SLICE = 1 << 18
+
+
 def f32_to_bf16(x: np.ndarray) -> np.ndarray:
     """Round float32 to bf16 bit patterns, nearest-even, NaN kept NaN (as torch does)."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    rounded = (u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)
-    nan = np.greater(u & np.uint32(0x7FFFFFFF), np.uint32(0x7F800000))
-    rounded = np.where(nan, (u >> np.uint32(16)) | np.uint32(0x40), rounded)
-    return rounded.astype(np.uint16)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    out = np.empty(x.shape, np.uint16)
+    bits, rounded_bits = x.reshape(-1).view(np.uint32), out.reshape(-1)
+    for start in range(0, bits.size, _BF16_SLICE):
+        u = bits[start:start + _BF16_SLICE]
+        rounded = (u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)
+        nan = np.greater(u & np.uint32(0x7FFFFFFF), np.uint32(0x7F800000))
+        rounded_bits[start:start + u.size] = np.where(nan, (u >> np.uint32(16)) | np.uint32(0x40), rounded)
+    return out
 
 
 def load_file(path) -> dict:
