@@ -27,6 +27,7 @@ def build(folder: Path | None = None) -> Path:
     """membw.c compiled (with $CC, default cc, and OpenMP) into folder, once."""
     exe = Path(folder or tempfile.gettempdir()) / "fastllm-membw"
     if not exe.exists() or exe.stat().st_mtime < SOURCE.stat().st_mtime:
+        exe.parent.mkdir(parents=True, exist_ok=True)
         tmp = exe.with_name(f"{exe.name}.tmp{os.getpid()}")
         subprocess.run([os.environ.get("CC", "cc"), "-O2", "-fopenmp", str(SOURCE), "-o", str(tmp)],
                        check=True, capture_output=True, text=True)
