@@ -638,7 +638,7 @@ def main(argv=None) -> int:
         f"- tests: {', '.join(f'{k}{n}' for k, n in tests)}; threads {args.threads}; "
         f"dtypes {args.dtypes}; {args.repetitions} repetition"
         f"{'s' if args.repetitions != 1 else ''} after 1 warm-up, "
-        "engines interleaved per repetition; same random token ids for every engine",
+        "engines interleaved per repetition, the first rotating; same random token ids for every engine",
     ]
     for dtype, (path, check) in ggufs.items():
         header.append(f"- llama.cpp {dtype}: {path} (made by llama_model_quantize from "
