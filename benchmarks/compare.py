@@ -6,9 +6,18 @@ tg N: N single-token decode steps from an empty cache.
 
 All engines run in one process on the same weights at the same precision
 and thread count. For each (dtype, threads, test) every engine gets one
-warm-up run, then the repetitions are interleaved (fastllm, llama.cpp,
-transformers, fastllm, ...) so that noise from other load on the machine
-hits all of them alike. Medians are compared as ratios.
+warm-up run, then the repetitions are interleaved so that noise from other
+load on the machine hits all of them alike, and the engine that goes first
+rotates from one repetition to the next (fastllm, llama.cpp, transformers;
+then llama.cpp, transformers, fastllm; ...), so that none always finds the
+caches and the CPU's clock in the state another left. Medians are compared
+as ratios.
+
+Before each repetition, membw.c measures the memory read bandwidth at the
+thread count under test (see membw.py: the fastest of 5 reads of a 1 GiB
+buffer by t OpenMP threads, each summing the slice it first wrote); the
+report gives the median of those readings and the ceiling it sets for
+generation, which reads every weight once per token.
 
 llama.cpp reads GGUF files made by its own quantizer from the source GGUF
 (F32 and BF16), and the script checks that every tensor in them equals the
@@ -28,11 +37,14 @@ import os
 import platform
 import shlex
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+import membw
 
 ENGINES = ("fastllm", "llama.cpp", "transformers")
 DTYPES = ("f32", "bf16")
@@ -95,33 +107,6 @@ def summarize(speeds: list) -> dict:
         "mean": statistics.mean(speeds),
         "sd": statistics.stdev(speeds) if len(speeds) > 1 else 0.0,
     }
-
-
-# --------------------------------------------------------------------------
-# Memory bandwidth
-
-
-class Bandwidth:
-    """Read bandwidth of a float32 buffer far larger than the last-level
-    cache, summed with torch at a given thread count (numpy's sum would use
-    one thread whatever the count)."""
-
-    def __init__(self, mib: int):
-        import torch
-        self.torch = torch
-        self.nbytes = mib * 1024 * 1024
-        # Filled, not just allocated, so that every page is mapped before timing.
-        self.buf = torch.ones(self.nbytes // 4, dtype=torch.float32)
-
-    def measure(self, threads: int, reads: int = 5) -> float:
-        torch = self.torch
-        torch.set_num_threads(threads)
-        best = float("inf")
-        for _ in range(reads + 1):  # the first read is a warm-up
-            t0 = time.perf_counter()
-            self.buf.sum()
-            best = min(best, time.perf_counter() - t0)
-        return self.nbytes / best
 
 
 # --------------------------------------------------------------------------
@@ -607,17 +592,11 @@ def main(argv=None) -> int:
                 pools = GgmlThreadpools(llama_cpp)
             except (OSError, AttributeError, RuntimeError) as e:
                 notes.append(f"llama.cpp runs without a persistent threadpool: {e}")
-    have_torch = True
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        have_torch = False
     want_tf = "transformers" in args.engines
     if want_tf:
         try:
+            import torch  # noqa: F401
             import transformers  # noqa: F401
-            if not have_torch:
-                raise ImportError("torch is not installed")
         except ImportError as e:
             notes.append(f"transformers left out: {e}")
             want_tf = False
@@ -659,7 +638,7 @@ def main(argv=None) -> int:
         f"- tests: {', '.join(f'{k}{n}' for k, n in tests)}; threads {args.threads}; "
         f"dtypes {args.dtypes}; {args.repetitions} repetition"
         f"{'s' if args.repetitions != 1 else ''} after 1 warm-up, "
-        "engines interleaved per repetition; same random token ids for every engine",
+        "engines interleaved per repetition, the first rotating; same random token ids for every engine",
     ]
     for dtype, (path, check) in ggufs.items():
         header.append(f"- llama.cpp {dtype}: {path} (made by llama_model_quantize from "
@@ -668,15 +647,12 @@ def main(argv=None) -> int:
     print("\n".join(header))
     sys.stdout.flush()
 
-    bandwidth = {}
-    bw = None
-    if have_torch:
-        try:
-            bw = Bandwidth(args.bw_mib)
-        except (RuntimeError, MemoryError) as e:
-            notes.append(f"bandwidth not measured: {e}")
-    else:
-        notes.append("bandwidth not measured: needs torch for a multi-threaded read")
+    bandwidth = {}   # threads -> GB/s readings, one before each repetition
+    try:
+        membw_exe = membw.build()
+    except (OSError, subprocess.CalledProcessError) as e:
+        membw_exe = None
+        notes.append(f"bandwidth not measured: membw.c did not build ({getattr(e, 'stderr', e)})")
 
     results = []     # one dict per (engine, dtype, threads, test)
     settings = {}    # engine/dtype -> description
@@ -697,16 +673,16 @@ def main(argv=None) -> int:
                                                        max(args.n_prompt, args.n_gen))
             tokens = tokens.astype(np.int32)
             for t in args.threads:
-                if bw is not None:
-                    # Kept as the best of every measurement at this thread count.
-                    bandwidth[t] = max(bandwidth.get(t, 0.0), bw.measure(t))
                 for r in runners:
                     r.set_threads(t)
                 for test, n in tests:
                     toks = tokens[:n]
                     speeds = {r.name: [] for r in runners}
-                    for rep in range(args.repetitions + 1):
-                        for r in runners:
+                    for rep in range(args.repetitions + 1):   # rep 0 is the warm-up
+                        if rep and membw_exe is not None:
+                            bandwidth.setdefault(t, []).append(membw.measure(membw_exe, t, args.bw_mib))
+                        first = rep % len(runners)
+                        for r in runners[first:] + runners[:first]:
                             time.sleep(SETTLE_S)
                             dt = r.pp(toks) if test == "pp" else r.tg(toks)
                             if rep:
@@ -733,7 +709,7 @@ def main(argv=None) -> int:
             "llama_cpp_gguf": {d: {"path": str(p), "check": c} for d, (p, c) in ggufs.items()},
             "settings": settings, "notes": notes,
             "n_prompt": args.n_prompt, "n_gen": args.n_gen, "repetitions": args.repetitions,
-            "bandwidth_bytes_per_s": {str(t): b for t, b in bandwidth.items()},
+            "bandwidth_gb_per_s": {str(t): b for t, b in bandwidth.items()},
             "bandwidth_buffer_bytes": args.bw_mib * 1024 * 1024,
             "results": results,
         }
@@ -781,11 +757,14 @@ def print_report(args, results, bandwidth, n_params, settings, notes) -> None:
     if not bandwidth:
         return
     print("\n## Memory bandwidth and the generation ceiling\n")
-    print(f"Read bandwidth: best of 5 sums of a {args.bw_mib} MiB float32 buffer with torch at "
-          f"each thread count. Ceiling = bandwidth / weight bytes per token "
+    print(f"Read bandwidth: membw.c, the fastest of 5 reads of a {args.bw_mib} MiB buffer by t OpenMP "
+          f"threads, measured before each repetition; median (and range) of those readings. "
+          f"Ceiling = bandwidth / weight bytes per token "
           f"({n_params:,} parameters × 4 B for f32, × 2 B for bf16).\n")
-    for t, bw in bandwidth.items():
-        print(f"- {t} thread{'s' if t > 1 else ''}: {bw / 1e9:.2f} GB/s")
+    for t, readings in bandwidth.items():
+        bw = statistics.median(readings) * 1e9
+        print(f"- {t} thread{'s' if t > 1 else ''}: {bw / 1e9:.2f} GB/s "
+              f"({min(readings):.2f}-{max(readings):.2f}, {len(readings)} readings)")
         for dtype in args.dtypes:
             per_token = n_params * BYTES_PER_WEIGHT[dtype]
             ceiling = bw / per_token

@@ -1,16 +1,20 @@
 #!/usr/bin/env python
 """fastllm and llama.cpp on the very same GGUF files, side by side.
 
-Each repetition times every (file, threads) case once with each engine, in
-turn (fastllm, llama.cpp, fastllm, ...), every run in a process of its own:
-scale_worker.py for fastllm (the file at its own precision, int8
-activations) and llama-bench for llama.cpp, both with llama-bench's protocol
-(pp N: one pass over N tokens after a warm-up pass; tg N: N single-token
-steps). The table gives the median tokens/s of each engine over the
-repetitions and their ratio, fastllm's peak RSS beside the file size, and
-how close fastllm's decode comes to the bandwidth ceiling of the bytes a
-token reads (the file's matrix bytes; membw.c measures the bandwidth in
-the same run).
+Each repetition first measures the memory read bandwidth at every thread
+count (membw.c: the fastest of 5 reads of a 1 GiB buffer by t OpenMP
+threads, each summing the slice it first wrote; see membw.py), then times
+every (file, threads) case once with each engine, every run in a process of
+its own: scale_worker.py for fastllm (the file at its own precision, int8
+activations) and llama-bench for llama.cpp, both with llama-bench's
+protocol (pp N: one pass over N tokens after a warm-up pass; tg N: N
+single-token steps). The engine that runs first alternates from one
+repetition to the next, so that neither always finds the caches and the
+CPU's clock in the state the other left. The table gives the median
+tokens/s of each engine over the repetitions and their ratio, fastllm's
+peak RSS beside the file size, and each engine's decode against the
+ceiling that the median bandwidth sets for the bytes a token reads (the
+file's matrix bytes).
 
     python benchmarks/gguf_speed.py FILE.gguf [...] --llama-bench PATH \
         [--threads 1,2] [--pp 512] [--tg 128] [--reps 5]
@@ -23,10 +27,12 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
+import membw
+
 HERE = Path(__file__).resolve().parent
+ENGINES = ("fastllm", "llama.cpp")
 
 
 def fastllm_run(path: Path, threads: int, pp: int, tg: int) -> tuple:
@@ -46,16 +52,6 @@ def llama_run(llama_bench: str, path: Path, threads: int, pp: int, tg: int) -> d
             j = json.loads(line)
             got[f"pp{j['n_prompt']}" if j["n_prompt"] else f"tg{j['n_gen']}"] = j["avg_ts"]
     return got
-
-
-def bandwidth(threads: int) -> float:
-    """GB/s of reading a 1 GiB buffer (membw.c), median of its reads."""
-    exe = Path(tempfile.gettempdir()) / "fastllm-membw"
-    if not exe.exists():
-        subprocess.run(["cc", "-O2", "-fopenmp", str(HERE / "membw.c"), "-o", str(exe)], check=True)
-    r = subprocess.run([str(exe), "1024"], capture_output=True, text=True, check=True,
-                       env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
-    return json.loads(r.stdout)["gb_per_s"]
 
 
 def matrix_bytes(path: Path) -> int:
@@ -78,35 +74,44 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=5)
     args = p.parse_args(argv)
     threads = [int(t) for t in args.threads.split(",")]
-    runs = {}
+    exe = membw.build()
+    runs, bw = {}, {t: [] for t in threads}
     for rep in range(args.reps):
+        for t in threads:
+            bw[t].append(membw.measure(exe, t))
+        engines = ENGINES if rep % 2 == 0 else ENGINES[::-1]
         for path in args.files:
             for t in threads:
-                f, rss = fastllm_run(path, t, args.pp, args.tg)
-                runs.setdefault((path, t, "fastllm"), []).append(f)
-                runs.setdefault((path, t, "rss"), []).append(rss)
-                runs.setdefault((path, t, "llama.cpp"), []).append(
-                    llama_run(args.llama_bench, path, t, args.pp, args.tg))
-                print(f"rep {rep + 1}/{args.reps} {path.name} t={t}: fastllm {f}, "
-                      f"llama.cpp {runs[(path, t, 'llama.cpp')][-1]}", file=sys.stderr, flush=True)
-    bw = {t: bandwidth(t) for t in threads}
-    print(f"\nmedians of {args.reps} interleaved runs, tokens/s; bandwidth (1 GiB read): "
-          + ", ".join(f"{t} threads {bw[t]:.1f} GB/s" for t in threads))
+                for engine in engines:
+                    if engine == "fastllm":
+                        f, rss = fastllm_run(path, t, args.pp, args.tg)
+                        runs.setdefault((path, t, "rss"), []).append(rss)
+                    else:
+                        f = llama_run(args.llama_bench, path, t, args.pp, args.tg)
+                    runs.setdefault((path, t, engine), []).append(f)
+                print(f"rep {rep + 1}/{args.reps} ({engines[0]} first) {path.name} t={t}: "
+                      + ", ".join(f"{e} {runs[(path, t, e)][-1]}" for e in ENGINES), file=sys.stderr, flush=True)
+        print(f"rep {rep + 1}/{args.reps} bandwidth: "
+              + ", ".join(f"{t} threads {bw[t][-1]:.1f} GB/s" for t in threads), file=sys.stderr, flush=True)
+    median_bw = {t: statistics.median(bw[t]) for t in threads}
+    print(f"\nmedians of {args.reps} interleaved runs (first engine alternating), tokens/s; "
+          "bandwidth (membw, median of one reading per repetition): "
+          + ", ".join(f"{t} threads {median_bw[t]:.1f} GB/s ({min(bw[t]):.1f}-{max(bw[t]):.1f})" for t in threads))
     print(f"| file | threads | pp{args.pp} fastllm / llama.cpp | ratio | tg{args.tg} fastllm / llama.cpp | ratio "
-          f"| tg of ceiling | fastllm peak RSS / file |")
+          f"| tg of ceiling fastllm / llama.cpp | fastllm peak RSS / file |")
     print("|---|---|---|---|---|---|---|---|")
     for path in args.files:
         mb = matrix_bytes(path)
         for t in threads:
             med = {e: {k: statistics.median(r[k] for r in runs[(path, t, e)]) for k in runs[(path, t, e)][0]}
-                   for e in ("fastllm", "llama.cpp")}
+                   for e in ENGINES}
             pp, tg = f"pp{args.pp}", f"tg{args.tg}"
-            ceiling = bw[t] * 1e9 / mb
+            ceiling = median_bw[t] * 1e9 / mb
             print(f"| {path.name} | {t} | {med['fastllm'][pp]:.0f} / {med['llama.cpp'][pp]:.0f} | "
                   f"{med['fastllm'][pp] / med['llama.cpp'][pp]:.2f} | {med['fastllm'][tg]:.1f} / "
                   f"{med['llama.cpp'][tg]:.1f} | {med['fastllm'][tg] / med['llama.cpp'][tg]:.2f} | "
-                  f"{med['fastllm'][tg] / ceiling:.0%} | {max(runs[(path, t, 'rss')]):.0f} / "
-                  f"{os.path.getsize(path) / 2**20:.0f} MiB |")
+                  f"{med['fastllm'][tg] / ceiling:.0%} / {med['llama.cpp'][tg] / ceiling:.0%} | "
+                  f"{max(runs[(path, t, 'rss')]):.0f} / {os.path.getsize(path) / 2**20:.0f} MiB |")
     return 0
 
 

@@ -44,6 +44,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import membw  # noqa: E402
 import plot_png  # noqa: E402
 
 # config.json values of the real models (their HF repositories), the shape
@@ -227,17 +228,12 @@ class Artifacts:
 # Memory bandwidth
 
 
-def measure_bandwidth(threads: list, cache: Path, mib: int, logs: Path) -> dict:
-    """GB/s of membw.c at each thread count; compiled into the cache at first use."""
-    exe = cache / "membw"
-    if not exe.exists():
-        run_logged([os.environ.get("CC", "cc"), "-O2", "-fopenmp", str(HERE / "membw.c"), "-o",
-                    str(exe)], logs / "membw-build.log")
+def measure_bandwidth(threads: list, cache: Path, mib: int) -> dict:
+    """GB/s of membw at each thread count; compiled into the cache at first use."""
+    exe = membw.build(cache)
     out = {}
     for t in threads:
-        r = subprocess.run([str(exe), str(mib), "5"], capture_output=True, text=True, check=True,
-                           env=dict(os.environ, OMP_NUM_THREADS=str(t)))
-        out[t] = json.loads(r.stdout)["gb_per_s"]
+        out[t] = membw.measure(exe, t, mib)
         log(f"  membw {t} thread{'s' if t > 1 else ''}: {out[t]:.1f} GB/s")
     return out
 
@@ -677,7 +673,7 @@ def main(argv=None) -> int:
     missing = [t for t in args.threads if str(t) not in state["membw_gb_s"]]
     if missing and pending:
         log("memory bandwidth ...")
-        for t, v in measure_bandwidth(missing, cache, args.membw_mib, logs).items():
+        for t, v in measure_bandwidth(missing, cache, args.membw_mib).items():
             state["membw_gb_s"][str(t)] = v
     save(state, out)
     run_cases(pending, deadline, args, art, state, out)
