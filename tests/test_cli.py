@@ -612,5 +612,5 @@ def test_bad_numbers_are_refused_naming_the_flag(capsys, argv, message):
 
 def test_a_negative_seed_is_refused_at_the_call():
     # numpy's generators take none: refused with the other settings, not at the first draw
-    with pytest.raises(ValueError, match="seed must be a whole number >= 0 or None, got -5"):
+    with pytest.raises(ValueError, match=r"seed must be a whole number from 0 to 2\*\*64-1, or None, got -5"):
         SamplingParams(seed=-5)

@@ -327,8 +327,10 @@ class Settings:
 
     def kwargs(self) -> dict:
         """Keywords for Model.stream/chat."""
-        return dict(max_new_tokens=self.max_new_tokens, sampling=self.params, stop=list(self.stop) or None,
-                    response_format=self.response_format)
+        kw = dict(max_new_tokens=self.max_new_tokens, sampling=self.params, stop=list(self.stop) or None)
+        if self.response_format is not None:
+            kw["response_format"] = self.response_format
+        return kw
 
 
 def has_chat_template(model) -> bool:
