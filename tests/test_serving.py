@@ -136,3 +136,95 @@ def test_asyncio_readers_get_every_token_without_a_thread_each(tiny_model_dir):
         assert asyncio.run(main()) == want
     finally:
         engine.close()
+
+
+class _Boom(Exception):
+    pass
+
+
+class _FailingConstraint:
+    """Fails in mask() at its n-th call: a failure inside one request's step."""
+
+    def __init__(self, n):
+        self.n, self.calls = n, 0
+
+    def mask(self, logits):
+        self.calls += 1
+        if self.calls == self.n:
+            raise _Boom("mask failed")
+        return logits
+
+    def accept(self, token):
+        pass
+
+    done = False
+
+
+def test_a_failing_request_ends_alone_and_the_engine_goes_on(tiny_model_dir, monkeypatch):
+    model = Model.from_pretrained(tiny_model_dir("llama-gqa"), threads=2)
+    a, b, c = _prompts(model, 3, seed=5)
+    want_b = list(model.generate_tokens(b, 8, stop_token_ids=()))
+    engine = BatchEngine(model, parallel=2)
+    try:
+        bad = engine.submit(a, 8, stop_ids=(), constraint=_FailingConstraint(3))
+        good = engine.submit(b, 8, stop_ids=())
+        with pytest.raises(_Boom):
+            list(bad)
+        assert bad.finish_reason == "error" and isinstance(bad.error, _Boom)
+        assert list(good) == want_b and good.finish_reason == "length"
+        # a whole pass that fails ends the requests in it; the next ones run
+        from fastllm import serving
+        real = serving.extend_together
+        calls = []
+
+        def fail_once(*args):
+            calls.append(1)
+            if len(calls) == 1:
+                raise _Boom("pass failed")
+            return real(*args)
+        monkeypatch.setattr(serving, "extend_together", fail_once)
+        hit = engine.submit(c, 8, stop_ids=())
+        with pytest.raises(_Boom):
+            list(hit)
+        assert engine.alive
+        assert list(engine.submit(b, 8, stop_ids=())) == want_b
+    finally:
+        engine.close()
+    assert not engine.alive
+
+
+def test_bad_settings_are_refused_on_the_callers_thread(tiny_model_dir):
+    model = Model.from_pretrained(tiny_model_dir("llama-gqa"), threads=2)
+    engine = BatchEngine(model, parallel=1)
+    try:
+        with pytest.raises(ValueError, match="seed"):
+            engine.submit([1, 2], 4, SamplingParams(temperature=1.0).replace(seed=-1))
+        with pytest.raises(ValueError, match="logit_bias"):
+            engine.submit([1, 2], 4, SamplingParams(logit_bias={model.config.vocab_size: 1.0}))
+        with pytest.raises(ValueError, match="max_new_tokens"):
+            engine.submit([1, 2], -1)
+        assert engine.queue_depth == 0 and engine.active == 0
+        assert list(engine.submit([1, 2], 3, stop_ids=())) == \
+            list(model.generate_tokens([1, 2], 3, stop_token_ids=()))
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("kind", ["llama-gqa", "qwen3_5-text"])
+def test_choices_of_one_prompt_share_its_prefill(kind, tiny_model_dir):
+    """n choices: the prompt runs once, the others copy its keys/values and
+    logits; each choice is what it would be alone with its own seed."""
+    model = Model.from_pretrained(tiny_model_dir(kind), threads=2)
+    prompt = _prompts(model, 1, seed=6)[0] * 3
+    settings = [SamplingParams(temperature=1.0, seed=s) for s in (1, 2, 3)]
+    alone = [list(model.generate_tokens(prompt, 9, s, stop_token_ids=())) for s in settings]
+    engine = BatchEngine(model, parallel=3, prefill_chunk=8)
+    try:
+        requests = engine.submit_many(prompt, 9, settings, stop_ids=())
+        assert [list(r) for r in requests] == alone
+        assert [r.prompt_reused for r in requests] == [0, len(prompt), len(prompt)]
+        with pytest.raises(QueueFull):   # all or none
+            BatchEngine.submit_many(engine, prompt, 2, [None] * 65)
+        assert engine.queue_depth == 0
+    finally:
+        engine.close()

@@ -204,3 +204,42 @@ def test_a_gevent_patched_process_runs_the_model(llama, tiny_model_dir):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == str(want)
+
+
+def test_an_explicit_session_refuses_a_second_thread_or_generation(llama):
+    session = llama.new_session()
+    first = llama.generate_tokens(PROMPTS[0], 6, stop_token_ids=(), session=session)
+    head = [next(first)]
+    errors = []
+
+    def other_thread():
+        for use in (lambda: list(llama.generate_tokens(PROMPTS[1], 3, stop_token_ids=(), session=session)),
+                    lambda: session.prefill(PROMPTS[1]), lambda: session.reset()):
+            try:
+                use()
+                errors.append(None)
+            except RuntimeError as e:
+                errors.append(str(e))
+    t = threading.Thread(target=other_thread)
+    t.start()
+    t.join()
+    assert all(e and "another thread" in e for e in errors), errors
+    with pytest.raises(RuntimeError, match="already used by a generation"):
+        list(llama.generate_tokens(PROMPTS[1], 3, stop_token_ids=(), session=session))
+    # the first generation was not disturbed, and the session is free afterwards
+    assert head + list(first) == list(llama.generate_tokens(PROMPTS[0], 6, stop_token_ids=()))
+    assert len(list(llama.generate_tokens(PROMPTS[1], 3, stop_token_ids=(), session=session))) == 3
+
+
+def test_the_c_boundary_checks_token_ids_itself(llama):
+    """State.run and run_batch refuse ids outside the vocabulary even when a
+    caller skipped check_token_ids (it would read outside the embeddings)."""
+    state = _core.State(llama._weights, 8)
+    vocab = llama.config.vocab_size
+    for bad in (-100000, -1, vocab):
+        ids = np.array([1, bad, 2], dtype=np.int32)
+        with pytest.raises(ValueError, match=f"token id {bad} is outside"):
+            state.run(ids, 0)
+        with pytest.raises(ValueError, match=f"token id {bad} is outside"):
+            _core.run_batch([state], [ids], [0])
+    assert state.run(np.array([1, 2], dtype=np.int32), 0).shape == (vocab,)

@@ -202,6 +202,23 @@ def check_token_ids(tokens, long long vocab_size):
     return np.ascontiguousarray(ids, dtype=np.int32)
 
 
+cdef int _first_bad_id(const int32_t[::1] ids, int vocab_size) noexcept nogil:
+    """Index of the first id outside 0..vocab_size-1, else -1."""
+    cdef Py_ssize_t i
+    for i in range(ids.shape[0]):
+        if ids[i] < 0 or ids[i] >= vocab_size:
+            return <int>i
+    return -1
+
+
+cdef _check_ids_at_boundary(const int32_t[::1] ids, int vocab_size):
+    # The public paths check ids (check_token_ids); this cheap pass keeps
+    # a caller that skipped them from reading outside the embedding table.
+    cdef int bad = _first_bad_id(ids, vocab_size)
+    if bad >= 0:
+        raise ValueError(f"token id {ids[bad]} is outside the vocabulary (0..{vocab_size - 1})")
+
+
 # Weight storage types by name: the C enum, and how numpy holds the values
 # of a row before packing (absent: GGML blocks, as bytes).
 TYPES = {"f32": flm.FLM_F32, "bf16": flm.FLM_BF16, "f16": flm.FLM_F16, "q8_0": flm.FLM_Q8_0,
@@ -532,6 +549,7 @@ cdef class State:
         if n < 1 or pos < 0 or pos > w.cfg.seq_len - n:
             raise ValueError(f"positions {pos}..{pos + n - 1} do not fit the context of "
                              f"{w.cfg.seq_len} tokens")
+        _check_ids_at_boundary(tokens, w.cfg.vocab_size)
         cdef cnp.ndarray[float, ndim=2, mode="c"] out = np.empty(
             (n if all_logits else 1, w.cfg.vocab_size), np.float32)
         cdef int nt = w._n_threads
@@ -583,6 +601,7 @@ def run_batch(list states, list tokens, list positions, State work=None):
             if ids.shape[0] < 1 or pos < 0 or pos + ids.shape[0] > w.cfg.seq_len:
                 raise ValueError(f"positions {pos}..{pos + ids.shape[0] - 1} do not fit the context "
                                  f"of {w.cfg.seq_len} tokens")
+            _check_ids_at_boundary(ids, w.cfg.vocab_size)
             total += ids.shape[0]
             keep.append(tokens[k])
             seqs[k].state = &st.s

@@ -132,14 +132,28 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching "
                                      "(needs the serve extra: starlette, uvicorn)")
     _model_args(p)
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
-    p.add_argument("--parallel", "-np", type=int, default=4,
-                   help="requests decoded together, each with a KV cache of --ctx tokens (default: 4)")
-    p.add_argument("--max-queue", type=int, default=64,
-                   help="requests that may wait for a slot; more get 503 (default: 64)")
-    p.add_argument("--api-key", default=None, help="require this bearer token")
-    p.add_argument("--model-name", default=None, help="the model's id in the API (default: folder name)")
+    from .server import DEFAULTS as SERVE
+    p.add_argument("--host", default=SERVE.host, help=f"address to bind (default: {SERVE.host})")
+    p.add_argument("--port", type=int, default=SERVE.port, help=f"port (default: {SERVE.port})")
+    p.add_argument("--parallel", "-np", type=int, default=SERVE.parallel,
+                   help=f"requests decoded together, each with a KV cache of --ctx tokens "
+                        f"(default: {SERVE.parallel})")
+    p.add_argument("--max-queue", type=int, default=SERVE.max_queue,
+                   help=f"requests that may wait for a slot; more get 503 (default: {SERVE.max_queue})")
+    p.add_argument("--api-key", default=SERVE.api_key, help="require this bearer token")
+    p.add_argument("--model-name", default=SERVE.model_name,
+                   help="the model's id in the API (default: folder or file name)")
+    p.add_argument("--max-body", type=int, default=SERVE.max_body, metavar="BYTES",
+                   help=f"largest request body; larger ones get 413 (default: {SERVE.max_body})")
+    p.add_argument("--body-timeout", type=float, default=SERVE.body_timeout, metavar="S",
+                   help=f"seconds to receive a request body; then 408 (default: {SERVE.body_timeout:g})")
+    p.add_argument("--keep-alive", type=float, default=SERVE.keep_alive, metavar="S",
+                   help=f"seconds an idle connection stays open (default: {SERVE.keep_alive:g})")
+    p.add_argument("--max-connections", type=int, default=SERVE.max_connections,
+                   help=f"open connections; more get 503 (default: {SERVE.max_connections})")
+    p.add_argument("--request-timeout", type=float, default=SERVE.request_timeout, metavar="S",
+                   help="seconds a generation may run; then it ends with finish_reason \"length\" "
+                        "(default: no limit)")
 
     p = sub.add_parser("perplexity", help="perplexity on a text, and KL divergence from a base model, "
                                           "measured as llama.cpp's llama-perplexity measures them")
@@ -483,12 +497,17 @@ def cmd_chat(args) -> int:
 
 def cmd_serve(args) -> int:
     try:
-        from .server import serve
+        from .server import OPTION_NAMES, ServeOptions, serve
+        import starlette  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as e:
         raise FastLLMError(f"fastllm serve needs starlette and uvicorn: pip install 'fastllm-engine[serve]' "
                            f"({e})") from None
-    serve(_load(args), args.host, args.port, args.parallel, args.max_queue, args.api_key, args.model_name)
+    try:
+        options = ServeOptions(**{k: getattr(args, k) for k in OPTION_NAMES})
+    except ValueError as e:
+        raise FastLLMError(f"fastllm serve: {e}") from None
+    serve(_load(args), options)
     return 0
 
 

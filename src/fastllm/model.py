@@ -1,6 +1,7 @@
 """Model: a loaded checkpoint with its tokenizer, and text generation."""
 from __future__ import annotations
 
+import itertools
 import numbers
 import os
 import threading
@@ -16,7 +17,7 @@ import numpy as np
 from . import _core
 from .config import ModelConfig
 from .errors import ModelFileError
-from .sampling import Sampler, SamplingParams, generation_defaults, read_generation_config
+from .sampling import Constraint, Sampler, SamplingParams, generation_defaults, read_generation_config
 from .session import Session
 from .textstream import TextStream
 from .formats.quants import MIXES
@@ -181,6 +182,7 @@ class Model:
         # name, or the GGUF file's, not that of the cache folder its
         # tokenizer and config were read into.
         self.name = name or path.name
+        self.file = path   # what was loaded: the folder, or the GGUF file (from_pretrained)
         self.dtype = dtype
         self.kv_dtype = weights.kv_dtype
         self.eos_token_ids = eos_token_ids
@@ -257,8 +259,10 @@ class Model:
         if (folder / "tokenizer.json").exists():
             from .tokenizer import Tokenizer
             tokenizer = Tokenizer.from_pretrained(folder)
-        return cls(weights, config, tokenizer, folder, dtype, _eos_ids(gen_config, config, tokenizer),
-                   gen_config, max_batch, name=Path(gguf).stem if native else None)
+        model = cls(weights, config, tokenizer, folder, dtype, _eos_ids(gen_config, config, tokenizer),
+                    gen_config, max_batch, name=Path(gguf).stem if native else None)
+        model.file = Path(gguf) if gguf is not None else folder
+        return model
 
     # ------------------------------------------------------------ settings
 
@@ -298,7 +302,8 @@ class Model:
     def _use(self, session: Session | None):
         """session, else the default session, held until the block ends."""
         if session is not None:
-            yield session
+            with session.held():
+                yield session
             return
         # (a Ctrl-C inside the finally below can leave _holder set after
         # the lock is released: only a held lock counts)
@@ -320,15 +325,19 @@ class Model:
 
     def generate_tokens(self, prompt_ids, max_new_tokens: int = 128, sampling: SamplingParams | None = None,
                         stop_token_ids=None, *, session: Session | None = None,
-                        logits_processors=()) -> Iterator[int]:
+                        logits_processors=(), constraint: Constraint | None = None) -> Iterator[int]:
         """Yield new token ids one by one. Stops at an end-of-sequence token
-        (not yielded), after max_new_tokens, or when the context is full.
-        Runs on session, else on the default session (see Model).
+        (not yielded), after max_new_tokens, when the context is full, or
+        once constraint is done. Runs on session, else on the default
+        session (see Model).
         logits_processors: more (tokens, logits) -> logits functions, run
-        after the repetition penalty of sampling."""
+        after the penalties and logit bias of sampling.
+        constraint: constrained decoding (see sampling.Constraint): its mask
+        comes after every processor."""
         if not _whole(max_new_tokens) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be a whole number >= 0, got {max_new_tokens!r}")
-        sampler = Sampler(sampling or SamplingParams(), logits_processors)
+        sampling = (sampling or SamplingParams()).check_vocabulary(self.config.vocab_size)
+        sampler = Sampler(sampling, logits_processors, constraint)
         stop_ids = self.eos_token_ids if stop_token_ids is None else set(stop_token_ids)
         if len(prompt_ids) >= self.n_ctx:
             raise ValueError(f"the prompt has {len(prompt_ids)} tokens: no room left in the context of "
@@ -354,6 +363,9 @@ class Model:
                 ids.append(token)
                 if len(ids) >= self.n_ctx:
                     stats.finish_reason = "context"
+                    return
+                if sampler.done:
+                    stats.finish_reason = "stop"
                     return
                 if i + 1 < max_new_tokens:  # the last token's logits would go unused
                     t0 = time.perf_counter()
@@ -398,15 +410,14 @@ class Model:
         for i, out in zip(ids, outs):
             limit = self.default_max_new_tokens(len(i)) if max_new_tokens is None else n
             text = TextStream(tok, stops)
-            pieces = [text.add(t) for t in out[:limit]] + [text.flush()]
-            texts.append("".join(pieces))
+            texts.append("".join(text.feed(t) for t in out[:limit] + [None]))
         return texts
 
     # ---------------------------------------------------------------- text
 
     def stream(self, prompt: str, max_new_tokens: int | None = None, *, sampling: SamplingParams | None = None,
                stop=None, add_special_tokens: bool = True, session: Session | None = None,
-               **overrides) -> Iterator[str]:
+               constraint: Constraint | None = None, **overrides) -> Iterator[str]:
         """Yield the continuation of prompt as text pieces, each a whole
         number of characters, as tokens are generated.
 
@@ -415,14 +426,15 @@ class Model:
         (temperature=..., seed=..., any SamplingParams field; None leaves a
         setting as it is) are applied on top, and checked here, at the call.
         max_new_tokens: else default_max_new_tokens(). session: where to
-        run (see generate_tokens). stop: a string or a list of strings that
+        run (see generate_tokens). constraint: constrained decoding (see
+        generate_tokens). stop: a string or a list of strings that
         end the text (not included); an empty one is refused. Afterwards
         last_stats.finish_reason says why generation ended; "context" (the
         context is full) also gives a ContextFullWarning."""
         params = self._sampling(sampling, overrides)
         ids = self._encode(prompt, add_special_tokens)
         n = self.default_max_new_tokens(len(ids)) if max_new_tokens is None else max_new_tokens
-        return self._stream_ids(ids, n, params, _stop_strings(stop), session)
+        return self._stream_ids(ids, n, params, _stop_strings(stop), session, constraint)
 
     def _sampling(self, sampling: SamplingParams | None, overrides: dict) -> SamplingParams:
         base = self.default_sampling if sampling is None else sampling
@@ -442,7 +454,7 @@ class Model:
 
     def chat(self, messages, max_new_tokens: int | None = None, stream: bool = False, *,
              sampling: SamplingParams | None = None, stop=None, template_kwargs: dict | None = None,
-             session: Session | None = None, **overrides):
+             session: Session | None = None, constraint: Constraint | None = None, **overrides):
         """Render messages with the model's chat template (as transformers
         does) and generate the assistant's reply. Settings as for stream;
         max_new_tokens falls back to 256."""
@@ -451,7 +463,7 @@ class Model:
                                                           **(template_kwargs or {}))
         ids = self._encode(text, False)
         n = self.default_max_new_tokens(len(ids), 256) if max_new_tokens is None else max_new_tokens
-        pieces = self._stream_ids(ids, n, params, _stop_strings(stop), session)
+        pieces = self._stream_ids(ids, n, params, _stop_strings(stop), session, constraint)
         return pieces if stream else "".join(pieces)
 
     def _encode(self, text: str, add_special_tokens: bool) -> list:
@@ -471,23 +483,19 @@ class Model:
                                  "file not found: text in and out needs the model's tokenizer")
         return self.tokenizer
 
-    def _stream_ids(self, ids, max_new_tokens, sampling, stops, session) -> Iterator[str]:
+    def _stream_ids(self, ids, max_new_tokens, sampling, stops, session, constraint=None) -> Iterator[str]:
         text = TextStream(self.tokenizer, stops)
-        tokens = self.generate_tokens(ids, max_new_tokens, sampling, session=session)
+        tokens = self.generate_tokens(ids, max_new_tokens, sampling, session=session, constraint=constraint)
         try:
-            for token in tokens:
-                piece = text.add(token)
+            for token in itertools.chain(tokens, [None]):
+                piece = text.feed(token)
                 if piece:
                     yield piece
-                if text.stopped:
-                    self.last_stats.finish_reason = "stop"
-                    return
-            piece = text.flush()
+                if text.ended:
+                    break
             if text.stopped:
                 self.last_stats.finish_reason = "stop"
-            if piece:
-                yield piece
-            if self.last_stats.finish_reason == "context":
+            elif self.last_stats.finish_reason == "context":
                 warnings.warn(f"the context is full ({self.n_ctx} tokens): generation stopped early; "
                               "load the model with a larger n_ctx", ContextFullWarning, stacklevel=3)
         finally:

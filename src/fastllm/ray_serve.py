@@ -16,17 +16,26 @@ from __future__ import annotations
 
 import inspect
 
+from .server import DEFAULTS, ServeOptions
 
-def deployment(model: str | None = None, *, replicas: int = 1, threads: int = 1, parallel: int = 4,
-               ctx: int = 2048, max_queue: int = 64, dtype: str | None = None,
-               api_key: str | None = None, model_name: str | None = None):
+
+def deployment(model: str | None = None, *, replicas: int = 1, threads: int = 1,
+               parallel: int = DEFAULTS.parallel, ctx: int = 2048, max_queue: int = DEFAULTS.max_queue,
+               dtype: str | None = None, api_key: str | None = DEFAULTS.api_key,
+               model_name: str | None = DEFAULTS.model_name, max_body: int = DEFAULTS.max_body,
+               body_timeout: float = DEFAULTS.body_timeout,
+               request_timeout: float | None = DEFAULTS.request_timeout):
     """A Ray Serve application of `replicas` copies of fastllm's server, for
     serve.run(); each replica loads model with `threads` threads and serves
-    `parallel` requests at once with a KV cache of `ctx` tokens each."""
+    `parallel` requests at once with a KV cache of `ctx` tokens each. The
+    other settings are those of fastllm.server.ServeOptions (Ray's proxy
+    keeps the connections, so their settings are Ray's)."""
     from ray import serve
 
-    if replicas < 1 or threads < 1 or parallel < 1 or ctx < 2 or max_queue < 1:
-        raise ValueError("replicas, threads, parallel and max_queue must be positive and ctx at least 2")
+    if replicas < 1 or threads < 1 or ctx < 2:
+        raise ValueError("replicas and threads must be positive and ctx at least 2")
+    options = ServeOptions(parallel=parallel, max_queue=max_queue, api_key=api_key, model_name=model_name,
+                           max_body=max_body, body_timeout=body_timeout, request_timeout=request_timeout)
 
     def build_app():
         # Runs in each replica's process, when Ray starts it.
@@ -34,8 +43,8 @@ def deployment(model: str | None = None, *, replicas: int = 1, threads: int = 1,
         from .server import create_app
         from .serving import BatchEngine
         m = Model.from_pretrained(model, n_ctx=ctx, threads=threads, dtype=dtype)
-        engine = BatchEngine(m, parallel=parallel, max_queue=max_queue)
-        return create_app(m, engine, model_name or m.name, api_key)
+        engine = BatchEngine(m, parallel=options.parallel, max_queue=options.max_queue)
+        return create_app(m, engine, options=options)
 
     @serve.deployment(num_replicas=replicas, ray_actor_options={"num_cpus": threads},
                       max_ongoing_requests=2 * parallel)
@@ -49,7 +58,8 @@ def deployment(model: str | None = None, *, replicas: int = 1, threads: int = 1,
 def build(args: dict):
     """The application builder for Ray's CLI: `serve run
     fastllm.ray_serve:build key=value ...`, with deployment()'s arguments
-    as keys (values come as strings: numbers are read as int)."""
+    as keys (values come as strings: numbers are read as the setting's
+    type, int or float)."""
     params = inspect.signature(deployment).parameters
     unknown = set(args) - set(params)
     if unknown:
@@ -57,10 +67,12 @@ def build(args: dict):
                          f"fastllm.ray_serve takes {', '.join(params)}")
     kw = {}
     for key, value in args.items():
-        if isinstance(params[key].default, int) and not isinstance(value, int):
+        kind = next((k for k in (int, float) if k.__name__ in str(params[key].annotation).split(" | ")),
+                    None)
+        if kind is not None and isinstance(value, str):
             try:
-                value = int(value)
+                value = kind(value)
             except ValueError:
-                raise ValueError(f"{key}={value!r} is not an int") from None
+                raise ValueError(f"{key}={value!r} is not {'an int' if kind is int else 'a number'}") from None
         kw[key] = value
     return deployment(**kw)

@@ -2,7 +2,10 @@
 
 The steps and their order follow transformers' generate: repetition penalty,
 then temperature, top-k, top-p and min-p, then a draw. Temperature 0 is
-greedy decoding. A seed makes every draw reproducible.
+greedy decoding. A seed makes every draw reproducible. OpenAI's frequency
+and presence penalties and logit bias come after the repetition penalty,
+then the caller's logits processors, then a constraint's mask (constrained
+decoding), before temperature.
 
 The repetition penalty works as transformers' does (a seen token's logit is
 divided by the penalty when positive, multiplied when negative) over the
@@ -12,10 +15,11 @@ transformers does, or only the last repeat_last_n, as llama.cpp does.
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -27,12 +31,18 @@ LogitsProcessor = Callable[[Sequence[int], np.ndarray], np.ndarray]
 
 
 def _number(v):
-    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+    """A finite real number (inf and nan are refused everywhere)."""
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _whole(v):
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
+
+# A penalty beyond this only flattens or inverts every seen logit further
+# (1e308 turns them to 0 or -inf): it is never what a caller means.
+MAX_REPETITION_PENALTY = 100.0
+MAX_LOGIT_BIAS = 100.0
 
 # What each setting must be, for SamplingParams and generation_config.json alike:
 # key: (check, what the value must be)
@@ -41,10 +51,15 @@ _CHECKS = {
     "top_p": (lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1]"),
     "top_k": (lambda v: _whole(v) and v >= 0, "a whole number >= 0"),
     "min_p": (lambda v: _number(v) and 0 <= v <= 1, "a number in [0, 1]"),
-    "repetition_penalty": (lambda v: _number(v) and v > 0, "a number > 0"),
+    "repetition_penalty": (lambda v: _number(v) and 0 < v <= MAX_REPETITION_PENALTY,
+                           f"a number > 0 and <= {MAX_REPETITION_PENALTY:g}"),
     "repeat_last_n": (lambda v: _whole(v) and v >= -1,
                       "-1 (all tokens), 0 (none) or a positive count"),
-    "seed": (lambda v: v is None or _whole(v), "a whole number or None"),
+    # numpy's generators take seeds >= 0; 64 bits is what clients send
+    "seed": (lambda v: v is None or (_whole(v) and 0 <= v < 2**64),
+             "a whole number from 0 to 2**64-1, or None"),
+    "frequency_penalty": (lambda v: _number(v) and -2 <= v <= 2, "a number in [-2, 2]"),
+    "presence_penalty": (lambda v: _number(v) and -2 <= v <= 2, "a number in [-2, 2]"),
 }
 
 
@@ -60,16 +75,49 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     seed: int | None = None
     repeat_last_n: int = -1   # tokens the penalty looks back on: -1 all, 0 none, N the last N
+    # OpenAI's penalties, over the generated tokens: a token's logit less
+    # frequency_penalty * its count, less presence_penalty if it came at all.
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    # Added to the logits of some tokens: {token id: bias in [-100, 100]},
+    # held as sorted (id, bias) pairs. Ids are checked against the model's
+    # vocabulary where it is known (check_vocabulary).
+    logit_bias: tuple = ()
 
     def __post_init__(self):
         for key, (ok, want) in _CHECKS.items():
             value = getattr(self, key)
             if not ok(value):
                 raise ValueError(f"{key} must be {want}, got {value!r}")
+        object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
 
     def replace(self, **changes) -> "SamplingParams":
         """A copy with some settings changed (an unknown name is a TypeError)."""
         return dataclasses.replace(self, **changes)
+
+    def check_vocabulary(self, vocab_size: int) -> "SamplingParams":
+        """self, once every logit_bias id is a token of the vocabulary."""
+        for token, _ in self.logit_bias:
+            if token >= vocab_size:
+                raise ValueError(f"logit_bias: token id {token} is outside the vocabulary "
+                                 f"(0..{vocab_size - 1})")
+        return self
+
+
+def _logit_bias(bias) -> tuple:
+    """bias (a dict or (id, bias) pairs) as sorted pairs, each checked."""
+    items = bias.items() if isinstance(bias, dict) else bias
+    try:
+        pairs = [(k, v) for k, v in items]
+    except (TypeError, ValueError):
+        raise ValueError(f"logit_bias must map token ids to numbers, got {bias!r}") from None
+    for token, value in pairs:
+        if not _whole(token) or token < 0:
+            raise ValueError(f"logit_bias: token ids must be whole numbers >= 0, got {token!r}")
+        if not _number(value) or abs(value) > MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias: the bias of token {token} must be a number in "
+                             f"[-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], got {value!r}")
+    return tuple(sorted((int(k), float(v)) for k, v in dict(pairs).items()))
 
 
 def repetition_penalty(penalty: float, last_n: int = -1) -> LogitsProcessor:
@@ -88,21 +136,76 @@ def repetition_penalty(penalty: float, last_n: int = -1) -> LogitsProcessor:
     return apply
 
 
-def logits_processors(p: SamplingParams) -> list:
-    """The processors that p asks for, in order."""
+def logit_bias(bias) -> LogitsProcessor:
+    """OpenAI's logit_bias as a logits processor: (id, bias) pairs added."""
+    ids = np.array([k for k, _ in bias], dtype=np.int64)
+    values = np.array([v for _, v in bias], dtype=np.float32)
+
+    def apply(tokens, logits):
+        logits = logits.copy()
+        logits[ids] += values
+        return logits
+    return apply
+
+
+def openai_penalties(p: SamplingParams, counts: dict) -> LogitsProcessor:
+    """OpenAI's frequency and presence penalties as a logits processor over
+    counts ({token: times generated}, kept up to date by the caller)."""
+    def apply(tokens, logits):
+        if not counts:
+            return logits
+        ids = np.fromiter(counts.keys(), np.int64, len(counts))
+        n = np.fromiter(counts.values(), np.float32, len(counts))
+        logits = logits.copy()
+        logits[ids] -= p.frequency_penalty * n + p.presence_penalty
+        return logits
+    return apply
+
+
+def logits_processors(p: SamplingParams, counts: dict | None = None) -> list:
+    """The processors that p asks for, in order: the repetition penalty,
+    OpenAI's penalties (over counts, the generated tokens counted), the
+    logit bias."""
+    out = []
     if p.repetition_penalty != 1.0 and p.repeat_last_n != 0:
-        return [repetition_penalty(p.repetition_penalty, p.repeat_last_n)]
-    return []
+        out.append(repetition_penalty(p.repetition_penalty, p.repeat_last_n))
+    if counts is not None and (p.frequency_penalty or p.presence_penalty):
+        out.append(openai_penalties(p, counts))
+    if p.logit_bias:
+        out.append(logit_bias(p.logit_bias))
+    return out
+
+
+class Constraint(Protocol):
+    """What constrained decoding gives a Sampler (one per request: it keeps
+    the request's state, such as where a grammar has got to)."""
+
+    def mask(self, logits: np.ndarray) -> np.ndarray:
+        """logits with every token the constraint disallows now set to -inf."""
+
+    def accept(self, token: int) -> None:
+        """Note the token chosen (after mask)."""
+
+    @property
+    def done(self) -> bool:
+        """True once the output is complete: generation ends ("stop")."""
 
 
 class Sampler:
     """Picks tokens: the logits processors (those of the params, then the
-    caller's own), then the argmax at temperature 0, else a draw after the
-    warpers, from a generator seeded with params.seed."""
+    caller's own), a constraint's mask, then the argmax at temperature 0,
+    else a draw after the warpers, from a generator seeded with params.seed.
 
-    def __init__(self, params: SamplingParams, processors: Sequence[LogitsProcessor] = ()):
+    A Sampler serves one generation: it counts the tokens it chose (for the
+    frequency and presence penalties) and tells its constraint of each."""
+
+    def __init__(self, params: SamplingParams, processors: Sequence[LogitsProcessor] = (),
+                 constraint: Constraint | None = None):
         self.params = params
-        self.processors = logits_processors(params) + list(processors)
+        # token -> times chosen, kept only for a penalty that reads it
+        self._counts = {} if params.frequency_penalty or params.presence_penalty else None
+        self.processors = logits_processors(params, self._counts) + list(processors)
+        self.constraint = constraint
         self.rng = np.random.default_rng(params.seed)
 
     def process(self, logits: np.ndarray, tokens: Sequence[int] = ()) -> np.ndarray:
@@ -113,9 +216,22 @@ class Sampler:
 
     def __call__(self, logits: np.ndarray, tokens: Sequence[int] = ()) -> int:
         logits = self.process(logits, tokens)
+        if self.constraint is not None:
+            logits = self.constraint.mask(logits)
         if self.params.temperature == 0:
-            return int(np.argmax(logits))
-        return self._draw(apply_warpers(logits, self.params))
+            token = int(np.argmax(logits))
+        else:
+            token = self._draw(apply_warpers(logits, self.params))
+        if self._counts is not None:
+            self._counts[token] = self._counts.get(token, 0) + 1
+        if self.constraint is not None:
+            self.constraint.accept(token)
+        return token
+
+    @property
+    def done(self) -> bool:
+        """True when the constraint says the output is complete."""
+        return self.constraint is not None and bool(self.constraint.done)
 
     def _draw(self, probs: np.ndarray) -> int:
         # Inverse-CDF draw in float64: one uniform number per token.

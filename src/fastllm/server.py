@@ -5,69 +5,58 @@ batching engine (Starlette on uvicorn: `pip install fastllm-engine[serve]`).
 
 GET /v1/models, POST /v1/completions and /v1/chat/completions (JSON, or
 server-sent events with "stream": true), GET /health, GET /metrics
-(Prometheus). Errors come in OpenAI's JSON shape. A client that goes away
-frees its slot at the engine's next step.
+(Prometheus). The app only routes: fastllm.openai_api reads requests and
+shapes responses. Every error comes in OpenAI's JSON shape. A client that
+goes away frees its slot at the engine's next step.
+
+What one request may cost is bounded: its body (max_body bytes, read
+within body_timeout seconds), the nesting of its JSON, the prompt (refused
+before tokenizing when it cannot fit the context; tokenized off the event
+loop), and optionally its time (request_timeout).
 """
 from __future__ import annotations
 
 import asyncio
 import collections
-import json
 import os
+import sys
 import time
 import uuid
+from dataclasses import dataclass, fields
 
-from .sampling import SamplingParams
-from .serving import BatchEngine, QueueFull
+from . import openai_api as api
+from .openai_api import APIError
 from .textstream import TextStream
 
 
-class APIError(Exception):
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None, headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.type, self.param, self.code, self.headers = status, type, param, code, headers
+@dataclass(frozen=True)
+class ServeOptions:
+    """The server's settings and their defaults, which `fastllm serve` and
+    fastllm.ray_serve read from here."""
+    host: str = "127.0.0.1"
+    port: int = 8000
+    parallel: int = 4                   # requests decoded together
+    max_queue: int = 64                 # requests that may wait for a slot (more: 503)
+    api_key: str | None = None          # require this bearer token
+    model_name: str | None = None       # the model's id in the API (default: its name)
+    max_body: int = 4 * 2**20           # bytes of a request body (more: 413)
+    body_timeout: float = 30.0          # seconds to receive a request body (then 408)
+    keep_alive: float = 5.0             # seconds an idle connection stays open
+    max_connections: int = 512          # open connections (more: 503)
+    request_timeout: float | None = None   # seconds a generation may run (then "length")
+
+    def __post_init__(self):
+        for name in ("parallel", "max_queue", "max_body", "max_connections"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        for name in ("body_timeout", "keep_alive", "request_timeout"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
 
 
-def _field(body: dict, name: str, kind, default=None, lo=None, hi=None):
-    """body[name] checked: of kind (int, float, bool, str, list), within [lo, hi]."""
-    value = body.get(name, default)
-    if value is None:
-        return default
-    ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value, ok = float(value), True
-    if not ok or (lo is not None and value < lo) or (hi is not None and value > hi):
-        bounds = f" in [{lo}, {hi}]" if lo is not None and hi is not None else ""
-        raise APIError(400, f"'{name}' must be a {kind.__name__}{bounds}, got {value!r}", param=name)
-    return value
-
-
-def _sampling(body: dict) -> SamplingParams:
-    for name in ("frequency_penalty", "presence_penalty"):
-        if _field(body, name, float, 0.0):
-            raise APIError(400, f"'{name}' is not supported (use repetition_penalty)", param=name)
-    if _field(body, "n", int, 1) != 1:
-        raise APIError(400, "only n=1 is supported", param="n")
-    top_k = _field(body, "top_k", int, 0, -1)
-    try:
-        return SamplingParams(temperature=_field(body, "temperature", float, 1.0, 0.0, 2.0),
-                              top_p=_field(body, "top_p", float, 1.0, 0.0, 1.0),
-                              top_k=max(top_k, 0), min_p=_field(body, "min_p", float, 0.0, 0.0, 1.0),
-                              repetition_penalty=_field(body, "repetition_penalty", float, 1.0),
-                              seed=_field(body, "seed", int))
-    except ValueError as e:
-        raise APIError(400, str(e)) from None
-
-
-def _stops(body: dict) -> list:
-    stop = body.get("stop")
-    if stop is None:
-        return []
-    stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise APIError(400, "'stop' must be a string or a list of strings", param="stop")
-    return stops
+DEFAULTS = ServeOptions()
+OPTION_NAMES = tuple(f.name for f in fields(ServeOptions))
 
 
 class Metrics:
@@ -90,7 +79,12 @@ class Metrics:
         while now - self.recent[0][0] >= 10:
             self.recent.popleft()
 
-    def text(self, engine: BatchEngine) -> str:
+    def first_token(self, request):
+        if request.first_token is not None:
+            self.ttft_sum += request.first_token - request.submitted
+            self.ttft_count += 1
+
+    def text(self, engine) -> str:
         now = time.monotonic()
         rate = sum(k for t, k in self.recent if now - t < 10) / 10
         lines = ["# TYPE fastllm_requests_total counter"]
@@ -108,237 +102,293 @@ class Metrics:
         return "\n".join(lines) + "\n"
 
 
-def create_app(model, engine: BatchEngine, model_name: str, api_key: str | None = None):
-    """The Starlette application serving model through engine."""
-    from starlette.applications import Starlette
-    from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
-    from starlette.routing import Route
+def engine_error(e: BaseException) -> APIError:
+    """An error the engine met while running a request: the caller's fault
+    (ValueError) is a 400, anything else a 500."""
+    if isinstance(e, ValueError):
+        return APIError(400, str(e))
+    return api.server_error(f"generation failed: {type(e).__name__}: {e}")
 
-    metrics = Metrics()
-    tokenizer = model.tokenizer
 
-    def error(e: APIError, endpoint: str):
-        metrics.request(endpoint, e.status)
-        body = {"error": {"message": str(e), "type": e.type, "param": e.param, "code": e.code}}
-        return JSONResponse(body, status_code=e.status, headers=e.headers)
+async def read_body(request, options: ServeOptions) -> bytes:
+    """The body, at most options.max_body bytes (413), received within
+    options.body_timeout seconds (408)."""
+    from starlette.requests import ClientDisconnect
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > options.max_body:
+        raise _too_large(options)
 
-    async def read_body(request):
-        if api_key is not None and request.headers.get("authorization", "") != f"Bearer {api_key}":
-            raise APIError(401, "invalid or missing API key", code="invalid_api_key")
+    async def receive():
+        chunks, size = [], 0
+        async for piece in request.stream():
+            size += len(piece)
+            if size > options.max_body:
+                raise _too_large(options)
+            chunks.append(piece)
+        return b"".join(chunks)
+    try:
+        return await asyncio.wait_for(receive(), options.body_timeout)
+    except asyncio.TimeoutError:
+        raise APIError(408, f"the request body did not arrive within {options.body_timeout:g} s") from None
+    except ClientDisconnect:
+        raise APIError(400, "the client went away while sending the body") from None
+
+
+def _too_large(options: ServeOptions) -> APIError:
+    return APIError(413, f"the request body is larger than {options.max_body} bytes")
+
+
+class Completions:
+    """Runs checked requests (openai_api.Generation) on the engine and
+    answers them: one engine request per choice, text cut at stop strings,
+    the slot freed when the client goes away or the time limit passes."""
+
+    def __init__(self, model, engine, model_name: str, metrics: Metrics, options: ServeOptions):
+        self.model, self.engine, self.model_name = model, engine, model_name
+        self.metrics, self.options = metrics, options
+
+    def submit(self, g: api.Generation) -> list:
+        from .serving import QueueFull
         try:
-            body = json.loads(await request.body())
-        except (ValueError, UnicodeDecodeError):
-            raise APIError(400, "the request body is not valid JSON") from None
-        if not isinstance(body, dict):
-            raise APIError(400, "the request body must be a JSON object")
-        return body
-
-    def submit(ids, body, max_tokens, top_logprobs):
-        if len(ids) >= model.n_ctx:
-            raise APIError(400, f"the prompt has {len(ids)} tokens: the context holds {model.n_ctx}",
-                           param="messages" if "messages" in body else "prompt",
-                           code="context_length_exceeded")
-        max_tokens = min(max_tokens, model.n_ctx - len(ids)) if max_tokens else model.n_ctx - len(ids)
-        sampling = _sampling(body)
-        try:
-            req = engine.submit(ids, max_tokens, sampling, top_logprobs=top_logprobs)
+            requests = self.engine.submit_many(g.prompt_ids, g.max_tokens, g.samplings, g.stop_ids,
+                                               g.top_logprobs, g.constraints)
         except QueueFull as e:
             raise APIError(503, str(e), type="server_error", code="overloaded",
                            headers={"Retry-After": "1"}) from None
-        metrics.prompt_tokens += len(ids)
-        return req
-
-    async def watch(req, http_request):
-        """Cancel req when the client goes away (checked ten times a second)."""
-        while not req.finish_reason:
-            if await http_request.is_disconnected():
-                req.cancel()
-                return
-            await asyncio.sleep(0.1)
-
-    async def pieces(req, stops, http_request):
-        """(text, [(token, logprob entry)]) as tokens come; cancels req when
-        a stop string appears or the client goes away."""
-        text = TextStream(tokenizer, stops)
-        got = 0
-        watcher = asyncio.ensure_future(watch(req, http_request))
-        try:
-            async for token in req:
-                if got == 0 and req.first_token is not None:
-                    metrics.ttft_sum += req.first_token - req.submitted
-                    metrics.ttft_count += 1
-                entry = req.logprobs[got] if req.top_logprobs is not None else None
-                got += 1
-                metrics.tokens(1)
-                piece = text.add(token)
-                if piece or entry is not None:
-                    yield piece, [(token, entry)] if entry is not None else []
-                if text.stopped:
-                    req.finish_reason = "stop"
-                    return
-            tail = text.flush()
-            if tail:
-                yield tail, []
-        finally:
-            watcher.cancel()
-            req.cancel()   # a no-op once it has ended; else frees the slot
-
-    def finish(req):
-        return {"stop": "stop", "cancelled": "stop"}.get(req.finish_reason, "length")
-
-    def usage(req, n_prompt):
-        n = req.generated
-        return {"prompt_tokens": n_prompt, "completion_tokens": n, "total_tokens": n_prompt + n}
-
-    def chat_logprobs(entries, top):
-        out = []
-        for token, (lp, best) in entries:
-            s = tokenizer.decode([token])
-            out.append({"token": s, "logprob": lp, "bytes": list(s.encode()),
-                        "top_logprobs": [{"token": (t := tokenizer.decode([i])), "logprob": v,
-                                          "bytes": list(t.encode())} for i, v in best[:top]]})
-        return {"content": out}
-
-    def completion_logprobs(entries, offset):
-        tokens, lps, tops, offsets = [], [], [], []
-        for token, (lp, best) in entries:
-            s = tokenizer.decode([token])
-            tokens.append(s), lps.append(lp), offsets.append(offset)
-            tops.append({tokenizer.decode([i]): v for i, v in best})
-            offset += len(s)
-        return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
-
-    async def generate(http_request, endpoint):
-        body = await read_body(http_request)
-        chat = endpoint == "chat"
-        if chat:
-            messages = body.get("messages")
-            if not isinstance(messages, list) or not messages or not all(
-                    isinstance(m, dict) and "role" in m for m in messages):
-                raise APIError(400, "'messages' must be a non-empty list of messages", param="messages")
-            tools = body.get("tools")
-            try:
-                prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
-            except Exception as e:   # the model's own template refuses these messages
-                raise APIError(400, f"the chat template cannot render these messages: {e}",
-                               param="messages") from None
-            ids = tokenizer.encode(prompt, add_special_tokens=False)
-            max_tokens = _field(body, "max_completion_tokens", int, None, 1) or \
-                _field(body, "max_tokens", int, None, 1)
-            want_lp = _field(body, "logprobs", bool, False)
-            top = _field(body, "top_logprobs", int, 0, 0, 20)
-            top_logprobs = top if want_lp else None
-        else:
-            prompt = body.get("prompt")
-            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-                prompt = prompt[0]
-            if isinstance(prompt, str):
-                ids = tokenizer.encode(prompt)
-            elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-                ids = prompt
-            else:
-                raise APIError(400, "'prompt' must be a string or a list of token ids", param="prompt")
-            if _field(body, "echo", bool, False):
-                raise APIError(400, "'echo' is not supported", param="echo")
-            max_tokens = _field(body, "max_tokens", int, 16, 0)
-            top_logprobs = _field(body, "logprobs", int, None, 0, 5)
-        try:
-            ids = list(ids)
-            req = submit(ids, body, max_tokens, top_logprobs)
         except ValueError as e:
             raise APIError(400, str(e)) from None
-        stops = _stops(body)
-        stream = _field(body, "stream", bool, False)
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage")) if stream else False
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        created = int(time.time())
-        kind = "chat.completion" if chat else "text_completion"
+        self.metrics.prompt_tokens += len(g.prompt_ids)
+        return requests
+
+    async def _watch(self, requests, http_request, state):
+        """Cancel the requests when the client goes away or time runs out
+        (checked ten times a second)."""
+        deadline = None if self.options.request_timeout is None else \
+            time.monotonic() + self.options.request_timeout
+        while not all(r.finish_reason for r in requests):
+            if deadline is not None and time.monotonic() > deadline:
+                state["timed_out"] = True
+                break
+            if await http_request.is_disconnected():
+                break
+            await asyncio.sleep(0.1)
+        for r in requests:
+            r.cancel()
+
+    async def _pieces(self, g, index, request, out: asyncio.Queue):
+        """Put (index, text, [(token, logprob entry)]) on out as tokens come,
+        then (index, None, error or None)."""
+        text = TextStream(self.model.tokenizer, g.stops)
+        got, error = 0, None
+        try:
+            async for token in _then_none(request):
+                entry = None
+                if token is not None:
+                    if got == 0:
+                        self.metrics.first_token(request)
+                    entry = request.logprobs[got] if g.top_logprobs is not None else None
+                    got += 1
+                    self.metrics.tokens(1)
+                piece = text.feed(token)
+                if piece or entry is not None:
+                    await out.put((index, piece, [(token, entry)] if token is not None and
+                                   entry is not None else []))
+                if text.ended:
+                    break
+        except Exception as e:   # the engine failed this request
+            error = e
+        finally:
+            request.cancel()   # a no-op once it has ended; else frees the slot
+        if text.stopped:
+            request.finish_reason = "stop"
+        await out.put((index, None, error))
+
+    async def run(self, g, requests, http_request, state: dict):
+        """(index, text, entries) of every choice as it comes, choices
+        interleaved; then, per choice, (index, None, error or None).
+        state["timed_out"] turns True if the time limit ended them."""
+        out = asyncio.Queue()
+        tasks = [asyncio.ensure_future(self._pieces(g, i, r, out)) for i, r in enumerate(requests)]
+        watcher = asyncio.ensure_future(self._watch(requests, http_request, state))
+        try:
+            for _ in range(len(requests)):
+                while (item := await out.get())[1] is not None:
+                    yield item
+                yield item
+        finally:
+            watcher.cancel()
+            for t in tasks:
+                t.cancel()
+            for r in requests:
+                r.cancel()
+
+    def finish(self, request, timed_out: bool) -> str:
+        if timed_out and request.finish_reason == "cancelled":
+            return "length"   # the time limit, as llama-server's t_max_predict_ms
+        return api.finish_reason(request.finish_reason)
+
+    async def whole(self, g, requests, http_request) -> dict:
+        texts = [[] for _ in requests]
+        entries = [[] for _ in requests]
+        state = {"timed_out": False}
+        async for index, piece, extra in self.run(g, requests, http_request, state):
+            if piece is None:
+                if extra is not None:
+                    raise engine_error(extra)
+                continue
+            texts[index].append(piece)
+            entries[index] += extra
+        tokenizer = self.model.tokenizer
+        choices = [api.choice(g, i, "".join(texts[i]), self.finish(r, state["timed_out"]),
+                              api.logprobs_of(g, tokenizer, entries[i]))
+                   for i, r in enumerate(requests)]
+        return api.response(g, _id(g), int(time.time()), self.model_name, choices,
+                            sum(r.generated for r in requests))
+
+    async def events(self, g, requests, http_request):
+        rid, created, name = _id(g), int(time.time()), self.model_name
+        tokenizer = self.model.tokenizer
+        offsets = [0] * len(requests)
+        state = {"timed_out": False}
+        try:
+            if g.chat:
+                yield api.chunk(g, rid, created, name,
+                                [api.chunk_choice(g, i, role=True) for i in range(len(requests))])
+            async for index, piece, extra in self.run(g, requests, http_request, state):
+                if piece is None:
+                    if extra is not None:
+                        yield api.error_event(engine_error(extra))
+                        continue
+                    last = api.chunk_choice(g, index, reason=self.finish(requests[index], state["timed_out"]))
+                    yield api.chunk(g, rid, created, name, [last])
+                    continue
+                logprobs = api.logprobs_of(g, tokenizer, extra, offsets[index]) if extra else None
+                offsets[index] += len(piece)
+                yield api.chunk(g, rid, created, name, [api.chunk_choice(g, index, piece, logprobs=logprobs)])
+            if g.include_usage:
+                yield api.chunk(g, rid, created, name, [],
+                                usage=api.usage(len(g.prompt_ids), sum(r.generated for r in requests)))
+            yield "data: [DONE]\n\n"
+        finally:
+            for r in requests:
+                r.cancel()   # a client gone mid-stream frees its slot at the next step
+
+
+async def _then_none(request):
+    """request's tokens, then None."""
+    async for token in request:
+        yield token
+    yield None
+
+
+def _id(g) -> str:
+    return ("chatcmpl-" if g.chat else "cmpl-") + uuid.uuid4().hex[:24]
+
+
+def create_app(model, engine, model_name: str | None = None, api_key: str | None = None,
+               options: ServeOptions = DEFAULTS):
+    """The Starlette application serving model through engine (a
+    serving.BatchEngine). model_name and api_key override options'."""
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
+    from starlette.routing import Route
+
+    api_key = options.api_key if api_key is None else api_key
+    model_name = model_name or options.model_name or model.name
+    metrics = Metrics()
+    completions = Completions(model, engine, model_name, metrics, options)
+
+    def error(e: APIError, endpoint: str | None = None):
+        if endpoint is not None:
+            metrics.request(endpoint, e.status)
+        return JSONResponse(api.error_body(e), status_code=e.status, headers=e.headers)
+
+    def check_key(request):
+        if api_key is not None and request.headers.get("authorization", "") != f"Bearer {api_key}":
+            raise APIError(401, "invalid or missing API key", code="invalid_api_key")
+
+    def parse(raw: bytes, chat: bool) -> api.Generation:
+        return api.parse_request(api.parse_json(raw), chat, model)
+
+    async def generate(http_request, endpoint):
+        check_key(http_request)
+        raw = await read_body(http_request, options)
+        # JSON, the chat template and the tokenizer run off the event loop.
+        g = await asyncio.to_thread(parse, raw, endpoint == "chat")
+        requests = completions.submit(g)
+        if g.stream:
+            metrics.request(endpoint, 200)
+            return StreamingResponse(completions.events(g, requests, http_request),
+                                     media_type="text/event-stream")
+        body = await completions.whole(g, requests, http_request)
         metrics.request(endpoint, 200)
+        return JSONResponse(body)
 
-        if not stream:
-            texts, entries = [], []
-            async for piece, e in pieces(req, stops, http_request):
-                texts.append(piece)
-                entries += e
-            text = "".join(texts)
-            choice = {"index": 0, "finish_reason": finish(req), "logprobs": None}
-            if top_logprobs is not None:
-                choice["logprobs"] = chat_logprobs(entries, top_logprobs) if chat else \
-                    completion_logprobs(entries, 0)
-            if chat:
-                choice["message"] = {"role": "assistant", "content": text}
-            else:
-                choice["text"] = text
-            return JSONResponse({"id": rid, "object": kind, "created": created, "model": model_name,
-                                 "choices": [choice], "usage": usage(req, len(ids))})
-
-        def chunk(choices, **extra):
-            body = {"id": rid, "object": kind + (".chunk" if chat else ""), "created": created,
-                    "model": model_name, "choices": choices, **extra}
-            return f"data: {json.dumps(body)}\n\n"
-
-        async def events():
-            try:
-                if chat:
-                    yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                  "logprobs": None, "finish_reason": None}])
-                offset = 0
-                async for piece, e in pieces(req, stops, http_request):
-                    choice = {"index": 0, "logprobs": None, "finish_reason": None}
-                    if top_logprobs is not None and e:
-                        choice["logprobs"] = chat_logprobs(e, top_logprobs) if chat else \
-                            completion_logprobs(e, offset)
-                    choice.update({"delta": {"content": piece}} if chat else {"text": piece})
-                    offset += len(piece)
-                    yield chunk([choice])
-                last = {"index": 0, "logprobs": None, "finish_reason": finish(req)}
-                last.update({"delta": {}} if chat else {"text": ""})
-                yield chunk([last])
-                if include_usage:
-                    yield chunk([], usage=usage(req, len(ids)))
-                yield "data: [DONE]\n\n"
-            finally:
-                req.cancel()   # a client gone mid-stream frees its slot at the next step
-        return StreamingResponse(events(), media_type="text/event-stream")
-
-    def endpoint(name):
+    def endpoint(name, handler):
         async def handle(request):
             try:
-                return await generate(request, name)
+                return await handler(request, name)
             except APIError as e:
                 return error(e, name)
+            except Exception as e:   # a fault of the server's own: the answer keeps OpenAI's shape
+                return error(api.server_error(f"internal error: {type(e).__name__}: {e}"), name)
         return handle
 
-    async def models(request):
-        if api_key is not None and request.headers.get("authorization", "") != f"Bearer {api_key}":
-            return error(APIError(401, "invalid or missing API key", code="invalid_api_key"), "models")
+    async def models(request, name):
+        check_key(request)
         return JSONResponse({"object": "list", "data": [
             {"id": model_name, "object": "model", "created": 0, "owned_by": "fastllm"}]})
 
     async def health(request):
         # The process id tells replicas apart behind a load balancer.
-        return JSONResponse({"status": "ok", "active": engine.active, "queue": engine.queue_depth,
-                             "pid": os.getpid()})
+        alive = engine.alive
+        return JSONResponse({"status": "ok" if alive else "unhealthy", "active": engine.active,
+                             "queue": engine.queue_depth, "pid": os.getpid()},
+                            status_code=200 if alive else 503)
 
     async def prometheus(request):
         return PlainTextResponse(metrics.text(engine), media_type="text/plain; version=0.0.4")
 
+    async def http_error(request, exc):
+        kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code,
+                                                                        "invalid_request_error")
+        message = {404: f"no route {request.url.path}",
+                   405: f"{request.method} is not allowed on {request.url.path}"}.get(
+            exc.status_code, str(exc.detail))
+        return error(APIError(exc.status_code, message, type=kind))
+
+    async def internal_error(request, exc):
+        return error(api.server_error(f"internal error: {type(exc).__name__}"))
+
     return Starlette(routes=[
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/completions", endpoint("completions"), methods=["POST"]),
-        Route("/v1/chat/completions", endpoint("chat"), methods=["POST"]),
+        Route("/v1/models", endpoint("models", models), methods=["GET"]),
+        Route("/v1/completions", endpoint("completions", generate), methods=["POST"]),
+        Route("/v1/chat/completions", endpoint("chat", generate), methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", prometheus, methods=["GET"]),
-    ])
+    ], exception_handlers={HTTPException: http_error, Exception: internal_error})
 
 
-def serve(model, host: str = "127.0.0.1", port: int = 8000, parallel: int = 4, max_queue: int = 64,
-          api_key: str | None = None, model_name: str | None = None):
+def startup_line(model, options: ServeOptions) -> str:
+    """What `fastllm serve` prints as it starts: model file, weight types,
+    slots, context, URL and whether a key is needed."""
+    types = ", ".join(model.weight_types) or model.dtype
+    key = "an API key is required" if options.api_key else "no API key"
+    return (f"fastllm serve: {model.file} ({types} weights, {model.activations} activations), "
+            f"{options.parallel} slots of {model.n_ctx} tokens of context, "
+            f"http://{options.host}:{options.port}/v1, {key}")
+
+
+def serve(model, options: ServeOptions = DEFAULTS):
     """Run the server until interrupted."""
     import uvicorn
-    engine = BatchEngine(model, parallel=parallel, max_queue=max_queue)
+    from .serving import BatchEngine
+    engine = BatchEngine(model, parallel=options.parallel, max_queue=options.max_queue)
     try:
-        app = create_app(model, engine, model_name or model.name, api_key)
-        uvicorn.run(app, host=host, port=port, log_level="info")
+        app = create_app(model, engine, options=options)
+        print(startup_line(model, options), file=sys.stderr, flush=True)
+        uvicorn.run(app, host=options.host, port=options.port, log_level="info",
+                    timeout_keep_alive=options.keep_alive, limit_concurrency=options.max_connections)
     finally:
         engine.close()

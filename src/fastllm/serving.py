@@ -8,6 +8,10 @@ tokens, and every request's tokens go to its own queue as they come. A
 request's tokens are exactly those of Model.generate_tokens alone, whatever
 runs beside it (sessions run together give the same bits as alone, and each
 request samples from its own generator).
+
+The engine thread outlives any request: an error while admitting,
+running or sampling one request ends that request (its `error` says why,
+and iterating it raises it), and the others go on.
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _core
-from .sampling import Sampler, SamplingParams
+from .sampling import Constraint, Sampler, SamplingParams, _whole
 from .session import extend_together
 
 
@@ -38,8 +42,13 @@ class Request:
     sampling: SamplingParams
     stop_ids: set
     top_logprobs: int | None = None   # with a number, logprobs gets one entry per token
+    sampler: Sampler | None = field(default=None, repr=False)   # built by submit
+    # A request of the same prompt submitted with this one (n choices): this
+    # one copies its prompt's keys/values once that one has run the prompt.
+    leader: "Request | None" = field(default=None, repr=False)
     generated: int = 0            # tokens given so far
-    finish_reason: str = ""       # "stop", "length", "context" or "cancelled"
+    finish_reason: str = ""       # "stop", "length", "context", "cancelled" or "error"
+    error: BaseException | None = None   # what ended it, with finish_reason "error"
     prompt_reused: int = 0        # prompt tokens whose keys/values a slot already held
     # Per token, when top_logprobs is set: (its log-probability, [(id, log-probability)
     # of the top_logprobs most likely]), from the model's own distribution.
@@ -66,6 +75,11 @@ class Request:
     def __iter__(self):
         while (token := self._out.get()) is not None:
             yield token
+        self._raise()
+
+    def _raise(self):
+        if self.error is not None:
+            raise self.error
 
     async def __aiter__(self):
         """The tokens in an asyncio program: the engine wakes the event loop
@@ -82,6 +96,7 @@ class Request:
                     ready.clear()
                     continue
                 if token is None:
+                    self._raise()
                     return
                 yield token
         finally:
@@ -95,6 +110,8 @@ class _Running:
     sampler: Sampler
     fed: int = 0          # prompt tokens run so far
     last: int | None = None   # the token to run next, once the prompt is in
+    leader: "_Running | None" = None   # waits for it to run the prompt (see Request.leader)
+    followers: list = field(default_factory=list)   # those waiting for this one
 
 
 class BatchEngine:
@@ -115,6 +132,7 @@ class BatchEngine:
         self._waiting: queue.Queue = queue.Queue(max_queue)
         self.prefill_chunk = prefill_chunk
         self._wake = threading.Event()
+        self._submitting = threading.Lock()
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="fastllm-batch", daemon=True)
         self._thread.start()
@@ -122,21 +140,53 @@ class BatchEngine:
     # ------------------------------------------------------------ clients
 
     def submit(self, prompt_ids, max_new_tokens: int, sampling: SamplingParams | None = None,
-               stop_ids=None, top_logprobs: int | None = None) -> Request:
-        """Queue a generation; QueueFull when no slot and no queue place is free."""
+               stop_ids=None, top_logprobs: int | None = None,
+               constraint: Constraint | None = None) -> Request:
+        """Queue a generation; QueueFull when no slot and no queue place is
+        free. Everything is checked here, on the caller's thread, so a bad
+        request raises (ValueError) rather than reaching the engine.
+        constraint: constrained decoding (see sampling.Constraint); the
+        request ends with "stop" once constraint.done."""
+        return self.submit_many(prompt_ids, max_new_tokens, [sampling], stop_ids, top_logprobs,
+                                [constraint])[0]
+
+    def submit_many(self, prompt_ids, max_new_tokens: int, samplings, stop_ids=None,
+                    top_logprobs: int | None = None, constraints=None) -> list:
+        """Queue one generation of the same prompt per entry of samplings
+        (several choices of one request), all or none; the prompt is run
+        once and its keys/values copied to the others where they run at once."""
         ids = _core.check_token_ids(prompt_ids, self.model.config.vocab_size).tolist()
         if len(ids) >= self.model.n_ctx:
             raise ValueError(f"the prompt has {len(ids)} tokens: no room left in the context of "
                              f"{self.model.n_ctx}")
-        request = Request(ids, int(max_new_tokens), sampling or SamplingParams(),
-                          self.model.eos_token_ids if stop_ids is None else set(stop_ids),
-                          top_logprobs)
-        try:
-            self._waiting.put_nowait(request)
-        except queue.Full:
-            raise QueueFull("every slot is busy and the queue is full") from None
+        if not _whole(max_new_tokens) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be a whole number >= 0, got {max_new_tokens!r}")
+        if top_logprobs is not None and (not _whole(top_logprobs) or top_logprobs < 0):
+            raise ValueError(f"top_logprobs must be a whole number >= 0, got {top_logprobs!r}")
+        constraints = list(constraints or [None] * len(samplings))
+        if not samplings or len(constraints) != len(samplings):
+            raise ValueError("submit_many takes one sampling (and constraint) per choice")
+        stops = self.model.eos_token_ids if stop_ids is None else set(stop_ids)
+        max_new_tokens = int(max_new_tokens)
+        requests, leader = [], None
+        for sampling, constraint in zip(samplings, constraints):
+            sampling = (sampling or SamplingParams()).check_vocabulary(self.model.config.vocab_size)
+            request = Request(ids, max_new_tokens, sampling, stops, top_logprobs,
+                              Sampler(sampling, constraint=constraint), leader)
+            leader = leader or request
+            requests.append(request)
+        with self._submitting:   # all of them or none
+            if self._waiting.maxsize - self._waiting.qsize() < len(requests):
+                raise QueueFull("every slot is busy and the queue is full")
+            for request in requests:
+                self._waiting.put_nowait(request)
         self._wake.set()
-        return request
+        return requests
+
+    @property
+    def alive(self) -> bool:
+        """True while the engine thread runs."""
+        return self._thread.is_alive() and not self._stop
 
     @property
     def queue_depth(self) -> int:
@@ -164,28 +214,57 @@ class BatchEngine:
                 continue
             slot = max(self._free, key=lambda s: _reusable(s, request.prompt_ids))
             self._free.remove(slot)
-            keep = _reusable(slot, request.prompt_ids)
-            # Another slot, running or free, may hold more of the prompt
-            # (a system prompt shared by many requests): copy it over.
-            others = [r.session for r in self._running] + self._free
-            donor = max(others, key=lambda s: _reusable(s, request.prompt_ids), default=None)
-            if donor is not None and _reusable(donor, request.prompt_ids) > keep:
-                keep = _reusable(donor, request.prompt_ids)
-                slot.copy_prefix(donor, keep)
-            else:
-                slot.rewind(keep)
-            request.prompt_reused = keep
-            self._running.append(_Running(request, slot, Sampler(request.sampling), fed=keep))
+            run = _Running(request, slot, request.sampler)
+            self._running.append(run)
+            try:
+                self._place(run)
+            except Exception as e:   # a failure of this request alone
+                self._release(run, "error", e)
+
+    def _place(self, run: _Running):
+        """Give run's slot the longest prefix of its prompt that it, or
+        another slot, holds, or have it wait for its leader to run the prompt."""
+        request, slot = run.request, run.session
+        leader = next((r for r in self._running if r.request is request.leader), None)
+        if leader is not None and leader.fed < len(request.prompt_ids):
+            run.leader = leader
+            leader.followers.append(run)
+            return
+        keep = _reusable(slot, request.prompt_ids)
+        # Another slot, running or free, may hold more of the prompt
+        # (a system prompt shared by many requests): copy it over.
+        others = [r.session for r in self._running if r is not run] + self._free
+        donor = max(others, key=lambda s: _reusable(s, request.prompt_ids), default=None)
+        if donor is not None and _reusable(donor, request.prompt_ids) > keep:
+            keep = _reusable(donor, request.prompt_ids)
+            slot.copy_prefix(donor, keep)
+        else:
+            slot.rewind(keep)
+        request.prompt_reused = run.fed = keep
 
     def _finish_waiting(self, request):
         request.finish_reason = "cancelled"
         request._put(None)
 
-    def _release(self, run: _Running, reason: str):
+    def _release(self, run: _Running, reason: str, error: BaseException | None = None):
+        if run.leader is not None:
+            run.leader.followers.remove(run)
+            run.leader = None
         run.request.finish_reason = reason
+        run.request.error = error
         run.request._put(None)
         self._running.remove(run)
         self._free.append(run.session)
+        followers, run.followers = run.followers, []
+        for follower in followers:   # they run the prompt themselves
+            follower.leader = None
+            self._place_or_fail(follower)
+
+    def _place_or_fail(self, run: _Running):
+        try:
+            self._place(run)
+        except Exception as e:
+            self._release(run, "error", e)
 
     def _step(self):
         """One pass: the next prompt chunk or the last token of every request."""
@@ -194,6 +273,8 @@ class BatchEngine:
         batch, feeds = [], []
         for run in self._running:
             prompt = run.request.prompt_ids
+            if run.leader is not None:
+                continue   # it copies the prompt from its leader
             if run.fed < len(prompt):
                 feeds.append(prompt[run.fed:run.fed + self.prefill_chunk])
             else:
@@ -201,41 +282,81 @@ class BatchEngine:
             batch.append(run)
         if not batch:
             return
-        rows = extend_together([r.session for r in batch], feeds, self._work)
+        try:
+            rows = extend_together([r.session for r in batch], feeds, self._work)
+        except Exception as e:
+            # A pass failed as a whole: what the slots hold is unknown, so
+            # every request in it ends; the engine goes on with the next ones.
+            for run in batch:
+                run.session.reset()
+                self._release(run, "error", e)
+            return
         for run, fed, logits in zip(batch, feeds, rows):
             request = run.request
             if run.fed < len(request.prompt_ids):
                 run.fed += len(fed)
                 if run.fed < len(request.prompt_ids):
                     continue   # more of the prompt to come
-            if request.max_new_tokens <= 0:
-                self._release(run, "length")
-                continue
+                followers, run.followers = run.followers, []
+                for follower in followers:   # the same prompt: copied, not run again
+                    self._follow(follower, run, logits)
+            self._next_token(run, logits)
+
+    def _follow(self, run: _Running, leader: _Running, logits):
+        """run takes leader's prompt keys/values and its last logits."""
+        run.leader = None
+        try:
+            run.session.copy_prefix(leader.session, len(leader.request.prompt_ids))
+        except Exception as e:
+            self._release(run, "error", e)
+            return
+        run.request.prompt_reused = run.fed = len(run.request.prompt_ids)
+        self._next_token(run, logits)
+
+    def _next_token(self, run: _Running, logits):
+        """Sample run's next token from logits and hand it out, or end run."""
+        request = run.request
+        if request.max_new_tokens <= 0:
+            self._release(run, "length")
+            return
+        try:
             token = run.sampler(logits, run.session.tokens)
-            if token in request.stop_ids:
-                self._release(run, "stop")
-                continue
-            request.generated += 1
-            if request.top_logprobs is not None:
-                request.logprobs.append(_logprobs(logits, token, request.top_logprobs))
-            if request.first_token is None:
-                request.first_token = time.monotonic()
-            request._put(token)
-            if run.session.position + 1 >= self.model.n_ctx:
-                self._release(run, "context")
-            elif request.generated >= request.max_new_tokens:
-                self._release(run, "length")
-            else:
-                run.last = token
+            entry = _logprobs(logits, token, request.top_logprobs) \
+                if request.top_logprobs is not None else None
+        except Exception as e:   # a processor or constraint of this request failed
+            self._release(run, "error", e)
+            return
+        if token in request.stop_ids:
+            self._release(run, "stop")
+            return
+        request.generated += 1
+        if entry is not None:
+            request.logprobs.append(entry)
+        if request.first_token is None:
+            request.first_token = time.monotonic()
+        request._put(token)
+        if run.session.position + 1 >= self.model.n_ctx:
+            self._release(run, "context")
+        elif run.sampler.constraint is not None and run.sampler.done:
+            self._release(run, "stop")
+        elif request.generated >= request.max_new_tokens:
+            self._release(run, "length")
+        else:
+            run.last = token
 
     def _loop(self):
         while not self._stop:
-            self._admit()
-            if not self._running:
-                self._wake.wait(0.05)
-                self._wake.clear()
-                continue
-            self._step()
+            try:
+                self._admit()
+                if not self._running:
+                    self._wake.wait(0.05)
+                    self._wake.clear()
+                    continue
+                self._step()
+            except Exception as e:   # a fault of the engine itself: fail what runs, go on
+                for run in list(self._running):
+                    run.session.reset()
+                    self._release(run, "error", e)
         for run in list(self._running):
             self._release(run, "cancelled")
         while not self._waiting.empty():

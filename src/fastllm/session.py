@@ -7,10 +7,17 @@ per conversation, or per thread, and a server can multiplex them.
 """
 from __future__ import annotations
 
+import threading
+from contextlib import ExitStack, contextmanager
+
 import numpy as np
 
 from . import _core
 from .schema import LINEAR
+
+
+_IN_USE = ("this Session is in use by another thread: a Session serves one thread at a time "
+           "(give each thread its own, model.new_session())")
 
 
 class Session:
@@ -21,7 +28,9 @@ class Session:
         logits = session.step(token)           # one more token
 
     Token ids are checked once, on the way in. A Session serves one thread
-    at a time: give each thread its own. Layers with a recurrent state
+    at a time: give each thread its own. Using one from a second thread
+    while it runs, or while a generation holds it, raises RuntimeError
+    rather than mixing the two sequences. Layers with a recurrent state
     (Gated DeltaNet) cannot forget their last tokens, so a session of such a
     model can only be reset (can_rewind is False).
 
@@ -44,6 +53,35 @@ class Session:
         self.can_rewind = all(config.layer_kind(i) != LINEAR for i in range(config.num_hidden_layers))
         self._tokens = []
         self._unsettled = False   # a chunk may have run without being listed
+        self._busy = threading.Lock()   # held while C runs this session
+        self._holder = None             # the thread whose generation holds it (see held)
+
+    @contextmanager
+    def held(self):
+        """Hold the session for one generation (a generator between its
+        tokens): another thread's use, or a second generation, raises."""
+        with self._use():
+            if self._holder is not None:
+                raise RuntimeError("this Session is already used by a generation that has not "
+                                   "finished: finish or close it first, or use another session")
+            self._holder = threading.get_ident()
+        try:
+            yield self
+        finally:
+            self._holder = None
+
+    @contextmanager
+    def _use(self):
+        """The session for one call: RuntimeError if another thread runs it
+        now or a generation of another thread holds it."""
+        if not self._busy.acquire(blocking=False):
+            raise RuntimeError(_IN_USE)
+        try:
+            if self._holder not in (None, threading.get_ident()):
+                raise RuntimeError(_IN_USE)
+            yield
+        finally:
+            self._busy.release()
 
     def _settle(self):
         """After an interrupted run: keep only what the state surely holds."""
@@ -75,6 +113,10 @@ class Session:
         return ids
 
     def _run(self, ids: np.ndarray, all_logits=False, hidden_states=False):
+        with self._use():
+            return self._run_held(ids, all_logits, hidden_states)
+
+    def _run_held(self, ids, all_logits, hidden_states):
         self._settle()
         logits, traces = [], []
         for start in range(0, ids.size, self.max_batch):
@@ -130,6 +172,10 @@ class Session:
 
     def rewind(self, position: int):
         """Forget the tokens from position on."""
+        with self._use():
+            self._rewind(position)
+
+    def _rewind(self, position: int):
         self._settle()
         if not 0 <= position <= len(self._tokens):
             raise ValueError(f"cannot rewind to {position}: the session holds {len(self._tokens)} tokens")
@@ -152,7 +198,8 @@ class Session:
         whole = not self.can_rewind
         if whole and n != other.position:
             raise ValueError("a recurrent state can only be copied whole")
-        self._state.copy_from(other._state, n, whole)
+        with self._use():
+            self._state.copy_from(other._state, n, whole)
         self._tokens = list(other.tokens[:n])
         self._unsettled = False
 
@@ -171,11 +218,14 @@ def extend_together(sessions, token_ids, work: Session | None = None) -> np.ndar
     holds all the tokens), else of the first session."""
     ids = [s.check(t) for s, t in zip(sessions, token_ids, strict=True)]
     positions = [s.position for s in sessions]   # settles any interrupted run first
-    for s in sessions:
-        s._unsettled = True
-    out = _core.run_batch([s._state for s in sessions], ids, positions,
-                          None if work is None else work._state)
-    for s, i in zip(sessions, ids):
-        s._tokens += i.tolist()
-        s._unsettled = False
+    with ExitStack() as using:
+        for s in sessions:
+            using.enter_context(s._use())
+        for s in sessions:
+            s._unsettled = True
+        out = _core.run_batch([s._state for s in sessions], ids, positions,
+                              None if work is None else work._state)
+        for s, i in zip(sessions, ids):
+            s._tokens += i.tolist()
+            s._unsettled = False
     return out

@@ -1,7 +1,13 @@
 """Generated tokens as text, cut at stop strings.
 
 Pieces are whole characters, and text that may still turn out to begin a
-stop string is held back until it is known not to.
+stop string is held back until it is known not to. Model and the server
+both turn tokens into text through feed():
+
+    for token in tokens + [None]:      # None: the end
+        piece = text.feed(token)
+        ...                            # show piece
+        if text.ended: break           # a stop string, or the end
 """
 from __future__ import annotations
 
@@ -18,6 +24,14 @@ class TextStream:
         self.stops = [stops] if isinstance(stops, str) else list(stops or ())
         self._held = ""
         self.stopped = False
+        self.ended = False   # a stop string came, or the end was fed
+
+    def feed(self, token: int | None) -> str:
+        """The text token completes (None: the end of the tokens, when what
+        is held comes out); afterwards ended says whether to stop feeding."""
+        piece = self.add(token) if token is not None else self.flush()
+        self.ended = self.ended or self.stopped or token is None
+        return piece
 
     def add(self, token: int) -> str:
         return self._take(self._decoder.add(token), final=False)

@@ -1,0 +1,450 @@
+"""OpenAI's completions and chat completions API as plain functions: a
+request body read into what the engine runs (prompt ids, sampling, limits),
+every field checked before anything is submitted, and the engine's output
+shaped into OpenAI's responses and stream chunks. Nothing here speaks HTTP
+(fastllm.server routes requests to these functions).
+
+The server's fallbacks for fields a request leaves out are, in order: the
+model's generation_config.json, then OpenAI's defaults (temperature 1,
+16 tokens for a completion; a chat reply may run to the end of the context).
+"""
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .sampling import SamplingParams
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+MAX_CHOICES = 16          # n
+MAX_STOPS = 16            # stop strings per request
+MAX_STOP_CHARS = 200      # each is looked for at every token: kept short
+MAX_TOP_LOGPROBS = 20     # chat (completions: 5, as OpenAI's)
+MAX_JSON_DEPTH = 64       # nesting of the request body
+# Arguments of apply_chat_template that chat_template_kwargs may not set.
+_TEMPLATE_ARGUMENTS = ("messages", "add_generation_prompt", "tools", "tokenize", "chat_template",
+                       "documents", "continue_final_message")
+
+
+class APIError(Exception):
+    """A request answered with an error, in OpenAI's shape (error_body)."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.type, self.param, self.code, self.headers = status, type, param, code, headers
+
+
+def error_body(e: APIError) -> dict:
+    return {"error": {"message": str(e), "type": e.type, "param": e.param, "code": e.code}}
+
+
+def server_error(message: str, status: int = 500) -> APIError:
+    return APIError(status, message, type="server_error")
+
+
+# -------------------------------------------------------------- the body
+
+def parse_json(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> dict:
+    """The request body as a JSON object, its nesting bounded before it is
+    parsed (Python's parser recurses once per level)."""
+    if _nesting(raw) > max_depth:
+        raise APIError(400, f"the request body nests JSON deeper than {max_depth} levels")
+    try:
+        body = json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise APIError(400, "the request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    return body
+
+
+def _no_constant(name):
+    raise ValueError(f"{name} is not JSON")   # NaN and Infinity, which Python's json accepts
+
+
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_OPEN = np.zeros(256, np.int8)
+_OPEN[[ord("["), ord("{")]] = 1
+_OPEN[[ord("]"), ord("}")]] = -1
+
+
+def _nesting(raw: bytes) -> int:
+    """The deepest nesting of brackets outside strings (the JSON's depth,
+    counted without parsing, at the speed of re and numpy)."""
+    if raw.count(b"[") + raw.count(b"{") == 0:
+        return 0
+    steps = _OPEN[np.frombuffer(_STRING.sub(b"", raw), np.uint8)]
+    return int(np.cumsum(steps, dtype=np.int64).max(initial=0))
+
+
+def _whole(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _number(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+
+
+_KINDS = {int: ("an integer", _whole), float: ("a number", _number), bool: ("true or false", None),
+          str: ("a string", None), list: ("an array", None), dict: ("an object", None)}
+
+
+def field_of(body: dict, name: str, kind, default=None, lo=None, hi=None):
+    """body[name] checked: of kind (int, float, bool, str, list, dict) and
+    within [lo, hi]; absent or null gives default."""
+    value = body.get(name)
+    if value is None:
+        return default
+    what, check = _KINDS[kind]
+    ok = check(value) if check else isinstance(value, kind)
+    if ok and ((lo is not None and value < lo) or (hi is not None and value > hi)):
+        ok = False
+    if not ok:
+        if lo is not None and hi is not None:
+            what += f" from {lo} to {hi}"
+        elif lo is not None:
+            what += f" >= {lo}"
+        raise APIError(400, f"'{name}' must be {what}, got {_short(value)}", param=name)
+    return float(value) if kind is float else value
+
+
+def _short(value) -> str:
+    text = json.dumps(value) if not isinstance(value, float) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# ----------------------------------------------------------- the request
+
+@dataclass
+class Generation:
+    """A request, checked and ready for the engine."""
+    chat: bool
+    prompt_ids: list
+    max_tokens: int
+    samplings: list               # one SamplingParams per choice (n)
+    stops: list                   # stop strings
+    stop_ids: set | None          # None: the model's end-of-sequence tokens
+    top_logprobs: int | None      # None: no logprobs
+    stream: bool = False
+    include_usage: bool = False
+    constraints: list | None = None   # one per choice, for constrained decoding
+    extra: dict = field(default_factory=dict)
+
+
+def parse_request(body: dict, chat: bool, model, max_choices: int = MAX_CHOICES) -> Generation:
+    """body (a JSON object) of /v1/chat/completions (chat) or /v1/completions
+    as a Generation, every field checked; the prompt is rendered and
+    tokenized last, and only once it is known to fit the context.
+    APIError (400) names the first bad field."""
+    model_field = body.get("model")
+    if model_field is not None and not isinstance(model_field, str):
+        raise APIError(400, "'model' must be a string", param="model")
+    samplings = sampling_of(body, model, max_choices)
+    stops = stops_of(body)
+    stream = field_of(body, "stream", bool, False)
+    options = field_of(body, "stream_options", dict, {})
+    include_usage = field_of(options, "include_usage", bool, False) if stream else False
+    stop_ids = set() if field_of(body, "ignore_eos", bool, False) else None
+    if chat:
+        limit = field_of(body, "max_completion_tokens", int, None, 1)
+        limit = field_of(body, "max_tokens", int, None, 1) if limit is None else limit
+        want = field_of(body, "logprobs", bool, False)
+        top = field_of(body, "top_logprobs", int, 0, 0, MAX_TOP_LOGPROBS)
+        top_logprobs = top if want else None
+        ids = chat_prompt_ids(body, model)
+    else:
+        limit = field_of(body, "max_tokens", int, None, 1)
+        top_logprobs = field_of(body, "logprobs", int, None, 0, 5)
+        if field_of(body, "echo", bool, False):
+            raise APIError(400, "'echo' is not supported", param="echo")
+        if field_of(body, "suffix", str, None):
+            raise APIError(400, "'suffix' is not supported", param="suffix")
+        ids = completion_prompt_ids(body, model)
+    room = model.n_ctx - len(ids)
+    if limit is None:
+        limit = model.default_max_new_tokens(len(ids), room if chat else 16)
+    return Generation(chat, ids, max(1, min(limit, room)), samplings, stops, stop_ids, top_logprobs,
+                      stream, include_usage)
+
+
+def sampling_of(body: dict, model, max_choices: int = MAX_CHOICES) -> list:
+    """One SamplingParams per choice: the request's settings over the
+    model's generation_config.json over OpenAI's defaults. A seed gives
+    choice i the seed + i, so that every choice is reproducible and differs."""
+    n = field_of(body, "n", int, 1, 1, max_choices)
+    base = SamplingParams(temperature=1.0).replace(**{
+        k: v for k, v in model.generation_defaults.items() if k != "max_new_tokens"})
+    top_k = field_of(body, "top_k", int, None, -1)
+    seed = field_of(body, "seed", int, None, -1, 2**64 - 1)
+    changes = {
+        "temperature": field_of(body, "temperature", float, None, 0, 2),
+        "top_p": field_of(body, "top_p", float, None, 0, 1),
+        "top_k": None if top_k is None else max(top_k, 0),   # -1: off, as in llama.cpp
+        "min_p": field_of(body, "min_p", float, None, 0, 1),
+        "repetition_penalty": field_of(body, "repetition_penalty", float, None),
+        "frequency_penalty": field_of(body, "frequency_penalty", float, None, -2, 2),
+        "presence_penalty": field_of(body, "presence_penalty", float, None, -2, 2),
+        "logit_bias": logit_bias_of(body, model.config.vocab_size),
+    }
+    try:
+        params = base.replace(**{k: v for k, v in changes.items() if v is not None})
+    except ValueError as e:
+        raise APIError(400, str(e), param=str(e).split()[0]) from None
+    if seed is None or seed == -1:   # -1: a random seed, as in llama.cpp
+        return [params] * n
+    return [params.replace(seed=(seed + i) % 2**64) for i in range(n)]
+
+
+def logit_bias_of(body: dict, vocab_size: int):
+    """logit_bias ({"token id": bias}) as {id: bias}, ids in the vocabulary."""
+    bias = field_of(body, "logit_bias", dict, None)
+    if bias is None:
+        return None
+    out = {}
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except ValueError:
+            token = -1
+        if not 0 <= token < vocab_size or str(token) != key.strip():
+            raise APIError(400, f"'logit_bias' keys must be token ids from 0 to {vocab_size - 1}, "
+                                f"got {_short(key)}", param="logit_bias")
+        if not _number(value) or not -100 <= value <= 100:
+            raise APIError(400, f"'logit_bias' values must be numbers from -100 to 100, got "
+                                f"{_short(value)}", param="logit_bias")
+        out[token] = float(value)
+    return out
+
+
+def stops_of(body: dict) -> list:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops) or \
+            len(stops) > MAX_STOPS:
+        raise APIError(400, f"'stop' must be a string or an array of at most {MAX_STOPS} strings",
+                       param="stop")
+    if not all(0 < len(s) <= MAX_STOP_CHARS for s in stops):
+        raise APIError(400, f"'stop' strings must have 1 to {MAX_STOP_CHARS} characters "
+                            "(an empty one would match before any text)", param="stop")
+    return stops
+
+
+def completion_prompt_ids(body: dict, model) -> list:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]   # a batch of one prompt
+    if isinstance(prompt, str):
+        return encode(model, prompt, True, "prompt")
+    if isinstance(prompt, list) and prompt and all(_whole(t) for t in prompt):
+        fit_context(len(prompt), model, "prompt")
+        bad = next((t for t in prompt if not 0 <= t < model.config.vocab_size), None)
+        if bad is not None:
+            raise APIError(400, f"'prompt' token id {bad} is outside the vocabulary "
+                                f"(0..{model.config.vocab_size - 1})", param="prompt")
+        return [int(t) for t in prompt]
+    raise APIError(400, "'prompt' must be a string or an array of token ids (one prompt "
+                        "per request)", param="prompt")
+
+
+def encode(model, text: str, add_special_tokens: bool, param: str) -> list:
+    """text's ids; text that cannot fit the context whatever its tokens is
+    refused before it is tokenized, so a huge prompt costs no more than one
+    the context holds."""
+    per_token = model.tokenizer.max_chars_per_token
+    if per_token is not None and len(text) > model.n_ctx * per_token:
+        raise APIError(400, f"the {param} has {len(text)} characters: more tokens than the context "
+                            f"of {model.n_ctx} holds", param=param, code="context_length_exceeded")
+    ids = model.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    fit_context(len(ids), model, param)
+    return ids
+
+
+def fit_context(n: int, model, param: str):
+    if n >= model.n_ctx:
+        raise APIError(400, f"the {param} has {n} tokens: the context holds {model.n_ctx}",
+                       param=param, code="context_length_exceeded")
+
+
+def chat_prompt_ids(body: dict, model) -> list:
+    messages = [message_of(m, i) for i, m in enumerate(_messages(body))]
+    tools = field_of(body, "tools", list, None)
+    kwargs = field_of(body, "chat_template_kwargs", dict, {})
+    clash = [k for k in kwargs if k in _TEMPLATE_ARGUMENTS]
+    if clash:
+        raise APIError(400, f"'chat_template_kwargs' may not set {clash[0]!r}",
+                       param="chat_template_kwargs")
+    try:
+        prompt = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                     tools=tools, **kwargs)
+    except Exception as e:   # the model's own template refuses these messages
+        raise APIError(400, f"the chat template cannot render these messages: {e}",
+                       param="messages") from None
+    return encode(model, prompt, False, "messages")
+
+
+def _messages(body: dict) -> list:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise APIError(400, "'messages' must be a non-empty array of messages", param="messages")
+    return messages
+
+
+def message_of(m, i: int) -> dict:
+    """An OpenAI message as chat templates take it: content parts joined
+    into one string, null content (an assistant's tool calls) as "", and a
+    tool call's JSON arguments as an object, as transformers' templates
+    expect them."""
+    where = f"messages[{i}]"
+    if not isinstance(m, dict):
+        raise APIError(400, f"'{where}' must be an object", param="messages")
+    role = m.get("role")
+    if role not in ROLES:
+        raise APIError(400, f"'{where}.role' must be one of {', '.join(ROLES)}, got {_short(role)}",
+                       param="messages")
+    out = {"role": role, "content": content_of(m.get("content"), role, where)}
+    for key in ("name", "tool_call_id"):
+        if m.get(key) is not None:
+            if not isinstance(m[key], str):
+                raise APIError(400, f"'{where}.{key}' must be a string", param="messages")
+            out[key] = m[key]
+    if m.get("tool_calls") is not None:
+        if role != "assistant":
+            raise APIError(400, f"'{where}': only assistant messages carry tool_calls", param="messages")
+        out["tool_calls"] = [tool_call_of(c, f"{where}.tool_calls[{k}]")
+                             for k, c in enumerate(_list(m["tool_calls"], f"{where}.tool_calls"))]
+    elif m.get("content") is None and role != "assistant":
+        raise APIError(400, f"'{where}.content' must be a string or an array of content parts",
+                       param="messages")
+    return out
+
+
+def _list(value, where: str) -> list:
+    if not isinstance(value, list):
+        raise APIError(400, f"'{where}' must be an array", param="messages")
+    return value
+
+
+def content_of(content, role: str, where: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    parts = []
+    for k, part in enumerate(_list(content, f"{where}.content")):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            parts.append(part["text"])
+        elif kind in ("image_url", "input_image", "input_audio", "file", "image", "audio"):
+            raise APIError(400, f"'{where}.content[{k}]' is of type {kind!r}: this model reads "
+                                "text only", param="messages")
+        else:
+            raise APIError(400, f"'{where}.content[{k}]' must be a text part "
+                                '({"type": "text", "text": "..."})', param="messages")
+    return "\n".join(parts)
+
+
+def tool_call_of(call, where: str) -> dict:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise APIError(400, f"'{where}' must be an object with a function and its name",
+                       param="messages")
+    arguments = function.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            pass   # passed on as the client wrote it
+    out = {"type": call.get("type", "function"),
+           "function": {"name": function["name"], "arguments": arguments}}
+    if isinstance(call.get("id"), str):
+        out["id"] = call["id"]
+    return out
+
+
+# ---------------------------------------------------------- the response
+
+def finish_reason(reason: str) -> str:
+    """The engine's finish reason in OpenAI's words."""
+    return "stop" if reason in ("stop", "cancelled") else "length"
+
+
+def usage(n_prompt: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": n_prompt, "completion_tokens": completion_tokens,
+            "total_tokens": n_prompt + completion_tokens}
+
+
+def chat_logprobs(tokenizer, entries, top: int) -> dict:
+    """Chat logprobs of [(token, (logprob, [(id, logprob), ...]))]."""
+    out = []
+    for token, (lp, best) in entries:
+        s = tokenizer.decode([token])
+        out.append({"token": s, "logprob": lp, "bytes": list(s.encode()),
+                    "top_logprobs": [{"token": (t := tokenizer.decode([i])), "logprob": v,
+                                      "bytes": list(t.encode())} for i, v in best[:top]]})
+    return {"content": out}
+
+
+def completion_logprobs(tokenizer, entries, offset: int) -> dict:
+    """Completions logprobs, text offsets counted from offset."""
+    tokens, lps, tops, offsets = [], [], [], []
+    for token, (lp, best) in entries:
+        s = tokenizer.decode([token])
+        tokens.append(s), lps.append(lp), offsets.append(offset)
+        tops.append({tokenizer.decode([i]): v for i, v in best})
+        offset += len(s)
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def logprobs_of(g: Generation, tokenizer, entries, offset: int = 0):
+    if g.top_logprobs is None:
+        return None
+    return chat_logprobs(tokenizer, entries, g.top_logprobs) if g.chat else \
+        completion_logprobs(tokenizer, entries, offset)
+
+
+def choice(g: Generation, index: int, text: str, reason: str, logprobs) -> dict:
+    """One choice of a whole (not streamed) response."""
+    out = {"index": index, "finish_reason": reason, "logprobs": logprobs}
+    if g.chat:
+        out["message"] = {"role": "assistant", "content": text}
+    else:
+        out["text"] = text
+    return out
+
+
+def response(g: Generation, rid: str, created: int, model_name: str, choices: list,
+             completion_tokens: int) -> dict:
+    return {"id": rid, "object": "chat.completion" if g.chat else "text_completion",
+            "created": created, "model": model_name, "choices": choices,
+            "usage": usage(len(g.prompt_ids), completion_tokens)}
+
+
+def chunk_choice(g: Generation, index: int, text: str | None = None, reason: str | None = None,
+                 logprobs=None, role: bool = False) -> dict:
+    """One choice of a stream chunk: the first (role), a piece of text, or
+    the last (reason)."""
+    out = {"index": index, "logprobs": logprobs, "finish_reason": reason}
+    if g.chat:
+        delta = {"role": "assistant", "content": ""} if role else {} if reason else {"content": text}
+        out["delta"] = delta
+    else:
+        out["text"] = text or ""
+    return out
+
+
+def chunk(g: Generation, rid: str, created: int, model_name: str, choices: list, **extra) -> str:
+    """A server-sent event of a stream."""
+    body = {"id": rid, "object": "chat.completion.chunk" if g.chat else "text_completion",
+            "created": created, "model": model_name, "choices": choices, **extra}
+    return f"data: {json.dumps(body)}\n\n"
+
+
+def error_event(e: APIError) -> str:
+    """An error after a stream has begun (its status was 200 already)."""
+    return f"data: {json.dumps(error_body(e))}\n\n"
