@@ -223,3 +223,10 @@ def test_response_shapes():
         "error": {"message": "boom", "type": "server_error", "param": None, "code": None}}
     assert [api.finish_reason(r) for r in ("stop", "cancelled", "length", "context")] == \
         ["stop", "stop", "length", "length"]
+
+
+def test_text_that_is_not_unicode_is_the_callers_fault(model):
+    e = refused({"prompt": "\ud800", "max_tokens": 1}, model, chat_endpoint=False, param="prompt")
+    assert "lone surrogate" in str(e)
+    e = refused({"messages": [{"role": "user", "content": "hi \udfff"}]}, model, param="messages")
+    assert "lone surrogate" in str(e)

@@ -96,9 +96,46 @@ def test_top_k_one_is_greedy():
 
 @pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(top_k=-2),
                                  dict(top_k=2.5), dict(min_p=2), dict(repetition_penalty=0),
-                                 dict(temperature=float("nan")), dict(repeat_last_n=-2), dict(seed=1.5)])
+                                 dict(temperature=float("nan")), dict(repeat_last_n=-2), dict(seed=1.5),
+                                 dict(seed=-1), dict(seed=2**64), dict(temperature=float("inf")),
+                                 dict(repetition_penalty=float("inf")), dict(repetition_penalty=1e308),
+                                 dict(frequency_penalty=2.5), dict(presence_penalty=float("nan")),
+                                 dict(logit_bias={-1: 1.0}), dict(logit_bias={3: 101}),
+                                 dict(logit_bias={3: float("inf")}), dict(logit_bias={"3": 1.0}),
+                                 dict(logit_bias=5)])
 def test_bad_parameters_are_refused_when_made(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         SamplingParams(**bad)
     with pytest.raises(ValueError, match=next(iter(bad))):
         SamplingParams().replace(**bad)
+
+
+def test_seeds_are_those_numpy_takes():
+    for seed in (0, 2**64 - 1):
+        Sampler(SamplingParams(temperature=1.0, seed=seed))(np.zeros(4, np.float32))
+
+
+def test_frequency_and_presence_penalties_count_the_generated_tokens():
+    """OpenAI's definition: logit - count * frequency_penalty - (count > 0) * presence_penalty,
+    over the tokens this sampler chose (not the prompt)."""
+    logits = np.array([3.0, 2.9, 2.8, 0.0], np.float32)
+    s = Sampler(SamplingParams(frequency_penalty=0.5, presence_penalty=0.2))
+    prompt = [1, 1, 1]   # the prompt's tokens are not penalized
+    assert s(logits, prompt) == 0
+    assert np.allclose(s.process(logits, prompt), [3.0 - 0.7, 2.9, 2.8, 0.0])
+    assert s(logits, prompt) == 1          # 2.3 < 2.9
+    assert s(logits, prompt) == 2          # 2.3, 2.2 < 2.8
+    assert s(logits, prompt) == 0          # 2.3 > 2.2, 2.1
+    assert np.allclose(s.process(logits, prompt), [3.0 - 1.2, 2.2, 2.1, 0.0])
+    plain = Sampler(SamplingParams())
+    assert [plain(logits) for _ in range(3)] == [0, 0, 0]
+
+
+def test_logit_bias_is_added_before_the_draw():
+    logits = np.array([1.0, 0.0, -1.0], np.float32)
+    s = Sampler(SamplingParams(logit_bias={2: 5.0, 0: -100}))
+    assert np.allclose(s.process(logits), [-99.0, 0.0, 4.0])
+    assert s(logits) == 2
+    with pytest.raises(ValueError, match="logit_bias: token id 3 is outside"):
+        SamplingParams(logit_bias={3: 1.0}).check_vocabulary(3)
+    assert SamplingParams(logit_bias={1: 2}).logit_bias == ((1, 2.0),)

@@ -17,17 +17,17 @@ uvicorn = pytest.importorskip("uvicorn")
 pytest.importorskip("starlette")
 
 from fastllm import Model, SamplingParams  # noqa: E402
-from fastllm.server import create_app  # noqa: E402
+from fastllm.server import ServeOptions, create_app  # noqa: E402
 from fastllm.serving import BatchEngine  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0)
 
 
 @contextmanager
-def running(model, parallel=4, max_queue=32, api_key=None):
+def running(model, parallel=4, max_queue=32, api_key=None, **options):
     """A server on a free port of 127.0.0.1; yields (base_url, engine)."""
     engine = BatchEngine(model, parallel=parallel, max_queue=max_queue)
-    app = create_app(model, engine, "smollm2", api_key)
+    app = create_app(model, engine, "smollm2", api_key, ServeOptions(**options))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
@@ -172,3 +172,259 @@ def test_api_key_and_metrics(model):
         assert "fastllm_generated_tokens_total" in text and "fastllm_queue_depth 0" in text
         health = json.loads(urllib.request.urlopen(url.replace("/v1", "/health")).read())
         assert health["status"] == "ok"
+
+
+# ------------------------------------------------------------ robustness
+
+def post(url, path, body, timeout=120):
+    """(status, JSON) of a POST of body (bytes or a JSON value)."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(url.replace("/v1", "") + path, data=data,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def openai_error(status, body, code):
+    assert status == code, body
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    return body["error"]
+
+
+def test_bad_fields_are_refused_before_they_take_a_slot(model):
+    with running(model, parallel=1, max_queue=1) as (url, engine):
+        for bad in ({"stop": 3}, {"stream": "yes"}, {"stream": True, "stream_options": 5},
+                    {"seed": -2}, {"max_tokens": 0}, {"repetition_penalty": 1e308}, {"stop": ""},
+                    {"n": 99}, {"logit_bias": {"100000": 1}}):
+            status, body = post(url, "/v1/chat/completions", {"messages": messages(0), **bad})
+            openai_error(status, body, 400)
+            assert engine.active == 0 and engine.queue_depth == 0, bad
+        # an error that quotes a lone surrogate of the client's still renders
+        status, body = post(url, "/v1/chat/completions", b'{"messages": [{"role": "\\ud800", "content": "x"}]}')
+        assert "role" in openai_error(status, body, 400)["message"]
+        status, body = post(url, "/v1/chat/completions",
+                            b'{"messages": [], "repetition_penalty": Infinity}')
+        assert "not valid JSON" in openai_error(status, body, 400)["message"]
+        # the one slot is free for a good request
+        r = client(url).chat.completions.create(model="smollm2", messages=messages(0), max_tokens=2)
+        assert r.choices[0].finish_reason == "length"
+
+
+def test_seed_minus_one_is_a_random_seed_and_the_engine_lives_on(model, server):
+    url, engine = server
+    c = client(url)
+    for _ in range(2):
+        r = c.chat.completions.create(model="smollm2", messages=messages(1), max_tokens=3, seed=-1)
+        assert r.usage.completion_tokens == 3
+    assert engine.alive
+    health = json.loads(urllib.request.urlopen(url.replace("/v1", "/health")).read())
+    assert health["status"] == "ok"
+
+
+def test_errors_of_routing_and_bodies_keep_openais_shape(model):
+    with running(model, max_body=1000) as (url, engine):
+        base = url.replace("/v1", "")
+        for path, method, code in (("/v1/nowhere", "GET", 404), ("/v1/chat/completions", "GET", 405),
+                                   ("/health", "POST", 405)):
+            req = urllib.request.Request(base + path, method=method, data=b"{}" if method == "POST" else None)
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(req)
+            openai_error(e.value.code, json.loads(e.value.read()), code)
+        status, body = post(url, "/v1/completions", {"prompt": "x" * 2000})
+        assert "larger than 1000 bytes" in openai_error(status, body, 413)["message"]
+        for raw in (b"{nope", b"[" * 400 + b"]" * 400, b'{"prompt": ' + b"[" * 300 + b"]" * 300 + b"}"):
+            status, body = post(url, "/v1/completions", raw)
+            openai_error(status, body, 400)
+        assert engine.alive
+
+
+def _raw_reply(url, head: bytes, body: bytes = b"") -> bytes:
+    """The status line and headers the server answers to a raw request."""
+    host, port = url.split("//")[1].split("/")[0].split(":")
+    with socket.create_connection((host, int(port))) as s:
+        s.sendall(head + body)
+        s.settimeout(30)
+        reply = b""
+        while b"\r\n\r\n" not in reply:
+            reply += s.recv(4096)
+        return reply
+
+
+def test_a_fifty_megabyte_body_is_refused_at_once(model, server):
+    """Refused from its Content-Length, or, without one, as soon as the
+    chunks read pass the limit."""
+    url, engine = server
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % (50 << 20))
+    assert _raw_reply(url, head, b'{"prompt": "aaaa').startswith(b"HTTP/1.1 413")
+    chunk = b"a" * (1 << 20)
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(5))
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n")
+    assert _raw_reply(url, head, chunked).startswith(b"HTTP/1.1 413")
+    assert engine.active == 0
+
+
+def test_a_body_that_does_not_arrive_gets_408(model):
+    with running(model, body_timeout=0.5) as (url, engine):
+        head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 1000\r\n\r\n{")
+        with ThreadPoolExecutor(3) as pool:
+            replies = list(pool.map(lambda _: _raw_reply(url, head), range(3)))
+        assert all(r.startswith(b"HTTP/1.1 408") for r in replies), replies
+
+
+def test_a_failure_inside_a_step_fails_that_request_and_the_next_succeeds(model, monkeypatch):
+    from fastllm import serving
+    real = serving.extend_together
+    calls = []
+
+    def fail_once(*args):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("injected fault")
+        return real(*args)
+    with running(model) as (url, engine):
+        monkeypatch.setattr(serving, "extend_together", fail_once)
+        status, body = post(url, "/v1/chat/completions", {"messages": messages(2), "max_tokens": 4})
+        error = openai_error(status, body, 500)
+        assert error["type"] == "server_error" and "injected fault" in error["message"]
+        r = client(url).chat.completions.create(model="smollm2", messages=messages(2), max_tokens=4,
+                                                temperature=0)
+        assert r.usage.completion_tokens == 4 and engine.alive
+        # streamed: the error comes as an event in OpenAI's shape
+        calls.clear()
+        stream = client(url).chat.completions.create(model="smollm2", messages=messages(2), max_tokens=4,
+                                                     stream=True)
+        with pytest.raises(openai.APIError, match="injected fault"):
+            list(stream)
+        engine.close()
+        status, body = json_get(url.replace("/v1", "/health"))
+        assert status == 503 and body["status"] == "unhealthy"
+
+
+def json_get(url):
+    try:
+        with urllib.request.urlopen(url) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_content_parts_null_content_tool_messages_and_names(model, server):
+    c = client(server[0])
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Name two"},
+                                          {"type": "text", "text": "animals that live in the sea."}]}]
+    joined = [{"role": "user", "content": "Name two\nanimals that live in the sea."}]
+    a = c.chat.completions.create(model="smollm2", messages=parts, max_tokens=8, temperature=0)
+    b = c.chat.completions.create(model="smollm2", messages=joined, max_tokens=8, temperature=0)
+    assert a.choices[0].message.content == b.choices[0].message.content
+    history = [{"role": "user", "content": "Weather in Paris?", "name": "ann"},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "call_1", "type": "function",
+                    "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    r = c.chat.completions.create(model="smollm2", messages=history, max_tokens=4,
+                                  extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert r.usage.completion_tokens >= 1
+    with pytest.raises(openai.BadRequestError, match="text only"):
+        c.chat.completions.create(model="smollm2", max_tokens=2, messages=[
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}])
+
+
+def test_n_choices_penalties_bias_and_ignore_eos(model, server):
+    c = client(server[0])
+    prompt = messages(5)
+    r = c.chat.completions.create(model="smollm2", messages=prompt, max_tokens=6, temperature=1.0,
+                                  seed=11, n=3)
+    assert [ch.index for ch in r.choices] == [0, 1, 2]
+    again = c.chat.completions.create(model="smollm2", messages=prompt, max_tokens=6, temperature=1.0,
+                                      seed=11, n=3)
+    texts = [ch.message.content for ch in r.choices]
+    assert texts == [ch.message.content for ch in again.choices]   # reproducible
+    # choice i is what a single request seeded seed + i gives
+    one = c.chat.completions.create(model="smollm2", messages=prompt, max_tokens=6, temperature=1.0, seed=12)
+    assert one.choices[0].message.content == texts[1]
+    assert 3 <= r.usage.completion_tokens <= 18   # counted over all choices
+    chunks = list(c.chat.completions.create(model="smollm2", messages=prompt, max_tokens=5, temperature=1.0,
+                                            seed=11, n=3, stream=True))
+    streamed = ["", "", ""]
+    for ch in chunks:
+        for choice in ch.choices:
+            streamed[choice.index] += choice.delta.content or ""
+    want = [t[:len(s)] for t, s in zip(texts, streamed)]
+    assert streamed == want
+    # a bias of -100 on the greedy reply's first token changes it; +100 on another forces it
+    plain = c.completions.create(model="smollm2", prompt="The sea is", max_tokens=3, temperature=0)
+    first = model.tokenizer.encode(plain.choices[0].text, add_special_tokens=False)[0]
+    biased = c.completions.create(model="smollm2", prompt="The sea is", max_tokens=3, temperature=0,
+                                  logit_bias={str(first): -100})
+    assert biased.choices[0].text != plain.choices[0].text
+    forced = c.completions.create(model="smollm2", prompt="The sea is", max_tokens=3, temperature=0,
+                                  logit_bias={"42": 100})
+    assert forced.choices[0].text == model.tokenizer.decode([42, 42, 42])
+    # penalties change a greedy reply that repeats itself
+    loop = c.completions.create(model="smollm2", prompt="one one one one one", max_tokens=12, temperature=0)
+    penalized = c.completions.create(model="smollm2", prompt="one one one one one", max_tokens=12,
+                                     temperature=0, frequency_penalty=2.0, presence_penalty=1.0)
+    assert penalized.choices[0].text != loop.choices[0].text
+    # ignore_eos: a reply that would end at the end-of-turn token runs to max_tokens
+    short = c.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Say hi."}],
+                                      max_tokens=60, temperature=0)
+    assert short.choices[0].finish_reason == "stop"
+    full = c.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Say hi."}],
+                                     max_tokens=60, temperature=0, extra_body={"ignore_eos": True})
+    assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens == 60
+
+
+def test_the_servers_fallbacks_are_the_models_generation_config(model, server, monkeypatch):
+    c = client(server[0])
+    greedy = c.chat.completions.create(model="smollm2", messages=messages(6), max_tokens=5, temperature=0)
+    monkeypatch.setattr(model, "generation_defaults", {"temperature": 0.0, "max_new_tokens": 5})
+    r = c.chat.completions.create(model="smollm2", messages=messages(6))
+    assert r.choices[0].message.content == greedy.choices[0].message.content
+    assert r.usage.completion_tokens == 5
+
+
+def test_a_time_limit_ends_a_request_as_length(model):
+    with running(model, request_timeout=0.05) as (url, engine):
+        r = client(url).completions.create(model="smollm2", prompt="Once upon a time", max_tokens=480,
+                                           temperature=0, extra_body={"ignore_eos": True})
+        assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens < 480
+        assert engine.active == 0
+
+
+def test_serve_passes_its_limits_to_uvicorn_and_says_what_it_serves(model, monkeypatch, capsys):
+    from fastllm import server
+    got = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: got.update(kw))
+    options = ServeOptions(port=8123, parallel=2, api_key="k", keep_alive=3, max_connections=50)
+    server.serve(model, options)
+    assert got["timeout_keep_alive"] == 3 and got["limit_concurrency"] == 50 and got["port"] == 8123
+    line = capsys.readouterr().err
+    assert str(model.file) in line and "2 slots of 512 tokens" in line
+    assert "http://127.0.0.1:8123/v1" in line and "API key is required" in line
+    assert any(t in line for t in model.weight_types)
+    with pytest.raises(ValueError, match="max_body must be positive"):
+        ServeOptions(max_body=0)
+
+
+def test_concurrent_clients_on_the_q4_1_file_with_int8_activations_get_their_reply_alone(fastllm_home):
+    """Batch invariance on the path `fastllm serve` runs by default: the
+    default model's own GGUF (Q4_1) with int8 activations, greedy and seeded."""
+    from fastllm.hub import default_gguf_path
+    q4 = Model.from_pretrained(str(default_gguf_path()), n_ctx=512, threads=2)
+    assert q4.activations == "int8" and "q4_1" in q4.weight_types
+    settings = [dict(temperature=0), dict(temperature=0.9, top_p=0.95, seed=7)]
+    want = [[q4.chat(messages(i), 12, sampling=SamplingParams(**s)) for i in range(8)] for s in settings]
+    with running(q4, parallel=8) as (url, _):
+        for s, expected in zip(settings, want):
+            def ask(i):
+                r = client(url).chat.completions.create(model="smollm2", messages=messages(i), max_tokens=12,
+                                                        **s)
+                return r.choices[0].message.content
+            with ThreadPoolExecutor(8) as pool:
+                assert list(pool.map(ask, range(8))) == expected

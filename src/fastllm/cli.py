@@ -372,7 +372,7 @@ def _show(model, settings: Settings, chat: bool, system, history: list):
     for key in _SETTINGS:
         v, src = settings.value(key)
         shown = ("random" if key == "seed" else "-") if v is None else v
-        rows.append((names[key], f"{shown} ({src})"))
+        rows.append((names.get(key, key), f"{shown} ({src})"))
     rows.append(("stop (/stop)", ", ".join(repr(s) for s in settings.stop) or "none"))
     rows.append(("end-of-sequence ids", ", ".join(str(i) for i in sorted(model.eos_token_ids)) or "none"))
     width = max(len(k) for k, _ in rows)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .sampling import SamplingParams
+from .tokenizer.errors import TokenizerError
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_CHOICES = 16          # n
@@ -262,7 +263,10 @@ def encode(model, text: str, add_special_tokens: bool, param: str) -> list:
     if per_token is not None and len(text) > model.n_ctx * per_token:
         raise APIError(400, f"the {param} has {len(text)} characters: more tokens than the context "
                             f"of {model.n_ctx} holds", param=param, code="context_length_exceeded")
-    ids = model.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    try:
+        ids = model.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    except TokenizerError as e:   # text that is not Unicode (a lone surrogate)
+        raise APIError(400, f"the {param} cannot be tokenized: {e}", param=param) from None
     fit_context(len(ids), model, param)
     return ids
 

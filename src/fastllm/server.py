@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import os
 import sys
 import time
@@ -291,7 +292,7 @@ def create_app(model, engine, model_name: str | None = None, api_key: str | None
     serving.BatchEngine). model_name and api_key override options'."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
-    from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
+    from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
     from starlette.routing import Route
 
     api_key = options.api_key if api_key is None else api_key
@@ -302,7 +303,9 @@ def create_app(model, engine, model_name: str | None = None, api_key: str | None
     def error(e: APIError, endpoint: str | None = None):
         if endpoint is not None:
             metrics.request(endpoint, e.status)
-        return JSONResponse(api.error_body(e), status_code=e.status, headers=e.headers)
+        # ASCII JSON: a message may quote the client's text, lone surrogates included
+        return Response(json.dumps(api.error_body(e)), status_code=e.status, headers=e.headers,
+                        media_type="application/json")
 
     def check_key(request):
         if api_key is not None and request.headers.get("authorization", "") != f"Bearer {api_key}":
