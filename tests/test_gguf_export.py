@@ -135,7 +135,8 @@ def _through_plan(folder: Path, mix: str, out: Path) -> Path:
     return out
 
 
-@pytest.mark.parametrize("kind,mix", [("llama-wide", "q4_k_m"), ("llama-wide", "q5_k"), ("llama-wide", "q6_k"),
+@pytest.mark.parametrize("kind,mix", [("llama-wide", "q4_k_m"), pytest.param("llama-wide", "q5_k", marks=pytest.mark.slow),
+                                      pytest.param("llama-wide", "q6_k", marks=pytest.mark.slow),
                                       ("llama-gqa", "q8_0"), ("qwen2", "q4_0"), ("qwen3", "q5_1"),
                                       ("llama-headdim-bias", "q4_1"), ("qwen3-untied", "f16")])
 def test_quantized_export_reads_back(kind, mix, hf_folder, tmp_path, fastllm_home):
