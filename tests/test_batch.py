@@ -48,6 +48,7 @@ def test_batch_checks_its_inputs(tiny_model_dir):
     assert s.position == 0
 
 
+@pytest.mark.slow
 def test_generate_batch_equals_generate_alone(smollm2_dir):
     model = Model.from_pretrained(smollm2_dir, n_ctx=256, threads=2)
     for settings in ({"temperature": 0}, {"temperature": 0.8, "top_p": 0.9, "seed": 3}):

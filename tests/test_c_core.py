@@ -4,9 +4,12 @@ import subprocess
 import sysconfig
 from pathlib import Path
 
+import pytest
+
 CSRC = Path(__file__).resolve().parents[1] / "csrc"
 
 
+@pytest.mark.slow   # builds and runs the C test: about 30 s of CPU
 def test_c_core_alone(tmp_path):
     cc = shutil.which("cc") or shutil.which("gcc") or sysconfig.get_config_var("CC").split()[0]
     exe = tmp_path / "test_core"

@@ -1,6 +1,6 @@
 """Replay the committed corpora of the file-format fuzz targets
-(tests/fuzz/fuzz_safetensors.py, fuzz_gguf.py) without atheris, so any
-input that once found a bug keeps being checked."""
+(tests/fuzz/fuzz_safetensors.py, fuzz_gguf.py, fuzz_gguf_load.py) without
+atheris, so any input that once found a bug keeps being checked."""
 import importlib.util
 import sys
 from pathlib import Path
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 FUZZ = Path(__file__).resolve().parent / "fuzz"
-TARGETS = ("safetensors", "safetensors_header", "gguf")
+TARGETS = ("safetensors", "safetensors_header", "gguf", "gguf_load")
 
 
 def _target(name, monkeypatch):
@@ -22,8 +22,6 @@ def _target(name, monkeypatch):
 
 @pytest.mark.parametrize("name", TARGETS)
 def test_corpus_replays_cleanly(name, monkeypatch):
-    if name == "gguf":
-        pytest.importorskip("gguf")
     target = _target(name, monkeypatch)
     inputs = sorted((FUZZ / "corpus" / name).iterdir())
     assert len(inputs) >= 4, name

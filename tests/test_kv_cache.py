@@ -31,6 +31,7 @@ def _margins(logits):
     return top2[..., 1] - top2[..., 0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kv", ["f16", "bf16"])
 def test_16_bit_cache_within_its_contract_on_smollm2(kv, smollm2_dir):
     atol, rtol, min_margin = CONTRACT[kv]

@@ -1,7 +1,7 @@
 """Quantized GGUF weights run as they are (no dequantization at load).
 
 With fp32 activations the quantized matmuls multiply the exact dequantized
-weights: the oracle is transformers running the same GGUF file (it
+weights: the oracle is transformers running the same GGUF file in float64 (it
 dequantizes with the gguf package), and on the default model the float32
 model that fastllm converts from the same file, bit for bit. With int8
 activations (the default) the results are measured against the float32
@@ -41,7 +41,11 @@ def random_blocks(rows: int, cols: int, qtype, seed: int, scale: float = 2e-4) -
 
 
 def logits_ref(folder, name, ids):
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    """transformers on the same GGUF file (dequantized by the gguf package), in float64."""
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float64).eval()
+    # Unpacked into plain float64 weights (transformers keeps blocks packed,
+    # computing in float32, only where a GGUF matmul kernel is installed).
+    assert {p.dtype for p in model.parameters()} == {torch.float64}
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0].numpy()
 
@@ -85,12 +89,16 @@ def test_mixed_types_match_transformers(tiny_model_dir, tmp_path):
     def quantize(name, data):
         qtype = types[len(chosen) % len(types)]
         chosen[name] = qtype
-        return random_blocks(*data.shape, qtype, seed=len(chosen)), qtype
+        # A larger scale in the head spreads the logits, so that the bound of
+        # 1e-4 is small beside their differences.
+        scale = 1e-2 if name == "output.weight" else 2e-4
+        return random_blocks(*data.shape, qtype, seed=len(chosen), scale=scale), qtype
 
     write_gguf(tmp_path / "m.gguf", folder, synthetic_vocab(300), quantize=quantize)
     assert set(chosen.values()) == set(types)
     ids = [(i * 37 + 5) % 300 for i in range(11)]
     ref = logits_ref(tmp_path, "m.gguf", ids)
+    assert ref.std(axis=-1).min() > 1.0
     exact = Model.from_pretrained(tmp_path / "m.gguf", activations="f32", threads=2)
     assert set(exact.weight_types) == {t.name.lower() for t in types}
     got = exact.logits(ids)
@@ -159,7 +167,17 @@ def test_default_model_int8_activations_stay_close(default_models):
     native, _, reference = default_models
     text = ("Paris is the capital and most populous city of France. Situated on the Seine River, in the "
             "north of the country, it is at the heart of the Ile-de-France region. The city is a major "
-            "centre of finance, diplomacy, commerce, culture, fashion and gastronomy.")
+            "centre of finance, diplomacy, commerce, culture, fashion and gastronomy. "
+            "The river divides the city into the Right Bank to the north and the Left Bank to the south. "
+            "Its bridges, quays and islands have drawn painters and writers for centuries, and its museums "
+            "hold collections that visitors cross the world to see. The metro, opened in 1900, carries "
+            "millions of passengers every day, and the main railway stations link the city with the rest "
+            "of Europe. In the nineteenth century the prefect Haussmann rebuilt much of the centre, laying "
+            "out wide boulevards, parks and squares, and building the sewers and aqueducts that still "
+            "serve it. Water for the fountains came from springs far outside the walls. Today the region "
+            "produces nearly a third of the national economy, and the city hosts the headquarters of many "
+            "international organisations. Every summer the streets along the river are closed to cars and "
+            "turned into beaches, with sand, deck chairs and music until late in the evening.")
     ids = native.tokenizer.encode(text)
     got, ref = native.logits(ids), reference.logits(ids)
     p = np.exp(ref - ref.max(1, keepdims=True))
@@ -169,11 +187,14 @@ def test_default_model_int8_activations_stay_close(default_models):
     kl = (p * (np.log(p + 1e-30) - logq)).sum(1)
     top1 = (got.argmax(1) == ref.argmax(1)).mean()
     print(f"int8 vs f32 on {len(ids)} tokens: top-1 agreement {top1:.3f}, mean KL {kl.mean():.5f}")
-    assert top1 >= 0.9 and kl.mean() < 0.02
+    # Measured on these 244 tokens: top-1 0.963-0.971 (7 to 9 differ) and
+    # mean KL 0.0025-0.0027 on the avx512, avx2 and generic paths; the bounds
+    # allow about twice the disagreement and twice the divergence.
+    assert top1 >= 0.94 and kl.mean() < 0.005
     # The greedy choice is the same wherever the float32 model's has a clear margin.
     top2 = np.sort(ref, axis=1)[:, -2:]
     clear = top2[:, 1] - top2[:, 0] >= 1.0
-    assert clear.sum() >= len(ids) // 2
+    assert clear.sum() >= len(ids) // 3   # 121 of the 244
     assert np.array_equal(got.argmax(1)[clear], ref.argmax(1)[clear])
 
 

@@ -4,10 +4,10 @@ Oracles:
 * gguf's dequantizers read our blocks (the layout), and the error of the
   round trip on Gaussian rows is what llama.cpp's quantizers give (its
   test-quantize-fns reports the same figures), per type;
-* llama.cpp's own files, where /tmp/q holds the GGUF files llama-quantize
-  made from one F32 file: the blocks must be byte-identical. Those files
-  are not part of the repository, so that test skips without them
-  (benchmarks/gguf_export.py makes the same comparison on a whole model);
+* llama.cpp's own blocks: tests/data/llama-quantize holds a small F32 file
+  and what llama-quantize --pure made of it in each type (make.py there);
+  ours must be byte-identical (benchmarks/gguf_export.py makes the same
+  comparison on a whole model);
 * llama-quantize's per-tensor choices, written out for a 30-layer model.
 """
 from __future__ import annotations
@@ -181,31 +181,23 @@ def test_plain_mixes():
 
 
 # --------------------------------------------------------------------------
-# llama.cpp's own blocks (optional: needs files outside the repository)
+# llama.cpp's own blocks
 
-LLAMA_CPP_FILES = Path("/tmp/q")
+LLAMA_QUANTIZE = Path(__file__).parent / "data" / "llama-quantize"
 
 
-@pytest.fixture(scope="module")
-def llama_cpp_tensors():
+def _tensors(name: str) -> dict:
     import gguf
-    readers = {}
-
-    def get(name, tensor):
-        if name not in readers:
-            readers[name] = {t.name: t for t in gguf.GGUFReader(LLAMA_CPP_FILES / f"smollm2-{name}.gguf").tensors}
-        return readers[name][tensor]
-    return get
+    return {t.name: t for t in gguf.GGUFReader(LLAMA_QUANTIZE / f"{name}.gguf").tensors}
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not (LLAMA_CPP_FILES / "smollm2-F32.gguf").exists(),
-                    reason="needs GGUF files made by llama-quantize in /tmp/q")
-@pytest.mark.parametrize("name,tensor", [("Q4_K_M", "blk.3.ffn_down.weight"), ("Q4_K_M", "blk.0.ffn_down.weight"),
-                                         ("Q5_K_M", "blk.3.ffn_down.weight"), ("Q5_K_M", "blk.0.attn_k.weight"),
-                                         ("Q4_K_M", "blk.0.attn_k.weight"), ("Q4_0", "blk.0.attn_q.weight")])
-def test_blocks_equal_llama_quantize(name, tensor, llama_cpp_tensors):
-    src, ref = llama_cpp_tensors("F32", tensor), llama_cpp_tensors(name, tensor)
-    w = np.asarray(src.data, np.float32).reshape(-1, int(src.shape[0]))
-    qtype = ref.tensor_type.name.lower()
-    np.testing.assert_array_equal(quants.quantize(w, qtype), np.asarray(ref.data).reshape(w.shape[0], -1))
+@pytest.mark.parametrize("qtype", list(quants.QTYPES))
+def test_blocks_equal_llama_quantize(qtype):
+    source, made = _tensors("source-F32"), _tensors(qtype.upper())
+    assert made.keys() == source.keys()
+    for name, src in source.items():
+        ref = made[name]
+        assert ref.tensor_type.name.lower() == qtype, name
+        w = np.asarray(src.data, np.float32).reshape(-1, int(src.shape[0]))
+        np.testing.assert_array_equal(quants.quantize(w, qtype), np.asarray(ref.data).reshape(w.shape[0], -1),
+                                      err_msg=name)

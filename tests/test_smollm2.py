@@ -88,7 +88,7 @@ def test_a_weights_equal_the_file(smollm2_dir):
     assert np.array_equal(loaded["norm"], tensors["model.norm.weight"])
 
 
-@pytest.mark.parametrize("layer", [0, 1, 14, 29])
+@pytest.mark.parametrize("layer", [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(14, marks=pytest.mark.slow), 29])
 def test_b_one_decoder_layer(layer, smollm2_dir, ref, hf_tok):
     """The layer's input is taken from the reference with a hook and fed to a
     one-layer engine as its 'embedding table', so the layer is judged alone."""
@@ -123,7 +123,8 @@ def ref_logits(ref, hf_tok):
             for p in PROMPTS[:6] for ids in [hf_tok(p)["input_ids"]]]
 
 
-@pytest.mark.parametrize("path", ["generic", "avx2", "avx512"])
+@pytest.mark.parametrize("path", [pytest.param("generic", marks=pytest.mark.slow),
+                                  pytest.param("avx2", marks=pytest.mark.slow), "avx512"])
 def test_c_logits_every_position(path, ours, ref_logits, simd_path):
     """Each SIMD path that this CPU can run: another CPU may pick another."""
     simd_path(path)
@@ -154,6 +155,7 @@ def test_d_greedy_generation(ours, ref, hf_tok):
     print(f"greedy: {compared} tokens compared, smallest margin {smallest:.3g}, largest drift {drift:.3g}")
 
 
+@pytest.mark.slow
 def test_e_cache_is_bit_identical_to_recompute(ours, hf_tok):
     ids = hf_tok(PROMPTS[3] + PROMPTS[5])["input_ids"]
     full = ours.logits(ids)

@@ -1,7 +1,8 @@
-"""The seed corpora of fuzz_safetensors and fuzz_gguf, rebuilt by running
-this file: a tiny model checkpoint in each format and its variants.
+"""The seed corpora of fuzz_safetensors, fuzz_gguf and fuzz_gguf_load,
+rebuilt by running this file: a tiny model checkpoint in each format and its
+variants.
 
-    python tests/fuzz/file_seeds.py      # rewrites tests/fuzz/corpus/{safetensors,gguf}/
+    python tests/fuzz/file_seeds.py      # rewrites tests/fuzz/corpus/{safetensors,gguf,gguf_load}/
 """
 import json
 import struct
@@ -70,56 +71,77 @@ def _tiny_vocab():
     return tokens, types, ["a b"]
 
 
-def gguf_seeds() -> dict:
+def tiny_gguf(type_of) -> bytes:
+    """A one-layer llama GGUF with the tiny vocabulary; type_of(tensor name)
+    gives each matrix's GGML type, or None to keep it F32."""
     import gguf
     tokens, types, merges = _tiny_vocab()
-    seeds = {}
     hidden, ff, heads, kv = 32, 32, 2, 1
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "x.gguf"
+        w = gguf.GGUFWriter(str(path), "llama")
+        w.add_block_count(1)
+        w.add_context_length(64)
+        w.add_embedding_length(hidden)
+        w.add_feed_forward_length(ff)
+        w.add_head_count(heads)
+        w.add_head_count_kv(kv)
+        w.add_rope_freq_base(10000.0)
+        w.add_layer_norm_rms_eps(1e-5)
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("smollm")
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        w.add_token_merges(merges)
+        w.add_bos_token_id(14)
+        w.add_eos_token_id(15)
+        w.add_chat_template("{% for m in messages %}{{ m.content }}{% endfor %}")
+        hd = hidden // heads
+        rng = np.random.default_rng(1)
+        shapes = {
+            "token_embd.weight": (len(tokens), hidden),
+            "blk.0.attn_norm.weight": (hidden,), "blk.0.ffn_norm.weight": (hidden,),
+            "blk.0.attn_q.weight": (heads * hd, hidden), "blk.0.attn_k.weight": (kv * hd, hidden),
+            "blk.0.attn_v.weight": (kv * hd, hidden), "blk.0.attn_output.weight": (hidden, heads * hd),
+            "blk.0.ffn_gate.weight": (ff, hidden), "blk.0.ffn_up.weight": (ff, hidden),
+            "blk.0.ffn_down.weight": (hidden, ff), "output_norm.weight": (hidden,),
+        }
+        for tname, shape in shapes.items():
+            data = (rng.standard_normal(shape) * 0.2).astype(np.float32)
+            qtype = type_of(tname) if len(shape) == 2 else None
+            if qtype is None:
+                w.add_tensor(tname, data)
+            elif qtype == gguf.GGMLQuantizationType.F16:
+                w.add_tensor(tname, data.astype(np.float16))
+            else:
+                w.add_tensor(tname, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        return path.read_bytes()
+
+
+def gguf_seeds() -> dict:
+    import gguf
+    seeds = {}
     for name, qtype in (("tiny-f32", None), ("tiny-q8_0", gguf.GGMLQuantizationType.Q8_0),
                         ("tiny-q4_1", gguf.GGMLQuantizationType.Q4_1)):
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "x.gguf"
-            w = gguf.GGUFWriter(str(path), "llama")
-            w.add_block_count(1)
-            w.add_context_length(64)
-            w.add_embedding_length(hidden)
-            w.add_feed_forward_length(ff)
-            w.add_head_count(heads)
-            w.add_head_count_kv(kv)
-            w.add_rope_freq_base(10000.0)
-            w.add_layer_norm_rms_eps(1e-5)
-            w.add_tokenizer_model("gpt2")
-            w.add_tokenizer_pre("smollm")
-            w.add_token_list(tokens)
-            w.add_token_types(types)
-            w.add_token_merges(merges)
-            w.add_bos_token_id(14)
-            w.add_eos_token_id(15)
-            w.add_chat_template("{% for m in messages %}{{ m.content }}{% endfor %}")
-            hd = hidden // heads
-            rng = np.random.default_rng(1)
-            shapes = {
-                "token_embd.weight": (len(tokens), hidden),
-                "blk.0.attn_norm.weight": (hidden,), "blk.0.ffn_norm.weight": (hidden,),
-                "blk.0.attn_q.weight": (heads * hd, hidden), "blk.0.attn_k.weight": (kv * hd, hidden),
-                "blk.0.attn_v.weight": (kv * hd, hidden), "blk.0.attn_output.weight": (hidden, heads * hd),
-                "blk.0.ffn_gate.weight": (ff, hidden), "blk.0.ffn_up.weight": (ff, hidden),
-                "blk.0.ffn_down.weight": (hidden, ff), "output_norm.weight": (hidden,),
-            }
-            for tname, shape in shapes.items():
-                data = (rng.standard_normal(shape) * 0.2).astype(np.float32)
-                if qtype is not None and len(shape) == 2:
-                    w.add_tensor(tname, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
-                else:
-                    w.add_tensor(tname, data)
-            w.write_header_to_file()
-            w.write_kv_data_to_file()
-            w.write_tensors_to_file()
-            w.close()
-            seeds[name] = path.read_bytes()
+        seeds[name] = tiny_gguf(lambda tname: qtype)
     # The header alone, with one short array: the start of every container.
     seeds["header-array"] = (b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 1) + b"a"
                              + struct.pack("<IIQ", 9, 0, 2) + b"\x01\x02")
+    return seeds
+
+
+def gguf_load_seeds() -> dict:
+    """fuzz_gguf_load's seeds: fuzz_gguf's, and the default model's mix
+    (a Q8_0 embedding, Q4_1 matrices) and F16 matrices."""
+    import gguf
+    QT = gguf.GGMLQuantizationType
+    seeds = gguf_seeds()
+    seeds["tiny-q4_1-q8_0"] = tiny_gguf(lambda tname: QT.Q8_0 if tname == "token_embd.weight" else QT.Q4_1)
+    seeds["tiny-f16"] = tiny_gguf(lambda tname: QT.F16)
     return seeds
 
 
@@ -136,3 +158,4 @@ if __name__ == "__main__":
     sys.path.insert(0, str(HERE.parents[1] / "src"))
     write("safetensors", safetensors_seeds())
     write("gguf", gguf_seeds())
+    write("gguf_load", gguf_load_seeds())
