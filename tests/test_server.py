@@ -208,6 +208,8 @@ def test_bad_fields_are_refused_before_they_take_a_slot(model):
         status, body = post(url, "/v1/chat/completions",
                             b'{"messages": [], "repetition_penalty": Infinity}')
         assert "not valid JSON" in openai_error(status, body, 400)["message"]
+        status, body = post(url, "/v1/chat/completions", {"messages": messages(0), "n": 2})
+        assert "at most 1 on this server" in openai_error(status, body, 400)["message"]
         # the one slot is free for a good request
         r = client(url).chat.completions.create(model="smollm2", messages=messages(0), max_tokens=2)
         assert r.choices[0].finish_reason == "length"
@@ -428,3 +430,18 @@ def test_concurrent_clients_on_the_q4_1_file_with_int8_activations_get_their_rep
                 return r.choices[0].message.content
             with ThreadPoolExecutor(8) as pool:
                 assert list(pool.map(ask, range(8))) == expected
+
+
+def test_a_stop_string_ends_every_choice_with_stop(model, server):
+    c = client(server[0])
+    plain = c.completions.create(model="smollm2", prompt="The sea is", max_tokens=12, temperature=0)
+    text = plain.choices[0].text
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    assert stop.strip()
+    r = c.completions.create(model="smollm2", prompt="The sea is", max_tokens=12, temperature=0, stop=stop, n=2)
+    assert [ch.text for ch in r.choices] == [text[:text.index(stop)]] * 2
+    assert [ch.finish_reason for ch in r.choices] == ["stop", "stop"]
+    chunks = list(c.completions.create(model="smollm2", prompt="The sea is", max_tokens=12, temperature=0,
+                                       stop=[stop], stream=True))
+    assert "".join(ch.choices[0].text for ch in chunks) == text[:text.index(stop)]
+    assert chunks[-1].choices[0].finish_reason == "stop"

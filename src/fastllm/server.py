@@ -150,6 +150,9 @@ class Completions:
 
     def submit(self, g: api.Generation) -> list:
         from .serving import QueueFull
+        if len(g.samplings) > self.engine.max_queue:
+            raise APIError(400, f"'n' must be at most {self.engine.max_queue} on this server "
+                                "(its --max-queue)", param="n")
         try:
             requests = self.engine.submit_many(g.prompt_ids, g.max_tokens, g.samplings, g.stop_ids,
                                                g.top_logprobs, g.constraints)
@@ -176,7 +179,7 @@ class Completions:
         for r in requests:
             r.cancel()
 
-    async def _pieces(self, g, index, request, out: asyncio.Queue):
+    async def _pieces(self, g, index, request, out: asyncio.Queue, state: dict):
         """Put (index, text, [(token, logprob entry)]) on out as tokens come,
         then (index, None, error or None)."""
         text = TextStream(self.model.tokenizer, g.stops)
@@ -201,15 +204,15 @@ class Completions:
         finally:
             request.cancel()   # a no-op once it has ended; else frees the slot
         if text.stopped:
-            request.finish_reason = "stop"
+            state["stopped"].add(index)
         await out.put((index, None, error))
 
     async def run(self, g, requests, http_request, state: dict):
         """(index, text, entries) of every choice as it comes, choices
         interleaved; then, per choice, (index, None, error or None).
-        state["timed_out"] turns True if the time limit ended them."""
+        Afterwards state (new_state()) says why they ended (finish)."""
         out = asyncio.Queue()
-        tasks = [asyncio.ensure_future(self._pieces(g, i, r, out)) for i, r in enumerate(requests)]
+        tasks = [asyncio.ensure_future(self._pieces(g, i, r, out, state)) for i, r in enumerate(requests)]
         watcher = asyncio.ensure_future(self._watch(requests, http_request, state))
         try:
             for _ in range(len(requests)):
@@ -223,15 +226,22 @@ class Completions:
             for r in requests:
                 r.cancel()
 
-    def finish(self, request, timed_out: bool) -> str:
-        if timed_out and request.finish_reason == "cancelled":
+    @staticmethod
+    def new_state() -> dict:
+        return {"timed_out": False, "stopped": set()}   # stopped: choices a stop string ended
+
+    @staticmethod
+    def finish(index: int, request, state: dict) -> str:
+        if index in state["stopped"]:
+            return "stop"
+        if state["timed_out"] and request.finish_reason == "cancelled":
             return "length"   # the time limit, as llama-server's t_max_predict_ms
         return api.finish_reason(request.finish_reason)
 
     async def whole(self, g, requests, http_request) -> dict:
         texts = [[] for _ in requests]
         entries = [[] for _ in requests]
-        state = {"timed_out": False}
+        state = self.new_state()
         async for index, piece, extra in self.run(g, requests, http_request, state):
             if piece is None:
                 if extra is not None:
@@ -240,7 +250,7 @@ class Completions:
             texts[index].append(piece)
             entries[index] += extra
         tokenizer = self.model.tokenizer
-        choices = [api.choice(g, i, "".join(texts[i]), self.finish(r, state["timed_out"]),
+        choices = [api.choice(g, i, "".join(texts[i]), self.finish(i, r, state),
                               api.logprobs_of(g, tokenizer, entries[i]))
                    for i, r in enumerate(requests)]
         return api.response(g, _id(g), int(time.time()), self.model_name, choices,
@@ -250,7 +260,7 @@ class Completions:
         rid, created, name = _id(g), int(time.time()), self.model_name
         tokenizer = self.model.tokenizer
         offsets = [0] * len(requests)
-        state = {"timed_out": False}
+        state = self.new_state()
         try:
             if g.chat:
                 yield api.chunk(g, rid, created, name,
@@ -260,7 +270,7 @@ class Completions:
                     if extra is not None:
                         yield api.error_event(engine_error(extra))
                         continue
-                    last = api.chunk_choice(g, index, reason=self.finish(requests[index], state["timed_out"]))
+                    last = api.chunk_choice(g, index, reason=self.finish(index, requests[index], state))
                     yield api.chunk(g, rid, created, name, [last])
                     continue
                 logprobs = api.logprobs_of(g, tokenizer, extra, offsets[index]) if extra else None

@@ -184,6 +184,11 @@ class BatchEngine:
         return requests
 
     @property
+    def max_queue(self) -> int:
+        """Requests that may wait for a slot."""
+        return self._waiting.maxsize
+
+    @property
     def alive(self) -> bool:
         """True while the engine thread runs."""
         return self._thread.is_alive() and not self._stop
