@@ -13,7 +13,7 @@ and headers, then a body that is one of
 - the same serialized, then mutated byte by byte;
 - malformed JSON: deep nesting, invalid UTF-8, cut short, not an object.
 The body comes in one or more chunks, and some clients go away before or
-while the answer comes. Requests that are valid ask for 1 to 3 tokens. An
+while the answer comes. Valid requests mostly ask for 1 to 3 tokens. An
 input that starts with "REQ " is a request written out instead
 (`written_request`): the inputs that found bugs are kept that way, readable.
 
@@ -29,8 +29,8 @@ A finding (`Finding`, raised) is:
   moment after every request ended; a /health that is not ok; RSS that
   grows past MEMORY_GROWTH_MB over what it was after the warm-up.
 
-    python tests/fuzz/fuzz_http.py CORPUS -runs=1000000 -timeout=30 -rss_limit_mb=4096
-    python tests/fuzz/random_http.py INPUTS [OUT.jsonl]   # random recipes, faster; every distinct finding
+    python tests/fuzz/fuzz_http.py CORPUS -len_control=0 -max_len=2048 -timeout=30   # coverage-guided
+    python tests/fuzz/random_http.py INPUTS [OUT.jsonl]   # random recipes, faster; past findings
 
 FASTLLM_FUZZ_HTTP_LOG=FILE appends a line every LOG_EVERY inputs: time,
 inputs run, inputs/s, RSS, known findings and the count of each status so
