@@ -217,6 +217,10 @@ def extend_together(sessions, token_ids, work: Session | None = None) -> np.ndar
     The pass runs in the work buffers of work (a Session whose max_batch
     holds all the tokens), else of the first session."""
     ids = [s.check(t) for s, t in zip(sessions, token_ids, strict=True)]
+    if len({id(s) for s in sessions}) < len(sessions):
+        # before the sessions are taken for this call, which would read as
+        # another thread holding the repeated one
+        raise ValueError("a session appears twice in one batch")
     positions = [s.position for s in sessions]   # settles any interrupted run first
     with ExitStack() as using:
         for s in sessions:
