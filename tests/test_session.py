@@ -231,6 +231,36 @@ def test_an_explicit_session_refuses_a_second_thread_or_generation(llama):
     assert len(list(llama.generate_tokens(PROMPTS[1], 3, stop_token_ids=(), session=session))) == 3
 
 
+def test_a_call_cut_off_while_it_holds_a_session_leaves_it_to_its_thread(llama):
+    # A Ctrl-C can end a call anywhere between taking the session and giving
+    # it back; the hold it leaves is its own thread's to take over, and still
+    # refuses other threads until then.
+    session = llama.new_session()
+    want = list(llama.generate_tokens(PROMPTS[0], 4, stop_token_ids=()))
+    cut = session._use()
+    cut.__enter__()          # taken, and never given back by that call
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(_refused(lambda: session.prefill(PROMPTS[1]))))
+    t.start()
+    t.join()
+    assert seen == [True]
+    assert list(llama.generate_tokens(PROMPTS[0], 4, stop_token_ids=(), session=session)) == want
+    del cut                  # the abandoned call, closed late, frees nothing it no longer holds
+    t = threading.Thread(target=lambda: seen.append(_refused(lambda: session.prefill(PROMPTS[1]))))
+    t.start()
+    t.join()
+    assert seen == [True, False]
+
+
+def _refused(use) -> bool:
+    try:
+        use()
+    except RuntimeError as e:
+        assert "another thread" in str(e)
+        return True
+    return False
+
+
 def test_the_c_boundary_checks_token_ids_itself(llama):
     """State.run and run_batch refuse ids outside the vocabulary even when a
     caller skipped check_token_ids (it would read outside the embeddings)."""

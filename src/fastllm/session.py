@@ -53,7 +53,8 @@ class Session:
         self.can_rewind = all(config.layer_kind(i) != LINEAR for i in range(config.num_hidden_layers))
         self._tokens = []
         self._unsettled = False   # a chunk may have run without being listed
-        self._busy = threading.Lock()   # held while C runs this session
+        self._guard = threading.Lock()  # guards _busy_by and _holder (see _use)
+        self._busy_by = None            # (thread, call) while C runs this session
         self._holder = None             # the thread whose generation holds it (see held)
 
     @contextmanager
@@ -74,14 +75,29 @@ class Session:
     def _use(self):
         """The session for one call: RuntimeError if another thread runs it
         now or a generation of another thread holds it."""
-        if not self._busy.acquire(blocking=False):
-            raise RuntimeError(_IN_USE)
-        try:
-            if self._holder not in (None, threading.get_ident()):
+        me = threading.get_ident()
+        call = object()
+        # The session is taken by setting _busy_by under a lock that is
+        # only ever held in a `with` of a few lines: a Ctrl-C (or any
+        # signal's exception) cannot leave that lock taken, while it can
+        # cut off a call anywhere between taking the session and giving it
+        # back. A session left taken by a call of this very thread, which
+        # will never run again, is this thread's to take over, not another
+        # thread's use.
+        with self._guard:
+            if self._busy_by is not None and self._busy_by[0] != me:
                 raise RuntimeError(_IN_USE)
+            if self._holder not in (None, me):
+                raise RuntimeError(_IN_USE)
+            self._busy_by = (me, call)
+        try:
             yield
         finally:
-            self._busy.release()
+            # only the latest call gives the session back: an abandoned one
+            # closed later (by the garbage collector) must not free it
+            with self._guard:
+                if self._busy_by is not None and self._busy_by[1] is call:
+                    self._busy_by = None
 
     def _settle(self):
         """After an interrupted run: keep only what the state surely holds."""
