@@ -59,6 +59,7 @@ def test_json_object_reply_parses(model):
     assert isinstance(json.loads(out), dict)
 
 
+@pytest.mark.slow
 def test_json_schema_replies_validate_greedy_and_sampled(model):
     prompt = ask("Give me a person as JSON.")
     for seed in [None, 1, 2, 3]:
@@ -197,6 +198,7 @@ def test_qwen_tool_calls_after_reasoning(tiny_qwen, kind, thinking, reply):
         assert model.last_stats.finish_reason == "stop" and got.tool_calls
 
 
+@pytest.mark.slow
 def test_constrained_requests_batched_equal_alone(model):
     prompts = [chat_prompt(model, ask(q))[1] for q in
                ("Give me a person as JSON.", "Name a sea animal.", "A person, please, in JSON.", "Hi!")]

@@ -135,6 +135,7 @@ def test_default_folder_layout(smollm2_dir):
     assert header["__metadata__"]["format"] == "pt"
 
 
+@pytest.mark.slow
 def test_default_config_matches_transformers_gguf(smollm2_dir, gguf_source):
     folder, name = gguf_source
     ref = AutoConfig.from_pretrained(folder, gguf_file=name).to_dict()
@@ -178,6 +179,7 @@ def test_default_bf16_is_f32_rounded(tmp_path, gguf_source, gguf_reference_model
         assert torch.equal(ref.to(torch.bfloat16), our_sd[key]), key
 
 
+@pytest.mark.slow
 def test_default_tokenizer_matches_transformers_gguf(smollm2_dir, gguf_reference_tokenizer):
     ref, raw = gguf_reference_tokenizer
     ours = AutoTokenizer.from_pretrained(smollm2_dir)

@@ -93,6 +93,7 @@ def test_streaming_gives_the_same_text_and_usage(model, server):
                                                                         sampling=GREEDY)
 
 
+@pytest.mark.slow
 def test_sixteen_concurrent_clients_each_get_their_reply_alone(model, server):
     url, _ = server
     want = [model.chat(messages(i), 16, sampling=GREEDY) for i in range(16)]

@@ -179,6 +179,7 @@ def test_reasoning_content_follows_chat_template_kwargs(qwen_server):
     assert streamed == reasoning
 
 
+@pytest.mark.slow
 def test_concurrent_clients_each_get_their_reply_alone(model, server):
     """N clients at once, greedy and seeded, with and without a schema: each
     reply is exactly what the model gives that request alone."""
