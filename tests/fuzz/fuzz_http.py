@@ -712,6 +712,8 @@ class Harness:
             limit = intent.get("max_completion_tokens", intent.get("max_tokens"))
             if type(limit) is int and limit > 0 and u["completion_tokens"] > limit * len(choices):
                 raise Finding(f"{u['completion_tokens']} tokens with max_tokens {limit}")
+            for c in choices:
+                self.check_stops(c["message"]["content"] if chat else c["text"], intent)
             fmt = intent.get("response_format")
             if chat and isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema"):
                 for c in choices:
@@ -722,11 +724,20 @@ class Harness:
                             raise Finding(f"response_format {fmt.get('type')} but the output is not JSON: "
                                           f"{c['message']['content']!r}") from None
 
+    @staticmethod
+    def check_stops(text, intent):
+        """A stop string ends the output before it: it never shows in it."""
+        stop = intent.get("stop") if isinstance(intent, dict) else None
+        stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
+        for s in stops:
+            if isinstance(s, str) and s and isinstance(text, str) and s in text:
+                raise Finding(f"the output holds the stop string {s!r}: {text[:300]!r}")
+
     def check_events(self, data, chat, intent):
         try:
             events = data.decode().split("\n\n")
             assert events[-1] == "" and events[-2] == "data: [DONE]", events[-3:]
-            finished, errored = set(), False
+            finished, errored, texts = set(), False, {}
             for event in events[:-2]:
                 assert event.startswith("data: "), event[:100]
                 chunk = json.loads(event[6:])
@@ -739,10 +750,14 @@ class Harness:
                 assert chunk["object"] == ("chat.completion.chunk" if chat else "text_completion"), chunk
                 for c in chunk["choices"]:
                     assert ("delta" in c) if chat else isinstance(c["text"], str), c
+                    piece = c["delta"].get("content") if chat else c["text"]
+                    texts[c["index"]] = texts.get(c["index"], "") + (piece or "")
                     if c.get("finish_reason"):
                         finished.add(c["index"])
             n = intent.get("n", 1) if isinstance(intent, dict) else 1
             assert errored or finished == set(range(n if type(n) is int else 1)), f"finished choices {finished}"
+            for text in texts.values():
+                self.check_stops(text, intent)
         except Finding:
             raise
         except Exception as e:
