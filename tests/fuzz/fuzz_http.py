@@ -668,6 +668,12 @@ class Harness:
             return
         if status != 200:
             raise Finding(f"unexpected status {status}: {data[:300]!r}")
+        if intent is None and path in GENERATE_PATHS:
+            # a body written out or mutated: what the server took is what it says
+            try:
+                intent = json.loads(body)
+            except ValueError:
+                pass
         if method == "HEAD" or disconnect:
             return
         if path not in GENERATE_PATHS:
@@ -715,7 +721,9 @@ class Harness:
             for c in choices:
                 self.check_stops(c["message"]["content"] if chat else c["text"], intent)
             fmt = intent.get("response_format")
-            if chat and isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema"):
+            # a stop string may end the JSON early, as it does in OpenAI's API
+            if chat and isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema") \
+                    and not intent.get("stop"):
                 for c in choices:
                     if c["finish_reason"] == "stop" and c["message"]["content"] is not None:
                         try:
