@@ -133,6 +133,7 @@ def test_unsupported_model_type(tiny_model_dir, tmp_path):
         Model.from_pretrained(d)
 
 
+@pytest.mark.slow
 def test_truncated_and_malformed_safetensors(tiny_model_dir, tmp_path):
     src = tiny_model_dir("llama-gqa")
     d = _copy(src, tmp_path / "m")

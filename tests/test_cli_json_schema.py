@@ -22,6 +22,7 @@ def schema_file(tmp_path):
     return path
 
 
+@pytest.mark.slow
 def test_run_and_chat_reply_with_json_that_follows_the_schema(fastllm_home, schema_file, capsys, monkeypatch):
     assert cli.main(["run", "--chat", "--json-schema", str(schema_file), "--temp", "0", "-n", "120",
                      "Where is the Eiffel tower?"]) == 0

@@ -338,6 +338,7 @@ def test_content_parts_null_content_tool_messages_and_names(model, server):
             {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}])
 
 
+@pytest.mark.slow
 def test_n_choices_penalties_bias_and_ignore_eos(model, server):
     c = client(server[0])
     prompt = messages(5)
@@ -415,6 +416,7 @@ def test_serve_passes_its_limits_to_uvicorn_and_says_what_it_serves(model, monke
         ServeOptions(max_body=0)
 
 
+@pytest.mark.slow
 def test_concurrent_clients_on_the_q4_1_file_with_int8_activations_get_their_reply_alone(fastllm_home):
     """Batch invariance on the path `fastllm serve` runs by default: the
     default model's own GGUF (Q4_1) with int8 activations, greedy and seeded."""

@@ -50,6 +50,7 @@ def ask(text):
     return [{"role": "user", "content": text}]
 
 
+@pytest.mark.slow
 def test_json_object_and_json_schema_replies_parse_and_validate(server):
     c = client(server[0])
     r = c.chat.completions.create(model="m", messages=ask("Reply with a JSON object with keys city and "

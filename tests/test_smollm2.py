@@ -65,6 +65,7 @@ def unpack(packed, shape):
     return values.reshape(panels, k, 16).transpose(0, 2, 1).reshape(panels * 16, k)[:n]
 
 
+@pytest.mark.slow
 def test_a_weights_equal_the_file(smollm2_dir):
     from safetensors.numpy import load_file
     cfg = ModelConfig.from_file(smollm2_dir / "config.json")
