@@ -221,10 +221,7 @@ class BatchEngine:
             self._free.remove(slot)
             run = _Running(request, slot, request.sampler)
             self._running.append(run)
-            try:
-                self._place(run)
-            except Exception as e:   # a failure of this request alone
-                self._release(run, "error", e)
+            self._place_or_fail(run)
 
     def _place(self, run: _Running):
         """Give run's slot the longest prefix of its prompt that it, or
@@ -266,6 +263,7 @@ class BatchEngine:
             self._place_or_fail(follower)
 
     def _place_or_fail(self, run: _Running):
+        """_place, or (a failure of this request alone) end run with the error."""
         try:
             self._place(run)
         except Exception as e:
