@@ -401,7 +401,7 @@ def verify_gguf(gguf_path: Path, folder: Path, dtype: str) -> str:
     fastllm computes. Returns a one-line summary; raises on a difference."""
     import gguf
     from fastllm.config import ModelConfig
-    from fastllm.formats.gguf import gguf_names, unpermute
+    from fastllm.formats.gguf_tensors import gguf_names, unpermute
     from fastllm.formats.safetensors import Checkpoint, f32_to_bf16
 
     cfg = ModelConfig.from_file(folder / "config.json")

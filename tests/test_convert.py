@@ -461,17 +461,17 @@ def test_tiny_roundtrip_bf16(kind, tiny_gguf, tmp_path):
 def test_conversion_slice_by_slice_equals_whole(kind, qtype, dtype, tiny_gguf, tmp_path, monkeypatch):
     # Tensors are dequantized, unpermuted and written a slice at a time; the
     # smallest slices (a row, or a head's rows for Q and K) change no byte.
-    from fastllm.formats import gguf as gguf_format
+    from fastllm.formats import gguf_tensors
     _, gguf_path = tiny_gguf(kind, qtype)
     whole = convert_gguf(gguf_path, tmp_path / "whole", dtype=dtype, progress=False)
-    monkeypatch.setattr(gguf_format, "_SLICE_VALUES", 1)
+    monkeypatch.setattr(gguf_tensors, "_SLICE_VALUES", 1)
     sliced = convert_gguf(gguf_path, tmp_path / "sliced", dtype=dtype, progress=False)
     assert (sliced / "model.safetensors").read_bytes() == (whole / "model.safetensors").read_bytes()
-    contents = gguf_format._read_gguf(gguf_path)
+    contents = gguf_tensors.read_contents(gguf_path)
     for t in contents.tensors:
         expected = gguf.quants.dequantize(gguf.GGUFReader(str(gguf_path)).get_tensor(
             [x.name for x in contents.tensors].index(t.name)).data, t.tensor_type)
-        assert np.array_equal(gguf_format._dequantize(t, gguf_path), expected.reshape(t.shape)), t.name
+        assert np.array_equal(gguf_tensors.dequantize(t, gguf_path), expected.reshape(t.shape)), t.name
 
 
 @pytest.mark.parametrize("slice_values", [7, 1 << 18])
@@ -497,11 +497,11 @@ def test_f32_to_bf16_rounds_as_torch_in_any_slices(slice_values, monkeypatch):
 def test_export_slice_by_slice_equals_whole(kind, mix, tiny_gguf, tmp_path, monkeypatch):
     # The other direction: tensors are read, permuted and quantized a slice
     # at a time, and the smallest slices change no byte either.
-    from fastllm.formats import gguf as gguf_format
+    from fastllm.formats import gguf_tensors
     from fastllm.formats.gguf_writer import export_gguf
     folder = convert_gguf(tiny_gguf(kind)[1], tmp_path / "hf", progress=False)
     whole = export_gguf(folder, tmp_path / "whole.gguf", mix)
-    monkeypatch.setattr(gguf_format, "_SLICE_VALUES", 1)
+    monkeypatch.setattr(gguf_tensors, "_SLICE_VALUES", 1)
     sliced = export_gguf(folder, tmp_path / "sliced.gguf", mix)
     assert sliced.read_bytes() == whole.read_bytes()
 

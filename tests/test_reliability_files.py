@@ -541,7 +541,7 @@ def test_an_error_reading_the_source_is_not_blamed_on_the_cache(tmp_path, monkey
 
     def vanished(path):
         raise FileNotFoundError(2, "No such file or directory", str(path))
-    monkeypatch.setattr(gguf_format, "_read_gguf", vanished)
+    monkeypatch.setattr(gguf_format, "read_contents", vanished)
     with pytest.raises(FileNotFoundError) as e:
         hub.resolve_model(tiny_gguf_file)
     assert not isinstance(e.value, hub.CacheError)

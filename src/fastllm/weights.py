@@ -13,6 +13,8 @@ together, the C loop rotates (2i, 2i+1).
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from . import _core, schema
@@ -196,14 +198,14 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
     import warnings
     from collections import Counter
 
-    from .formats import gguf as gguf_format
+    from .formats import gguf_tensors
     from .formats.gguf_file import read_tensor_bytes
 
-    path = gguf_format.Path(path)
-    contents = gguf_format._read_gguf(path, string_arrays=False)   # the tokenizer is read once, elsewhere
+    path = Path(path)
+    contents = gguf_tensors.read_contents(path, string_arrays=False)   # the tokenizer is read once, elsewhere
     tensors = {t.name: t for t in contents.tensors}
     tensors.pop("rope_freqs.weight", None)
-    planned = gguf_format._plan_tensors(tensors, gguf_format._tensor_shapes(contents.tensors), cfg, path)
+    planned = gguf_tensors.plan_tensors(tensors, gguf_tensors.tensor_shapes(contents.tensors), cfg, path)
     by_hf = {hf: g for hf, g, _ in planned}
     perm = rope_permutation(cfg.head_dim, cfg.rope_dim)
     heads = {"q": cfg.num_attention_heads, "k": cfg.num_key_value_heads}
@@ -214,7 +216,7 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
         """Rows (or vector entries) in the order the run loop reads."""
         if t.rope in heads:
             if interleaved:
-                arr = gguf_format.unpermute(arr, heads[t.rope])
+                arr = gguf_tensors.unpermute(arr, heads[t.rope])
             n = heads[t.rope]
             arr = np.take(arr.reshape(n, len(perm), *arr.shape[1:]), perm, axis=1).reshape(arr.shape)
         elif t.rope == "head":
@@ -228,7 +230,7 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
         if dtype is None:
             if t.matrix:
                 dequantized.add(kind)
-            arr = gguf_format._dequantize(g, path)
+            arr = gguf_tensors.dequantize(g, path)
             dtype = "f32"
         else:
             raw = read_tensor_bytes(path, g)

@@ -44,6 +44,17 @@ class GGUFError(ModelFileError):
     """A GGUF file whose container is malformed; the message says where."""
 
 
+class ConversionError(ModelFileError):
+    """A GGUF file that cannot be imported; the message names the file."""
+
+
+def require(md: dict, key: str, path):
+    """The metadata value of key, or a ConversionError naming it."""
+    if key not in md:
+        raise ConversionError(path, f"GGUF metadata lacks {key!r}")
+    return md[key]
+
+
 class GGUFTensor(NamedTuple):
     name: str
     tensor_type: object   # gguf.GGMLQuantizationType

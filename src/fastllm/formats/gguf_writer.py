@@ -24,7 +24,10 @@ from ..config import ModelConfig, read_json
 from ..errors import ModelFileError
 from ..families import FAMILIES, GGUF_ARCHITECTURES
 from . import quants
-from .gguf import _PRE_TOKENIZERS, ConversionError, OutputExistsError, _progress_fn, gguf_names, slices
+from .gguf import OutputExistsError, progress_fn
+from .gguf_file import ConversionError
+from .gguf_tensors import gguf_names, slices
+from .gguf_tokenizer import PRE_TOKENIZERS, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNUSED, TOKEN_USER_DEFINED
 from .safetensors import Checkpoint
 
 __all__ = ["export_gguf", "permute", "MIXES"]
@@ -35,7 +38,6 @@ MIXES = tuple(quants.MIXES)
 # Canonical llama.cpp name of each HF pre-tokenizer pipeline that the
 # importer knows, in the order ties are broken (gpt2 over its "default" alias).
 _PRE_NAMES = ("smollm", "gpt2", "qwen2", "llama-bpe")
-_TOKEN_NORMAL, _TOKEN_CONTROL, _TOKEN_USER_DEFINED, _TOKEN_UNUSED = 1, 3, 4, 5
 _MAX_TOKENIZER_JSON = 1 << 30
 
 
@@ -134,25 +136,25 @@ def _tokenizer(w, folder: Path, cfg: ModelConfig) -> None:
         raise ConversionError(tj_path, f"tokenizer model {model.get('type')!r} cannot be written; "
                                        f"only byte-level BPE is supported")
     pipeline = (tok.get("normalizer"), tok.get("pre_tokenizer"))
-    pre = next((n for n in _PRE_NAMES if _PRE_TOKENIZERS[n][:2] == pipeline), None)
+    pre = next((n for n in _PRE_NAMES if PRE_TOKENIZERS[n][:2] == pipeline), None)
     if pre is None:
         raise ConversionError(tj_path, "the pre-tokenizer matches none llama.cpp knows by name "
                                        f"({', '.join(_PRE_NAMES)})")
 
     by_id = {}
     for text, i in model.get("vocab", {}).items():
-        by_id[int(i)] = (text, _TOKEN_NORMAL)
+        by_id[int(i)] = (text, TOKEN_NORMAL)
     for added in tok.get("added_tokens", []):
-        by_id[int(added["id"])] = (added["content"], _TOKEN_CONTROL if added.get("special") else _TOKEN_USER_DEFINED)
+        by_id[int(added["id"])] = (added["content"], TOKEN_CONTROL if added.get("special") else TOKEN_USER_DEFINED)
     n = max(cfg.vocab_size, max(by_id) + 1 if by_id else 0)
     if n > cfg.vocab_size:
         raise ConversionError(tj_path, f"token ids run to {n - 1}, but the embedding has {cfg.vocab_size} rows")
     # Embedding rows without a token (padding to a round size) get unused names, as llama.cpp's converter does.
     tokens, types = [], []
     for i in range(n):
-        text, kind = by_id.get(i, (f"[PAD{i}]", _TOKEN_UNUSED))
+        text, kind = by_id.get(i, (f"[PAD{i}]", TOKEN_UNUSED))
         if text == f"[PAD{i}]":
-            kind = _TOKEN_UNUSED  # a padding row that came in from such a converter goes back as one
+            kind = TOKEN_UNUSED  # a padding row that came in from such a converter goes back as one
         tokens.append(text)
         types.append(kind)
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
@@ -276,7 +278,7 @@ def export_gguf(folder: PathLike, out_path: PathLike, mix: str = "f32",
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
 
-        report = _progress_fn(progress, f"Writing {out_path.name}")
+        report = progress_fn(progress, f"Writing {out_path.name}")
         total = len(order)
         if report:
             report(0, total)

@@ -1,0 +1,262 @@
+"""config.json and generation_config.json from a GGUF file's metadata: the
+llama.cpp hyperparameters of each architecture mapped back to the HF
+config keys that transformers' own classes read.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from .. import schema
+from ..families import FAMILIES
+from .gguf_file import ConversionError, require
+
+
+def _kind_ok(value, kind: str) -> bool:
+    # bool is an int in Python: a bool where a count belongs is refused.
+    if kind == "str":
+        return isinstance(value, str)
+    if kind == "int":
+        return type(value) is int
+    if kind == "number":
+        return type(value) in (int, float) and math.isfinite(value)
+    if kind == "bool":
+        return type(value) is bool
+    if kind == "int or list":
+        return type(value) is int or (isinstance(value, list) and all(type(v) is int for v in value))
+    if kind == "str list":
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if kind == "int list":
+        return isinstance(value, list) and all(type(v) is int for v in value)
+    raise AssertionError(kind)
+
+
+# What the importer reads, by key (an architecture's keys after its name),
+# and the type it must have. Keys it does not read may hold anything.
+_GENERAL_KEYS = {
+    "general.architecture": "str", "split.count": "int",
+    "tokenizer.ggml.model": "str", "tokenizer.ggml.pre": "str",
+    "tokenizer.ggml.tokens": "str list", "tokenizer.ggml.token_type": "int list",
+    "tokenizer.ggml.merges": "str list",
+    "tokenizer.ggml.add_bos_token": "bool", "tokenizer.ggml.add_eos_token": "bool",
+    "tokenizer.chat_template": "str", "tokenizer.chat_templates": "str list",
+    **{f"tokenizer.ggml.{k}_token_id": "int"
+       for k in ("bos", "eos", "eot", "eom", "padding", "unknown")},
+}
+_ARCH_KEYS = {
+    "block_count": "int", "context_length": "int", "embedding_length": "int",
+    "feed_forward_length": "int or list", "attention.head_count": "int or list",
+    "attention.head_count_kv": "int or list", "attention.key_length": "int",
+    "rope.dimension_count": "int", "rope.freq_base": "number",
+    "attention.layer_norm_rms_epsilon": "number", "rope.scaling.type": "str",
+    "rope.scaling.factor": "number",
+}
+
+
+def check_metadata_types(md: dict, path: Path) -> None:
+    """Refuse, naming the key, a value of the wrong type where the importer
+    reads one (a string block count, a list where a name belongs)."""
+    arch = md.get("general.architecture")
+    rules = dict(_GENERAL_KEYS)
+    if isinstance(arch, str):
+        rules.update({f"{arch}.{k}": kind for k, kind in _ARCH_KEYS.items()})
+    for key, value in md.items():
+        kind = rules.get(key) or ("str" if key.startswith("tokenizer.chat_template.") else None)
+        if kind and not _kind_ok(value, kind):
+            shown = repr(value) if not isinstance(value, list) else f"a list of {len(value)}"
+            raise ConversionError(path, f"metadata {key!r} should be {kind}, not {shown[:80]}")
+
+
+# --------------------------------------------------------------------------
+# config.json
+
+
+def _shortest_float32(x) -> float:
+    # GGUF stores hyperparameters as float32. The shortest decimal that maps
+    # to the same float32 gives back what the original config.json said
+    # (1e-05 rather than 9.999999747378752e-06) and computes identically.
+    f = np.float32(x)
+    for digits in range(1, 18):
+        s = f"{float(f):.{digits}g}"
+        if np.float32(float(s)) == f:
+            return float(s)
+    return float(f)
+
+
+def _llama3_rope_scaling(factors: np.ndarray, theta: float, head_dim: int, path: Path) -> dict:
+    """Recover HF's llama3 rope_scaling from llama.cpp's rope_freqs tensor.
+
+    llama.cpp bakes the llama3 frequency scaling into a per-frequency table.
+    The table fixes only the two cutoff wavelengths (original length over
+    low_freq_factor and over high_freq_factor), which is all the scaling
+    depends on; the usual Llama 3 spelling (low_freq_factor 1, power-of-two
+    original length) is preferred, then the exact fit with low_freq_factor 1.
+    """
+    factors = np.asarray(factors, dtype=np.float64).reshape(-1)
+    freqs = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float32).astype(np.float64) / head_dim))
+    if len(freqs) != len(factors):
+        raise ConversionError(path, f"rope_freqs has {len(factors)} entries, expected {len(freqs)}")
+    factor = float(np.max(factors))
+    wavelen = 2 * math.pi / freqs
+
+    def table(orig, low, high):
+        smooth = (orig / wavelen - low) / (high - low)
+        return np.where(wavelen < orig / high, 1.0,
+                        np.where(wavelen > orig / low, factor, 1.0 / ((1 - smooth) / factor + smooth)))
+
+    def result(orig, low, high):
+        return {"rope_type": "llama3", "factor": _shortest_float32(factor),
+                "low_freq_factor": _shortest_float32(low), "high_freq_factor": _shortest_float32(high),
+                "original_max_position_embeddings": int(orig)}
+
+    if factor > 1.0:
+        for low in (1.0, 2.0, 0.5):
+            for high in (4.0, 8.0, 2.0, 16.0):
+                for orig in (2 ** k for k in range(4, 21)):
+                    if np.allclose(table(orig, low, high), factors, rtol=1e-5, atol=1e-6):
+                        return result(orig, low, high)
+        # Entries strictly between the cutoffs satisfy 1/f linear in
+        # 1/wavelength; two of them give both cutoffs.
+        mid = (factors > 1.0 + 1e-6) & (factors < factor - 1e-6)
+        if mid.sum() >= 2:
+            s = (1.0 / factors[mid] - 1.0 / factor) / (1.0 - 1.0 / factor)
+            slope, intercept = np.polyfit(1.0 / wavelen[mid], s, 1)
+            if intercept < 0:
+                high = 1.0 - 1.0 / intercept
+                orig = round(-slope / intercept)
+                if orig > 0 and np.allclose(table(orig, 1.0, high), factors, rtol=1e-5, atol=1e-6):
+                    return result(orig, 1.0, high)
+    raise ConversionError(path, "the rope_freqs tensor matches no llama3 rope scaling this importer knows")
+
+
+def _rope_scaling(md: dict, arch: str, path: Path) -> Optional[dict]:
+    kind = md.get(f"{arch}.rope.scaling.type")
+    if kind is None or kind == "none":
+        return None
+    factor = md.get(f"{arch}.rope.scaling.factor")
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": _shortest_float32(factor)}
+    raise ConversionError(path, f"rope scaling type {kind!r} is not supported")
+
+
+def model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=None) -> dict:
+    arch = md["general.architecture"]
+
+    def a(key):
+        value = require(md, f"{arch}.{key}", path)
+        if isinstance(value, list):
+            raise ConversionError(path, f"per-layer values of {arch}.{key} are not supported")
+        return value
+
+    if "token_embd.weight" not in shapes:
+        raise ConversionError(path, "no token_embd.weight tensor")
+    for name in ("token_embd.weight", "blk.0.attn_q.weight"):
+        if name in shapes and len(shapes[name]) != 2:
+            raise ConversionError(path, f"tensor {name} has shape {list(shapes[name])}, not two dimensions")
+    vocab_size, hidden = shapes["token_embd.weight"]
+    n_layers = int(a("block_count"))
+    if not 0 < n_layers <= len(shapes):
+        # Every layer has tensors: a count past them would only make the
+        # tensor plan below loop over layers that cannot be there.
+        raise ConversionError(path, f"{arch}.block_count is {n_layers}, but the file has "
+                                    f"{len(shapes)} tensors")
+    n_heads = int(a("attention.head_count"))
+    if n_heads < 1:
+        raise ConversionError(path, f"{arch}.attention.head_count is {n_heads}; it must be at least 1")
+    n_kv = md.get(f"{arch}.attention.head_count_kv", n_heads)
+    if isinstance(n_kv, list):
+        raise ConversionError(path, "per-layer key/value head counts are not supported")
+    n_kv = int(n_kv)
+    if int(a("embedding_length")) != hidden:
+        raise ConversionError(path, f"embedding_length {a('embedding_length')} != token_embd width {hidden}")
+
+    q_rows = shapes.get("blk.0.attn_q.weight", (None,))[0]
+    head_dim = md.get(f"{arch}.attention.key_length")
+    if head_dim is None:
+        head_dim = q_rows // n_heads if q_rows else hidden // n_heads
+    head_dim = int(head_dim)
+    if head_dim < 1:
+        raise ConversionError(path, f"the head size comes out as {head_dim}; it must be at least 1")
+    if q_rows is not None and q_rows != n_heads * head_dim:
+        raise ConversionError(path, f"attn_q has {q_rows} rows, expected {n_heads} heads x {head_dim}")
+    rope_dim = md.get(f"{arch}.rope.dimension_count", head_dim)
+    if int(rope_dim) != head_dim:
+        raise ConversionError(path, f"partial rotary embeddings (rope dim {rope_dim} of {head_dim}) are not supported")
+
+    tied = schema.LM_HEAD.gguf not in shapes
+    theta = float(md.get(f"{arch}.rope.freq_base", 10000.0))
+    family = FAMILIES[arch]
+
+    cfg = {
+        "architectures": [family.hf_class],
+        "model_type": arch,
+        "hidden_size": int(hidden),
+        "intermediate_size": int(a("feed_forward_length")),
+        "num_hidden_layers": n_layers,
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": n_kv,
+    }
+    # transformers' own GGUF loader always sets head_dim where the config
+    # has the field (llama, qwen3); qwen2's has none.
+    if family.gguf_head_dim:
+        cfg["head_dim"] = head_dim
+    elif head_dim != hidden // n_heads:
+        raise ConversionError(path, f"{arch} with head_dim {head_dim} != hidden/heads is not supported")
+    cfg.update({
+        "max_position_embeddings": int(a("context_length")),
+        "rms_norm_eps": _shortest_float32(a("attention.layer_norm_rms_epsilon")),
+        "rope_theta": _shortest_float32(theta),
+        "vocab_size": int(vocab_size),
+        "tie_word_embeddings": tied,
+        "hidden_act": "silu",
+    })
+    scaling = _rope_scaling(md, arch, path)
+    if rope_freqs is not None:
+        if scaling is not None:
+            raise ConversionError(path, "a rope_freqs tensor beside rope scaling metadata is not understood")
+        scaling = _llama3_rope_scaling(rope_freqs, theta, head_dim, path)
+    if scaling is not None:
+        cfg["rope_scaling"] = scaling
+    # A bias switch that config.json holds is set by layer 0's tensors; the
+    # tensor plan then checks every layer against the resulting config.
+    for t in schema.LAYER:
+        key = getattr(family, t.switch, None) if t.switch else None
+        if isinstance(key, str) and key not in cfg:
+            cfg[key] = f"blk.0.{t.gguf}" in shapes
+    cfg["attention_dropout"] = 0.0
+    for name, key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
+                      ("pad_token_id", "padding_token_id"), ("unk_token_id", "unknown_token_id")):
+        v = md.get(f"tokenizer.ggml.{key}")
+        if v is not None:
+            cfg[name] = int(v)
+    cfg["torch_dtype"] = "bfloat16" if dtype == "bf16" else "float32"
+    cfg["use_cache"] = True
+    return cfg
+
+
+def generation_config(md: dict) -> dict:
+    gen = {}
+    bos = md.get("tokenizer.ggml.bos_token_id")
+    eos = md.get("tokenizer.ggml.eos_token_id")
+    pad = md.get("tokenizer.ggml.padding_token_id")
+    if bos is not None:
+        gen["bos_token_id"] = int(bos)
+    # llama.cpp stops at end-of-turn tokens as well as at eos; HF says so
+    # with a list of eos ids.
+    stops = []
+    for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
+        v = md.get(f"tokenizer.ggml.{key}")
+        if v is not None and int(v) not in stops:
+            stops.append(int(v))
+    if stops:
+        gen["eos_token_id"] = stops[0] if len(stops) == 1 else stops
+    if pad is not None:
+        gen["pad_token_id"] = int(pad)
+    elif eos is not None:
+        gen["pad_token_id"] = int(eos)
+    return gen
+
+

@@ -1,0 +1,163 @@
+"""A GGUF file's tensors: the plan that maps them onto the schema's HF
+names for a config, and their values as float32, read and dequantized
+slice by slice so that no whole tensor need be held.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from .. import schema
+from ..config import ModelConfig
+from ..files import open_regular
+from .gguf_file import ConversionError, GGUFContents, GGUFError, GGUFTensor, read_gguf, read_tensor_bytes
+from .safetensors import f32_to_bf16
+
+
+def _gguf_module():
+    try:
+        import gguf  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - gguf is a dependency
+        raise ImportError(
+            "Importing GGUF files needs the 'gguf' package: pip install gguf"
+        ) from exc
+    return gguf
+
+
+def read_contents(path: Path, string_arrays: bool = True) -> GGUFContents:
+    if not path.exists():
+        raise FileNotFoundError(f"GGUF file not found: {path}")
+    try:
+        return read_gguf(path, _gguf_module(), string_arrays)
+    except GGUFError as e:
+        raise ConversionError(path, e.problem) from None
+
+def tensor_shapes(tensors) -> dict:
+    return {t.name: t.shape for t in tensors}
+
+def unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    # llama.cpp's converter interleaves the two rotary halves of every head
+    # (rows [x0..x(d/2-1), y0..] become [x0, y0, x1, y1, ...]) to suit its
+    # own RoPE; this puts them back in HF's half-split order.
+    half = w.shape[0] // n_heads // 2
+    return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+# Values converted at a time (1 MB of float32): a big tensor (a 49152 x 576
+# embedding) is read, dequantized, converted and written in slices, so
+# converting holds neither a whole tensor nor its dequantizer's temporaries.
+_SLICE_VALUES = 1 << 18
+
+
+def _decode(raw: np.ndarray, tensor: GGUFTensor, shape: tuple, path: Path) -> np.ndarray:
+    """raw, the bytes of whole rows of tensor, as float32 of shape."""
+    gguf = _gguf_module()
+    qt = gguf.GGMLQuantizationType
+    ttype = tensor.tensor_type
+    if ttype == qt.F64:
+        out = raw.view("<f8").astype(np.float32)
+    else:
+        # The dequantizers take whole rows of blocks, as bytes.
+        rows = raw.reshape(gguf.quants.quant_shape_to_byte_shape(shape or (1,), ttype))
+        try:
+            out = gguf.quants.dequantize(rows, ttype)
+        except NotImplementedError as exc:
+            raise ConversionError(
+                path, f"tensor {tensor.name} uses {getattr(ttype, 'name', ttype)}, which gguf "
+                f"{getattr(gguf, '__version__', '')} cannot dequantize: {exc}") from exc
+    return np.ascontiguousarray(out, dtype=np.float32).reshape(shape)
+
+
+def slices(shape: tuple, step: int = 1) -> list:
+    """(start, stop) of the slices along the first axis of shape that a
+    tensor is converted in: about _SLICE_VALUES values each, and a whole
+    multiple of step entries."""
+    count = max(step, _SLICE_VALUES // max(1, math.prod(shape[1:])) // step * step)
+    return [(start, min(start + count, shape[0])) for start in range(0, shape[0], count)]
+
+
+def dequantized_slices(tensor: GGUFTensor, path: Path, step: int = 1):
+    """The tensor as float32, in slices along its first axis of a whole
+    multiple of step entries each (the rows of a head, say, so that each
+    slice can be unpermuted alone); a vector comes whole."""
+    qt = _gguf_module().GGMLQuantizationType
+    ttype, shape = tensor.tensor_type, tensor.shape
+    if ttype in (qt.I8, qt.I16, qt.I32, qt.I64):
+        raise ConversionError(path, f"tensor {tensor.name} has integer type {ttype.name}, not a weight")
+    if 0 in shape:
+        yield np.zeros(shape, np.float32)
+        return
+    if len(shape) < 2:
+        yield _decode(read_tensor_bytes(path, tensor), tensor, shape, path)
+        return
+    # Every index of the first axis holds whole rows, so whole blocks.
+    per_index = tensor.n_bytes // shape[0]
+    with open_regular(path, "GGUF file") as f:
+        for start, stop in slices(shape, step):
+            n = stop - start
+            raw = np.empty(n * per_index, np.uint8)
+            f.seek(tensor.offset + start * per_index)
+            if f.readinto(memoryview(raw)) != raw.nbytes:
+                raise GGUFError(path, f"tensor {tensor.name!r}: the file ends before the tensor does; "
+                                      f"it was truncated after it was opened")
+            yield _decode(raw, tensor, (n, *shape[1:]), path)
+
+
+def dequantize(tensor: GGUFTensor, path: Path) -> np.ndarray:
+    """The whole tensor as float32."""
+    slices = dequantized_slices(tensor, path)
+    if len(tensor.shape) < 2 or 0 in tensor.shape:
+        return next(slices)
+    out = np.empty(tensor.shape, np.float32)
+    start = 0
+    for part in slices:
+        out[start:start + len(part)] = part
+        start += len(part)
+    return out
+
+
+def slices_to_write(tensor: GGUFTensor, path: Path, n_heads: Optional[int], dtype: str):
+    """The tensor's slices as the folder stores them: Q/K rows back in HF's
+    order (n_heads: their heads, or None), in dtype."""
+    rows_per_head = tensor.shape[0] // n_heads if n_heads else 1
+    for w in dequantized_slices(tensor, path, rows_per_head):
+        if n_heads:
+            w = unpermute(w, len(w) // rows_per_head)
+        yield f32_to_bf16(w) if dtype == "bf16" else w
+
+
+def gguf_names(cfg: ModelConfig) -> dict:
+    """GGUF name -> (HF name, schema.Tensor) of every tensor cfg implies."""
+    names = {}
+    for t in schema.MODEL:
+        if t is not schema.LM_HEAD or not cfg.tie_word_embeddings:
+            names[t.gguf] = (schema.hf_name(t, cfg), t)
+    for i in range(cfg.num_hidden_layers):
+        for t in schema.layer_tensors(cfg, cfg.layer_kind(i)):
+            names[f"blk.{i}.{t.gguf}"] = (schema.hf_name(t, cfg, i), t)
+    return names
+
+
+def plan_tensors(tensors: dict, shapes: dict, cfg: ModelConfig, path: Path) -> list:
+    """(hf_name, gguf_tensor, schema tensor) in output order, once the file
+    has exactly the tensors cfg implies, each of the shape it implies."""
+    planned = gguf_names(cfg)
+    missing = [name for name in planned if name not in tensors]
+    unexpected = [name for name in tensors if name not in planned]
+    if missing or unexpected:
+        parts = ([f"missing {', '.join(missing[:6])}"] if missing else []) + \
+                ([f"unexpected {', '.join(unexpected[:6])}"] if unexpected else [])
+        raise ConversionError(path, f"tensors do not fit the {cfg.model_type} architecture: {'; '.join(parts)}")
+    for name, (_, t) in planned.items():
+        if shapes[name] != schema.hf_shape(t, cfg):
+            raise ConversionError(path, f"tensor {name} has shape {list(shapes[name])}, "
+                                        f"the metadata implies {list(schema.hf_shape(t, cfg))}")
+    # The embedding first, then the layers, then the final norm and the head.
+    order = sorted(planned.items(), key=lambda item: item[1][1] is not schema.EMBED and
+                   (2 if item[1][1] in schema.MODEL else 1))
+    return [(hf, tensors[name], t) for name, (hf, t) in order]
+
+

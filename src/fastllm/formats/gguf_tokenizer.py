@@ -1,0 +1,200 @@
+"""tokenizer.json and tokenizer_config.json from a GGUF file's
+tokenizer.ggml.* metadata: the vocabulary, the merges, and the HF pipeline
+(normalizer, pre-tokenizer, post-processor, decoder) that the file's
+pre-tokenizer name stands for.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from .gguf_file import ConversionError, require
+
+TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
+
+
+_GPT2_BYTELEVEL_PRE = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+_GPT2_BYTELEVEL_POST = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True}
+_GPT2_BYTELEVEL_DECODER = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
+_PLAIN_BYTELEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def _split(regex: str) -> dict:
+    return {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False}
+
+
+# tokenizer.ggml.pre -> the pipeline of the HF tokenizer.json it came from:
+# (normalizer, pre_tokenizer, post_processor, decoder, ignore_merges)
+PRE_TOKENIZERS = {
+    # SmolLM / StarCoder style: every digit on its own, then GPT-2's regex.
+    "smollm": (
+        None,
+        {"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": True}, _GPT2_BYTELEVEL_PRE]},
+        _GPT2_BYTELEVEL_POST, _GPT2_BYTELEVEL_DECODER, False,
+    ),
+    "gpt2": (None, _GPT2_BYTELEVEL_PRE, _GPT2_BYTELEVEL_POST, _GPT2_BYTELEVEL_DECODER, False),
+    # llama.cpp's own "default" splits differently, but a file that says
+    # "default" names no HF pipeline; GPT-2's is what transformers uses too.
+    "default": (None, _GPT2_BYTELEVEL_PRE, _GPT2_BYTELEVEL_POST, _GPT2_BYTELEVEL_DECODER, False),
+    "qwen2": (
+        {"type": "NFC"},
+        {"type": "Sequence", "pretokenizers": [_split(_QWEN2_SPLIT), _PLAIN_BYTELEVEL]},
+        _PLAIN_BYTELEVEL, _PLAIN_BYTELEVEL, False,
+    ),
+    "llama-bpe": (
+        None,
+        {"type": "Sequence", "pretokenizers": [
+            _split(_LLAMA3_SPLIT),
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
+        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+        _GPT2_BYTELEVEL_DECODER, True,
+    ),
+}
+PRE_TOKENIZERS["llama3"] = PRE_TOKENIZERS["llama-v3"] = PRE_TOKENIZERS["llama-bpe"]
+
+SUPPORTED_PRE_TOKENIZERS = tuple(sorted(PRE_TOKENIZERS))
+
+
+def _added_token(token_id: int, content: str, special: bool) -> dict:
+    return {"id": token_id, "content": content, "single_word": False, "lstrip": False,
+            "rstrip": False, "normalized": False, "special": special}
+
+
+def _template_post_processor(bos: Optional[str], bos_id, eos: Optional[str], eos_id) -> dict:
+    single, pair, specials = [], [], {}
+    if bos is not None:
+        single.append({"SpecialToken": {"id": bos, "type_id": 0}})
+        pair.append({"SpecialToken": {"id": bos, "type_id": 0}})
+        specials[bos] = {"id": bos, "ids": [bos_id], "tokens": [bos]}
+    single.append({"Sequence": {"id": "A", "type_id": 0}})
+    pair.append({"Sequence": {"id": "A", "type_id": 0}})
+    if eos is not None:
+        single.append({"SpecialToken": {"id": eos, "type_id": 0}})
+        pair.append({"SpecialToken": {"id": eos, "type_id": 0}})
+        specials[eos] = {"id": eos, "ids": [eos_id], "tokens": [eos]}
+    if bos is not None:
+        pair.append({"SpecialToken": {"id": bos, "type_id": 1}})
+    pair.append({"Sequence": {"id": "B", "type_id": 1}})
+    if eos is not None:
+        pair.append({"SpecialToken": {"id": eos, "type_id": 1}})
+    return {"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": specials}
+
+
+def tokenizer_files(md: dict, path: Path) -> tuple:
+    model = md.get("tokenizer.ggml.model")
+    if model is None:
+        raise ConversionError(path, "the GGUF file has no tokenizer (tokenizer.ggml.model missing)")
+    if model != "gpt2":
+        raise ConversionError(
+            path, f"tokenizer model {model!r} is not supported; only byte-level BPE ('gpt2') is")
+    pre = md.get("tokenizer.ggml.pre") or "default"
+    if pre not in PRE_TOKENIZERS:
+        raise ConversionError(
+            path, f"pre-tokenizer {pre!r} is not supported (supported: {', '.join(SUPPORTED_PRE_TOKENIZERS)})")
+    normalizer, pre_tok, post, decoder, ignore_merges = PRE_TOKENIZERS[pre]
+
+    tokens = require(md, "tokenizer.ggml.tokens", path)
+    types = md.get("tokenizer.ggml.token_type") or [TOKEN_NORMAL] * len(tokens)
+    if len(types) != len(tokens):
+        raise ConversionError(path, f"{len(tokens)} tokens but {len(types)} token types")
+    # A vocabulary of single bytes and specials has no merges, and a
+    # writer may then leave the key out.
+    merges = md.get("tokenizer.ggml.merges") or []
+
+    vocab = {}
+    for i, tok in enumerate(tokens):
+        # llama.cpp resolves duplicate spellings to the last id; a JSON
+        # object can only hold one of them anyway.
+        vocab[tok] = i
+    added = []
+    for i, (tok, ttype) in enumerate(zip(tokens, types)):
+        if ttype in (TOKEN_CONTROL, TOKEN_USER_DEFINED) and vocab.get(tok) == i:
+            added.append(_added_token(i, tok, ttype == TOKEN_CONTROL))
+
+    merge_pairs = []
+    for m in merges:
+        parts = m.split(" ")
+        if len(parts) != 2:
+            raise ConversionError(path, f"malformed merge {m!r}")
+        merge_pairs.append(parts)
+
+    def tok_str(key: str) -> Optional[str]:
+        v = md.get(f"tokenizer.ggml.{key}")
+        if v is None:
+            return None
+        if not 0 <= int(v) < len(tokens):
+            raise ConversionError(path, f"tokenizer.ggml.{key} = {v} is outside the vocabulary")
+        return tokens[int(v)]
+
+    bos, eos = tok_str("bos_token_id"), tok_str("eos_token_id")
+    unk, pad = tok_str("unknown_token_id"), tok_str("padding_token_id")
+    add_bos = bool(md.get("tokenizer.ggml.add_bos_token", False))
+    add_eos = bool(md.get("tokenizer.ggml.add_eos_token", False))
+    if (add_bos and bos is None) or (add_eos and eos is None):
+        raise ConversionError(path, "add_bos/add_eos is set but the token id is missing")
+    if add_bos or add_eos:
+        template = _template_post_processor(
+            bos if add_bos else None, md.get("tokenizer.ggml.bos_token_id"),
+            eos if add_eos else None, md.get("tokenizer.ggml.eos_token_id"))
+        post = {"type": "Sequence", "processors": [post, template]}
+
+    tokenizer_json = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": normalizer,
+        "pre_tokenizer": pre_tok,
+        "post_processor": post,
+        "decoder": decoder,
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": ignore_merges,
+            "vocab": vocab,
+            "merges": merge_pairs,
+        },
+    }
+
+    arch = md.get("general.architecture")
+    tokenizer_config = {
+        "add_bos_token": add_bos,
+        "add_eos_token": add_eos,
+        "add_prefix_space": False,
+        "added_tokens_decoder": {
+            str(t["id"]): {k: t[k] for k in ("content", "lstrip", "normalized", "rstrip", "single_word", "special")}
+            for t in added
+        },
+        "bos_token": bos,
+        "eos_token": eos,
+        "unk_token": unk,
+        "pad_token": pad,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": int(md.get(f"{arch}.context_length", 1 << 30)),
+        # The generic class loads tokenizer.json exactly as written; the
+        # model-specific ones may rebuild parts of the pipeline.
+        "tokenizer_class": "PreTrainedTokenizerFast",
+    }
+    template = md.get("tokenizer.chat_template")
+    named = [n for n in (md.get("tokenizer.chat_templates") or []) if f"tokenizer.chat_template.{n}" in md]
+    if named:
+        # HF spells several templates as a list, the unnamed one as "default".
+        templates = [{"name": "default", "template": template}] if template is not None else []
+        templates += [{"name": n, "template": md[f"tokenizer.chat_template.{n}"]} for n in named]
+        tokenizer_config["chat_template"] = templates
+    elif template is not None:
+        tokenizer_config["chat_template"] = template
+    return tokenizer_json, tokenizer_config
+
+
