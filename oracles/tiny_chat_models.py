@@ -14,6 +14,8 @@ from .tiny_models import SHAPES, _make_qwen35
 # kind: (tokenizer kind, tiny shape, vocabulary size of the checkpoint)
 CHAT_MODELS = {
     "qwen3": ("qwen3", "qwen3", 151936),
+    # Qwen2.5 has Qwen3's vocabulary (the same 151,643 ranks and specials).
+    "qwen2.5": ("qwen3", "qwen2-tied", 151936),
     "qwen3.5": ("qwen3.5", "qwen3_5-text", 248320),
 }
 

@@ -293,7 +293,10 @@ def test_generation_config_is_the_python_default(tiny_dir, tmp_path):
     m = Model.from_pretrained(d, n_ctx=128, threads=1)
     assert m.generation_defaults == dict(temperature=0.7, top_p=0.9, top_k=5, min_p=0.01,
                                          repetition_penalty=1.2, max_new_tokens=7)
-    assert m.eos_token_ids == {7, 8}   # the file's ids replace config.json's, as in transformers
+    # The file's ids replace config.json's, as in transformers; the end-marking
+    # tokens of the vocabulary (<|endoftext|> = 0, <|im_end|> = 2) end a
+    # generation too, as in llama.cpp.
+    assert m.eos_token_ids == {0, 2, 7, 8}
     assert m.default_max_new_tokens(3) == 7
     assert m.default_sampling == SamplingParams(temperature=0.7, top_p=0.9, top_k=5, min_p=0.01,
                                                 repetition_penalty=1.2)

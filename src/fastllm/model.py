@@ -16,6 +16,7 @@ import numpy as np
 
 from . import _core
 from .config import ModelConfig
+from .end_of_generation import end_of_generation_ids
 from .errors import ModelFileError
 from .sampling import Constraint, Sampler, SamplingParams, generation_defaults, read_generation_config
 from .session import Session
@@ -269,7 +270,7 @@ class Model:
         if (folder / "tokenizer.json").exists():
             from .tokenizer import Tokenizer
             tokenizer = Tokenizer.from_pretrained(folder)
-        return cls(weights, config, tokenizer, folder, dtype, _eos_ids(gen_config, config, tokenizer),
+        return cls(weights, config, tokenizer, folder, dtype, end_of_generation_ids(gen_config, config, tokenizer),
                    gen_config, max_batch, name=model_name(source), source=source)
 
     # ------------------------------------------------------------ settings
@@ -545,16 +546,3 @@ def _stop_strings(stop) -> list:
     if "" in stops:
         raise ValueError("stop strings must not be empty (an empty one would match before any text)")
     return list(stops)
-
-
-def _eos_ids(gen_config: dict, config: ModelConfig, tokenizer) -> set:
-    """End-of-sequence ids as transformers' generate uses them: those of
-    generation_config.json (an id or a list), else config.json's, else the
-    tokenizer's eos token."""
-    eos = gen_config.get("eos_token_id")
-    ids = [] if eos is None else list(eos) if isinstance(eos, list) else [eos]
-    if not ids:
-        ids = list(config.eos_token_id)
-    if not ids and tokenizer is not None and tokenizer.eos_token_id is not None:
-        ids = [tokenizer.eos_token_id]
-    return {int(i) for i in ids}

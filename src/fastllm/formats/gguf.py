@@ -273,6 +273,15 @@ def _write_json(path: Path, obj) -> None:
 DEFAULT_DTYPE = "f32"
 
 
+def _is_expert_tensor(name: str) -> bool:
+    """A router or expert tensor: blk.N.ffn_gate_inp, blk.N.ffn_up_exps, or
+    the experts of older files one by one (blk.N.ffn_up.E.weight)."""
+    parts = name.split(".")
+    return (len(parts) >= 3 and parts[0] == "blk" and
+            (parts[2].startswith("ffn_gate_inp") or parts[2].endswith("_exps") or
+             (len(parts) == 5 and parts[3].isdigit())))
+
+
 def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DTYPE,
                  progress: Union[None, bool, ProgressFn] = None, *, overwrite: bool = False,
                  extra_files: Optional[dict] = None) -> Path:
@@ -313,6 +322,11 @@ def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DT
     if int(md.get("split.count", 1)) > 1:
         raise ConversionError(path, "split GGUF files are not supported; merge the parts first "
                               "(llama-gguf-split --merge)")
+    experts = next((t.name for t in contents.tensors if _is_expert_tensor(t.name)), None)
+    if experts is not None:
+        # Mixtral is a llama file with a router and experts in each layer.
+        raise ConversionError(path, f"tensor {experts} belongs to a mixture of experts, which fastllm "
+                                    f"does not run yet")
     shapes = tensor_shapes(contents.tensors)
     tensors = {t.name: t for t in contents.tensors}
     rope_freqs = tensors.pop("rope_freqs.weight", None)
