@@ -154,3 +154,20 @@ def make_tiny_model(kind: str, folder, seed: int = 0, init_scale: float = 0.2,
     folder = Path(folder)
     model.save_pretrained(folder, safe_serialization=True)
     return folder
+
+
+def with_config(folder, out, **changes) -> Path:
+    """A copy of the checkpoint in folder at out, its config.json changed
+    (a value of None deletes the key)."""
+    import json
+    import shutil
+    out = Path(out)
+    shutil.copytree(folder, out)
+    cfg = json.loads((out / "config.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            cfg.pop(key, None)
+        else:
+            cfg[key] = value
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out

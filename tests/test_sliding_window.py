@@ -5,9 +5,6 @@ Windows are far shorter than the prompts (5, 6, 17 and 19 positions against
 40 to 70 tokens), so most queries see only part of what came before. The
 bounds are those of test_tiny_models.py (oracles/hf_reference.py).
 """
-import json
-import shutil
-
 import numpy as np
 import pytest
 
@@ -15,6 +12,7 @@ from fastllm import Model
 from fastllm.errors import ModelFileError
 from fastllm.session import extend_together
 from oracles.hf_reference import compare_greedy, hf_greedy, hf_logits, load_hf, within
+from oracles.tiny_models import with_config
 
 KINDS = ["mistral-swa", "mistral-headdim", "qwen2-swa", "qwen3-swa"]
 WINDOWS = {"mistral-swa": [5, 5], "mistral-headdim": [19, 19], "qwen2-swa": [0, 6, 6], "qwen3-swa": [0, 17]}
@@ -26,16 +24,7 @@ def prompt(vocab, n, seed=0):
 
 def edited(folder, tmp_path, **changes):
     """A copy of a checkpoint whose config.json has changes (None deletes a key)."""
-    out = tmp_path / f"edited-{len(list(tmp_path.iterdir()))}"
-    shutil.copytree(folder, out)
-    cfg = json.loads((out / "config.json").read_text())
-    for key, value in changes.items():
-        if value is None:
-            cfg.pop(key, None)
-        else:
-            cfg[key] = value
-    (out / "config.json").write_text(json.dumps(cfg))
-    return out
+    return with_config(folder, tmp_path / f"edited-{len(list(tmp_path.iterdir()))}", **changes)
 
 
 @pytest.mark.parametrize("kind", KINDS)
