@@ -30,7 +30,7 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import FastLLMError, ModelFileError
-from ..families import FAMILIES, GGUF_ARCHITECTURES
+from ..families import FAMILIES, GGUF_ARCHITECTURES, MIXTURE_OF_EXPERTS_REFUSAL
 from .gguf_config import check_metadata_types, generation_config, model_config
 from .gguf_file import ConversionError
 from .gguf_tensors import dequantize, plan_tensors, read_contents, slices_to_write, tensor_shapes
@@ -325,8 +325,8 @@ def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DT
     experts = next((t.name for t in contents.tensors if _is_expert_tensor(t.name)), None)
     if experts is not None:
         # Mixtral is a llama file with a router and experts in each layer.
-        raise ConversionError(path, f"tensor {experts} belongs to a mixture of experts, which fastllm "
-                                    f"does not run yet")
+        raise ConversionError(path, f"tensor {experts} is a router or an expert (as in Mixtral): "
+                                    f"{MIXTURE_OF_EXPERTS_REFUSAL}")
     shapes = tensor_shapes(contents.tensors)
     tensors = {t.name: t for t in contents.tensors}
     rope_freqs = tensors.pop("rope_freqs.weight", None)
