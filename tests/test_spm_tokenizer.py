@@ -175,6 +175,16 @@ def test_streaming_decode_of_byte_fallback_runs(vocabs, name, flavor):
         assert got + tail == want, ids
 
 
+def test_whole_texts_are_not_kept_in_the_piece_cache(vocabs):
+    """A legacy Llama file has no pre-tokenizer: each text is one piece,
+    which the cache of pre-token ids must not keep."""
+    ours, hf, _, _ = _load(vocabs, "llama-bpe-bf", "llama")
+    long_texts = [" ".join(SMALL[i:i + 40]) for i in range(0, 400, 40)]
+    for t, want in zip(long_texts, _hf_ids(hf, long_texts)):
+        assert ours.encode(t, add_special_tokens=False) == want
+    assert ours._cache and max(map(len, ours._cache)) <= 256
+
+
 _SCHEMES = [(scheme, split) for scheme in ("always", "first", "never") for split in (False, True)]
 
 
