@@ -186,21 +186,30 @@ def test_whole_texts_are_not_kept_in_the_piece_cache(vocabs):
 
 
 _SCHEMES = [(scheme, split) for scheme in ("always", "first", "never") for split in (False, True)]
+_LAYOUTS = [("llama-bpe-bf", "llama-nonlegacy"), ("llama-unigram-bf", "llama"),
+            pytest.param("t5-unigram", "t5", marks=pytest.mark.slow),
+            pytest.param("t5-unigram", "spm", marks=pytest.mark.slow)]
+# Texts whose first characters a normalizer deletes, expands or merges:
+# where the normalized text starts decides whether "first" prepends.
+_STARTS = ["\x01x", "\ufb01x", "\x01\ufb01", "\u2460x", "\x01\x01 x", "\r\nx", "a\u0308x", "\u1100\u1161",
+           "\x01<s>x", "<s>\x01x", "  \x01x", "\u3000\u031bx", "\x01", "\ufb01", "<s>\ufb01", "\xa0x", "\xa0\xa0x",
+           " \xa0x", "\xa0\u2122x", " \u2122x", " \ufb01", "\x01\u2122x", "\u2581x", " \u2581x"]
 
 
-@pytest.mark.parametrize("name", ["llama-bpe-bf", "llama-unigram-bf"])
+@pytest.mark.parametrize("name,flavor", _LAYOUTS)
 @pytest.mark.parametrize("scheme,split", _SCHEMES, ids=[f"{s}-split{int(p)}" for s, p in _SCHEMES])
-def test_metaspace_variants_on_spm_vocabularies(vocabs, name, scheme, split):
-    """Every prepend_scheme, split or not, with control tokens inside the
-    text (after one, "first" adds no prefix), encoded and decoded as HF does."""
+def test_metaspace_variants_on_spm_vocabularies(vocabs, name, flavor, scheme, split):
+    """Every prepend_scheme, split or not, after the normalizer of each
+    layout, with control tokens inside the text (after one, "first" adds
+    no prefix), encoded and decoded as HF does."""
     _, folders = vocabs(name)
-    spec = json.loads((folders["llama-nonlegacy"] / "tokenizer.json").read_text(encoding="utf-8"))
+    spec = json.loads((folders[flavor] / "tokenizer.json").read_text(encoding="utf-8"))
     meta = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": scheme, "split": split}
     spec["pre_tokenizer"] = meta
     spec["decoder"] = {"type": "Sequence", "decoders": [meta, {"type": "ByteFallback"}, {"type": "Fuse"}]}
     js = json.dumps(spec)
     ours, hf = Tokenizer.from_str(js), HFTokenizer.from_str(js)
-    texts = SMALL[:800] + ["<s>", "a<s> b", " <s>  x</s>y", "</s> lead", "x <unk> y", "<s><s> "]
+    texts = _STARTS + SMALL[:800] + ["<s>", "a<s> b", " <s>  x</s>y", "</s> lead", "x <unk> y", "<s><s> "]
     for t, want in zip(texts, _hf_ids(hf, texts)):
         assert ours.encode(t, add_special_tokens=False) == want, t
         assert ours.decode(want) == hf.decode(want, skip_special_tokens=False), t
