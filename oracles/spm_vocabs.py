@@ -202,6 +202,11 @@ def train(kind="bpe", byte_fallback=True, vocab_size=DEFAULT_VOCAB_SIZE, out_dir
         sentence_iterator=iter(training_text()), model_prefix=str(tmp), model_type=kind,
         vocab_size=vocab_size, byte_fallback=byte_fallback, character_coverage=0.9995,
         max_sentence_length=1 << 16, num_threads=1, minloglevel=2, **{**STYLES[style], **options})
+    # The trainer writes its output path into the .model; naming it alone
+    # makes the file the same wherever and whenever it is trained.
+    proto = model_proto(f"{tmp}.model")
+    proto.trainer_spec.model_prefix = name
+    Path(f"{tmp}.model").write_bytes(proto.SerializeToString())
     os.replace(f"{tmp}.model", path)
     os.remove(f"{tmp}.vocab")
     return path
