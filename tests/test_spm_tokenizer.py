@@ -382,6 +382,7 @@ def test_unigram_without_unk_id():
     ({"type": "Unigram"}, "needs 'vocab'"),
     ({"type": "Unigram", "vocab": [["a", "x"]]}, r"vocab\[0\]"),
     ({"type": "Unigram", "vocab": [["a", -1.0, 3]]}, r"vocab\[0\]"),
+    ({"type": "Unigram", "vocab": [["<unk>", 0.0], ["a", float("nan")]], "unk_id": 0}, r"vocab\[1\]"),
     ({"type": "Unigram", "vocab": [["a", -1.0]], "unk_id": 1}, "unk_id"),
     ({"type": "Unigram", "vocab": [["a", -1.0], ["a", -2.0]], "unk_id": 0}, "listed twice"),
     ({"type": "WordPiece", "vocab": {}}, "WordPiece"),
