@@ -23,8 +23,8 @@ cases, each checked below to be the whole story:
   pieces): tokenizers matches it like any piece, sentencepiece never
   matches byte pieces in text.
 * Unigram, segmentations of equal score (runs of "▁" pieces, mostly): both
-  libraries find a best path, but sentencepiece sums float32 scores and
-  breaks ties its own way; both paths score the same.
+  libraries find a best path, of the same total score (to 1e-4; the .model
+  stores float32 scores), but pick different ones among equal paths.
 * Precompiled normalizer (T5 style): tokenizers replaces each grapheme
   cluster under 6 bytes by the entry of its shortest prefix (dropping the
   rest of the cluster) and maps longer clusters character by character;

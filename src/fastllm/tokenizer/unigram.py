@@ -58,7 +58,7 @@ class Unigram:
         self._nodes = None
 
     def validate(self):
-        pass
+        self.nodes  # noqa: B018 - builds the prefix dictionary now
 
     @staticmethod
     def byte_ids():
