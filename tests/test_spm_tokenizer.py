@@ -317,6 +317,16 @@ def test_from_pretrained_matches_transformers(vocabs, name, flavor):
         assert ours.decode(ids, skip_special_tokens=True) == tf.decode(ids, skip_special_tokens=True)
 
 
+def test_a_folder_with_only_tokenizer_model_says_how_to_make_tokenizer_json(vocabs, tmp_path):
+    import shutil
+
+    from fastllm.errors import ModelFileError
+    model, _ = vocabs("llama-bpe-bf")
+    shutil.copy(model, tmp_path / "tokenizer.model")
+    with pytest.raises(ModelFileError, match="save_pretrained"):
+        Tokenizer.from_pretrained(tmp_path)
+
+
 # --------------------------------------------------------------------------
 # The Unigram model on hand-made vocabularies
 # --------------------------------------------------------------------------

@@ -332,6 +332,10 @@ class Tokenizer:
             raise ModelFileError(folder, "tokenizer folder not found")
         tj = os.path.join(folder, "tokenizer.json")
         if not os.path.exists(tj):
+            if os.path.exists(os.path.join(folder, "tokenizer.model")):
+                raise ModelFileError(tj, "tokenizer.json not found: fastllm reads the HuggingFace tokenizer.json, "
+                                         "not SentencePiece's tokenizer.model; transformers writes one with "
+                                         "AutoTokenizer.from_pretrained(folder).save_pretrained(folder)")
             raise ModelFileError(tj, "tokenizer.json not found (fastllm needs the HuggingFace "
                                      "tokenizer.json file; vocab.json/merges.txt alone are not supported)")
         tok = cls.from_file(tj)
