@@ -6,7 +6,7 @@ pre-tokenizer name stands for.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from .gguf_file import ConversionError, require
 
@@ -17,46 +17,93 @@ _GPT2_BYTELEVEL_PRE = {"type": "ByteLevel", "add_prefix_space": False, "trim_off
 _GPT2_BYTELEVEL_POST = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True}
 _GPT2_BYTELEVEL_DECODER = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
 _PLAIN_BYTELEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+_SPLIT_BYTELEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
 
-_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+# The split regexes as the families' own tokenizer.json files spell them.
+# llama.cpp runs its own adaptations of these (see PRE_TOKENIZERS below).
+_CONTRACTIONS = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)"
+_QWEN2_SPLIT = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+_QWEN35_SPLIT = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+                 r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_LLAMA3_SPLIT = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Tekken and o200k: a word is an optional upper-case run then a lower-case
+# run (or an upper-case run alone), so "CamelCase" splits at the capitals.
+_UPPER, _LOWER = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]", r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
+_TEKKEN_SPLIT = (rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*"
+                 r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_GPT4O_SPLIT = (rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+{_CONTRACTIONS}?"
+                rf"|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*{_CONTRACTIONS}?"
+                r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
 def _split(regex: str) -> dict:
     return {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False}
 
 
-# tokenizer.ggml.pre -> the pipeline of the HF tokenizer.json it came from:
-# (normalizer, pre_tokenizer, post_processor, decoder, ignore_merges)
+class PreTokenizer(NamedTuple):
+    """The HF pipeline a tokenizer.ggml.pre name stands for."""
+    normalizer: Optional[dict]
+    pre_tokenizer: dict
+    post_processor: dict
+    decoder: dict
+    ignore_merges: bool
+    # What llama.cpp assumes when the file has no tokenizer.ggml.add_bos_token.
+    add_bos: bool = False
+
+
+_GPT2 = PreTokenizer(None, _GPT2_BYTELEVEL_PRE, _GPT2_BYTELEVEL_POST, _GPT2_BYTELEVEL_DECODER, False)
+_QWEN2 = PreTokenizer({"type": "NFC"}, {"type": "Sequence", "pretokenizers": [_split(_QWEN2_SPLIT), _PLAIN_BYTELEVEL]},
+                      _PLAIN_BYTELEVEL, _PLAIN_BYTELEVEL, False)
+_LLAMA3 = PreTokenizer(None, {"type": "Sequence", "pretokenizers": [_split(_LLAMA3_SPLIT), _SPLIT_BYTELEVEL]},
+                       _GPT2_BYTELEVEL_POST, _GPT2_BYTELEVEL_DECODER, True, add_bos=True)
+
+
+def _tiktoken_style(regex: str, ignore_merges: bool, add_bos: bool = False) -> PreTokenizer:
+    # The pipeline transformers' tiktoken converter writes (Mistral's tekken
+    # files and Xenova's gpt-4o file have this shape).
+    return PreTokenizer(None, {"type": "Sequence", "pretokenizers": [_split(regex), _SPLIT_BYTELEVEL]},
+                        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+                        _GPT2_BYTELEVEL_DECODER, ignore_merges, add_bos)
+
+
+# tokenizer.ggml.pre -> the pipeline of the HF tokenizer.json that llama.cpp's
+# converter gives that name (convert_hf_to_gguf_update.py lists the source
+# repositories). ignore_merges and the add_bos default are what llama.cpp's
+# vocabulary code sets for the name. Where the HF file normalizes (NFC for
+# Qwen and OLMo) the normalizer is kept, as transformers runs it; llama.cpp
+# does not normalize.
 PRE_TOKENIZERS = {
     # SmolLM / StarCoder style: every digit on its own, then GPT-2's regex.
-    "smollm": (
-        None,
-        {"type": "Sequence", "pretokenizers": [
-            {"type": "Digits", "individual_digits": True}, _GPT2_BYTELEVEL_PRE]},
-        _GPT2_BYTELEVEL_POST, _GPT2_BYTELEVEL_DECODER, False,
-    ),
-    "gpt2": (None, _GPT2_BYTELEVEL_PRE, _GPT2_BYTELEVEL_POST, _GPT2_BYTELEVEL_DECODER, False),
+    "smollm": _GPT2._replace(pre_tokenizer={"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": True}, _GPT2_BYTELEVEL_PRE]}),
+    "gpt-2": _GPT2,
     # llama.cpp's own "default" splits differently, but a file that says
     # "default" names no HF pipeline; GPT-2's is what transformers uses too.
-    "default": (None, _GPT2_BYTELEVEL_PRE, _GPT2_BYTELEVEL_POST, _GPT2_BYTELEVEL_DECODER, False),
-    "qwen2": (
-        {"type": "NFC"},
-        {"type": "Sequence", "pretokenizers": [_split(_QWEN2_SPLIT), _PLAIN_BYTELEVEL]},
-        _PLAIN_BYTELEVEL, _PLAIN_BYTELEVEL, False,
-    ),
-    "llama-bpe": (
-        None,
-        {"type": "Sequence", "pretokenizers": [
-            _split(_LLAMA3_SPLIT),
-            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
-        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
-        _GPT2_BYTELEVEL_DECODER, True,
-    ),
+    "default": _GPT2,
+    # OLMo 1.x: GPT-NeoX's tokenizer, GPT-2's regex after NFC.
+    "olmo": _GPT2._replace(normalizer={"type": "NFC"}),
+    "qwen2": _QWEN2,
+    # A qwen2 vocabulary with DeepSeek's special tokens.
+    "deepseek-r1-qwen": _QWEN2,
+    # Qwen3.5 keeps combining marks with their letters.
+    "qwen35": _QWEN2._replace(pre_tokenizer={"type": "Sequence", "pretokenizers": [
+        _split(_QWEN35_SPLIT), _PLAIN_BYTELEVEL]}),
+    "llama-bpe": _LLAMA3,
+    # Falcon 3 has Llama 3's pipeline.
+    "falcon3": _LLAMA3,
+    # Smaug (a Llama 3 fine-tune) ships a tokenizer.json without ignore_merges.
+    "smaug-bpe": _LLAMA3._replace(ignore_merges=False, add_bos=False),
+    # Mistral Nemo, Ministral, Pixtral's text model.
+    "tekken": _tiktoken_style(_TEKKEN_SPLIT, ignore_merges=True, add_bos=True),
+    # o200k (Phi-4).
+    "gpt-4o": _tiktoken_style(_GPT4O_SPLIT, ignore_merges=False),
 }
+# Names llama.cpp treats as spellings of the same pipeline ("gpt2" is what
+# older fastllm writers wrote for "gpt-2").
 PRE_TOKENIZERS["llama3"] = PRE_TOKENIZERS["llama-v3"] = PRE_TOKENIZERS["llama-bpe"]
+PRE_TOKENIZERS["gpt2"] = PRE_TOKENIZERS["gpt-2"]
 
 SUPPORTED_PRE_TOKENIZERS = tuple(sorted(PRE_TOKENIZERS))
 
@@ -97,7 +144,8 @@ def tokenizer_files(md: dict, path: Path) -> tuple:
     if pre not in PRE_TOKENIZERS:
         raise ConversionError(
             path, f"pre-tokenizer {pre!r} is not supported (supported: {', '.join(SUPPORTED_PRE_TOKENIZERS)})")
-    normalizer, pre_tok, post, decoder, ignore_merges = PRE_TOKENIZERS[pre]
+    pipeline = PRE_TOKENIZERS[pre]
+    post = pipeline.post_processor
 
     tokens = require(md, "tokenizer.ggml.tokens", path)
     types = md.get("tokenizer.ggml.token_type") or [TOKEN_NORMAL] * len(tokens)
@@ -134,7 +182,9 @@ def tokenizer_files(md: dict, path: Path) -> tuple:
 
     bos, eos = tok_str("bos_token_id"), tok_str("eos_token_id")
     unk, pad = tok_str("unknown_token_id"), tok_str("padding_token_id")
-    add_bos = bool(md.get("tokenizer.ggml.add_bos_token", False))
+    # Without the key llama.cpp goes by the pre-tokenizer's default, which
+    # needs a bos token to mean anything.
+    add_bos = bool(md.get("tokenizer.ggml.add_bos_token", pipeline.add_bos and bos is not None))
     add_eos = bool(md.get("tokenizer.ggml.add_eos_token", False))
     if (add_bos and bos is None) or (add_eos and eos is None):
         raise ConversionError(path, "add_bos/add_eos is set but the token id is missing")
@@ -149,10 +199,10 @@ def tokenizer_files(md: dict, path: Path) -> tuple:
         "truncation": None,
         "padding": None,
         "added_tokens": added,
-        "normalizer": normalizer,
-        "pre_tokenizer": pre_tok,
+        "normalizer": pipeline.normalizer,
+        "pre_tokenizer": pipeline.pre_tokenizer,
         "post_processor": post,
-        "decoder": decoder,
+        "decoder": pipeline.decoder,
         "model": {
             "type": "BPE",
             "dropout": None,
@@ -161,7 +211,7 @@ def tokenizer_files(md: dict, path: Path) -> tuple:
             "end_of_word_suffix": None,
             "fuse_unk": False,
             "byte_fallback": False,
-            "ignore_merges": ignore_merges,
+            "ignore_merges": pipeline.ignore_merges,
             "vocab": vocab,
             "merges": merge_pairs,
         },
