@@ -5,6 +5,7 @@ pre-tokenizer name stands for.
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import NamedTuple, Optional
 
@@ -45,8 +46,8 @@ def _split(regex: str) -> dict:
 class PreTokenizer(NamedTuple):
     """The HF pipeline a tokenizer.ggml.pre name stands for."""
     normalizer: Optional[dict]
-    pre_tokenizer: dict
-    post_processor: dict
+    pre_tokenizer: Optional[dict]
+    post_processor: Optional[dict]
     decoder: dict
     ignore_merges: bool
     # What llama.cpp assumes when the file has no tokenizer.ggml.add_bos_token.
@@ -133,44 +134,112 @@ def _template_post_processor(bos: Optional[str], bos_id, eos: Optional[str], eos
     return {"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": specials}
 
 
-def tokenizer_files(md: dict, path: Path) -> tuple:
-    model = md.get("tokenizer.ggml.model")
-    if model is None:
-        raise ConversionError(path, "the GGUF file has no tokenizer (tokenizer.ggml.model missing)")
-    if model != "gpt2":
-        raise ConversionError(
-            path, f"tokenizer model {model!r} is not supported; only byte-level BPE ('gpt2') is")
+def _byte_level_bpe(md: dict, path: Path, vocab: dict) -> tuple:
+    """(pipeline, model) of a tokenizer.ggml.model "gpt2" vocabulary."""
     pre = md.get("tokenizer.ggml.pre") or "default"
     if pre not in PRE_TOKENIZERS:
         raise ConversionError(
             path, f"pre-tokenizer {pre!r} is not supported (supported: {', '.join(SUPPORTED_PRE_TOKENIZERS)})")
     pipeline = PRE_TOKENIZERS[pre]
-    post = pipeline.post_processor
+    merge_pairs = []
+    # A vocabulary of single bytes and specials has no merges, and a
+    # writer may then leave the key out.
+    for m in md.get("tokenizer.ggml.merges") or []:
+        parts = m.split(" ")
+        if len(parts) != 2:
+            raise ConversionError(path, f"malformed merge {m!r}")
+        merge_pairs.append(parts)
+    model = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+             "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+             "ignore_merges": pipeline.ignore_merges, "vocab": vocab, "merges": merge_pairs}
+    return pipeline, model
+
+
+def _spm_pipeline(add_space_prefix: bool) -> PreTokenizer:
+    """The legacy Llama 2 / Mistral / TinyLlama tokenizer.json pipeline
+    (Gemma's without the space prefix). Its normalizer prepends "▁" to every
+    stretch of text between added tokens, as llama.cpp prefixes a space to
+    every fragment after a special token."""
+    spaces = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
+    decoders = [{"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+                {"type": "ByteFallback"}, {"type": "Fuse"}]
+    if not add_space_prefix:
+        return PreTokenizer(spaces, None, None, {"type": "Sequence", "decoders": decoders}, False, add_bos=True)
+    return PreTokenizer(
+        {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u2581"}, spaces]}, None, None,
+        {"type": "Sequence", "decoders": decoders + [{"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+        False, add_bos=True)
+
+
+def merges_by_score(tokens: list, scores: list) -> list:
+    """BPE merges that replay llama.cpp's SentencePiece tokenizer: it joins
+    the adjacent pair whose concatenation is the vocabulary token of highest
+    score (leftmost first on a tie), so every split of a token into two
+    tokens is a merge, ranked by the joined token's score. Equal scores of
+    different tokens are ranked by id, where llama.cpp would go by position;
+    SentencePiece BPE vocabularies give every piece its own score."""
+    ids = {}
+    for i, tok in enumerate(tokens):
+        ids[tok] = i
+    ranked = []
+    for i, tok in enumerate(tokens):
+        if ids[tok] != i:
+            continue
+        for cut in range(1, len(tok)):
+            left, right = tok[:cut], tok[cut:]
+            if left in ids and right in ids:
+                ranked.append((-scores[i], i, cut, left, right))
+    ranked.sort(key=lambda r: r[:3])
+    return [[left, right] for _, _, _, left, right in ranked]
+
+
+def _sentencepiece_bpe(md: dict, path: Path, vocab: dict, tokens: list, types: list, unk: Optional[str]) -> tuple:
+    """(pipeline, model) of a tokenizer.ggml.model "llama" vocabulary: an HF
+    BPE with merges from the scores, and byte fallback where the vocabulary
+    has <0xXX> tokens."""
+    scores = require(md, "tokenizer.ggml.scores", path)
+    if not isinstance(scores, list) or not all(type(x) in (int, float) and math.isfinite(x) for x in scores):
+        raise ConversionError(path, "'tokenizer.ggml.scores' should be a list of finite numbers")
+    if len(scores) != len(tokens):
+        raise ConversionError(path, f"{len(tokens)} tokens but {len(scores)} scores")
+    add_space_prefix = md.get("tokenizer.ggml.add_space_prefix", True)
+    if not isinstance(add_space_prefix, bool):
+        raise ConversionError(path, "'tokenizer.ggml.add_space_prefix' should be bool")
+    byte_tokens = {tokens[i] for i, t in enumerate(types) if t == TOKEN_BYTE}
+    byte_fallback = bool(byte_tokens)
+    if byte_fallback and byte_tokens != {f"<0x{b:02X}>" for b in range(256)}:
+        raise ConversionError(path, f"the vocabulary has {len(byte_tokens)} byte tokens, not <0x00>..<0xFF>")
+    pipeline = _spm_pipeline(add_space_prefix)
+    model = {"type": "BPE", "dropout": None, "unk_token": unk, "continuing_subword_prefix": None,
+             "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": byte_fallback,
+             "ignore_merges": False, "vocab": vocab, "merges": merges_by_score(tokens, scores)}
+    return pipeline, model
+
+
+def tokenizer_files(md: dict, path: Path) -> tuple:
+    kind = md.get("tokenizer.ggml.model")
+    if kind is None:
+        raise ConversionError(path, "the GGUF file has no tokenizer (tokenizer.ggml.model missing)")
+    if kind not in ("gpt2", "llama"):
+        raise ConversionError(
+            path, f"tokenizer model {kind!r} is not supported; only byte-level BPE ('gpt2') "
+                  f"and SentencePiece ('llama') are")
 
     tokens = require(md, "tokenizer.ggml.tokens", path)
     types = md.get("tokenizer.ggml.token_type") or [TOKEN_NORMAL] * len(tokens)
     if len(types) != len(tokens):
         raise ConversionError(path, f"{len(tokens)} tokens but {len(types)} token types")
-    # A vocabulary of single bytes and specials has no merges, and a
-    # writer may then leave the key out.
-    merges = md.get("tokenizer.ggml.merges") or []
 
     vocab = {}
     for i, tok in enumerate(tokens):
         # llama.cpp resolves duplicate spellings to the last id; a JSON
         # object can only hold one of them anyway.
         vocab[tok] = i
+    # The tokens llama.cpp cuts out of the text before tokenizing the rest.
     added = []
     for i, (tok, ttype) in enumerate(zip(tokens, types)):
-        if ttype in (TOKEN_CONTROL, TOKEN_USER_DEFINED) and vocab.get(tok) == i:
-            added.append(_added_token(i, tok, ttype == TOKEN_CONTROL))
-
-    merge_pairs = []
-    for m in merges:
-        parts = m.split(" ")
-        if len(parts) != 2:
-            raise ConversionError(path, f"malformed merge {m!r}")
-        merge_pairs.append(parts)
+        if ttype in (TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNKNOWN) and vocab.get(tok) == i:
+            added.append(_added_token(i, tok, ttype != TOKEN_USER_DEFINED))
 
     def tok_str(key: str) -> Optional[str]:
         v = md.get(f"tokenizer.ggml.{key}")
@@ -182,17 +251,25 @@ def tokenizer_files(md: dict, path: Path) -> tuple:
 
     bos, eos = tok_str("bos_token_id"), tok_str("eos_token_id")
     unk, pad = tok_str("unknown_token_id"), tok_str("padding_token_id")
+    if kind == "gpt2":
+        pipeline, model = _byte_level_bpe(md, path, vocab)
+    else:
+        if unk is None:
+            unk = next((tokens[i] for i, t in enumerate(types) if t == TOKEN_UNKNOWN), None)
+        pipeline, model = _sentencepiece_bpe(md, path, vocab, tokens, types, unk)
+
     # Without the key llama.cpp goes by the pre-tokenizer's default, which
     # needs a bos token to mean anything.
     add_bos = bool(md.get("tokenizer.ggml.add_bos_token", pipeline.add_bos and bos is not None))
     add_eos = bool(md.get("tokenizer.ggml.add_eos_token", False))
     if (add_bos and bos is None) or (add_eos and eos is None):
         raise ConversionError(path, "add_bos/add_eos is set but the token id is missing")
+    post = pipeline.post_processor
     if add_bos or add_eos:
         template = _template_post_processor(
             bos if add_bos else None, md.get("tokenizer.ggml.bos_token_id"),
             eos if add_eos else None, md.get("tokenizer.ggml.eos_token_id"))
-        post = {"type": "Sequence", "processors": [post, template]}
+        post = template if post is None else {"type": "Sequence", "processors": [post, template]}
 
     tokenizer_json = {
         "version": "1.0",
@@ -203,18 +280,7 @@ def tokenizer_files(md: dict, path: Path) -> tuple:
         "pre_tokenizer": pipeline.pre_tokenizer,
         "post_processor": post,
         "decoder": pipeline.decoder,
-        "model": {
-            "type": "BPE",
-            "dropout": None,
-            "unk_token": None,
-            "continuing_subword_prefix": None,
-            "end_of_word_suffix": None,
-            "fuse_unk": False,
-            "byte_fallback": False,
-            "ignore_merges": pipeline.ignore_merges,
-            "vocab": vocab,
-            "merges": merge_pairs,
-        },
+        "model": model,
     }
 
     arch = md.get("general.architecture")
