@@ -74,7 +74,11 @@ def _tiktoken_style(regex: str, ignore_merges: bool, add_bos: bool = False) -> P
 # repositories). ignore_merges and the add_bos default are what llama.cpp's
 # vocabulary code sets for the name. Where the HF file normalizes (NFC for
 # Qwen and OLMo) the normalizer is kept, as transformers runs it; llama.cpp
-# does not normalize.
+# does not normalize. Nor does it run these regexes as written: its tekken
+# and gpt-4o ones leave combining marks out of the letter classes.
+# benchmarks/bpe_gguf_pretokenizers.py counts where llama.cpp parts from
+# these pipelines: on non-NFC text, and for tekken and gpt-4o where marks
+# follow letters; nowhere else on oracles.tokenizer_strings.
 PRE_TOKENIZERS = {
     # SmolLM / StarCoder style: every digit on its own, then GPT-2's regex.
     "smollm": _GPT2._replace(pre_tokenizer={"type": "Sequence", "pretokenizers": [
