@@ -378,3 +378,28 @@ def test_unigram_tokenizer_json_is_not_written(tmp_path):
     (tmp_path / "tokenizer.json").write_text(json.dumps({"model": {"type": "Unigram", "vocab": [["a", 0.0]]}}))
     with pytest.raises(ConversionError, match="tokenizer model 'Unigram' cannot be written"):
         _tokenizer(None, tmp_path, None)
+
+
+@pytest.mark.parametrize("name", ["llama-bpe-bf", "gemma-bpe-bf"])
+def test_spm_gguf_streams_byte_fallback_runs(name, spm_case):
+    """Generated ids decoded one at a time add up to decode() of them all,
+    with the <0xXX> runs of characters the vocabulary lacks in between."""
+    from fastllm.tokenizer.incremental import IncrementalDecoder
+    case = spm_case(name)
+    for text in spm_vocabs.SPM_EDGE_CASES + spm_strings(300)[-200:]:
+        ids = case.ours.encode(text)
+        stream = IncrementalDecoder(case.ours)
+        pieces = [stream.add(i) for i in ids] + [stream.flush()]
+        assert "".join(pieces) == case.ours.decode(ids, skip_special_tokens=True), text
+
+
+def test_spm_gguf_folder_loads_in_transformers(spm_case, tmp_path):
+    """The tokenizer files convert_gguf writes give the same ids through
+    transformers' AutoTokenizer as through HF tokenizers directly."""
+    from transformers import AutoTokenizer
+    case = spm_case("llama-bpe-bf")
+    (tmp_path / "tokenizer.json").write_text(json.dumps(case.tok_json))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(case.tok_config))
+    auto = AutoTokenizer.from_pretrained(tmp_path)
+    for text in spm_strings(500):
+        assert auto(text).input_ids == case.hf.encode(text).ids, text
