@@ -312,6 +312,10 @@ def test_spm_gguf_refusals(tmp_path):
             ("tokenizer.ggml.model", "t5", "tokenizer model 't5' is not supported")]:
         with pytest.raises(ConversionError, match=message):
             tokenizer_files(dict(md, **{key: value}), tmp_path / "m.gguf")
+    tokens = list(md["tokenizer.ggml.tokens"])
+    tokens[-1] = "x" * 1025
+    with pytest.raises(ConversionError, match="token 1999 has 1025 characters"):
+        tokenizer_files(dict(md, **{"tokenizer.ggml.tokens": tokens}), tmp_path / "m.gguf")
     types = list(md["tokenizer.ggml.token_type"])
     types[types.index(TOKEN_BYTE)] = TOKEN_NORMAL
     with pytest.raises(ConversionError, match="255 byte tokens"):
