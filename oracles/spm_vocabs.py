@@ -287,7 +287,10 @@ def _extractor(gemma):
 
 def _converted(model_path, flavor):
     """The tokenizers.Tokenizer of a classic converter."""
-    from transformers import convert_slow_tokenizer as c
+    import importlib
+
+    # transformers may have bound its name to the function of the same name.
+    c = importlib.import_module("transformers.convert_slow_tokenizer")
 
     if flavor in ("llama", "llama-nonlegacy"):
         conv = type("Converter", (c.LlamaConverter,), {"SpmExtractor": _extractor(False)})
