@@ -129,6 +129,7 @@ void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, int max_thre
     s->att = work;
     s->trace = NULL;
     s->trace_tokens = s->trace_offset = 0;
+    s->rope_long = 0;
     s->profile = NULL;
     s->lin_state = cache;
     s->key_cache = cache + c->n_layers * lin_state_floats(c);
@@ -147,6 +148,7 @@ void flm_state_copy(const FlmConfig *c, FlmState *dst, const FlmState *src, int 
         size_t at = l * layer_kv(c);
         memcpy(kv_elem(c, dst->value_cache, at), kv_elem(c, src->value_cache, at), (size_t)n * kvd * kv_size(c));
     }
+    dst->rope_long = src->rope_long;
     if (whole)
         memcpy(dst->lin_state, src->lin_state, sizeof(float) * c->n_layers * lin_state_floats(c));
 }
@@ -426,7 +428,9 @@ static void attention(const FlmConfig *c, const FlmWeights *w, const FlmLayer *L
 #pragma omp for schedule(static)
     for (int i = 0; i < T * (nh + nkv); i++) {
         int t = i / (nh + nkv), h = i % (nh + nkv), p = s->row_pos[t];
-        const float *cr = w->rope_cos + (size_t)p * half, *sr = w->rope_sin + (size_t)p * half;
+        const int long_rope = seqs[s->row_seq[t]].state->rope_long;
+        const float *cr = (long_rope ? w->rope_cos_long : w->rope_cos) + (size_t)p * half;
+        const float *sr = (long_rope ? w->rope_sin_long : w->rope_sin) + (size_t)p * half;
         if (h < nh) {
             float *qh = s->q + (size_t)t * qd + h * hd;
             if (L->q_norm) rmsnorm(qh, qh, L->q_norm, hd, c->norm_eps);

@@ -101,6 +101,9 @@ typedef struct {
     const FlmMatrix *lm_head; /* (vocab_size, dim), packed */
     const float *rope_cos;    /* (seq_len, rope_dim/2) */
     const float *rope_sin;    /* (seq_len, rope_dim/2) */
+    /* LongRoPE: the tables of a sequence longer than the original context
+     * (FlmState.rope_long chooses), or NULL. */
+    const float *rope_cos_long, *rope_sin_long;
 } FlmWeights;
 
 typedef struct {
@@ -134,6 +137,10 @@ typedef struct {
      * trace[(layer*trace_tokens + i) * dim], i = 0..n-1 (trace_tokens = n). */
     float *trace;
     int trace_tokens;
+    /* Nonzero: this sequence's keys and queries are rotated with the
+     * weights' long tables (LongRoPE; the caller sets it, and reruns the
+     * tokens held when it changes). */
+    int rope_long;
     int trace_offset;   /* set by flm_forward: tokens before this chunk */
     /* Set by each pass: for row t of the work buffers, the sequence it
      * belongs to and its position there. */

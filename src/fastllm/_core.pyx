@@ -434,9 +434,16 @@ cdef class Weights:
         cos, sin = config.rope_tables(n_ctx)
         self.w.rope_cos = <const float *>_ptr(cos, np.float32, (n_ctx, c.rope_dim // 2), "rope cos")
         self.w.rope_sin = <const float *>_ptr(sin, np.float32, (n_ctx, c.rope_dim // 2), "rope sin")
+        long_tables = config.rope_tables_long(n_ctx)
+        self.w.rope_cos_long = self.w.rope_sin_long = NULL
+        if long_tables is not None:
+            self.w.rope_cos_long = <const float *>_ptr(long_tables[0], np.float32, (n_ctx, c.rope_dim // 2),
+                                                       "rope cos (long)")
+            self.w.rope_sin_long = <const float *>_ptr(long_tables[1], np.float32, (n_ctx, c.rope_dim // 2),
+                                                       "rope sin (long)")
         # Copies of the containers: the arrays stay alive whatever the caller
         # later does with its dict and lists.
-        self._keep = (dict(weights, embed=embed, layers=[dict(d) for d in layers]), cos, sin)
+        self._keep = (dict(weights, embed=embed, layers=[dict(d) for d in layers]), cos, sin, long_tables)
 
     def __dealloc__(self):
         free(self.layers)
@@ -529,6 +536,17 @@ cdef class State:
         self._cache = _lazy_zeros(flm.flm_state_cache_floats(&weights.cfg))
         flm.flm_state_init(&self.s, &weights.cfg, max_batch, max_threads,
                            <float *>cnp.PyArray_DATA(self._work), <float *>cnp.PyArray_DATA(self._cache))
+
+    @property
+    def rope_long(self):
+        """Whether this sequence is rotated with the long LongRoPE tables."""
+        return bool(self.s.rope_long)
+
+    @rope_long.setter
+    def rope_long(self, bint value):
+        if value and self.weights.w.rope_cos_long == NULL:
+            raise ValueError("these weights have no long rope tables")
+        self.s.rope_long = value
 
     def copy_from(self, State other, int n, bint whole):
         """Hold what other holds for its first n positions (with whole, its

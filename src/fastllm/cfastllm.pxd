@@ -57,12 +57,15 @@ cdef extern from "fastllm.h" nogil:
         const FlmMatrix *lm_head
         const float *rope_cos
         const float *rope_sin
+        const float *rope_cos_long
+        const float *rope_sin_long
 
     ctypedef struct FlmState:
         int max_batch
         float *trace
         int trace_tokens
         int trace_offset
+        int rope_long
 
     ctypedef struct FlmSeq:
         FlmState *state

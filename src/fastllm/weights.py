@@ -33,13 +33,17 @@ def rope_permutation(head_dim: int, rope_dim: int) -> np.ndarray:
     return perm
 
 
+def _permuted_heads(rows: np.ndarray, perm: np.ndarray, heads: int) -> np.ndarray:
+    """rows (or vector entries) with each head's permuted by perm."""
+    return np.take(rows.reshape(heads, len(perm), *rows.shape[1:]), perm, axis=1).reshape(rows.shape)
+
+
 def _as_compute_dtype(f: SafetensorsFile, name: str, bf16: bool, perm=None, heads=None):
     """A tensor in the compute dtype, in memory of its own (never a view of
     the file), rows permuted per head if perm is given."""
     raw = f.read(name)
     if perm is not None:
-        shape = raw.shape
-        raw = np.take(raw.reshape(heads, len(perm), *shape[1:]), perm, axis=1).reshape(shape)
+        raw = _permuted_heads(raw, perm, heads)
     if bf16 and f.dtype(name) == "BF16":
         return raw
     arr = f.float32(name, raw)
@@ -123,6 +127,17 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False, mix: str | None =
         if f.shape(name) != shape:
             raise ModelFileError(f.path, f"tensor {name!r} has shape {list(f.shape(name))}, "
                                          f"config.json implies {list(shape)}")
+        if t.parts:
+            # A fused tensor: each part's rows, permuted as that part's own.
+            fused = _as_compute_dtype(f, name, bf16)
+            check_finite(fused)
+            out = {}
+            for field, rows in schema.split_rows(t, fused, cfg).items():
+                part = schema.BY_FIELD[field]
+                if part.rope:
+                    rows = _permuted_heads(rows, perm, heads[part.rope])
+                out[field] = packed(np.ascontiguousarray(rows), name.replace(t.hf, part.hf), False)
+            return out
         if t.field == "wq" and cfg.attn_output_gate:
             # q_proj holds [q_h | gate_h] for each head h: split, then permute q.
             qd, h = t.shape(cfg)
@@ -143,7 +158,7 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False, mix: str | None =
     for i in range(cfg.num_hidden_layers):
         kind = cfg.layer_kind(i)
         layer = {"kind": kind}
-        for t in schema.layer_tensors(cfg, kind):
+        for t in schema.file_tensors(cfg, kind):
             if t.field not in layer:   # w_attn_gate comes with wq
                 layer.update(get(t, schema.hf_name(t, cfg, i)))
         layers.append(layer)
