@@ -40,6 +40,8 @@ class Family:
     gguf: bool = False                   # importable from llama.cpp's GGUF (same arch name)
     gguf_qk_interleaved: bool = False    # llama.cpp stores each Q/K head's rotary halves interleaved
     gguf_head_dim: bool = True           # HF's config can say head_dim (else it must be hidden/heads)
+    gguf_longrope: bool = False          # llama.cpp's rope_factors_long/short tensors (LongRoPE),
+                                         # partial rotary and a sliding window in the metadata
     fused_qkv: bool = False              # q, k and v rows stored as one qkv_proj
     fused_gate_up: bool = False          # gate and up rows stored as one gate_up_proj
     text_config: str | None = None       # a multimodal wrapper: the family of its text model
@@ -67,7 +69,7 @@ FAMILIES = {
                       weight_prefix="model.language_model."),
     # Phi-3/3.5-mini and Phi-4-mini: LongRoPE and partial rotary come from config.json.
     "phi3": Family("Phi3ForCausalLM", fused_qkv=True, fused_gate_up=True, sliding_window=EVERY_LAYER,
-                   gguf=True),
+                   gguf=True, gguf_longrope=True),
 }
 GGUF_ARCHITECTURES = tuple(name for name, f in FAMILIES.items() if f.gguf)
 

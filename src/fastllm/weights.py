@@ -219,7 +219,8 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
     path = Path(path)
     contents = gguf_tensors.read_contents(path, string_arrays=False)   # the tokenizer is read once, elsewhere
     tensors = {t.name: t for t in contents.tensors}
-    tensors.pop("rope_freqs.weight", None)
+    for name in ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"):
+        tensors.pop(name, None)   # read into config.json by the importer
     planned = gguf_tensors.plan_tensors(tensors, gguf_tensors.tensor_shapes(contents.tensors), cfg, path)
     by_hf = {hf: g for hf, g, _ in planned}
     perm = rope_permutation(cfg.head_dim, cfg.rope_dim)
@@ -232,14 +233,27 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
         if t.rope in heads:
             if interleaved:
                 arr = gguf_tensors.unpermute(arr, heads[t.rope])
-            n = heads[t.rope]
-            arr = np.take(arr.reshape(n, len(perm), *arr.shape[1:]), perm, axis=1).reshape(arr.shape)
+            arr = _permuted_heads(arr, perm, heads[t.rope])
         elif t.rope == "head":
             arr = arr[perm]
         return np.ascontiguousarray(arr)
 
+    def get_fused(t: schema.Tensor, hf: str) -> dict:
+        """A fused tensor's parts, split on row boundaries (so on whole
+        blocks), each in the file's type."""
+        g = by_hf[hf]
+        arr, dtype = read(t, g)
+        return {field: finish(schema.BY_FIELD[field], g, rows, dtype)
+                for field, rows in schema.split_rows(t, arr, cfg).items()}
+
     def get(t: schema.Tensor, hf: str):
         g = by_hf[hf]
+        arr, dtype = read(t, g)
+        return finish(t, g, arr, dtype)
+
+    def read(t: schema.Tensor, g):
+        """The tensor's rows: of its own type where fastllm multiplies it as
+        it is, else dequantized to float32."""
         kind = getattr(g.tensor_type, "name", str(g.tensor_type))
         dtype = NATIVE_GGML_TYPES.get(kind) if t.matrix else None
         if dtype is None:
@@ -252,6 +266,10 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
             N, K = g.shape
             arr = {"f32": lambda: raw.view("<f4"), "f16": lambda: raw.view("<f2"),
                    "bf16": lambda: raw.view("<u2")}.get(dtype, lambda: raw)().reshape(N, -1)
+        return arr, dtype
+
+    def finish(t: schema.Tensor, g, arr: np.ndarray, dtype: str):
+        """Rows read by read(), checked and packed as the run loop reads them."""
         arr = rows_in_order(arr, t)
         finite = _finite_blocks(arr, dtype) if dtype not in ("f32", "f16", "bf16") else _all_finite(
             arr.astype(np.float32) if dtype == "f16" else arr)
@@ -273,8 +291,12 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
     for i in range(cfg.num_hidden_layers):
         kind = cfg.layer_kind(i)
         layer = {"kind": kind}
-        for t in schema.layer_tensors(cfg, kind):
-            layer[t.field] = get(t, schema.hf_name(t, cfg, i))
+        for t in schema.file_tensors(cfg, kind):
+            hf = schema.hf_name(t, cfg, i)
+            if t.parts:
+                layer.update(get_fused(t, hf))
+            else:
+                layer[t.field] = get(t, hf)
         layers.append(layer)
     out = {"layers": layers, "norm": get(schema.NORM, schema.hf_name(schema.NORM, cfg))}
     embed_hf = schema.hf_name(schema.EMBED, cfg)

@@ -1,0 +1,145 @@
+"""Phi-3/3.5-mini and Phi-4-mini: fused q/k/v and gate/up tensors, partial
+rotary, LongRoPE and the sliding window, against transformers in float64
+(bounds as in test_tiny_models), as HF folders and as the GGUF files
+llama.cpp's converter and quantizer wrote (tests/data/phi3-gguf/make.py).
+"""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fastllm import Model
+from fastllm.session import extend_together
+from oracles.hf_reference import compare_greedy, hf_logits, load_hf, within
+
+DATA = Path(__file__).parent / "data" / "phi3-gguf"
+KINDS = ("phi3-longrope", "phi3-swa")
+ORIGINAL = 32   # phi3-longrope's original_max_position_embeddings
+
+
+def tokens(n, vocab=256, seed=0):
+    return np.random.default_rng(seed).integers(0, vocab, n).tolist()
+
+
+def hf_greedy_recomputed(ref, ids, n_new):
+    """Greedy decoding as transformers' generate() does it for Phi-3: the
+    whole sequence computed with the factors for its length (generate drops
+    its cache when the sequence outgrows the original context)."""
+    import torch
+    ids, margins = list(ids), []
+    with torch.no_grad():
+        for _ in range(n_new):
+            logits = ref(torch.tensor([ids])).logits[0, -1].double()
+            top2 = torch.topk(logits, 2)
+            ids.append(int(top2.indices[0]))
+            margins.append(float(top2.values[0] - top2.values[1]))
+    return ids[-n_new:], margins
+
+
+def test_longrope_factors_follow_the_sequence_length(tiny_model_dir):
+    """Up to the original context the short factors rotate every position,
+    past it the long ones: a session that grows across it runs its tokens
+    again, and then holds exactly what one pass over the whole sequence
+    computes; rewound below it, the short factors come back."""
+    folder = tiny_model_dir("phi3-longrope")
+    m = Model.from_pretrained(folder, threads=2)
+    ref = load_hf(folder)
+    ids = tokens(70)
+    full = m.logits(ids)
+    short = m.logits(ids[:20])
+    assert within(full, hf_logits(ref, ids))[0] and within(short, hf_logits(ref, ids[:20]))[0]
+    # The same 20 tokens, rotated with the long factors inside the longer sequence.
+    assert np.abs(full[:20] - short).max() > 1e-2
+    s = m.new_session()
+    assert np.array_equal(s.extend(ids[:20], all_logits=True), short)
+    assert np.array_equal(s.extend(ids[20:ORIGINAL]), m.logits(ids[:ORIGINAL])[-1])  # 32 tokens still fit
+    assert np.array_equal(s.extend(ids[ORIGINAL:], all_logits=True), full[ORIGINAL:])
+    s.rewind(25)
+    assert np.array_equal(s.extend(ids[25:27]), m.logits(ids[:27])[-1])
+
+
+def test_greedy_across_the_original_context_matches_transformers(tiny_model_dir):
+    folder = tiny_model_dir("phi3-longrope")
+    prompt = tokens(20, seed=2)
+    want, margins = hf_greedy_recomputed(load_hf(folder), prompt, 24)
+    got = list(Model.from_pretrained(folder, threads=2).generate_tokens(prompt, 24, stop_token_ids=()))
+    ok, compared, diverged = compare_greedy(got, want, margins)
+    assert ok, f"token {diverged} differs with margin {margins[diverged]:.3g}"
+    assert compared > ORIGINAL - 20, f"only {compared} tokens compared: never past the original context"
+
+
+@pytest.mark.parametrize("path", ["generic", "avx2", "avx512"])
+def test_every_simd_path_matches_transformers(path, tiny_model_dir, simd_path):
+    simd_path(path)
+    for kind in KINDS:
+        folder = tiny_model_dir(kind)
+        ours = Model.from_pretrained(folder, threads=2)
+        ids = tokens(60, seed=4)
+        full = ours.logits(ids)
+        ok, err, _ = within(full, hf_logits(load_hf(folder), ids))
+        assert ok, f"{path} {kind}: max err {err:.3g}"
+        step = Model.from_pretrained(folder, threads=1).new_session()
+        for i, t in enumerate(ids[:12]):
+            assert np.array_equal(step.extend([t]), ours.logits(ids[:i + 1])[-1])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_same_bits_for_any_threads_split_or_batch(kind, tiny_model_dir):
+    folder = tiny_model_dir(kind)
+    ids = tokens(50, seed=5)
+    want = Model.from_pretrained(folder, threads=1).logits(ids)
+    assert np.array_equal(Model.from_pretrained(folder, threads=3).logits(ids), want)
+    assert np.array_equal(Model.from_pretrained(folder, threads=2, max_batch=3).logits(ids), want)
+    # A batch of a short sequence and one crossing the original context.
+    m = Model.from_pretrained(folder, threads=2)
+    a, b = m.new_session(), m.new_session()
+    a.extend(ids[:5])
+    b.extend(ids[:30])
+    out = extend_together([a, b], [ids[5:9], ids[30:40]])
+    assert np.array_equal(out[0], m.logits(ids[:9])[-1])
+    assert np.array_equal(out[1], m.logits(ids[:40])[-1])
+
+
+# ---------------------------------------------------------------- GGUF
+
+
+def gguf_config_matches(converted: Path, original: Path):
+    got, want = (json.loads((p / "config.json").read_text()) for p in (converted, original))
+    params = want["rope_parameters"]
+    assert got.get("partial_rotary_factor", 1.0) == params["partial_rotary_factor"]
+    assert got.get("sliding_window") == want.get("sliding_window")
+    if params["rope_type"] == "longrope":
+        assert got["original_max_position_embeddings"] == want["original_max_position_embeddings"]
+        assert got["rope_scaling"]["rope_type"] == "longrope"
+        for key in ("short_factor", "long_factor"):
+            assert np.allclose(got["rope_scaling"][key], params[key], rtol=1e-7)
+
+
+@pytest.mark.parametrize("name", ["longrope", "swa"])
+def test_gguf_from_the_converter_matches_transformers(name, tmp_path):
+    """Natively (fused tensors split on load) and converted to a folder."""
+    from fastllm.formats.gguf import convert_gguf
+    folder = DATA / name
+    ref = load_hf(folder)
+    gguf = DATA / f"{name}-F32.gguf"
+    converted = convert_gguf(gguf, tmp_path / name, dtype="f32", progress=False)
+    gguf_config_matches(converted, folder)
+    ids = tokens(70, vocab=2000, seed=6)
+    want = hf_logits(ref, ids)
+    for model in (Model.from_pretrained(gguf, threads=2), Model.from_pretrained(converted, threads=2)):
+        ok, err, _ = within(model.logits(ids), want)
+        assert ok, f"{name}: max err {err:.3g}"
+
+
+def test_q4_k_m_gguf_matches_its_dequantized_folder(tmp_path):
+    """Quantized fused tensors split on whole blocks: with fp32 activations
+    the file computes what transformers computes on the weights fastllm's
+    importer dequantizes."""
+    from fastllm.formats.gguf import convert_gguf
+    gguf = DATA / "wide-Q4_K_M.gguf"
+    converted = convert_gguf(gguf, tmp_path / "wide", dtype="f32", progress=False)
+    ids = tokens(40, vocab=2000, seed=7)
+    want = hf_logits(load_hf(converted), ids)
+    ok, err, _ = within(Model.from_pretrained(gguf, threads=2, activations="f32").logits(ids), want)
+    assert ok, f"max err {err:.3g}"
