@@ -143,3 +143,22 @@ def test_q4_k_m_gguf_matches_its_dequantized_folder(tmp_path):
     want = hf_logits(load_hf(converted), ids)
     ok, err, _ = within(Model.from_pretrained(gguf, threads=2, activations="f32").logits(ids), want)
     assert ok, f"max err {err:.3g}"
+
+
+@pytest.mark.parametrize("name", ["longrope", "swa"])
+def test_exported_gguf_reads_back(name, tmp_path):
+    """fastllm's own GGUF of a Phi-3 folder keeps the fused tensors, the
+    rope factors, the partial rotary and the window as llama.cpp's
+    converter writes them: read back, it computes what transformers does."""
+    import shutil
+    from fastllm.formats.gguf_writer import export_gguf
+    from oracles import spm_vocabs
+    folder = tmp_path / name
+    shutil.copytree(DATA / name, folder)
+    tokenizer = spm_vocabs.hf_folder(DATA.parent / "spm-gguf" / "llama-bpe-bf.model", tmp_path, "llama")
+    for f in tokenizer.iterdir():
+        shutil.copy(f, folder / f.name)
+    gguf = export_gguf(folder, tmp_path / f"{name}.gguf")
+    ids = tokens(70, vocab=2000, seed=8)
+    ok, err, _ = within(Model.from_pretrained(gguf, threads=2).logits(ids), hf_logits(load_hf(DATA / name), ids))
+    assert ok, f"{name}: max err {err:.3g}"
