@@ -162,3 +162,124 @@ def test_exported_gguf_reads_back(name, tmp_path):
     ids = tokens(70, vocab=2000, seed=8)
     ok, err, _ = within(Model.from_pretrained(gguf, threads=2).logits(ids), hf_logits(load_hf(DATA / name), ids))
     assert ok, f"{name}: max err {err:.3g}"
+
+
+# ---------------------------------------------------------- chat template
+
+# Phi-3-mini-4k-instruct's (as llama.cpp's template tests keep it),
+# Phi-3.5-mini-instruct's (llama.cpp's models/templates) and Phi-4-mini-
+# instruct's, whose system turn can carry tools.
+PHI3_TEMPLATES = {
+    "phi3-mini": "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') %}"
+                 "{{'<|user|>' + '\n' + message['content'] + '<|end|>' + '\n' + '<|assistant|>' + '\n'}}"
+                 "{% elif (message['role'] == 'assistant') %}{{message['content'] + '<|end|>' + '\n'}}"
+                 "{% endif %}{% endfor %}",
+    "phi3.5-mini": "{% for message in messages %}{% if message['role'] == 'system' and message['content'] %}"
+                   "{{'<|system|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}"
+                   "{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}"
+                   "{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}"
+                   "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}",
+    "phi4-mini": "{% for message in messages %}{% if message['role'] == 'system' and 'tools' in message and "
+                 "message['tools'] is not none %}{{ '<|' + message['role'] + '|>' + message['content'] + "
+                 "'<|tool|>' + message['tools'] + '<|/tool|>' + '<|end|>' }}{% else %}{{ '<|' + message['role'] "
+                 "+ '|>' + message['content'] + '<|end|>' }}{% endif %}{% endfor %}{% if add_generation_prompt %}"
+                 "{{ '<|assistant|>' }}{% else %}{{ eos_token }}{% endif %}",
+}
+PHI3_SPECIALS = ["<|endoftext|>", "<|assistant|>", "<|end|>", "<|system|>", "<|user|>", "<|tool|>", "<|/tool|>"]
+CHATS = [
+    [{"role": "user", "content": "Hello there"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
+     {"role": "assistant", "content": " 4 "}, {"role": "user", "content": "And 3+3?"}],
+    [{"role": "system", "content": ""}, {"role": "user", "content": "x"}],
+    [{"role": "system", "content": "You call tools.", "tools": '[{"name": "f"}]'}, {"role": "user", "content": "go"}],
+]
+
+
+@pytest.fixture(scope="module")
+def phi3_tokenizer_dir(tmp_path_factory):
+    from transformers import AutoTokenizer
+    from oracles import spm_vocabs
+    tmp = tmp_path_factory.mktemp("phi3-tok")
+    tok = AutoTokenizer.from_pretrained(str(spm_vocabs.hf_folder(DATA.parent / "spm-gguf" / "llama-bpe-bf.model",
+                                                                   tmp, "llama")))
+    tok.add_special_tokens({"additional_special_tokens": PHI3_SPECIALS})
+    out = tmp / "phi3"
+    tok.save_pretrained(str(out))
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(PHI3_TEMPLATES))
+@pytest.mark.parametrize("gen", [True, False])
+def test_chat_templates_render_as_transformers(name, gen, phi3_tokenizer_dir):
+    from transformers import AutoTokenizer
+    from fastllm.tokenizer import Tokenizer
+    ours, tf = Tokenizer.from_pretrained(phi3_tokenizer_dir), AutoTokenizer.from_pretrained(str(phi3_tokenizer_dir))
+    for messages in CHATS:
+        kw = dict(chat_template=PHI3_TEMPLATES[name], add_generation_prompt=gen)
+        text = ours.apply_chat_template(messages, **kw)
+        assert text == tf.apply_chat_template(messages, tokenize=False, **kw)
+        ids = ours.apply_chat_template(messages, tokenize=True, **kw)
+        assert ids == tf.apply_chat_template(messages, tokenize=True, return_dict=False, **kw)
+        assert tf.convert_tokens_to_ids("<|end|>") in ids
+
+
+# ------------------------------------------------------------- bad input
+
+PHI3_128K = dict(model_type="phi3", hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                 num_attention_heads=4, vocab_size=300, max_position_embeddings=131072,
+                 original_max_position_embeddings=4096,
+                 rope_scaling={"type": "su", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8})
+
+
+def test_config_of_phi3_128k_style():
+    """The old "su" name, the original context at the top level, and the
+    attention factor transformers derives from the two lengths."""
+    import math
+    from fastllm.config import ModelConfig
+    cfg = ModelConfig.from_dict(dict(PHI3_128K))
+    assert cfg.longrope and cfg.rope_scaling["original_max_position_embeddings"] == 4096
+    assert cfg.rope_scaling["attention_factor"] == pytest.approx(math.sqrt(1 + math.log(32) / math.log(4096)))
+    assert cfg.fused_qkv and cfg.fused_gate_up
+    cos, _ = cfg.rope_tables(3)
+    long_cos, _ = cfg.rope_tables_long(3)
+    assert cos[0, 0] == long_cos[0, 0] == np.float32(cfg.rope_scaling["attention_factor"])
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(rope_scaling={"type": "longrope", "short_factor": [1.0] * 7, "long_factor": [1.0] * 8}),
+     "'short_factor' has 7 entries"),
+    (dict(rope_scaling={"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [1.0] * 7 + [-1.0]}),
+     "'long_factor' must be a list of positive numbers"),
+    (dict(rope_scaling={"type": "longrope", "short_factor": [1.0] * 8}), "'long_factor'"),
+    (dict(original_max_position_embeddings=0), "original_max_position_embeddings"),
+    (dict(partial_rotary_factor=0.6), "partial_rotary_factor"),
+])
+def test_bad_phi3_configs_are_refused(change, message):
+    from fastllm.config import ModelConfig
+    from fastllm.errors import ModelFileError
+    with pytest.raises(ModelFileError, match=message):
+        ModelConfig.from_dict(dict(PHI3_128K, **change))
+
+
+def test_gguf_with_one_rope_factor_table_is_refused(tmp_path):
+    """A file with rope_factors_long but no rope_factors_short."""
+    import gguf as gg
+    from fastllm.formats.gguf import convert_gguf
+    from fastllm.formats.gguf_file import ConversionError
+    reader = gg.GGUFReader(str(DATA / "longrope-F32.gguf"))
+    writer = gg.GGUFWriter(str(tmp_path / "bad.gguf"), "phi3")
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        value = field.contents()
+        writer.add_key_value(field.name, value, field.types[0],
+                             sub_type=field.types[-1] if field.types[0] == gg.GGUFValueType.ARRAY else None)
+    for t in reader.tensors:
+        if t.name != "rope_factors_short.weight":
+            writer.add_tensor(t.name, np.array(t.data).reshape([int(d) for d in reversed(t.shape)]))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ConversionError, match="rope_factors_short"):
+        convert_gguf(tmp_path / "bad.gguf", tmp_path / "out", dtype="f32", progress=False)
