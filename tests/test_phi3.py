@@ -57,6 +57,13 @@ def test_longrope_factors_follow_the_sequence_length(tiny_model_dir):
     assert np.array_equal(s.extend(ids[ORIGINAL:], all_logits=True), full[ORIGINAL:])
     s.rewind(25)
     assert np.array_equal(s.extend(ids[25:27]), m.logits(ids[:27])[-1])
+    # A copied prefix keeps the factors it was computed with until a run says otherwise.
+    long = m.new_session()
+    long.extend(ids[:50])
+    s.copy_prefix(long, 40)
+    assert np.array_equal(s.extend(ids[40:45]), full[44])
+    s.copy_prefix(long, 10)
+    assert np.array_equal(s.extend(ids[10:12]), m.logits(ids[:12])[-1])
 
 
 def test_greedy_across_the_original_context_matches_transformers(tiny_model_dir):
