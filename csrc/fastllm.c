@@ -338,7 +338,7 @@ static void embed_row(float *out, const FlmWeights *w, int token, int dim) {
     }
 }
 
-/* One query head of one token against the cached keys/values 0..pos. Keys
+/* One query head of one token against its cached keys/values (up to pos). Keys
  * are stored in blocks of 16 positions, each block (head_dim, 16), so the
  * scores of 16 keys come from one multiply-add per dimension; each score is
  * the same chain over the dimensions however the blocks are grouped, so
@@ -348,25 +348,47 @@ static void softmax(float *att, int n, float scale) {
     flm_kernels->scale(att, n, 1.0f / flm_kernels->exp_sum(att, n, max));
 }
 
-static void attend(float *out, const float *q, const void *kblocks, const void *vc, int kv_type,
-                   float *att, int pos, int head_dim, int kvd, float scale) {
-    const int n = pos + 1;
-    flm_kernels->key_scores(att, q, kblocks, n, head_dim, kv_type);
-    softmax(att, n, scale);
-    flm_kernels->weighted_sum(out, att, vc, n, kvd, head_dim, kv_type);
+/* The first cached position a query at pos attends to: 0, or under a
+ * sliding window of `window` positions the keys after pos - window (the
+ * query's own key and the window - 1 before it). */
+static int first_key(int pos, int window) { return window > 0 ? imax(0, pos - window + 1) : 0; }
+
+/* Scores of keys first .. last start at first's block of 16: att[j - base]
+ * for key j, base = first rounded down to a block; those before first are
+ * computed and left unused. Each score, softmax and weighted sum depends on
+ * the query's position alone, not on which keys the call was given. */
+static int key_block(int first) { return first / 16 * 16; }
+
+static void attend(const FlmConfig *c, float *out, const float *q, void *kblocks, void *vc, float *att,
+                   int pos, int window) {
+    const int first = first_key(pos, window), base = key_block(first), n = pos + 1 - first;
+    const int hd = c->head_dim, kvd = kv_dim(c);
+    flm_kernels->key_scores(att, q, kv_elem(c, kblocks, (size_t)base * hd), pos + 1 - base, hd, c->kv_type);
+    softmax(att + first - base, n, c->attn_scale);
+    flm_kernels->weighted_sum(out, att + first - base, kv_elem(c, vc, (size_t)first * kvd), n, kvd, hd,
+                              c->kv_type);
 }
 
 /* Two queries of one head at positions pos and pos + 1 of one sequence:
- * each key and value is read once for both, and each output is what
- * attend gives it, bit for bit. */
-static void attend2(float *out0, float *out1, const float *q0, const float *q1, const void *kblocks,
-                    const void *vc, int kv_type, float *att0, float *att1, int pos, int head_dim, int kvd,
-                    float scale) {
-    const int n = pos + 1;
-    flm_kernels->key_scores2(att0, att1, q0, q1, kblocks, n + 1, head_dim, kv_type);
-    softmax(att0, n, scale);
-    softmax(att1, n + 1, scale);
-    flm_kernels->weighted_sum2(out0, out1, att0, att1, vc, n, kvd, head_dim, kv_type);
+ * each key is read once for both, and each value too while both attend
+ * from the same first key (a sliding window moves the second's on by
+ * one); each output is what attend gives it, bit for bit. */
+static void attend2(const FlmConfig *c, float *out0, float *out1, const float *q0, const float *q1,
+                    void *kblocks, void *vc, float *att0, float *att1, int pos, int window) {
+    const int first0 = first_key(pos, window), first1 = first_key(pos + 1, window), base = key_block(first0);
+    const int n0 = pos + 1 - first0, n1 = pos + 2 - first1, hd = c->head_dim, kvd = kv_dim(c);
+    float *p0 = att0 + first0 - base, *p1 = att1 + first1 - base;
+    flm_kernels->key_scores2(att0, att1, q0, q1, kv_elem(c, kblocks, (size_t)base * hd), pos + 2 - base, hd,
+                             c->kv_type);
+    softmax(p0, n0, c->attn_scale);
+    softmax(p1, n1, c->attn_scale);
+    if (first0 == first1) {
+        flm_kernels->weighted_sum2(out0, out1, p0, p1, kv_elem(c, vc, (size_t)first0 * kvd), n0, kvd, hd,
+                                   c->kv_type);
+    } else {
+        flm_kernels->weighted_sum(out0, p0, kv_elem(c, vc, (size_t)first0 * kvd), n0, kvd, hd, c->kv_type);
+        flm_kernels->weighted_sum(out1, p1, kv_elem(c, vc, (size_t)first1 * kvd), n1, kvd, hd, c->kv_type);
+    }
 }
 
 /* Store n values into the KV cache at element i (stride elements apart),
@@ -434,15 +456,14 @@ static void attention(const FlmConfig *c, const FlmWeights *w, const FlmLayer *L
         for (int t = i / nh * run; t < end;) {
             float *out = s->xb + (size_t)t * qd + h * hd;
             const float *q = s->q + (size_t)t * qd + h * hd;
-            const void *kb = kv_elem(c, KCACHE(t), kvh * head_keys), *vc = kv_elem(c, VCACHE(t), (size_t)kvh * hd);
+            void *kb = kv_elem(c, KCACHE(t), kvh * head_keys), *vc = kv_elem(c, VCACHE(t), (size_t)kvh * hd);
             /* The next row the same sequence's next position: both at once. */
             const int pair = flm_kernels->key_scores2 && t + 1 < end && s->row_seq[t + 1] == s->row_seq[t] &&
                              s->row_pos[t + 1] == s->row_pos[t] + 1;
             if (pair)
-                attend2(out, out + qd, q, q + qd, kb, vc, c->kv_type, att, att + seq_cap(c), s->row_pos[t], hd, kvd,
-                        c->attn_scale);
+                attend2(c, out, out + qd, q, q + qd, kb, vc, att, att + seq_cap(c), s->row_pos[t], L->window);
             else
-                attend(out, q, kb, vc, c->kv_type, att, s->row_pos[t], hd, kvd, c->attn_scale);
+                attend(c, out, q, kb, vc, att, s->row_pos[t], L->window);
             for (int u = t; u <= t + pair && L->w_attn_gate; u++) {
                 float *o = s->xb + (size_t)u * qd + h * hd;
                 const float *g = s->gate + (size_t)u * qd + h * hd;

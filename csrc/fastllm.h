@@ -64,6 +64,9 @@ typedef struct {
 
 typedef struct {
     int kind;             /* FLM_ATTENTION or FLM_LINEAR_ATTENTION */
+    int window;           /* attention: a query at position p sees the keys at
+                             positions > p - window (sliding window), or with
+                             0 every position up to p */
     /* attention */
     const FlmMatrix *wq;       /* (n_heads*head_dim, dim)      */
     const FlmMatrix *wk;       /* (n_kv_heads*head_dim, dim)   */

@@ -3,7 +3,7 @@
  *  - with 1 and 3 threads (bit for bit),
  *  - on every SIMD path this CPU has, against the portable path (close),
  *  - with fp32 and bf16 weights, q/k norms, biases, the attention output
- *    gate and a Gated DeltaNet layer,
+ *    gate, a Gated DeltaNet layer and sliding-window attention,
  *  - with every quantized weight type: the int8 matmul of each SIMD path
  *    against the portable one (bit for bit), the fp32-activation matmul
  *    against the fp32 matmul of the dequantized matrix (bit for bit), and
@@ -189,7 +189,13 @@ static void linear_layer(FlmLayer *L, const FlmConfig *c, int wtype) {
     L->w_out = mat(c->dim, vd, wtype, 0.3f);
 }
 
-static void test_model(int wtype, int qk_norm, int bias, int gate, int linear) {
+/* Every attention layer's window: `window` for the first, 14 more for the
+ * next (0: all see the whole context). */
+static void set_windows(FlmLayer *layers, int n_layers, int window) {
+    for (int l = 0; l < n_layers; l++) layers[l].window = window ? window + 14 * l : 0;
+}
+
+static void test_model(int wtype, int qk_norm, int bias, int gate, int linear, int window) {
     FlmConfig c = {.dim = 71, .hidden_dim = 100, .n_layers = 2, .n_heads = 6, .n_kv_heads = 2,
                    .head_dim = 20, .vocab_size = 97, .seq_len = 40, .rope_dim = 16,
                    .norm_eps = 1e-5f, .attn_scale = 1.0f / sqrtf(20.0f)};
@@ -228,6 +234,7 @@ static void test_model(int wtype, int qk_norm, int bias, int gate, int linear) {
             L->b_up = vec(c.hidden_dim, 0, 0.1f); L->b_down = vec(c.dim, 0, 0.1f);
         }
     }
+    set_windows(layers, c.n_layers, window);
     float *cosv = own(malloc((size_t)c.seq_len * c.rope_dim / 2 * 4)), *sinv = own(malloc((size_t)c.seq_len * c.rope_dim / 2 * 4));
     for (int p = 0; p < c.seq_len; p++)
         for (int i = 0; i < c.rope_dim / 2; i++) {
@@ -278,8 +285,20 @@ static void test_model(int wtype, int qk_norm, int bias, int gate, int linear) {
         int finite = 1;
         for (size_t i = 0; i < sz; i++) finite &= isfinite(full[i]);
         CHECK(finite, "%s: non-finite logits", paths[pi]);
-        printf("ok  %-11s wtype=%d qk_norm=%d bias=%d gate=%d linear=%d  (err/bound vs portable %.3f)\n",
-               paths[pi], wtype, qk_norm, bias, gate, linear, maxerr);
+        if (window) {
+            /* The window takes effect, and one wider than the context is
+             * the whole context, bit for bit. */
+            float *whole = own(malloc(sz * 4));
+            set_windows(layers, c.n_layers, 0);
+            run(&c, &w, tok, n, 64, 0, 2, whole);
+            for (int l = 0; l < c.n_layers; l++) layers[l].window = c.seq_len;
+            run(&c, &w, tok, n, 64, 0, 2, other);
+            set_windows(layers, c.n_layers, window);
+            CHECK(memcmp(whole, other, sz * 4) == 0, "%s: a window of the whole context differs from none", paths[pi]);
+            CHECK(memcmp(whole, full, sz * 4) != 0, "%s: the sliding window changes nothing", paths[pi]);
+        }
+        printf("ok  %-11s wtype=%d qk_norm=%d bias=%d gate=%d linear=%d window=%d  (err/bound vs portable %.3f)\n",
+               paths[pi], wtype, qk_norm, bias, gate, linear, window, maxerr);
         /* A 16-bit KV cache: keys and values rounded once when written, then
          * read exactly, so every run of it agrees with itself bit for bit,
          * and it stays near the fp32 cache (bf16 keeps 8 bits, f16 11; where
@@ -402,17 +421,20 @@ static void test_quant_matmul(int type) {
 int main(void) {
     printf("SIMD path of this CPU: %s\n", flm_simd_path());
     test_conversions();
-    test_model(FLM_F32, 0, 0, 0, 0);
-    test_model(FLM_F32, 1, 1, 0, 0);
-    test_model(FLM_BF16, 0, 1, 0, 0);
-    test_model(FLM_BF16, 1, 0, 0, 0);
-    test_model(FLM_F32, 1, 0, 1, 1);   /* Qwen3.5: gated attention beside a Gated DeltaNet layer */
-    test_model(FLM_BF16, 1, 0, 1, 1);
+    test_model(FLM_F32, 0, 0, 0, 0, 0);
+    test_model(FLM_F32, 1, 1, 0, 0, 0);
+    test_model(FLM_BF16, 0, 1, 0, 0, 0);
+    test_model(FLM_BF16, 1, 0, 0, 0, 0);
+    test_model(FLM_F32, 1, 0, 1, 1, 0);   /* Qwen3.5: gated attention beside a Gated DeltaNet layer */
+    test_model(FLM_BF16, 1, 0, 1, 1, 0);
+    test_model(FLM_F32, 0, 0, 0, 0, 5);   /* sliding windows of 5 and 19 positions */
+    test_model(FLM_BF16, 1, 1, 0, 0, 5);
+    test_model(FLM_F32, 1, 0, 1, 1, 5);   /* beside a Gated DeltaNet layer: 19 */
     for (int type = FLM_F16; type < FLM_TYPES; type++) test_quant_matmul(type);
-    test_model(FLM_Q4_0, 1, 1, 0, 0);
-    test_model(FLM_Q4_K, 0, 0, 0, 0);
-    test_model(FLM_Q6_K, 1, 0, 1, 1);
-    test_model(FLM_Q8_0, 0, 0, 0, 0);
+    test_model(FLM_Q4_0, 1, 1, 0, 0, 0);
+    test_model(FLM_Q4_K, 0, 0, 0, 0, 0);
+    test_model(FLM_Q6_K, 1, 0, 1, 1, 0);
+    test_model(FLM_Q8_0, 0, 0, 0, 0, 5);
     printf(failures ? "%d failed\n" : "all passed\n", failures);
     return failures != 0;
 }

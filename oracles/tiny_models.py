@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 # Each shape exercises a different corner: GQA ratios, odd head counts,
-# explicit head_dim, tied and untied heads, biases, q/k norms, rope scaling.
+# explicit head_dim, tied and untied heads, biases, q/k norms, rope scaling,
+# sliding windows.
 SHAPES = {
     "llama-gqa": dict(model_type="llama", hidden_size=64, intermediate_size=160, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, vocab_size=300,
@@ -44,6 +45,22 @@ SHAPES = {
     "qwen3-untied": dict(model_type="qwen3", hidden_size=48, intermediate_size=96, num_hidden_layers=2,
                          num_attention_heads=6, num_key_value_heads=3, head_dim=16, vocab_size=211,
                          tie_word_embeddings=False),
+    # Sliding-window attention, the window far shorter than the prompts: 5
+    # positions, and 19 (a window that starts inside a block of 16 keys).
+    "mistral-swa": dict(model_type="mistral", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, vocab_size=300, sliding_window=5,
+                        tie_word_embeddings=False),
+    "mistral-headdim": dict(model_type="mistral", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=1, head_dim=24, vocab_size=256,
+                            sliding_window=19, tie_word_embeddings=True),
+    # Qwen2/Qwen3 slide only from max_window_layers on.
+    "qwen2-swa": dict(model_type="qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, vocab_size=300, use_sliding_window=True,
+                      sliding_window=6, max_window_layers=1, tie_word_embeddings=False),
+    "qwen3-swa": dict(model_type="qwen3", hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=256,
+                      use_sliding_window=True, sliding_window=17, max_window_layers=1,
+                      tie_word_embeddings=True),
     # Qwen3.5: Gated DeltaNet layers mixed with gated full attention. Hv != Hk
     # and dk != dv catch a wrong head sharing or a transposed state.
     "qwen3_5-text": dict(model_type="qwen3_5_text", vocab_size=256, hidden_size=64, intermediate_size=96,
@@ -137,3 +154,20 @@ def make_tiny_model(kind: str, folder, seed: int = 0, init_scale: float = 0.2,
     folder = Path(folder)
     model.save_pretrained(folder, safe_serialization=True)
     return folder
+
+
+def with_config(folder, out, **changes) -> Path:
+    """A copy of the checkpoint in folder at out, its config.json changed
+    (a value of None deletes the key)."""
+    import json
+    import shutil
+    out = Path(out)
+    shutil.copytree(folder, out)
+    cfg = json.loads((out / "config.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            cfg.pop(key, None)
+        else:
+            cfg[key] = value
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out

@@ -14,6 +14,7 @@ from fastllm import Model, ResourceLimitWarning, SamplingParams
 from fastllm import _core
 from fastllm.config import ModelConfig
 from fastllm.errors import ModelFileError
+from oracles import tiny_models
 
 ROOT_TINY = Path(__file__).parent / "data" / "tiny-llama"
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
@@ -236,16 +237,7 @@ def test_threads_are_capped_at_the_cpus_available(tiny_model_dir):
 
 def with_config(tiny_model_dir, tmp_path, kind="llama-gqa", **changes):
     """A copy of a tiny model whose config.json has changes (None deletes a key)."""
-    folder = tmp_path / "model"
-    shutil.copytree(tiny_model_dir(kind), folder)
-    cfg = json.loads((folder / "config.json").read_text())
-    for key, value in changes.items():
-        if value is None:
-            cfg.pop(key, None)
-        else:
-            cfg[key] = value
-    (folder / "config.json").write_text(json.dumps(cfg))
-    return folder
+    return tiny_models.with_config(tiny_model_dir(kind), tmp_path / "model", **changes)
 
 
 BAD_CONFIGS = [

@@ -30,7 +30,7 @@ cnp.import_array()
 from fastllm cimport cfastllm as flm
 from fastllm import schema
 
-# FlmLayer is kind, then one pointer per schema.LAYER tensor, in that order.
+# FlmLayer is kind and window, then one pointer per schema.LAYER tensor, in that order.
 cdef flm.FlmLayer _probe
 cdef size_t _FIRST = <size_t>(<char *>&_probe.wq - <char *>&_probe)
 if (sizeof(flm.FlmLayer) - _FIRST) // sizeof(void *) != len(schema.LAYER):
@@ -413,6 +413,7 @@ cdef class Weights:
             if kind not in (schema.ATTENTION, schema.LINEAR):
                 raise ValueError(f"layer {i}: unknown kind {kind!r}")
             self.layers[i].kind = flm.FLM_LINEAR_ATTENTION if kind == schema.LINEAR else flm.FLM_ATTENTION
+            self.layers[i].window = config.attention_window(i)
             expected = {t.field: t for t in schema.layer_tensors(config, kind)}
             missing, unknown = sorted(expected.keys() - d.keys()), sorted(d.keys() - expected.keys() - {"kind"})
             if missing or unknown:

@@ -43,10 +43,11 @@ cdef extern from "fastllm.h" nogil:
         const void *data
         int type
 
-    # The pointer fields follow kind in the order of fastllm.schema.LAYER;
+    # The pointer fields follow kind and window in the order of fastllm.schema.LAYER;
     # _core sets them by index from wq on.
     ctypedef struct FlmLayer:
         int kind
+        int window
         const void *wq
 
     ctypedef struct FlmWeights:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ModelFileError
-from .families import FAMILIES, Family, family
+from .families import EVERY_LAYER, FAMILIES, USE_SLIDING_WINDOW, Family, family
 from .files import read_bounded
 
 CONFIG_LIMIT = 4 << 20   # bytes; a config.json is a few kilobytes
@@ -79,6 +79,41 @@ def check_rope_scaling(scaling, path):
             raise ModelFileError(path, "rope_scaling low_freq_factor and high_freq_factor must differ")
 
 
+def sliding_layers(raw: dict, fam: Family, n_layers: int, path) -> tuple:
+    """(sliding_window, layer_types) of the layers that attend through a
+    sliding window, read from config.json as transformers reads it for the
+    family; (None, None) when every layer sees the whole context."""
+    if fam.sliding_window is None:
+        return None, None
+    window, types = raw.get("sliding_window"), None
+    if fam.sliding_window == USE_SLIDING_WINDOW:
+        use = raw.get("use_sliding_window")
+        if use is not None and not isinstance(use, bool):
+            raise ModelFileError(path, f"use_sliding_window must be true or false, got {use!r}")
+        types = raw.get("layer_types")
+        if types is not None and (not isinstance(types, list) or len(types) != n_layers
+                                  or any(t not in ("full_attention", "sliding_attention") for t in types)):
+            raise ModelFileError(path, "layer_types must list 'full_attention' or 'sliding_attention' "
+                                       f"for each of the {n_layers} layers")
+        if not use:
+            window = None
+    if window is None:
+        if types and "sliding_attention" in types:
+            raise ModelFileError(path, "layer_types names sliding_attention layers, but no sliding_window "
+                                       "is in use (use_sliding_window must be true, sliding_window a size)")
+        return None, None
+    if not _positive_int(window):
+        raise ModelFileError(path, f"sliding_window must be a positive integer or null, got {window!r}")
+    if fam.sliding_window == EVERY_LAYER:
+        return window, ["sliding_attention"] * n_layers
+    if types is None:
+        first = raw.get("max_window_layers", 28)
+        if not isinstance(first, int) or isinstance(first, bool) or first < 0:
+            raise ModelFileError(path, f"max_window_layers must be a non-negative integer, got {first!r}")
+        types = ["sliding_attention" if i >= first else "full_attention" for i in range(n_layers)]
+    return window, types
+
+
 @dataclass
 class ModelConfig:
     model_type: str
@@ -102,8 +137,10 @@ class ModelConfig:
     qk_norm: bool = False
     bos_token_id: int | None = None
     eos_token_id: list = field(default_factory=list)
-    # Qwen3.5: Gated DeltaNet layers mixed with gated full attention.
+    # Qwen3.5: Gated DeltaNet layers mixed with gated full attention; or
+    # layers of sliding-window attention ("sliding_attention") beside full ones.
     layer_types: list | None = None
+    sliding_window: int | None = None   # positions a sliding layer sees, its own included
     linear_num_key_heads: int = 0
     linear_num_value_heads: int = 0
     linear_key_head_dim: int = 0
@@ -123,6 +160,13 @@ class ModelConfig:
         if self.layer_types is None:
             return "attention"
         return "linear_attention" if self.layer_types[i] == "linear_attention" else "attention"
+
+    def attention_window(self, i: int) -> int:
+        """Positions layer i's attention sees (a query the keys after its
+        position - window), or 0 for the whole context."""
+        if self.sliding_window and self.layer_types and self.layer_types[i] == "sliding_attention":
+            return self.sliding_window
+        return 0
 
     @property
     def rope_dim(self) -> int:
@@ -215,6 +259,9 @@ class ModelConfig:
                 raise ModelFileError(path, "linear_num_value_heads must be a multiple of "
                                            "linear_num_key_heads")
 
+        sliding_window, sliding_types = sliding_layers(raw, fam, need("num_hidden_layers"), path)
+        layer_types = layer_types or sliding_types
+
         eos = raw.get("eos_token_id")
         eos = [] if eos is None else list(eos) if isinstance(eos, list) else [eos]
         if not all(_token_id(i) for i in eos):
@@ -260,6 +307,7 @@ class ModelConfig:
             bos_token_id=bos,
             eos_token_id=eos,
             layer_types=layer_types,
+            sliding_window=sliding_window,
             norm_plus_one=fam.norm_plus_one,
             attn_output_gate=fam.attn_output_gate,
             weight_prefix=prefix,

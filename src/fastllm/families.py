@@ -10,7 +10,14 @@ from dataclasses import dataclass, field
 
 from .errors import ModelFileError
 
-SLIDING = "sliding-window attention is not supported (fastllm attends to the whole context)"
+# model_types of mixture-of-experts models, refused by name until fastllm runs them.
+MIXTURE_OF_EXPERTS = ("mixtral", "qwen2_moe", "qwen3_moe", "qwen3_5_moe", "qwen3_5_moe_text")
+MIXTURE_OF_EXPERTS_REFUSAL = "mixture-of-experts models are not supported yet"
+
+# Which layers attend through a sliding window (Family.sliding_window).
+EVERY_LAYER = "every_layer"            # all of them, when config.json's sliding_window is set (Mistral)
+USE_SLIDING_WINDOW = "use_sliding_window"  # only with use_sliding_window: the layers layer_types
+                                           # names, or from max_window_layers on (Qwen2, Qwen3)
 
 
 @dataclass(frozen=True)
@@ -26,6 +33,8 @@ class Family:
     attn_output_gate: bool = False       # q_proj also yields a sigmoid gate on the attention output
     linear_attention: bool = False       # Gated DeltaNet layers, as config.json's layer_types say
     partial_rotary_factor: float = 1.0   # when config.json gives none
+    sliding_window: str | None = None    # EVERY_LAYER, USE_SLIDING_WINDOW, or None: every layer sees
+                                         # the whole context
     refuse: dict = field(default_factory=dict)   # config.json key that must not be true: why
     untie_with_head: bool = False        # an lm_head the file carries is used even when tied
     gguf: bool = False                   # importable from llama.cpp's GGUF (same arch name)
@@ -43,10 +52,12 @@ class Family:
 FAMILIES = {
     "llama": Family("LlamaForCausalLM", attention_bias="attention_bias", o_bias="attention_bias",
                     mlp_bias="mlp_bias", gguf=True, gguf_qk_interleaved=True),
-    "qwen2": Family("Qwen2ForCausalLM", attention_bias=True, refuse={"use_sliding_window": SLIDING},
+    # llama.cpp's GGUF of a Mistral is arch llama, without the sliding window.
+    "mistral": Family("MistralForCausalLM", sliding_window=EVERY_LAYER),
+    "qwen2": Family("Qwen2ForCausalLM", attention_bias=True, sliding_window=USE_SLIDING_WINDOW,
                     gguf=True, gguf_head_dim=False),
     "qwen3": Family("Qwen3ForCausalLM", attention_bias="attention_bias", o_bias="attention_bias",
-                    qk_norm=True, refuse={"use_sliding_window": SLIDING}, gguf=True),
+                    qk_norm=True, sliding_window=USE_SLIDING_WINDOW, gguf=True),
     "qwen3_5_text": Family("Qwen3_5ForCausalLM", qk_norm=True, norm_plus_one=True, attn_output_gate=True,
                            linear_attention=True, partial_rotary_factor=0.25, untie_with_head=True,
                            refuse={"attention_bias": "biases are not supported for qwen3_5_text"}),
@@ -58,6 +69,8 @@ GGUF_ARCHITECTURES = tuple(name for name, f in FAMILIES.items() if f.gguf)
 
 def family(model_type, path=None) -> Family:
     """The family of a model_type, or a ModelFileError naming the file."""
+    if model_type in MIXTURE_OF_EXPERTS:
+        raise ModelFileError(path, f"model_type {model_type!r}: {MIXTURE_OF_EXPERTS_REFUSAL}")
     if not isinstance(model_type, str) or model_type not in FAMILIES:
         raise ModelFileError(path, f"model_type {model_type!r} is not supported "
                                    f"(supported: {', '.join(FAMILIES)})")

@@ -1,0 +1,164 @@
+"""Sliding-window attention (Mistral, Qwen2/Qwen3's use_sliding_window)
+against transformers, and its results however a prompt is split or batched.
+
+Windows are far shorter than the prompts (5, 6, 17 and 19 positions against
+40 to 70 tokens), so most queries see only part of what came before. The
+bounds are those of test_tiny_models.py (oracles/hf_reference.py).
+"""
+import numpy as np
+import pytest
+
+from fastllm import Model
+from fastllm.errors import ModelFileError
+from fastllm.session import extend_together
+from oracles.hf_reference import compare_greedy, hf_greedy, hf_logits, load_hf, within
+from oracles.tiny_models import with_config
+
+KINDS = ["mistral-swa", "mistral-headdim", "qwen2-swa", "qwen3-swa"]
+WINDOWS = {"mistral-swa": [5, 5], "mistral-headdim": [19, 19], "qwen2-swa": [0, 6, 6], "qwen3-swa": [0, 17]}
+
+
+def prompt(vocab, n, seed=0):
+    return np.random.default_rng(seed).integers(0, vocab, n).tolist()
+
+
+def edited(folder, tmp_path, **changes):
+    """A copy of a checkpoint whose config.json has changes (None deletes a key)."""
+    return with_config(folder, tmp_path / f"edited-{len(list(tmp_path.iterdir()))}", **changes)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_layers_slide_as_transformers_says(kind, tiny_model_dir):
+    config = Model.from_pretrained(tiny_model_dir(kind)).config
+    assert [config.attention_window(i) for i in range(config.num_hidden_layers)] == WINDOWS[kind]
+
+
+@pytest.mark.parametrize("path", ["generic", "avx2", "avx512"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_logits_and_greedy_match_transformers_past_the_window(kind, path, tiny_model_dir, simd_path, tmp_path):
+    simd_path(path)
+    folder = tiny_model_dir(kind)
+    ours = Model.from_pretrained(folder, threads=2)
+    ids = prompt(ours.config.vocab_size, 40, seed=1)
+    got = ours.logits(ids)
+    ok, err, ratio = within(got, hf_logits(load_hf(folder), ids))
+    assert ok, f"{path} {kind}: max |err| {err:.3g} exceeds the bound"
+    # The same model attending to the whole context is far outside the
+    # bound: the window is what the comparison checks.
+    whole = load_hf(edited(folder, tmp_path, sliding_window=None, use_sliding_window=False, layer_types=None))
+    assert not within(got, hf_logits(whole, ids))[0], f"{kind}: the window changes nothing"
+
+    want, margins = hf_greedy(load_hf(folder), ids[:7], 40)
+    tokens = list(ours.generate_tokens(ids[:7], 40, stop_token_ids=()))
+    same, compared, diverged = compare_greedy(tokens, want, margins)
+    assert same, f"{path} {kind}: token {diverged} differs with margin {margins[diverged]:.3g}"
+    assert compared > max(WINDOWS[kind]), f"{kind}: only {compared} tokens compared, within the window"
+    print(f"{path} {kind}: err/bound {ratio:.3f}, {compared} greedy tokens, "
+          f"smallest margin {min(margins[:compared]):.3g}")
+
+
+@pytest.mark.parametrize("kv_dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("path", ["generic", "avx2", "avx512"])
+@pytest.mark.parametrize("kind", ["mistral-swa", "qwen2-swa", "mistral-headdim"])
+def test_split_or_batched_prompts_give_the_same_bits(kind, path, kv_dtype, tiny_model_dir, simd_path):
+    """Whole, in chunks of the work buffers, in uneven calls, token by token,
+    and beside other sequences in one pass: the same logits, bit for bit."""
+    simd_path(path)
+    folder = tiny_model_dir(kind)
+    load = dict(threads=2, kv_dtype=kv_dtype)
+    model = Model.from_pretrained(folder, **load)
+    ids = prompt(model.config.vocab_size, 45, seed=2)
+    whole = model.logits(ids)
+
+    chunked = Model.from_pretrained(folder, max_batch=3, **load)
+    assert np.array_equal(chunked.logits(ids), whole), "chunks of 3"
+    session = model.new_session()
+    parts = [session.extend(ids[a:b], all_logits=True) for a, b in ((0, 4), (4, 5), (5, 23), (23, 45))]
+    assert np.array_equal(np.concatenate(parts), whole), "uneven calls"
+    step = Model.from_pretrained(folder, max_batch=1, **{**load, "threads": 1}).new_session()
+    for i, t in enumerate(ids):
+        assert np.array_equal(step.step(t), whole[i]), f"token by token: position {i}"
+
+    # Three sequences at different positions in one pass (a prompt's
+    # chunk, one decoded token, a long extension), each as when alone.
+    vocab = model.config.vocab_size
+    runs = [(ids[:20], ids[20:33]), (prompt(vocab, 9, seed=3), [7]), (prompt(vocab, 12, seed=4), prompt(vocab, 18))]
+    sessions = [model.new_session() for _ in runs]
+    for session, (before, _) in zip(sessions, runs):
+        session.extend(before)
+    together = extend_together(sessions, [after for _, after in runs])
+    assert np.array_equal(together[0], whole[32]), "in a batch"
+    for (before, after), got in zip(runs, together):
+        alone = model.new_session()
+        alone.extend(before)
+        assert np.array_equal(got, alone.extend(after)), "in a batch, at another position"
+
+
+@pytest.mark.parametrize("kind", ["mistral-swa", "qwen2-swa"])
+def test_batched_generation_equals_each_prompt_alone(kind, tiny_model_dir):
+    """The server's continuous batching (BatchEngine): prompts of different
+    lengths, some longer than the window, decoded together."""
+    model = Model.from_pretrained(tiny_model_dir(kind), threads=2)
+    prompts = [prompt(model.config.vocab_size, n, seed=n) for n in (3, 17, 40)]
+    together = model.generate_tokens_batch(prompts, 24, stop_token_ids=())
+    for p, got in zip(prompts, together):
+        assert got == list(model.generate_tokens(p, 24, stop_token_ids=()))
+
+
+def test_max_window_layers_sets_the_sliding_layers_without_layer_types(tiny_model_dir, tmp_path):
+    """Configs written before transformers saved layer_types (Qwen2.5's own)
+    say it with max_window_layers: the layers from there on slide."""
+    folder = tiny_model_dir("qwen2-swa")
+    ids = prompt(300, 40, seed=4)
+    want = Model.from_pretrained(folder).logits(ids)
+    bare = edited(folder, tmp_path, layer_types=None)
+    model = Model.from_pretrained(bare)
+    assert [model.config.attention_window(i) for i in range(3)] == [0, 6, 6]
+    assert np.array_equal(model.logits(ids), want)
+    # The default of transformers' Qwen2Config: 28, past these three layers.
+    config = Model.from_pretrained(edited(bare, tmp_path, max_window_layers=None)).config
+    assert [config.attention_window(i) for i in range(3)] == [0, 0, 0]
+
+
+@pytest.mark.parametrize("changes", [
+    dict(use_sliding_window=False, layer_types=["full_attention"] * 3),   # as transformers saves it
+    dict(use_sliding_window=False, layer_types=None),    # Qwen2.5's own configs: a window, switched off
+    dict(use_sliding_window=None, layer_types=None),
+])
+def test_qwen_windows_need_use_sliding_window(changes, tiny_model_dir, tmp_path):
+    config = Model.from_pretrained(edited(tiny_model_dir("qwen2-swa"), tmp_path, **changes)).config
+    assert [config.attention_window(i) for i in range(3)] == [0, 0, 0]
+
+
+def test_mistral_without_a_window_attends_to_everything(tiny_model_dir, tmp_path):
+    """Mistral 7B v0.2 and later: sliding_window null."""
+    folder = edited(tiny_model_dir("mistral-swa"), tmp_path, sliding_window=None)
+    ours = Model.from_pretrained(folder, threads=2)
+    assert [ours.config.attention_window(i) for i in range(2)] == [0, 0]
+    ids = prompt(300, 40, seed=5)
+    ok, err, _ = within(ours.logits(ids), hf_logits(load_hf(folder), ids))
+    assert ok, f"max err {err:.3g}"
+
+
+@pytest.mark.parametrize("kind, changes, message", [
+    ("mistral-swa", dict(sliding_window=0), "sliding_window must be a positive integer or null"),
+    ("mistral-swa", dict(sliding_window="4096"), "sliding_window must be a positive integer"),
+    ("qwen2-swa", dict(sliding_window=-3), "sliding_window must be a positive integer"),
+    ("qwen2-swa", dict(use_sliding_window="yes"), "use_sliding_window must be true or false"),
+    ("qwen2-swa", dict(layer_types=["sliding_attention"] * 2), "layer_types must list"),
+    ("qwen2-swa", dict(layer_types=["full_attention", "local", "full_attention"]), "layer_types must list"),
+    ("qwen3-swa", dict(use_sliding_window=False), "no sliding_window is in use"),
+    ("qwen2-swa", dict(layer_types=None, max_window_layers=-1), "max_window_layers must be"),
+    ("qwen2-swa", dict(layer_types=None, max_window_layers=1.5), "max_window_layers must be"),
+])
+def test_bad_window_settings_are_refused(kind, changes, message, tiny_model_dir, tmp_path):
+    with pytest.raises(ModelFileError, match=message):
+        Model.from_pretrained(edited(tiny_model_dir(kind), tmp_path, **changes))
+
+
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen2_moe", "qwen3_moe"])
+def test_mixture_of_experts_is_refused_clearly(model_type, tiny_model_dir, tmp_path):
+    folder = edited(tiny_model_dir("mistral-swa"), tmp_path, model_type=model_type,
+                    architectures=["MixtralForCausalLM"], num_local_experts=8, num_experts_per_tok=2)
+    with pytest.raises(ModelFileError, match="mixture-of-experts models are not supported yet"):
+        Model.from_pretrained(folder)
