@@ -5,8 +5,9 @@ pre-tokenizer name stands for.
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from .gguf_file import ConversionError, require
 
@@ -17,46 +18,93 @@ _GPT2_BYTELEVEL_PRE = {"type": "ByteLevel", "add_prefix_space": False, "trim_off
 _GPT2_BYTELEVEL_POST = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True}
 _GPT2_BYTELEVEL_DECODER = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
 _PLAIN_BYTELEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+_SPLIT_BYTELEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
 
-_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+# The split regexes as the families' own tokenizer.json files spell them.
+# llama.cpp runs its own adaptations of these (see PRE_TOKENIZERS below).
+_CONTRACTIONS = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)"
+_QWEN2_SPLIT = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+_QWEN35_SPLIT = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+                 r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_LLAMA3_SPLIT = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Tekken and o200k: a word is an optional upper-case run then a lower-case
+# run (or an upper-case run alone), so "CamelCase" splits at the capitals.
+_UPPER, _LOWER = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]", r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
+_TEKKEN_SPLIT = (rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*"
+                 r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_GPT4O_SPLIT = (rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+{_CONTRACTIONS}?"
+                rf"|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*{_CONTRACTIONS}?"
+                r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
 def _split(regex: str) -> dict:
     return {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False}
 
 
-# tokenizer.ggml.pre -> the pipeline of the HF tokenizer.json it came from:
-# (normalizer, pre_tokenizer, post_processor, decoder, ignore_merges)
+class PreTokenizer(NamedTuple):
+    """The HF pipeline a tokenizer.ggml.pre name stands for."""
+    normalizer: Optional[dict]
+    pre_tokenizer: Optional[dict]
+    post_processor: Optional[dict]
+    decoder: dict
+    ignore_merges: bool
+    # What llama.cpp assumes when the file has no tokenizer.ggml.add_bos_token.
+    add_bos: bool = False
+
+
+_GPT2 = PreTokenizer(None, _GPT2_BYTELEVEL_PRE, _GPT2_BYTELEVEL_POST, _GPT2_BYTELEVEL_DECODER, False)
+_QWEN2 = PreTokenizer({"type": "NFC"}, {"type": "Sequence", "pretokenizers": [_split(_QWEN2_SPLIT), _PLAIN_BYTELEVEL]},
+                      _PLAIN_BYTELEVEL, _PLAIN_BYTELEVEL, False)
+_LLAMA3 = PreTokenizer(None, {"type": "Sequence", "pretokenizers": [_split(_LLAMA3_SPLIT), _SPLIT_BYTELEVEL]},
+                       _GPT2_BYTELEVEL_POST, _GPT2_BYTELEVEL_DECODER, True, add_bos=True)
+
+
+def _tiktoken_style(regex: str, ignore_merges: bool, add_bos: bool = False) -> PreTokenizer:
+    # The pipeline transformers' tiktoken converter writes (Mistral's tekken
+    # files and Xenova's gpt-4o file have this shape).
+    return PreTokenizer(None, {"type": "Sequence", "pretokenizers": [_split(regex), _SPLIT_BYTELEVEL]},
+                        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+                        _GPT2_BYTELEVEL_DECODER, ignore_merges, add_bos)
+
+
+# tokenizer.ggml.pre -> the pipeline of the HF tokenizer.json that llama.cpp's
+# converter gives that name (convert_hf_to_gguf_update.py lists the source
+# repositories). ignore_merges and the add_bos default are what llama.cpp's
+# vocabulary code sets for the name. Where the HF file normalizes (NFC for
+# Qwen and OLMo) the normalizer is kept, as transformers runs it; llama.cpp
+# does not normalize.
 PRE_TOKENIZERS = {
     # SmolLM / StarCoder style: every digit on its own, then GPT-2's regex.
-    "smollm": (
-        None,
-        {"type": "Sequence", "pretokenizers": [
-            {"type": "Digits", "individual_digits": True}, _GPT2_BYTELEVEL_PRE]},
-        _GPT2_BYTELEVEL_POST, _GPT2_BYTELEVEL_DECODER, False,
-    ),
-    "gpt2": (None, _GPT2_BYTELEVEL_PRE, _GPT2_BYTELEVEL_POST, _GPT2_BYTELEVEL_DECODER, False),
+    "smollm": _GPT2._replace(pre_tokenizer={"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": True}, _GPT2_BYTELEVEL_PRE]}),
+    "gpt-2": _GPT2,
     # llama.cpp's own "default" splits differently, but a file that says
     # "default" names no HF pipeline; GPT-2's is what transformers uses too.
-    "default": (None, _GPT2_BYTELEVEL_PRE, _GPT2_BYTELEVEL_POST, _GPT2_BYTELEVEL_DECODER, False),
-    "qwen2": (
-        {"type": "NFC"},
-        {"type": "Sequence", "pretokenizers": [_split(_QWEN2_SPLIT), _PLAIN_BYTELEVEL]},
-        _PLAIN_BYTELEVEL, _PLAIN_BYTELEVEL, False,
-    ),
-    "llama-bpe": (
-        None,
-        {"type": "Sequence", "pretokenizers": [
-            _split(_LLAMA3_SPLIT),
-            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
-        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
-        _GPT2_BYTELEVEL_DECODER, True,
-    ),
+    "default": _GPT2,
+    # OLMo 1.x: GPT-NeoX's tokenizer, GPT-2's regex after NFC.
+    "olmo": _GPT2._replace(normalizer={"type": "NFC"}),
+    "qwen2": _QWEN2,
+    # A qwen2 vocabulary with DeepSeek's special tokens.
+    "deepseek-r1-qwen": _QWEN2,
+    # Qwen3.5 keeps combining marks with their letters.
+    "qwen35": _QWEN2._replace(pre_tokenizer={"type": "Sequence", "pretokenizers": [
+        _split(_QWEN35_SPLIT), _PLAIN_BYTELEVEL]}),
+    "llama-bpe": _LLAMA3,
+    # Falcon 3 has Llama 3's pipeline.
+    "falcon3": _LLAMA3,
+    # Smaug (a Llama 3 fine-tune) ships a tokenizer.json without ignore_merges.
+    "smaug-bpe": _LLAMA3._replace(ignore_merges=False, add_bos=False),
+    # Mistral Nemo, Ministral, Pixtral's text model.
+    "tekken": _tiktoken_style(_TEKKEN_SPLIT, ignore_merges=True, add_bos=True),
+    # o200k (Phi-4).
+    "gpt-4o": _tiktoken_style(_GPT4O_SPLIT, ignore_merges=False),
 }
+# Names llama.cpp treats as spellings of the same pipeline ("gpt2" is what
+# older fastllm writers wrote for "gpt-2").
 PRE_TOKENIZERS["llama3"] = PRE_TOKENIZERS["llama-v3"] = PRE_TOKENIZERS["llama-bpe"]
+PRE_TOKENIZERS["gpt2"] = PRE_TOKENIZERS["gpt-2"]
 
 SUPPORTED_PRE_TOKENIZERS = tuple(sorted(PRE_TOKENIZERS))
 
@@ -86,43 +134,112 @@ def _template_post_processor(bos: Optional[str], bos_id, eos: Optional[str], eos
     return {"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": specials}
 
 
-def tokenizer_files(md: dict, path: Path) -> tuple:
-    model = md.get("tokenizer.ggml.model")
-    if model is None:
-        raise ConversionError(path, "the GGUF file has no tokenizer (tokenizer.ggml.model missing)")
-    if model != "gpt2":
-        raise ConversionError(
-            path, f"tokenizer model {model!r} is not supported; only byte-level BPE ('gpt2') is")
+def _byte_level_bpe(md: dict, path: Path, vocab: dict) -> tuple:
+    """(pipeline, model) of a tokenizer.ggml.model "gpt2" vocabulary."""
     pre = md.get("tokenizer.ggml.pre") or "default"
     if pre not in PRE_TOKENIZERS:
         raise ConversionError(
             path, f"pre-tokenizer {pre!r} is not supported (supported: {', '.join(SUPPORTED_PRE_TOKENIZERS)})")
-    normalizer, pre_tok, post, decoder, ignore_merges = PRE_TOKENIZERS[pre]
+    pipeline = PRE_TOKENIZERS[pre]
+    merge_pairs = []
+    # A vocabulary of single bytes and specials has no merges, and a
+    # writer may then leave the key out.
+    for m in md.get("tokenizer.ggml.merges") or []:
+        parts = m.split(" ")
+        if len(parts) != 2:
+            raise ConversionError(path, f"malformed merge {m!r}")
+        merge_pairs.append(parts)
+    model = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+             "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+             "ignore_merges": pipeline.ignore_merges, "vocab": vocab, "merges": merge_pairs}
+    return pipeline, model
+
+
+def _spm_pipeline(add_space_prefix: bool) -> PreTokenizer:
+    """The legacy Llama 2 / Mistral / TinyLlama tokenizer.json pipeline
+    (Gemma's without the space prefix). Its normalizer prepends "▁" to every
+    stretch of text between added tokens, as llama.cpp prefixes a space to
+    every fragment after a special token."""
+    spaces = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
+    decoders = [{"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+                {"type": "ByteFallback"}, {"type": "Fuse"}]
+    if not add_space_prefix:
+        return PreTokenizer(spaces, None, None, {"type": "Sequence", "decoders": decoders}, False, add_bos=True)
+    return PreTokenizer(
+        {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u2581"}, spaces]}, None, None,
+        {"type": "Sequence", "decoders": decoders + [{"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+        False, add_bos=True)
+
+
+def merges_by_score(tokens: list, scores: list) -> list:
+    """BPE merges that replay llama.cpp's SentencePiece tokenizer: it joins
+    the adjacent pair whose concatenation is the vocabulary token of highest
+    score (leftmost first on a tie), so every split of a token into two
+    tokens is a merge, ranked by the joined token's score. Equal scores of
+    different tokens are ranked by id, where llama.cpp would go by position;
+    SentencePiece BPE vocabularies give every piece its own score."""
+    ids = {}
+    for i, tok in enumerate(tokens):
+        ids[tok] = i
+    ranked = []
+    for i, tok in enumerate(tokens):
+        if ids[tok] != i:
+            continue
+        for cut in range(1, len(tok)):
+            left, right = tok[:cut], tok[cut:]
+            if left in ids and right in ids:
+                ranked.append((-scores[i], i, cut, left, right))
+    ranked.sort(key=lambda r: r[:3])
+    return [[left, right] for _, _, _, left, right in ranked]
+
+
+def _sentencepiece_bpe(md: dict, path: Path, vocab: dict, tokens: list, types: list, unk: Optional[str]) -> tuple:
+    """(pipeline, model) of a tokenizer.ggml.model "llama" vocabulary: an HF
+    BPE with merges from the scores, and byte fallback where the vocabulary
+    has <0xXX> tokens."""
+    scores = require(md, "tokenizer.ggml.scores", path)
+    if not isinstance(scores, list) or not all(type(x) in (int, float) and math.isfinite(x) for x in scores):
+        raise ConversionError(path, "'tokenizer.ggml.scores' should be a list of finite numbers")
+    if len(scores) != len(tokens):
+        raise ConversionError(path, f"{len(tokens)} tokens but {len(scores)} scores")
+    add_space_prefix = md.get("tokenizer.ggml.add_space_prefix", True)
+    if not isinstance(add_space_prefix, bool):
+        raise ConversionError(path, "'tokenizer.ggml.add_space_prefix' should be bool")
+    byte_tokens = {tokens[i] for i, t in enumerate(types) if t == TOKEN_BYTE}
+    byte_fallback = bool(byte_tokens)
+    if byte_fallback and byte_tokens != {f"<0x{b:02X}>" for b in range(256)}:
+        raise ConversionError(path, f"the vocabulary has {len(byte_tokens)} byte tokens, not <0x00>..<0xFF>")
+    pipeline = _spm_pipeline(add_space_prefix)
+    model = {"type": "BPE", "dropout": None, "unk_token": unk, "continuing_subword_prefix": None,
+             "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": byte_fallback,
+             "ignore_merges": False, "vocab": vocab, "merges": merges_by_score(tokens, scores)}
+    return pipeline, model
+
+
+def tokenizer_files(md: dict, path: Path) -> tuple:
+    kind = md.get("tokenizer.ggml.model")
+    if kind is None:
+        raise ConversionError(path, "the GGUF file has no tokenizer (tokenizer.ggml.model missing)")
+    if kind not in ("gpt2", "llama"):
+        raise ConversionError(
+            path, f"tokenizer model {kind!r} is not supported; only byte-level BPE ('gpt2') "
+                  f"and SentencePiece ('llama') are")
 
     tokens = require(md, "tokenizer.ggml.tokens", path)
     types = md.get("tokenizer.ggml.token_type") or [TOKEN_NORMAL] * len(tokens)
     if len(types) != len(tokens):
         raise ConversionError(path, f"{len(tokens)} tokens but {len(types)} token types")
-    # A vocabulary of single bytes and specials has no merges, and a
-    # writer may then leave the key out.
-    merges = md.get("tokenizer.ggml.merges") or []
 
     vocab = {}
     for i, tok in enumerate(tokens):
         # llama.cpp resolves duplicate spellings to the last id; a JSON
         # object can only hold one of them anyway.
         vocab[tok] = i
+    # The tokens llama.cpp cuts out of the text before tokenizing the rest.
     added = []
     for i, (tok, ttype) in enumerate(zip(tokens, types)):
-        if ttype in (TOKEN_CONTROL, TOKEN_USER_DEFINED) and vocab.get(tok) == i:
-            added.append(_added_token(i, tok, ttype == TOKEN_CONTROL))
-
-    merge_pairs = []
-    for m in merges:
-        parts = m.split(" ")
-        if len(parts) != 2:
-            raise ConversionError(path, f"malformed merge {m!r}")
-        merge_pairs.append(parts)
+        if ttype in (TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNKNOWN) and vocab.get(tok) == i:
+            added.append(_added_token(i, tok, ttype != TOKEN_USER_DEFINED))
 
     def tok_str(key: str) -> Optional[str]:
         v = md.get(f"tokenizer.ggml.{key}")
@@ -134,37 +251,36 @@ def tokenizer_files(md: dict, path: Path) -> tuple:
 
     bos, eos = tok_str("bos_token_id"), tok_str("eos_token_id")
     unk, pad = tok_str("unknown_token_id"), tok_str("padding_token_id")
-    add_bos = bool(md.get("tokenizer.ggml.add_bos_token", False))
+    if kind == "gpt2":
+        pipeline, model = _byte_level_bpe(md, path, vocab)
+    else:
+        if unk is None:
+            unk = next((tokens[i] for i, t in enumerate(types) if t == TOKEN_UNKNOWN), None)
+        pipeline, model = _sentencepiece_bpe(md, path, vocab, tokens, types, unk)
+
+    # Without the key llama.cpp goes by the pre-tokenizer's default, which
+    # needs a bos token to mean anything.
+    add_bos = bool(md.get("tokenizer.ggml.add_bos_token", pipeline.add_bos and bos is not None))
     add_eos = bool(md.get("tokenizer.ggml.add_eos_token", False))
     if (add_bos and bos is None) or (add_eos and eos is None):
         raise ConversionError(path, "add_bos/add_eos is set but the token id is missing")
+    post = pipeline.post_processor
     if add_bos or add_eos:
         template = _template_post_processor(
             bos if add_bos else None, md.get("tokenizer.ggml.bos_token_id"),
             eos if add_eos else None, md.get("tokenizer.ggml.eos_token_id"))
-        post = {"type": "Sequence", "processors": [post, template]}
+        post = template if post is None else {"type": "Sequence", "processors": [post, template]}
 
     tokenizer_json = {
         "version": "1.0",
         "truncation": None,
         "padding": None,
         "added_tokens": added,
-        "normalizer": normalizer,
-        "pre_tokenizer": pre_tok,
+        "normalizer": pipeline.normalizer,
+        "pre_tokenizer": pipeline.pre_tokenizer,
         "post_processor": post,
-        "decoder": decoder,
-        "model": {
-            "type": "BPE",
-            "dropout": None,
-            "unk_token": None,
-            "continuing_subword_prefix": None,
-            "end_of_word_suffix": None,
-            "fuse_unk": False,
-            "byte_fallback": False,
-            "ignore_merges": ignore_merges,
-            "vocab": vocab,
-            "merges": merge_pairs,
-        },
+        "decoder": pipeline.decoder,
+        "model": model,
     }
 
     arch = md.get("general.architecture")

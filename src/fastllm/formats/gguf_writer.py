@@ -35,9 +35,11 @@ __all__ = ["export_gguf", "permute", "MIXES"]
 PathLike = Union[str, "os.PathLike[str]"]
 MIXES = tuple(quants.MIXES)
 
-# Canonical llama.cpp name of each HF pre-tokenizer pipeline that the
-# importer knows, in the order ties are broken (gpt2 over its "default" alias).
-_PRE_NAMES = ("smollm", "gpt2", "qwen2", "llama-bpe")
+# The llama.cpp name written for each HF pre-tokenizer pipeline the importer
+# knows, in the order ties are broken: several names share one pipeline
+# (deepseek-r1-qwen is qwen2's, falcon3 is llama-bpe's), and the first is the
+# family's own.
+_PRE_NAMES = ("smollm", "gpt-2", "olmo", "qwen2", "qwen35", "llama-bpe", "smaug-bpe", "tekken", "gpt-4o")
 _MAX_TOKENIZER_JSON = 1 << 30
 
 
@@ -124,6 +126,16 @@ def _chat_template(folder: Path, tok_config: dict):
     return tok_config.get("chat_template")
 
 
+def _tokenization_only(spec):
+    """spec without the settings that change offsets but never ids
+    (ByteLevel's trim_offsets), so equal pipelines compare equal."""
+    if isinstance(spec, dict):
+        return {k: _tokenization_only(v) for k, v in spec.items() if k != "trim_offsets"}
+    if isinstance(spec, (list, tuple)):
+        return [_tokenization_only(v) for v in spec]
+    return spec
+
+
 def _tokenizer(w, folder: Path, cfg: ModelConfig) -> None:
     tj_path = folder / "tokenizer.json"
     if not tj_path.is_file():
@@ -135,8 +147,9 @@ def _tokenizer(w, folder: Path, cfg: ModelConfig) -> None:
     if model.get("type") != "BPE":
         raise ConversionError(tj_path, f"tokenizer model {model.get('type')!r} cannot be written; "
                                        f"only byte-level BPE is supported")
-    pipeline = (tok.get("normalizer"), tok.get("pre_tokenizer"))
-    pre = next((n for n in _PRE_NAMES if PRE_TOKENIZERS[n][:2] == pipeline), None)
+    pipeline = _tokenization_only((tok.get("normalizer"), tok.get("pre_tokenizer"), bool(model.get("ignore_merges"))))
+    pre = next((n for n in _PRE_NAMES if _tokenization_only(PRE_TOKENIZERS[n][:2] + (PRE_TOKENIZERS[n].ignore_merges,))
+                == pipeline), None)
     if pre is None:
         raise ConversionError(tj_path, "the pre-tokenizer matches none llama.cpp knows by name "
                                        f"({', '.join(_PRE_NAMES)})")
