@@ -172,14 +172,19 @@ def strings(n=20000, seed=0) -> list[str]:
 # Training
 # --------------------------------------------------------------------------
 
-def _name(kind, byte_fallback, vocab_size, style):
-    return f"{style}-{kind}{'-bf' if byte_fallback else ''}-{vocab_size}-v{FORMAT_VERSION}"
+def _name(kind, byte_fallback, vocab_size, style, options):
+    name = f"{style}-{kind}{'-bf' if byte_fallback else ''}-{vocab_size}-v{FORMAT_VERSION}"
+    if options:
+        name += "-" + hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:8]
+    return name
 
 
-def train(kind="bpe", byte_fallback=True, vocab_size=DEFAULT_VOCAB_SIZE, out_dir=".", style="llama") -> Path:
+def train(kind="bpe", byte_fallback=True, vocab_size=DEFAULT_VOCAB_SIZE, out_dir=".", style="llama",
+          **options) -> Path:
     """Path to a SentencePiece .model trained on training_text() (made once
     per out_dir and settings). kind: "bpe" or "unigram"; style: a key of
-    STYLES."""
+    STYLES; options: further SentencePieceTrainer options, which override
+    the style's (e.g. normalization_rule_name="nfkc_cf")."""
     import sentencepiece as spm
 
     if kind not in KINDS:
@@ -188,7 +193,7 @@ def train(kind="bpe", byte_fallback=True, vocab_size=DEFAULT_VOCAB_SIZE, out_dir
         raise ValueError(f"style must be one of {tuple(STYLES)}, got {style!r}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    name = _name(kind, byte_fallback, vocab_size, style)
+    name = _name(kind, byte_fallback, vocab_size, style, options)
     path = out_dir / f"{name}.model"
     if path.exists():
         return path
@@ -196,7 +201,7 @@ def train(kind="bpe", byte_fallback=True, vocab_size=DEFAULT_VOCAB_SIZE, out_dir
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(training_text()), model_prefix=str(tmp), model_type=kind,
         vocab_size=vocab_size, byte_fallback=byte_fallback, character_coverage=0.9995,
-        max_sentence_length=1 << 16, num_threads=1, minloglevel=2, **STYLES[style])
+        max_sentence_length=1 << 16, num_threads=1, minloglevel=2, **{**STYLES[style], **options})
     os.replace(f"{tmp}.model", path)
     os.remove(f"{tmp}.vocab")
     return path
@@ -319,8 +324,7 @@ def hf_folder(model_path, out_dir, flavor="llama") -> Path:
 
 
 def _save(model_path, flavor, folder):
-    from transformers import LlamaTokenizer
-    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    from transformers import LlamaTokenizer, PreTrainedTokenizerFast
 
     proto = model_proto(model_path)
     specials = _special_tokens(proto)
@@ -329,14 +333,18 @@ def _save(model_path, flavor, folder):
         specials["add_bos_token"] = True
     else:
         specials["add_eos_token"] = True
-    if flavor == "llama-hf5":
-        tok = LlamaTokenizer.from_pretrained(str(folder), **specials)
-    elif flavor == "spm":
-        tok = TokenizersBackend.from_pretrained(str(folder), **specials)
+    if flavor in ("llama-hf5", "spm"):
+        # transformers 5 builds these from the .model alone; PreTrainedTokenizerFast
+        # is its TokenizersBackend, which follows the .model's normalizer spec.
+        cls = LlamaTokenizer if flavor == "llama-hf5" else PreTrainedTokenizerFast
+        tok = cls.from_pretrained(str(folder), **specials)
+        if not getattr(tok, "is_fast", False):
+            raise RuntimeError(f"the {flavor!r} flavor needs transformers 5, which builds a tokenizer.json "
+                               "from a .model alone")
     else:
         # The classic converters were run by PreTrainedTokenizerFast on a
-        # slow tokenizer; the backend takes the converted tokenizer as is.
-        tok = TokenizersBackend(tokenizer_object=_converted(model_path, flavor), **specials)
+        # slow tokenizer; it takes the converted tokenizer as is.
+        tok = PreTrainedTokenizerFast(tokenizer_object=_converted(model_path, flavor), **specials)
     tok.save_pretrained(str(folder))
     spec = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
     if not spec.get("model"):

@@ -1,14 +1,20 @@
-"""Tokenizer for HuggingFace ``tokenizer.json`` files (BPE models).
+"""Tokenizer for HuggingFace ``tokenizer.json`` files (BPE and Unigram models).
 
 This reimplements the encode/decode pipeline of the HuggingFace ``tokenizers``
-library (added tokens -> normalizer -> pre-tokenizer -> BPE model ->
+library (added tokens -> normalizer -> pre-tokenizer -> model ->
 post-processor, and the decoder chain) so that token ids match it exactly.
-Each stage has its module (added_tokens, normalizers, pre_tokenizers, bpe,
-post_processors, decoders; incremental streams decode); this one loads the
-files and runs the stages.
-Only components that appear in BPE tokenizer files are implemented; any other
-component is refused with an error naming it, because an approximation would
-silently produce different ids.
+Each stage has its module (added_tokens, normalizers with precompiled,
+pre_tokenizers, the models bpe and unigram, post_processors, decoders;
+incremental streams decode); this one loads the files and runs the stages.
+
+Both families of files in use are covered: byte-level BPE (GPT-2, Llama 3,
+Qwen, SmolLM) and SentencePiece-style vocabularies converted by
+transformers (Llama 2, Mistral, TinyLlama, Gemma, Phi-3, T5): BPE with
+``byte_fallback`` and ``<0xXX>`` tokens, the Unigram model, the Precompiled
+normalizer of SentencePiece's own rules, Metaspace with every
+``prepend_scheme``, and the Replace/ByteFallback/Fuse/Strip/Metaspace
+decoders.  Any other component is refused with an error naming it, because
+an approximation would silently produce different ids.
 
 Usage::
 
@@ -21,13 +27,15 @@ Usage::
         print(stream.add(i), end="")
     print(stream.flush())
 
-Hot paths: pre-tokens are cached (raw piece -> ids), and merging runs in the
-Cython module ``_bpe`` (for byte-level models directly on UTF-8 bytes).
+Hot paths: pre-tokens are cached (raw piece -> ids), and BPE merging runs in
+the Cython module ``_bpe`` (for byte-level models directly on UTF-8 bytes).
+The Unigram search is Python over a dictionary of piece prefixes.
 
 Known limits of exactness:
 
-* Character classes (``\\p{L}``, ``\\s`` ...) come from the ``regex`` package
-  and ``unicodedata``, whose Unicode versions differ from the Rust crates used
+* Character classes (``\\p{L}``, ``\\s`` ...) and grapheme clusters (which
+  the Precompiled normalizer works on) come from the ``regex`` package and
+  ``unicodedata``, whose Unicode versions differ from the Rust crates used
   by ``tokenizers``.  Text that contains characters assigned only in the newest
   Unicode versions may tokenize differently.
 * Offsets are not tracked (only ids are produced), except for the one place
@@ -53,6 +61,7 @@ from .chars import byte_level
 from .chars import bytes_to_unicode as _bytes_to_unicode  # noqa: F401  (tests import it from here)
 from .errors import TokenizerError, UnsupportedTokenizerError
 from .incremental import IncrementalDecoder
+from .unigram import Unigram
 
 __all__ = ["Tokenizer", "TokenizerError", "UnsupportedTokenizerError", "IncrementalDecoder"]
 
@@ -134,6 +143,16 @@ def _check_text(text, what="text"):
             "(decode the source bytes with errors='replace' or fix the string)") from None
 
 
+def _build_model(d, where):
+    kind = d.get("type", "BPE")
+    if kind == "Unigram":
+        return Unigram(d, where)
+    if kind == "BPE":
+        return BPE(d, where)
+    raise UnsupportedTokenizerError(
+        f"{where}: model type {kind!r} is not supported; fastllm implements BPE and Unigram models")
+
+
 def _normalizers(norm):
     yield norm
     for item in getattr(norm, "items", ()):
@@ -150,7 +169,7 @@ def _max_chars_per_token(tok):
 
 
 class Tokenizer:
-    """A BPE tokenizer loaded from a HuggingFace ``tokenizer.json``.
+    """A tokenizer loaded from a HuggingFace ``tokenizer.json``.
 
     Encoding and decoding give the same ids and text as the ``tokenizers``
     library on the same file; ``from_pretrained`` also applies what
@@ -181,7 +200,7 @@ class Tokenizer:
             raise UnsupportedTokenizerError(f"{where}: unknown tokenizer.json version {version!r}")
         if "model" not in spec or not isinstance(spec["model"], dict):
             raise TokenizerError(f"{where}: no 'model' section")
-        self.model = BPE(spec["model"], f"{where}: model")
+        self.model = _build_model(spec["model"], f"{where}: model")
         self.normalizer = normalizers.build(spec.get("normalizer"), f"{where}: normalizer")
         steps = pre_tokenizers.build(spec.get("pre_tokenizer"), f"{where}: pre_tokenizer")
         self.post_processor = post_processors.build(spec.get("post_processor"), f"{where}: post_processor")

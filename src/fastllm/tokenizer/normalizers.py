@@ -156,11 +156,14 @@ def build(d, where="normalizer"):
         return Strip(bool(d.get("strip_left", True)), bool(d.get("strip_right", True)))
     if t == "Replace":
         return Replace(d["pattern"], need_str(d["content"], where, "content"), where)
+    if t == "Precompiled":
+        from .precompiled import Precompiled   # it builds on this module
+        return Precompiled(d.get("precompiled_charsmap"), where)
     if t == "Sequence":
         items = [build(x, f"{where}.normalizers[{i}]")
                  for i, x in enumerate(d.get("normalizers", []))]
         return Sequence([x for x in items if x is not None])
     raise UnsupportedTokenizerError(f"{where}: normalizer type {t!r} is not supported "
                                     "(supported: NFC, NFD, NFKC, NFKD, Lowercase, Replace, "
-                                    "Prepend, Strip, Sequence)")
+                                    "Prepend, Strip, Precompiled, Sequence)")
 
