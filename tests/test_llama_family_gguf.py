@@ -232,6 +232,25 @@ def test_chat_templates_render_as_transformers(family):
     assert rendered >= 4
 
 
+def test_mistral_v03_template_with_tools_renders_as_transformers():
+    from transformers import AutoTokenizer
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    messages = [{"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "tool_calls": [{"id": "abcdefghi", "type": "function", "function": {
+                    "name": "get_weather", "arguments": {"city": "Paris"}}}]},
+                {"role": "tool", "tool_call_id": "abcdefghi", "content": "sunny"},
+                {"role": "assistant", "content": "It is sunny."},
+                {"role": "user", "content": "And tomorrow?"}]
+    want = AutoTokenizer.from_pretrained(DATA / "mistral-v0.3").apply_chat_template(
+        messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    assert "[AVAILABLE_TOOLS]" in want and "[TOOL_CALLS]" in want and "[TOOL_RESULTS]" in want
+    from_gguf = Model.from_pretrained(gguf_path("mistral-v0.3"), threads=1).tokenizer
+    for ours in (from_gguf, Tokenizer.from_pretrained(DATA / "mistral-v0.3")):
+        assert ours.apply_chat_template(messages, tools=tools, add_generation_prompt=True) == want
+
+
 # --------------------------------------------------------------------------
 # Mixtral: refused until mixture-of-experts lands
 # --------------------------------------------------------------------------

@@ -186,7 +186,16 @@ def vocabulary(controls, work: Path) -> Path:
     settings = dict(spm_vocabs.VOCABS["llama-bpe-bf"][0])
     if controls:
         settings["control_symbols"] = list(controls)
-    return spm_vocabs.train(vocab_size=VOCAB_SIZE, out_dir=work, **settings)
+    trained = spm_vocabs.train(vocab_size=VOCAB_SIZE, out_dir=work, **settings)
+    # The .model records the temporary path it was trained under; a fixed
+    # name instead keeps the file the same from one run to the next.
+    from sentencepiece import sentencepiece_model_pb2
+    proto = sentencepiece_model_pb2.ModelProto.FromString(trained.read_bytes())
+    proto.trainer_spec.model_prefix = trained.stem
+    stable = work / "stable" / trained.name
+    stable.parent.mkdir(exist_ok=True)
+    stable.write_bytes(proto.SerializeToString())
+    return stable
 
 
 def model_folder(name: str, shape: dict, folder: Path, seed: int) -> None:
