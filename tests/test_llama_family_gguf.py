@@ -133,6 +133,40 @@ def test_mistral_v01_gguf_attends_to_everything_as_llama_cpp_does(tmp_path):
     assert within(folder.logits(ids), windowed)[0]
 
 
+def with_keys(src, dst, **keys):
+    """A copy of the GGUF file src at dst with uint32 keys added."""
+    import gguf
+    reader = gguf.GGUFReader(str(src))
+    writer = gguf.GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub_type)
+    for key, value in keys.items():
+        writer.add_uint32(key, value)
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, tensor.data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
+
+
+def test_a_sliding_window_key_in_a_llama_file_changes_nothing(tmp_path):
+    """Other tools may write llama.attention.sliding_window into a llama
+    file. llama.cpp's llama architecture never reads it (llama-perplexity
+    gives such a file the PPL of the same file without the key), and
+    fastllm attends to everything there as well."""
+    path = with_keys(gguf_path("mistral-v0.1"), tmp_path / "with-window.gguf",
+                     **{"llama.attention.sliding_window": 12})
+    ours = Model.from_pretrained(path, threads=2)
+    assert [ours.config.attention_window(i) for i in range(2)] == [0, 0]
+    ids = prompt(40, seed=5)
+    assert np.array_equal(ours.logits(ids), Model.from_pretrained(gguf_path("mistral-v0.1"), threads=2).logits(ids))
+
+
 @pytest.mark.parametrize("name", QUANTIZED)
 def test_quantized_gguf_matches_transformers_on_the_dequantized_folder(name, tmp_path):
     folder = convert_gguf(gguf_path(name), tmp_path / "dequantized", dtype="f32", progress=False)
