@@ -2,13 +2,16 @@
 against transformers, and its results however a prompt is split or batched.
 
 Windows are far shorter than the prompts (5, 6, 17 and 19 positions against
-40 to 70 tokens), so most queries see only part of what came before. The
+40 and 45 tokens), so most queries see only part of what came before. The
 bounds are those of test_tiny_models.py (oracles/hf_reference.py).
 """
+import re
+
 import numpy as np
 import pytest
 
 from fastllm import Model
+from fastllm.cli import main
 from fastllm.errors import ModelFileError
 from fastllm.session import extend_together
 from oracles.hf_reference import compare_greedy, hf_greedy, hf_logits, load_hf, within
@@ -28,9 +31,14 @@ def edited(folder, tmp_path, **changes):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_layers_slide_as_transformers_says(kind, tiny_model_dir):
+def test_layers_slide_as_transformers_says(kind, tiny_model_dir, capsys):
     config = Model.from_pretrained(tiny_model_dir(kind)).config
-    assert [config.attention_window(i) for i in range(config.num_hidden_layers)] == WINDOWS[kind]
+    windows = WINDOWS[kind]
+    assert [config.attention_window(i) for i in range(config.num_hidden_layers)] == windows
+    assert main(["info", "--model", str(tiny_model_dir(kind)), "--threads", "1"]) == 0
+    sliding = sum(w > 0 for w in windows)
+    shown = f"sliding window +{max(windows)} positions, in {sliding} of {len(windows)} layers\n"
+    assert re.search(shown, capsys.readouterr().out)
 
 
 @pytest.mark.parametrize("path", ["generic", "avx2", "avx512"])

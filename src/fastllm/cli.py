@@ -704,6 +704,8 @@ def cmd_info(args) -> int:
         ("rope_scaling", c.rope_scaling),
         ("tie_word_embeddings", c.tie_word_embeddings),
         ("context (n_ctx)", f"{model.n_ctx} (max_position_embeddings {c.max_position_embeddings})"),
+        *([("sliding window", f"{c.sliding_window} positions, in {sliding} of {c.num_hidden_layers} layers")]
+          if (sliding := sum(c.attention_window(i) > 0 for i in range(c.num_hidden_layers))) else []),
         ("weights in memory", f"{weight_bytes / 2**20:.1f} MiB ({types})"),
         ("KV cache at full context", f"{kv_bytes / 2**20:.1f} MiB ({model.kv_dtype})"),
         ("threads", model.threads),
