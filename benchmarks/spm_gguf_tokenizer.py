@@ -58,7 +58,7 @@ def llama_library(path):
     return lib
 
 
-def llama_tokenizer(lib, path):
+def llama_tokenizer(lib, path, add_special=True):
     params = lib.llama_model_default_params()
     params.vocab_only = True
     model = lib.llama_model_load_from_file(str(path).encode(), params)
@@ -69,7 +69,7 @@ def llama_tokenizer(lib, path):
     def encode(text):
         data = text.encode("utf-8")
         buf = (ctypes.c_int32 * (len(data) + 8))()
-        n = lib.llama_tokenize(vocab, data, len(data), buf, len(buf), True, True)
+        n = lib.llama_tokenize(vocab, data, len(data), buf, len(buf), add_special, True)
         if n < 0:
             raise RuntimeError(f"llama_tokenize failed on {text!r}")
         return list(buf[:n])

