@@ -23,7 +23,9 @@ families that use these vocabularies do:
 
 * "llama": Llama 2 / Mistral / TinyLlama: identity normalization, a dummy
   prefix, whitespace kept as is, digits split, <unk> <s> </s> at 0 1 2.
-* "gemma": as "llama" but no dummy prefix; <pad> <eos> <bos> <unk> at 0 1 2 3.
+* "gemma": as "llama" but no dummy prefix; <pad> <eos> <bos> <unk> at 0 1 2 3,
+  then user-defined pieces (turn markers, HTML tags, whitespace runs), which
+  sentencepiece emits whole wherever they occur.
 * "t5": T5 / ALBERT-style Unigram: NFKC-based "nmt_nfkc" rules (a
   precompiled charsmap in the .model), extra whitespace removed, a dummy
   prefix; <pad> </s> <unk> at 0 1 2 and no <s>.
@@ -62,7 +64,7 @@ import shutil
 from pathlib import Path
 
 # Bump when training or conversion changes, so stale caches are rebuilt.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 KINDS = ("bpe", "unigram")
 
@@ -72,7 +74,9 @@ STYLES = {
                   unk_id=0, bos_id=1, eos_id=2, pad_id=-1),
     "gemma": dict(normalization_rule_name="identity", add_dummy_prefix=False, remove_extra_whitespaces=False,
                   split_digits=True, allow_whitespace_only_pieces=True,
-                  pad_id=0, eos_id=1, bos_id=2, unk_id=3, eos_piece="<eos>", bos_piece="<bos>"),
+                  pad_id=0, eos_id=1, bos_id=2, unk_id=3, eos_piece="<eos>", bos_piece="<bos>",
+                  user_defined_symbols=["<start_of_turn>", "<end_of_turn>", "<h1>", "</h1>", "\t\t", "\n\n",
+                                        "\u2581\u2581"]),
     "t5": dict(normalization_rule_name="nmt_nfkc", add_dummy_prefix=True, remove_extra_whitespaces=True,
                split_digits=False, allow_whitespace_only_pieces=False,
                pad_id=0, eos_id=1, unk_id=2, bos_id=-1),
@@ -128,13 +132,14 @@ SPM_EDGE_CASES = [
     "\ud55c\uad6d\uc5b4", "caf\u00e9", "cafe\u0301", "\uff21\uff22\uff23", "\ufb01", "\u2460", "\u00bd",
     "x\u00a0y", "\u3000x", "x\u3000\u3000y", "\u200b", "x\u200by", "\ufeffx",
     "<s>", "</s>", "<unk>", "<pad>", "a<s>b", " <s> ", "<s></s>", "<0x41>", "<0xFF>", "<0x41><0x42>",
+    "<start_of_turn>user\nhi<end_of_turn>\n", " <h1>x</h1> ", "a\t\t\tb", "\n\n\n", "x  y", "<h1><h1>",
 ] + list(UNKNOWN_CHARS) + [" " + c for c in UNKNOWN_CHARS] + ["ab" + c + "cd" for c in UNKNOWN_CHARS] + [
     UNKNOWN_CHARS, UNKNOWN_CHARS[:5] * 3]
 
 _SPM_ATOMS = [" ", "  ", "   ", "    ", "\n", "\n\n", " \n", "\n ", "\t", "\r\n", "\u2581", "\u3000",
               "\u00a0", "0", "12", "345", "2024", "3.5", "\U0001f600", "\U0001f44d\U0001f3fd",
               "\u4e2d", "\u6587\u5b57", "\u65e5\u672c", "\ud55c", "\u00e9", "e\u0301", "\uff21",
-              "\ufb01", "<s>", "</s>", "<unk>", "<0x41>"]
+              "\ufb01", "<s>", "</s>", "<unk>", "<0x41>", "<start_of_turn>", "<end_of_turn>", "<h1>", "</h1>"]
 
 
 def spm_random_strings(n, seed=0):
@@ -202,6 +207,11 @@ def train(kind="bpe", byte_fallback=True, vocab_size=DEFAULT_VOCAB_SIZE, out_dir
         sentence_iterator=iter(training_text()), model_prefix=str(tmp), model_type=kind,
         vocab_size=vocab_size, byte_fallback=byte_fallback, character_coverage=0.9995,
         max_sentence_length=1 << 16, num_threads=1, minloglevel=2, **{**STYLES[style], **options})
+    # The trainer writes its output path into the .model; naming it alone
+    # makes the file the same wherever and whenever it is trained.
+    proto = model_proto(f"{tmp}.model")
+    proto.trainer_spec.model_prefix = name
+    Path(f"{tmp}.model").write_bytes(proto.SerializeToString())
     os.replace(f"{tmp}.model", path)
     os.remove(f"{tmp}.vocab")
     return path

@@ -66,6 +66,7 @@ from .unigram import Unigram
 __all__ = ["Tokenizer", "TokenizerError", "UnsupportedTokenizerError", "IncrementalDecoder"]
 
 _CACHE_LIMIT = 200_000   # pre-tokens whose ids are cached
+_CACHED_PIECE_CHARS = 256   # longer pre-tokens are encoded afresh each time
 
 _NAMED_SPECIALS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
                    "mask_token")
@@ -331,6 +332,10 @@ class Tokenizer:
             raise ModelFileError(folder, "tokenizer folder not found")
         tj = os.path.join(folder, "tokenizer.json")
         if not os.path.exists(tj):
+            if os.path.exists(os.path.join(folder, "tokenizer.model")):
+                raise ModelFileError(tj, "tokenizer.json not found: fastllm reads the HuggingFace tokenizer.json, "
+                                         "not SentencePiece's tokenizer.model; transformers writes one with "
+                                         "AutoTokenizer.from_pretrained(folder).save_pretrained(folder)")
             raise ModelFileError(tj, "tokenizer.json not found (fastllm needs the HuggingFace "
                                      "tokenizer.json file; vocab.json/merges.txt alone are not supported)")
         tok = cls.from_file(tj)
@@ -548,7 +553,24 @@ class Tokenizer:
     def _encode_run(self, run, miss):
         segs = run if self._need_z else [s for s, _ in run]
         pieces = self._pre_tokenize(segs)
-        return _bpe.encode_pieces(pieces, self._cache, miss, _CACHE_LIMIT)
+        if not pieces or max(map(len, pieces)) <= _CACHED_PIECE_CHARS:
+            return _bpe.encode_pieces(pieces, self._cache, miss, _CACHE_LIMIT)
+        # Without a splitting pre-tokenizer (SentencePiece-style files) a
+        # piece is a whole text: such pieces rarely repeat, and caching them
+        # would hold every prompt.
+        ids = []
+        short = []
+        for p in pieces:
+            if len(p) <= _CACHED_PIECE_CHARS:
+                short.append(p)
+                continue
+            if short:
+                ids.extend(_bpe.encode_pieces(short, self._cache, miss, _CACHE_LIMIT))
+                short = []
+            ids.extend(miss(p))
+        if short:
+            ids.extend(_bpe.encode_pieces(short, self._cache, miss, _CACHE_LIMIT))
+        return ids
 
     def _post(self, ids, add_special_tokens):
         t = self._truncation

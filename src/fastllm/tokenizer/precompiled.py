@@ -88,16 +88,18 @@ class Precompiled(_Rewrite):
         except UnicodeDecodeError:
             raise TokenizerError(f"{self.where}: precompiled_charsmap points inside a character") from None
 
-    def _cluster(self, g):
+    def _replacements(self, g):
+        """(replacement, characters replaced) pairs that make up grapheme
+        cluster g's normalized text."""
         if len(g.encode("utf-8")) < 6:
             t = self.transform(g)
             if t is not None:
-                return t
+                return [(t, len(g))]
         out = []
         for c in g:
             t = self.transform(c)
-            out.append(c if t is None else t)
-        return "".join(out)
+            out.append((c if t is None else t, 1))
+        return out
 
     def normalize(self, s):
         memo = self._memo
@@ -105,8 +107,39 @@ class Precompiled(_Rewrite):
         for g in _GRAPHEME.findall(s):
             r = memo.get(g)
             if r is None:
-                r = self._cluster(g)
+                r = "".join(t for t, _ in self._replacements(g))
                 if len(memo) < _MEMO_LIMIT:
                     memo[g] = r
             out.append(r)
         return "".join(out)
+
+    def normalize_z(self, s, z):
+        """As tokenizers aligns the result. Each replacement of m characters
+        by k is written as k changes: 0 (the character replaces the next
+        unread one), the last k - m of them +1 (inserted: aligned with the
+        character before, or the piece's start) when k > m, and m - k
+        subtracted from the last change so far (it drops as many unread
+        characters) when k < m. A deletion at the very start has no change
+        to go to, so what follows aligns with the deleted characters."""
+        out = self.normalize(s)
+        changes = []
+        for g in _GRAPHEME.findall(s):
+            for text, m in self._replacements(g):
+                k = len(text)
+                changes.extend([0] * k)
+                if k > m:
+                    changes[len(changes) - (k - m):] = [1] * (k - m)
+                elif k < m and changes:
+                    changes[-1] -= m - k
+        read = 0    # characters of s read so far
+        nz = 0
+        for change in changes:
+            if change > 0:
+                first = read - 1 < z if read else z > 0
+            else:
+                first = read < z
+                read += 1 - change
+            if not first:
+                break
+            nz += 1
+        return out, nz

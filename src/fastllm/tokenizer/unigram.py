@@ -10,6 +10,7 @@ covers alone is an unknown token scored ten below the lowest piece score.
 Consecutive unknown tokens are fused into one, which byte fallback then
 spells as <0xXX> tokens.
 """
+import math
 import numbers
 
 from .errors import TokenizerError
@@ -33,8 +34,9 @@ class Unigram:
         pieces, scores = [], []
         for i, item in enumerate(vocab):
             if (not isinstance(item, (list, tuple)) or len(item) != 2 or not isinstance(item[0], str)
-                    or not isinstance(item[1], numbers.Real) or isinstance(item[1], bool)):
-                raise TokenizerError(f"{where}.vocab[{i}]: expected [piece, score], got {item!r}")
+                    or not isinstance(item[1], numbers.Real) or isinstance(item[1], bool)
+                    or not math.isfinite(item[1])):
+                raise TokenizerError(f"{where}.vocab[{i}]: expected [piece, finite score], got {item!r}")
             pieces.append(item[0])
             scores.append(float(item[1]))
         self.vocab = {p: i for i, p in enumerate(pieces)}
@@ -56,7 +58,7 @@ class Unigram:
         self._nodes = None
 
     def validate(self):
-        pass
+        self.nodes  # noqa: B018 - builds the prefix dictionary now
 
     @staticmethod
     def byte_ids():
