@@ -186,16 +186,7 @@ def vocabulary(controls, work: Path) -> Path:
     settings = dict(spm_vocabs.VOCABS["llama-bpe-bf"][0])
     if controls:
         settings["control_symbols"] = list(controls)
-    trained = spm_vocabs.train(vocab_size=VOCAB_SIZE, out_dir=work, **settings)
-    # The .model records the temporary path it was trained under; a fixed
-    # name instead keeps the file the same from one run to the next.
-    from sentencepiece import sentencepiece_model_pb2
-    proto = sentencepiece_model_pb2.ModelProto.FromString(trained.read_bytes())
-    proto.trainer_spec.model_prefix = trained.stem
-    stable = work / "stable" / trained.name
-    stable.parent.mkdir(exist_ok=True)
-    stable.write_bytes(proto.SerializeToString())
-    return stable
+    return spm_vocabs.train(vocab_size=VOCAB_SIZE, out_dir=work, **settings)
 
 
 def model_folder(name: str, shape: dict, folder: Path, seed: int) -> None:
@@ -253,9 +244,19 @@ def make_mixtral(llama_cpp: Path, work: Path) -> None:
     convert(folder, HERE / "mixtral.gguf", llama_cpp, outtype="q8_0")
 
 
+def convert_vocabularies(work: Path) -> None:
+    """Every vocabulary converted to tokenizer.json before any model is
+    built: once transformers has built a model, `from transformers import
+    convert_slow_tokenizer` (in spm_vocabs) gives its function of that
+    name, not the module."""
+    for _, flavor, controls, _, _ in FAMILIES.values():
+        spm_vocabs.hf_folder(vocabulary(controls, work), work, flavor)
+
+
 if __name__ == "__main__":
     llama_cpp = Path(sys.argv[1])
     with tempfile.TemporaryDirectory() as tmp:
+        convert_vocabularies(Path(tmp))
         for seed, family in enumerate(FAMILIES):
             make_family(family, llama_cpp, Path(tmp), seed)
         make_mixtral(llama_cpp, Path(tmp))
