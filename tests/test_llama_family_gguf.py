@@ -40,8 +40,7 @@ tokenizers = pytest.importorskip("tokenizers")
 DATA = Path(__file__).resolve().parent / "data" / "llama-family"
 FAMILIES = ["llama2", "tinyllama", "mistral-v0.1", "mistral-v0.2", "mistral-v0.3"]
 QUANTIZED = ["llama2-256-Q4_K_M", "llama2-256-Q8_0", "mistral-v0.3-256-Q4_K_M"]
-# The llama.cpp converter turns each family into arch `llama`; fastllm
-# keeps the families' own windows only where the file says so.
+# The HF folders' sliding windows; their GGUF files, arch `llama`, carry none.
 WINDOW = {"mistral-v0.1": 12}
 STRINGS = spm_vocabs.SPM_EDGE_CASES + EDGE_CASES + spm_vocabs.spm_random_strings(300, seed=21)
 CONVERSATIONS = [
