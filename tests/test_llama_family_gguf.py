@@ -289,8 +289,9 @@ def test_mistral_v03_template_with_tools_renders_as_transformers():
 # --------------------------------------------------------------------------
 
 def test_mixtral_gguf_is_refused_by_name():
-    with pytest.raises(ConversionError, match=r"mixtral.gguf: tensor blk.0.ffn_gate_exps.weight belongs to a "
-                                              r"mixture of experts, which fastllm does not run yet"):
+    with pytest.raises(ConversionError, match=r"mixtral.gguf: tensor blk.0.ffn_gate_exps.weight is a router or "
+                                              r"an expert \(as in Mixtral\): mixture-of-experts models are not "
+                                              r"supported yet"):
         Model.from_pretrained(gguf_path("mixtral"))
 
 
