@@ -61,10 +61,13 @@ def _row_length(blocks: np.ndarray, qtype: str) -> int:
     return blocks.shape[1] // size * n
 
 
-def _vector(t: schema.Tensor, arr: np.ndarray, cfg: ModelConfig) -> np.ndarray:
-    """A float32 vector tensor as the run loop reads it."""
+def _vector(t: schema.Tensor, arr: np.ndarray, cfg: ModelConfig, gguf: bool = False) -> np.ndarray:
+    """A float32 vector tensor as the run loop reads it. gguf: as llama.cpp's
+    converter stored it, (1 + w) and -exp(A_log) already formed."""
     arr = np.asarray(arr, np.float32)
-    if t.norm and cfg.norm_plus_one:
+    if gguf:
+        pass
+    elif t.norm and cfg.norm_plus_one:
         # (1 + w) is formed once here, in float32 as the reference forms it.
         arr = (np.float32(1.0) + arr).astype(np.float32)
     elif t.field == "lin_A":
@@ -205,15 +208,25 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
     contents = gguf_tensors.read_contents(path, string_arrays=False)   # the tokenizer is read once, elsewhere
     tensors = {t.name: t for t in contents.tensors}
     tensors.pop("rope_freqs.weight", None)
-    planned = gguf_tensors.plan_tensors(tensors, gguf_tensors.tensor_shapes(contents.tensors), cfg, path)
+    arch = contents.metadata.get("general.architecture")
+    planned = gguf_tensors.plan_tensors(tensors, gguf_tensors.tensor_shapes(contents.tensors), cfg, path,
+                                        n_mtp=int(contents.metadata.get(f"{arch}.nextn_predict_layers", 0)),
+                                        notify=True)
     by_hf = {hf: g for hf, g, _ in planned}
     perm = rope_permutation(cfg.head_dim, cfg.rope_dim)
     heads = {"q": cfg.num_attention_heads, "k": cfg.num_key_value_heads}
     interleaved = cfg.family.gguf_qk_interleaved
     types, dequantized = Counter(), set()
 
-    def rows_in_order(arr: np.ndarray, t: schema.Tensor) -> np.ndarray:
-        """Rows (or vector entries) in the order the run loop reads."""
+    def rows_in_order(arr: np.ndarray, t: schema.Tensor, dtype: str) -> np.ndarray:
+        """Rows (or vector entries, or a matrix's columns of dtype) in the order the run loop reads."""
+        index = gguf_tensors.v_head_index(t, cfg)
+        if index is not None and t.v_heads == "columns":
+            n = 1 if dtype in ("f32", "f16", "bf16") else _core.block_size(dtype)[0]
+            blocks = arr.reshape(arr.shape[0], len(index) // n, -1)
+            arr = blocks[:, index[::n] // n].reshape(arr.shape)
+        elif index is not None:
+            arr = arr[index]
         if t.rope in heads:
             if interleaved:
                 arr = gguf_tensors.unpermute(arr, heads[t.rope])
@@ -223,10 +236,20 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
             arr = arr[perm]
         return np.ascontiguousarray(arr)
 
-    def get(t: schema.Tensor, hf: str):
+    def movable(t: schema.Tensor, dtype: str) -> bool:
+        """Whether the value heads of t's columns can be put in HF's order
+        block by block (each head a whole number of dtype's blocks)."""
+        if t.v_heads != "columns" or gguf_tensors.v_head_index(t, cfg) is None or dtype in ("f32", "f16", "bf16"):
+            return True
+        return cfg.linear_value_head_dim % _core.block_size(dtype)[0] == 0
+
+    def read(t: schema.Tensor, hf: str) -> tuple:
+        """(rows as stored, in their own type where the run loop has kernels for it, that dtype)."""
         g = by_hf[hf]
         kind = getattr(g.tensor_type, "name", str(g.tensor_type))
         dtype = NATIVE_GGML_TYPES.get(kind) if t.matrix else None
+        if dtype is not None and not movable(t, dtype):
+            dtype = None
         if dtype is None:
             if t.matrix:
                 dequantized.add(kind)
@@ -237,29 +260,47 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
             N, K = g.shape
             arr = {"f32": lambda: raw.view("<f4"), "f16": lambda: raw.view("<f2"),
                    "bf16": lambda: raw.view("<u2")}.get(dtype, lambda: raw)().reshape(N, -1)
-        arr = rows_in_order(arr, t)
         finite = _finite_blocks(arr, dtype) if dtype not in ("f32", "f16", "bf16") else _all_finite(
             arr.astype(np.float32) if dtype == "f16" else arr)
         if not finite:
             raise ModelFileError(path, f"tensor {g.name!r} holds NaN or infinite values; such weights only "
                                        f"give garbage: re-download or re-convert it")
-        if not t.matrix:
-            return _vector(t, arr, cfg)
-        K = g.shape[1]
+        return arr, dtype
+
+    def pack(arr: np.ndarray, dtype: str, t: schema.Tensor, hf: str):
+        K = by_hf[hf].shape[-1]
         types[dtype] += arr.shape[0] * K
         try:
             if t is schema.EMBED:
                 return _core.rows(arr, dtype=dtype, K=K)
             return _core.pack(arr, dtype=dtype, K=K)
         except (TypeError, ValueError) as e:
-            raise ModelFileError(path, f"tensor {g.name!r}: {e}") from None
+            raise ModelFileError(path, f"tensor {by_hf[hf].name!r}: {e}") from None
+
+    def get(t: schema.Tensor, hf: str):
+        arr, dtype = read(t, hf)
+        arr = rows_in_order(arr, t, dtype)
+        if not t.matrix:
+            return _vector(t, arr.reshape(t.shape(cfg)), cfg, gguf=True)
+        return pack(arr, dtype, t, hf)
+
+    def query_and_gate(t: schema.Tensor, hf: str) -> dict:
+        """attn_q holds [q_h | gate_h] for each head h, as HF's q_proj does: split by rows."""
+        both, dtype = read(t, hf)
+        rows = both.reshape(heads["q"], 2, cfg.head_dim, *both.shape[1:])
+        q = rows_in_order(np.ascontiguousarray(rows[:, 0]).reshape(-1, *both.shape[1:]), t, dtype)
+        gate = np.ascontiguousarray(rows[:, 1]).reshape(-1, *both.shape[1:])
+        return {"wq": pack(q, dtype, t, hf), "w_attn_gate": pack(gate, dtype, t, hf)}
 
     layers = []
     for i in range(cfg.num_hidden_layers):
         kind = cfg.layer_kind(i)
         layer = {"kind": kind}
         for t in schema.layer_tensors(cfg, kind):
-            layer[t.field] = get(t, schema.hf_name(t, cfg, i))
+            if t.field == "wq" and cfg.attn_output_gate:
+                layer.update(query_and_gate(t, schema.hf_name(t, cfg, i)))
+            elif t.field not in layer:
+                layer[t.field] = get(t, schema.hf_name(t, cfg, i))
         layers.append(layer)
     out = {"layers": layers, "norm": get(schema.NORM, schema.hf_name(schema.NORM, cfg))}
     embed_hf = schema.hf_name(schema.EMBED, cfg)
