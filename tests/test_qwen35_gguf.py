@@ -18,8 +18,10 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from fastllm import Model  # noqa: E402
+from fastllm.cli import main  # noqa: E402
 from fastllm.formats.gguf import ConversionError, convert_gguf  # noqa: E402
 from fastllm.formats.gguf_tensors import IgnoredTensorsWarning  # noqa: E402
+from fastllm.formats.gguf_writer import export_gguf  # noqa: E402
 from oracles.hf_reference import compare_greedy, hf_greedy, hf_logits, load_hf, within  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data" / "qwen35-gguf"
@@ -158,3 +160,55 @@ def test_qwen35moe_is_refused_clearly(tmp_path):
     path = rewrite(DATA / "text-F32.gguf", tmp_path / "moe.gguf", arch="qwen35moe")
     with pytest.raises(ConversionError, match="mixture-of-experts models are not supported yet"):
         Model.from_pretrained(path)
+
+
+def test_convert_round_trip_through_the_cli(tmp_path, capsys):
+    """GGUF -> folder -> GGUF with `fastllm convert`: the same tensors, names,
+    types and metadata as llama.cpp's file, and the folder runs as it."""
+    import gguf
+    src = DATA / "text-F32.gguf"
+    assert main(["convert", str(src), str(tmp_path / "folder")]) == 0
+    assert main(["convert", str(tmp_path / "folder"), str(tmp_path / "back.gguf"), "--dtype", "f32"]) == 0
+    assert_same_file(gguf.GGUFReader(str(src)), gguf.GGUFReader(str(tmp_path / "back.gguf")))
+
+
+def test_writer_writes_what_llama_cpp_converter_writes(tmp_path):
+    """The HF folder exported by fastllm against llama.cpp's own conversion of it."""
+    import gguf
+    for name in CHECKPOINTS:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            out = export_gguf(DATA / name, tmp_path / f"{name}.gguf", mix="f32", progress=False)
+        # llama.cpp's converter also marks the non-special added tokens
+        # that look special (<|fim_prefix|> ...) as control tokens.
+        assert_same_file(gguf.GGUFReader(str(DATA / f"{name}-F32.gguf")), gguf.GGUFReader(str(out)),
+                         ignore=("tokenizer.ggml.token_type",))
+
+
+# Keys that name the file or its maker rather than the model, and
+# add_eos_token, false where absent (llama.cpp's converter writes false).
+_INCIDENTAL = ("general.name", "general.size_label", "general.type", "general.file_type",
+               "general.quantization_version", "general.basename", "general.finetune",
+               "tokenizer.ggml.add_eos_token")
+
+
+def assert_same_file(want, got, ignore=()):
+    def fields(r):
+        return {k: f.contents() for k, f in r.fields.items()
+                if not k.startswith("GGUF.") and k not in _INCIDENTAL + ignore}
+    a, b = fields(want), fields(got)
+    assert set(a) - set(b) == set(), f"missing keys {sorted(set(a) - set(b))}"
+    for key in a:
+        if isinstance(a[key], float):
+            assert np.float32(a[key]) == np.float32(b[key]), key
+        else:
+            assert a[key] == b[key], key
+    wt = {t.name: t for t in want.tensors}
+    gt = {t.name: t for t in got.tensors}
+    assert set(wt) == set(gt)
+    for name, t in wt.items():
+        u = gt[name]
+        assert (t.tensor_type, t.shape.tolist()) == (u.tensor_type, u.shape.tolist()), name
+        # A_log and the zero-centred norms go through log/exp and -1/+1 in a
+        # folder; everything else is carried exactly.
+        np.testing.assert_allclose(u.data, t.data, rtol=2e-7, atol=1e-7, err_msg=name)
