@@ -118,10 +118,11 @@ def test_mtp_layers_are_ignored_with_one_notice():
     assert np.array_equal(model.logits(ids), plain.logits(ids))
 
 
-def rewrite(src: Path, dst: Path, arch: str = None, drop=(), ints=None) -> Path:
+def rewrite(src: Path, dst: Path, arch: str = None, drop=(), ints=None, values=None) -> Path:
     """A copy of the GGUF file src, with another architecture name, without
-    the metadata keys (after the architecture's name) in drop, and with
-    the integer keys of ints (likewise) set."""
+    the metadata keys (after the architecture's name) in drop, with the
+    integer keys of ints (likewise) set, and the float32 tensors named in
+    values holding those values."""
     import gguf
     reader = gguf.GGUFReader(str(src))
     old = reader.fields["general.architecture"].contents()
@@ -135,7 +136,8 @@ def rewrite(src: Path, dst: Path, arch: str = None, drop=(), ints=None) -> Path:
     for key, value in (ints or {}).items():
         writer.add_uint32(f"{arch}.{key}", value)
     for t in reader.tensors:
-        writer.add_tensor(t.name, t.data, raw_shape=list(reversed(t.shape.tolist())), raw_dtype=t.tensor_type)
+        data = np.asarray((values or {}).get(t.name, t.data), t.data.dtype).reshape(t.data.shape)
+        writer.add_tensor(t.name, data, raw_shape=list(reversed(t.shape.tolist())), raw_dtype=t.tensor_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -154,6 +156,13 @@ def test_layer_types_come_from_full_attention_interval_without_a_per_layer_list(
     path = rewrite(DATA / "interval-F32.gguf", tmp_path / "default.gguf", drop=drop)
     with pytest.raises(ConversionError, match="tensors do not fit"):
         convert_gguf(path, tmp_path / "default", progress=False)
+
+
+def test_a_decay_that_is_not_negative_is_refused(tmp_path):
+    path = rewrite(DATA / "text-F32.gguf", tmp_path / "bad-a.gguf", values={"blk.2.ssm_a": [-1.0, 0.5, -2.0, -1.0]})
+    for dtype in ("gguf", "f32"):
+        with pytest.raises(ConversionError, match="blk.2.ssm_a holds values that are not negative"):
+            Model.from_pretrained(path, dtype=dtype)
 
 
 def test_qwen35moe_is_refused_clearly(tmp_path):

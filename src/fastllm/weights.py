@@ -281,6 +281,7 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
         arr, dtype = read(t, hf)
         arr = rows_in_order(arr, t, dtype)
         if not t.matrix:
+            gguf_tensors.check_decay(arr, t, by_hf[hf].name, path)
             return _vector(t, arr.reshape(t.shape(cfg)), cfg, gguf=True)
         return pack(arr, dtype, t, hf)
 

@@ -142,6 +142,14 @@ def v_head_index(t: schema.Tensor, cfg: ModelConfig) -> Optional[np.ndarray]:
     return index
 
 
+def check_decay(arr: np.ndarray, t: schema.Tensor, name: str, path: Path) -> None:
+    """ssm_a holds -exp(A_log): a value that is not negative would make the
+    recurrence grow without bound (and has no A_log)."""
+    if t.field == "lin_A" and not (np.asarray(arr) < 0).all():
+        raise ConversionError(path, f"tensor {name} holds values that are not negative; it should "
+                                    f"hold -exp(A_log)")
+
+
 def to_hf_values(arr: np.ndarray, t: schema.Tensor, cfg: ModelConfig) -> np.ndarray:
     """A float32 tensor as llama.cpp's converter stored it -> as HF stores it:
     value heads in HF's order, A_log back from -exp(A_log), zero-centred
@@ -183,7 +191,9 @@ def slices_to_write(tensor: GGUFTensor, path: Path, n_heads: Optional[int], dtyp
     in dtype."""
     if reshaped(t, cfg):
         # Layer-sized: converted whole, as its rows move across slices.
-        w = to_hf_values(dequantize(tensor, path), t, cfg)
+        w = dequantize(tensor, path)
+        check_decay(w, t, tensor.name, path)
+        w = to_hf_values(w, t, cfg)
         yield f32_to_bf16(w) if dtype == "bf16" else w
         return
     rows_per_head = tensor.shape[0] // n_heads if n_heads else 1
