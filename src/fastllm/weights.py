@@ -216,7 +216,7 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
     perm = rope_permutation(cfg.head_dim, cfg.rope_dim)
     heads = {"q": cfg.num_attention_heads, "k": cfg.num_key_value_heads}
     interleaved = cfg.family.gguf_qk_interleaved
-    types, dequantized = Counter(), set()
+    types, dequantized, reordered = Counter(), set(), Counter()
 
     def rows_in_order(arr: np.ndarray, t: schema.Tensor, dtype: str) -> np.ndarray:
         """Rows (or vector entries, or a matrix's columns of dtype) in the order the run loop reads."""
@@ -249,10 +249,11 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
         kind = getattr(g.tensor_type, "name", str(g.tensor_type))
         dtype = NATIVE_GGML_TYPES.get(kind) if t.matrix else None
         if dtype is not None and not movable(t, dtype):
+            reordered[kind] += 1
             dtype = None
+        elif dtype is None and t.matrix:
+            dequantized.add(kind)
         if dtype is None:
-            if t.matrix:
-                dequantized.add(kind)
             arr = gguf_tensors.dequantize(g, path)
             dtype = "f32"
         else:
@@ -310,6 +311,12 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
         out.update(embed=get(schema.EMBED, embed_hf), lm_head=get(schema.LM_HEAD, head_hf))
     else:   # tied: the packed head's rows serve as the embedding
         out.update(embed=None, lm_head=get(schema.LM_HEAD, embed_hf))
+    if reordered:
+        warnings.warn(f"{path.name}: {sum(reordered.values())} ssm_out tensors of type "
+                      f"{', '.join(sorted(reordered))} were dequantized to float32: their value heads of "
+                      f"{cfg.linear_value_head_dim} values, which llama.cpp orders otherwise than fastllm, "
+                      f"do not fill whole blocks of that type, so they cannot be reordered in it",
+                      DequantizedTypeWarning, stacklevel=3)
     if dequantized:
         warnings.warn(f"{path.name}: tensors of type {', '.join(sorted(dequantized))} have no native kernels "
                       f"in fastllm and were dequantized to float32", DequantizedTypeWarning, stacklevel=3)
