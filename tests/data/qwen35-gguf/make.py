@@ -116,13 +116,13 @@ def add_mtp_layer(folder: Path, seed: int) -> None:
     save_file(tensors, path, metadata={"format": "pt"})
 
 
-def make_folder(spec: dict, folder: Path, seed: int) -> None:
+def make_folder(spec: dict, folder: Path, seed: int, scale: float = 0.12) -> None:
     from oracles.tiny_models import _make_qwen35
     spec = dict(spec)
     n_mtp = spec.pop("mtp_num_hidden_layers", 0)
     if folder.exists():
         shutil.rmtree(folder)
-    _make_qwen35(spec, seed, scale=0.12).save_pretrained(folder, safe_serialization=True)
+    _make_qwen35(spec, seed, scale=scale).save_pretrained(folder, safe_serialization=True)
     write_tokenizer(folder)
     if n_mtp:
         cfg_path = folder / "config.json"
