@@ -184,13 +184,13 @@ def test_convert_round_trip_through_the_cli(tmp_path, capsys):
 def test_writer_writes_what_llama_cpp_converter_writes(tmp_path):
     """The HF folder exported by fastllm against llama.cpp's own conversion of it."""
     import gguf
-    for name in CHECKPOINTS:
+    for name, mix in [(name, "f32") for name in CHECKPOINTS] + [("text", "bf16")]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
-            out = export_gguf(DATA / name, tmp_path / f"{name}.gguf", mix="f32", progress=False)
+            out = export_gguf(DATA / name, tmp_path / f"{name}-{mix}.gguf", mix=mix, progress=False)
         # llama.cpp's converter also marks the non-special added tokens
         # that look special (<|fim_prefix|> ...) as control tokens.
-        assert_same_file(gguf.GGUFReader(str(DATA / f"{name}-F32.gguf")), gguf.GGUFReader(str(out)),
+        assert_same_file(gguf.GGUFReader(str(DATA / f"{name}-{mix.upper()}.gguf")), gguf.GGUFReader(str(out)),
                          ignore=("tokenizer.ggml.token_type",))
 
 
