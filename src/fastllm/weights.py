@@ -197,7 +197,11 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
     """The arrays for fastllm._core.Weights from a GGUF file's own tensors,
     each matrix in its own type (quantized ones stay quantized; types
     without native kernels are dequantized to float32, with one warning per
-    file), and a count of the matrices' parameters by type."""
+    file), and a count of the matrices' parameters by type. Rows are put in
+    the run loop's order, Qwen3.5's value heads in HF's (whole blocks at a
+    time: an ssm_out whose heads split its blocks is dequantized, with a
+    warning); vectors are read as stored, llama.cpp's converter having
+    formed (1 + w) and -exp(A_log) already."""
     import warnings
     from collections import Counter
 
