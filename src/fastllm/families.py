@@ -39,6 +39,8 @@ class Family:
     untie_with_head: bool = False        # an lm_head the file carries is used even when tied
     gguf: bool | str = False             # importable from llama.cpp's GGUF: True (its arch name is the
                                          # model_type) or llama.cpp's name for the architecture
+    gguf_export: str | None = None       # written to GGUF as this llama.cpp architecture, which imports
+                                         # as another model_type (a Mistral is a llama there)
     gguf_qk_interleaved: bool = False    # llama.cpp stores each Q/K head's rotary halves interleaved
     gguf_head_dim: bool = True           # HF's config can say head_dim (else it must be hidden/heads)
     gguf_longrope: bool = False          # llama.cpp's rope_factors_long/short tensors (LongRoPE),
@@ -58,7 +60,8 @@ FAMILIES = {
     "llama": Family("LlamaForCausalLM", attention_bias="attention_bias", o_bias="attention_bias",
                     mlp_bias="mlp_bias", gguf=True, gguf_qk_interleaved=True),
     # llama.cpp's GGUF of a Mistral is arch llama, without the sliding window.
-    "mistral": Family("MistralForCausalLM", sliding_window=EVERY_LAYER),
+    "mistral": Family("MistralForCausalLM", sliding_window=EVERY_LAYER, gguf_export="llama",
+                      gguf_qk_interleaved=True),
     "qwen2": Family("Qwen2ForCausalLM", attention_bias=True, sliding_window=USE_SLIDING_WINDOW,
                     gguf=True, gguf_head_dim=False),
     "qwen3": Family("Qwen3ForCausalLM", attention_bias="attention_bias", o_bias="attention_bias",

@@ -371,11 +371,19 @@ def export_gguf(folder: PathLike, out_path: PathLike, mix: str = "f32",
     if out_path.exists() and not overwrite:
         raise OutputExistsError(f"{out_path} already exists (pass overwrite=True to replace it)")
     cfg = ModelConfig.from_file(folder / "config.json")
-    arch = next((a for a, model_type in GGUF_ARCHITECTURES.items() if model_type == cfg.model_type), None)
+    arch = cfg.family.gguf_export or next(
+        (a for a, model_type in GGUF_ARCHITECTURES.items() if model_type == cfg.model_type), None)
     if arch is None:
         raise ConversionError(folder / "config.json",
                               f"model_type {cfg.model_type!r} cannot be written to GGUF "
                               f"(supported: {', '.join(GGUF_ARCHITECTURES.values())})")
+    windowed = sum(1 for i in range(cfg.num_hidden_layers) if cfg.attention_window(i))
+    if windowed and not cfg.family.gguf_longrope:
+        import warnings
+        warnings.warn(f"{folder}: the sliding window of {cfg.sliding_window} positions ({windowed} of "
+                      f"{cfg.num_hidden_layers} layers) is not written: llama.cpp's {arch} architecture "
+                      f"attends to the whole context, and its own converter writes such a model so too",
+                      UserWarning, stacklevel=2)
     ckpt = Checkpoint(folder)
     names = gguf_names(cfg)  # GGUF name -> (HF name, schema tensor), embedding first
     shapes = {}
