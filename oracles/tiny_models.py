@@ -88,14 +88,15 @@ SHAPES["smollm3-nope"] = dict(model_type="smollm3", hidden_size=64, intermediate
                               no_rope_layers=[1, 0, 1, 1, 0], tie_word_embeddings=True, bos_token_id=1,
                               eos_token_id=2, pad_token_id=0)
 SHAPES["smollm3"] = dict(model_type="smollm3", hidden_size=48, intermediate_size=96, num_hidden_layers=4,
-                         num_attention_heads=6, num_key_value_heads=2, vocab_size=256, attention_bias=True,
+                         num_attention_heads=6, num_key_value_heads=2, vocab_size=320, attention_bias=True,
                          tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 SHAPES["granite"] = dict(model_type="granite", hidden_size=64, intermediate_size=128, num_hidden_layers=3,
                          num_attention_heads=4, num_key_value_heads=2, vocab_size=300, embedding_multiplier=12.0,
                          residual_multiplier=0.22, attention_multiplier=0.0078125, logits_scaling=2.0,
-                         tie_word_embeddings=True)
+                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 SHAPES["olmo2"] = dict(model_type="olmo2", hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                       num_attention_heads=4, num_key_value_heads=2, vocab_size=300, tie_word_embeddings=False)
+                       num_attention_heads=4, num_key_value_heads=2, vocab_size=300, tie_word_embeddings=False,
+                       bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
 
 def _make_qwen35(spec: dict, seed: int, scale: float):
