@@ -163,3 +163,76 @@ def test_export_equals_llama_cpp_converter(kind, tmp_path):
 def test_export_refuses_nope_layers_llama_cpp_cannot_say(tiny_model_dir, tmp_path):
     with pytest.raises(ConversionError, match="llama.cpp skips RoPE in every 4th layer"):
         export_gguf(tiny_model_dir("smollm3-nope"), tmp_path / "x.gguf", "f32")
+
+
+# ------------------------------------------------------------ chat template
+
+# A template built the way SmolLM3-3B's is (written for this test: the hub
+# is out of reach here): a system header whose reasoning mode comes from
+# enable_thinking (true when not passed) unless the system message says
+# /think or /no_think, today's date from strftime_now, tools gathered in a
+# namespace, {% generation %} around assistant turns, and an empty think
+# block before answers in /no_think mode.
+SMOLLM3_LIKE_TEMPLATE = """\
+{%- if enable_thinking is not defined -%}{%- set enable_thinking = true -%}{%- endif -%}
+{%- set mode = "/think" if enable_thinking else "/no_think" -%}
+{{- "<|im_start|>system\\n" -}}
+{%- if messages[0].role == "system" -%}
+  {%- set system_message = messages[0].content -%}
+  {%- if "/no_think" in system_message -%}{%- set mode = "/no_think" -%}
+  {%- elif "/think" in system_message -%}{%- set mode = "/think" -%}{%- endif -%}
+  {%- set custom = system_message.replace("/no_think", "").replace("/think", "").rstrip() -%}
+{%- endif -%}
+{{- "Today Date: " ~ strftime_now("%d %B %Y") ~ "\\nReasoning Mode: " + mode + "\\n\\n" -}}
+{%- if custom -%}{{- custom + "\\n\\n" -}}
+{%- elif mode == "/think" -%}{{- "Think step by step.\\n\\n" -}}
+{%- else -%}{{- "Answer directly.\\n\\n" -}}{%- endif -%}
+{%- if xml_tools -%}
+  {%- set ns = namespace(text="<tools>\\n") -%}
+  {%- for tool in xml_tools[:] -%}{%- set ns.text = ns.text ~ (tool | string) ~ "\\n" -%}{%- endfor -%}
+  {{- ns.text + "</tools>\\n" -}}
+{%- endif -%}
+{{- "<|im_end|>\\n" -}}
+{%- for message in messages -%}
+  {%- set content = message.content if message.content is string else "" -%}
+  {%- if message.role == "user" or message.role == "tool" -%}
+    {{ "<|im_start|>user\\n" + content + "<|im_end|>\\n" }}
+  {%- elif message.role == "assistant" -%}
+    {% generation %}
+    {%- set empty = "" if mode == "/think" else "<think>\\n\\n</think>\\n" -%}
+    {{ "<|im_start|>assistant\\n" + empty + content.lstrip("\\n") + "<|im_end|>\\n" }}
+    {% endgeneration %}
+  {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+  {{ "<|im_start|>assistant\\n" + ("" if mode == "/think" else "<think>\\n\\n</think>\\n") }}
+{%- endif -%}
+"""
+
+USER = {"role": "user", "content": "Hi /think there"}
+ANSWER = {"role": "assistant", "content": "\n\nHello."}
+
+
+@pytest.mark.parametrize("messages, kwargs", [
+    ([USER], {}),
+    ([USER], {"enable_thinking": False}),
+    ([{"role": "system", "content": "Be brief. /no_think"}, USER, ANSWER, USER], {}),
+    ([{"role": "system", "content": "Be brief /think  "}, USER, ANSWER], {"enable_thinking": False}),
+    ([USER, ANSWER, {"role": "tool", "content": "42"}, {"role": "assistant", "content": None}],
+     {"xml_tools": [{"name": "f", "parameters": {}}]}),
+])
+@pytest.mark.parametrize("add_generation_prompt", [False, True])
+def test_reasoning_switch_renders_as_transformers(messages, kwargs, add_generation_prompt):
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from fastllm.chat_template import render_chat
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE()))
+    tok.chat_template = SMOLLM3_LIKE_TEMPLATE
+    want = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                   **kwargs)
+    got = render_chat(SMOLLM3_LIKE_TEMPLATE, messages, add_generation_prompt=add_generation_prompt, **kwargs)
+    assert got == want
+    system = messages[0]["content"] if messages[0]["role"] == "system" else ""
+    no_think = "/no_think" in system or (kwargs.get("enable_thinking") is False and "/think" not in system)
+    assert ("Reasoning Mode: /no_think" in got) == no_think
