@@ -85,10 +85,10 @@ SHAPES["qwen3_5-wrapper"] = dict(SHAPES["qwen3_5-text"], model_type="qwen3_5", t
 # of the sublayer outputs only, q/k norms over the whole projection.
 SHAPES["smollm3-nope"] = dict(model_type="smollm3", hidden_size=64, intermediate_size=128, num_hidden_layers=5,
                               num_attention_heads=4, num_key_value_heads=2, vocab_size=300,
-                              no_rope_layers=[1, 0, 1, 1, 0], tie_word_embeddings=True, bos_token_id=1,
-                              eos_token_id=2, pad_token_id=0)
+                              no_rope_layers=[1, 0, 1, 1, 0], attention_bias=True, tie_word_embeddings=True,
+                              bos_token_id=1, eos_token_id=2, pad_token_id=0)
 SHAPES["smollm3"] = dict(model_type="smollm3", hidden_size=48, intermediate_size=96, num_hidden_layers=4,
-                         num_attention_heads=6, num_key_value_heads=2, vocab_size=320, attention_bias=True,
+                         num_attention_heads=6, num_key_value_heads=2, vocab_size=320,
                          tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 SHAPES["granite"] = dict(model_type="granite", hidden_size=64, intermediate_size=128, num_hidden_layers=3,
                          num_attention_heads=4, num_key_value_heads=2, vocab_size=300, embedding_multiplier=12.0,
