@@ -12,6 +12,7 @@ files under tests/data/coverage-gguf are llama.cpp's converter's output for
 the same shapes, with transformers' logits on the folder they were made
 from (make.py there writes both).
 """
+import re
 from pathlib import Path
 
 import gguf
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 
 from fastllm import Model
+from fastllm.cli import main
 from fastllm.errors import ModelFileError
 from fastllm.formats.gguf import ConversionError, convert_gguf
 from fastllm.formats.gguf_writer import export_gguf
@@ -52,6 +54,15 @@ def test_switches_read_from_config(tiny_model_dir):
             granite.logits_scaling) == (12.0, 0.22, 0.0078125, 2.0)
     olmo = Model.from_pretrained(tiny_model_dir("olmo2")).config
     assert (olmo.pre_norms, olmo.post_norms, olmo.qk_norm_whole) == (False, True, True)
+
+
+@pytest.mark.parametrize("kind, shown", [
+    ("smollm3-nope", "layers without RoPE +1, 4\n"),
+    ("granite", "multipliers +embedding 12.0, residual 0.22, attention 0.0078125, logits / 2.0\n"),
+])
+def test_info_shows_the_switches(kind, shown, tiny_model_dir, capsys):
+    assert main(["info", "--model", str(tiny_model_dir(kind)), "--threads", "1"]) == 0
+    assert re.search(shown, capsys.readouterr().out)
 
 
 @pytest.mark.parametrize("path", PATHS)
