@@ -79,7 +79,8 @@ LAYER = (
        switch="pre_norms", norm=True),
     _t("ffn_norm", "post_attention_layernorm.weight", "ffn_norm.weight", lambda c: (c.hidden_size,), False,
        switch="pre_norms", norm=True),
-    # Norms of the attention's and the MLP's outputs, before the residual add.
+    # Norms of the attention's and the MLP's outputs, before the residual add. (Where a
+    # family has pre-norms, its post_attention_layernorm is ffn_norm, the MLP's input norm.)
     _t("post_attn_norm", "post_attention_layernorm.weight", "post_attention_norm.weight",
        lambda c: (c.hidden_size,), False, switch="post_norms", norm=True),
     _t("post_ffn_norm", "post_feedforward_layernorm.weight", "post_ffw_norm.weight", lambda c: (c.hidden_size,),
