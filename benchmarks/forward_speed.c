@@ -119,6 +119,7 @@ int main(int argc, char **argv) {
     c.rope_dim = c.head_dim;
     c.norm_eps = 1e-5f;
     c.attn_scale = 1.0f / sqrtf((float)c.head_dim);
+    c.embed_scale = c.residual_scale = c.logits_div = 1.0f;
 
     const int qd = c.n_heads * c.head_dim, kvd = c.n_kv_heads * c.head_dim;
     FlmLayer *layers = calloc(c.n_layers, sizeof *layers);
@@ -144,9 +145,9 @@ int main(int argc, char **argv) {
             cosv[p * half + i] = (float)cos(a);
             sinv[p * half + i] = (float)sin(a);
         }
+    for (int l = 0; l < c.n_layers; l++) { layers[l].rope_cos = cosv; layers[l].rope_sin = sinv; }
     FlmWeights w = {.embed = NULL, .layers = layers, .norm = ones(c.dim),
-                    .lm_head = random_matrix(c.vocab_size, c.dim, wtype, 9999, threads),
-                    .rope_cos = cosv, .rope_sin = sinv};
+                    .lm_head = random_matrix(c.vocab_size, c.dim, wtype, 9999, threads)};
 
     const int batch = pp > 0 ? pp : 1;
     FlmState s;

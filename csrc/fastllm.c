@@ -409,7 +409,7 @@ static float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 /* Softmax attention over the KV cache, with optional per-head q/k norms and
  * an output gate (Qwen3.5). Reads xb, leaves the layer's output in xb2. */
-static void attention(const FlmConfig *c, const FlmWeights *w, const FlmLayer *L, FlmState *s,
+static void attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
                       const FlmSeq *seqs, int l, int T) {
     const int dim = c->dim, hd = c->head_dim, qd = q_dim(c), kvd = kv_dim(c);
     const int nh = c->n_heads, nkv = c->n_kv_heads, group = nh / nkv, half = c->rope_dim / 2;
@@ -424,22 +424,35 @@ static void attention(const FlmConfig *c, const FlmWeights *w, const FlmLayer *L
     matmul_multi(s, s->xb, T, dim, jobs, L->w_attn_gate ? 4 : 3, c->float_acts);
     mark(s, FLM_PHASE_QKV);
 
+    /* q/k norms over the whole projection (OLMo 2), before the heads part. */
+    const int head_norms = L->q_norm && !c->qk_norm_whole;
+    if (L->q_norm && c->qk_norm_whole) {
+#pragma omp for schedule(static)
+        for (int i = 0; i < 2 * T; i++) {
+            if (i < T) rmsnorm(s->q + (size_t)i * qd, s->q + (size_t)i * qd, L->q_norm, qd, c->norm_eps);
+            else rmsnorm(s->k + (size_t)(i - T) * kvd, s->k + (size_t)(i - T) * kvd, L->k_norm, kvd, c->norm_eps);
+        }
+    }
+
     /* Per-head norm and RoPE; keys and values go into the cache. */
 #pragma omp for schedule(static)
     for (int i = 0; i < T * (nh + nkv); i++) {
         int t = i / (nh + nkv), h = i % (nh + nkv), p = s->row_pos[t];
-        const int long_rope = seqs[s->row_seq[t]].state->rope_long;
-        const float *cr = (long_rope ? w->rope_cos_long : w->rope_cos) + (size_t)p * half;
-        const float *sr = (long_rope ? w->rope_sin_long : w->rope_sin) + (size_t)p * half;
+        /* LongRoPE: a sequence past the original context takes the long tables. */
+        const int long_rope = seqs[s->row_seq[t]].state->rope_long && L->rope_cos_long;
+        const float *cos_t = long_rope ? L->rope_cos_long : L->rope_cos;
+        const float *sin_t = long_rope ? L->rope_sin_long : L->rope_sin;
+        const float *cr = cos_t ? cos_t + (size_t)p * half : NULL;
+        const float *sr = sin_t ? sin_t + (size_t)p * half : NULL;
         if (h < nh) {
             float *qh = s->q + (size_t)t * qd + h * hd;
-            if (L->q_norm) rmsnorm(qh, qh, L->q_norm, hd, c->norm_eps);
-            rope(qh, cr, sr, c->rope_dim);
+            if (head_norms) rmsnorm(qh, qh, L->q_norm, hd, c->norm_eps);
+            if (cr) rope(qh, cr, sr, c->rope_dim);
         } else {
             int kh = h - nh;
             float *kh_src = s->k + (size_t)t * kvd + kh * hd;
-            if (L->k_norm) rmsnorm(kh_src, kh_src, L->k_norm, hd, c->norm_eps);
-            rope(kh_src, cr, sr, c->rope_dim);
+            if (head_norms) rmsnorm(kh_src, kh_src, L->k_norm, hd, c->norm_eps);
+            if (cr) rope(kh_src, cr, sr, c->rope_dim);
             kv_store(c, KCACHE(t), kh * head_keys + (size_t)(p / 16) * hd * 16 + p % 16, 16, kh_src, hd);
             kv_store(c, VCACHE(t), (size_t)p * kvd + kh * hd, 1, s->v + (size_t)t * kvd + kh * hd, hd);
         }
@@ -575,6 +588,19 @@ static void linear_attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
 
 /* ---------------------------------------------------------------- forward */
 
+/* out = RMSNorm(x) with weight, or a copy of x where the layer has no such norm. */
+static void norm_or_copy(float *out, const float *x, const float *weight, int n, float eps) {
+    if (weight) rmsnorm(out, x, weight, n, eps);
+    else memcpy(out, x, sizeof(float) * n);
+}
+
+/* x += o (normed first where the layer norms its sublayers' outputs), scaled
+ * by the residual multiplier. o is overwritten. */
+static void add_residual(const FlmConfig *c, float *x, float *o, const float *post_norm) {
+    if (post_norm) rmsnorm(o, o, post_norm, c->dim, c->norm_eps);
+    for (int i = 0; i < c->dim; i++) x[i] += o[i] * c->residual_scale;
+}
+
 /* One pass over the weights for the tokens of n_seqs sequences, row after
  * row in s's work buffers. logits (when not NULL) gets the logits of each
  * sequence's last token, or with all_logits (one sequence) of every token. */
@@ -594,7 +620,10 @@ static void forward_rows(const FlmConfig *c, const FlmWeights *w, FlmState *s, c
 #pragma omp for schedule(static)
         for (int t = 0; t < T; t++) {
             const FlmSeq *q = &seqs[s->row_seq[t]];
-            embed_row(s->x + (size_t)t * dim, w, q->tokens[s->row_pos[t] - q->pos], dim);
+            float *x = s->x + (size_t)t * dim;
+            embed_row(x, w, q->tokens[s->row_pos[t] - q->pos], dim);
+            if (c->embed_scale != 1.0f)
+                for (int i = 0; i < dim; i++) x[i] *= c->embed_scale;
         }
 
         for (int l = 0; l < c->n_layers; l++) {
@@ -602,19 +631,19 @@ static void forward_rows(const FlmConfig *c, const FlmWeights *w, FlmState *s, c
 
 #pragma omp for schedule(static)
             for (int t = 0; t < T; t++)
-                rmsnorm(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, L->attn_norm, dim, c->norm_eps);
+                norm_or_copy(s->xb + (size_t)t * dim, s->x + (size_t)t * dim, L->attn_norm, dim, c->norm_eps);
             mark(s, FLM_PHASE_NORMS);
 
             if (L->kind == FLM_LINEAR_ATTENTION)
                 linear_attention(c, L, s, seqs, n_seqs, l, T);
             else
-                attention(c, w, L, s, seqs, l, T);
+                attention(c, L, s, seqs, l, T);
 
 #pragma omp for schedule(static)
             for (int t = 0; t < T; t++) {
-                float *x = s->x + (size_t)t * dim, *o = s->xb2 + (size_t)t * dim;
-                for (int i = 0; i < dim; i++) x[i] += o[i];
-                rmsnorm(s->xb + (size_t)t * dim, x, L->ffn_norm, dim, c->norm_eps);
+                float *x = s->x + (size_t)t * dim;
+                add_residual(c, x, s->xb2 + (size_t)t * dim, L->post_attn_norm);
+                norm_or_copy(s->xb + (size_t)t * dim, x, L->ffn_norm, dim, c->norm_eps);
             }
             mark(s, FLM_PHASE_NORMS);
 
@@ -624,8 +653,8 @@ static void forward_rows(const FlmConfig *c, const FlmWeights *w, FlmState *s, c
             mark(s, FLM_PHASE_MLP_DOWN);
 #pragma omp for schedule(static)
             for (int t = 0; t < T; t++) {
-                float *x = s->x + (size_t)t * dim, *o = s->xb2 + (size_t)t * dim;
-                for (int i = 0; i < dim; i++) x[i] += o[i];
+                float *x = s->x + (size_t)t * dim;
+                add_residual(c, x, s->xb2 + (size_t)t * dim, L->post_ffn_norm);
                 if (s->trace)
                     memcpy(s->trace + ((size_t)l * s->trace_tokens + s->trace_offset + t) * dim, x,
                            sizeof(float) * dim);
@@ -648,6 +677,11 @@ static void forward_rows(const FlmConfig *c, const FlmWeights *w, FlmState *s, c
             }
             mark(s, FLM_PHASE_NORMS);
             matmul(c, s, logits, s->xb, w->lm_head, NULL, rows, dim, c->vocab_size);
+            if (c->logits_div != 1.0f) {
+#pragma omp for schedule(static)
+                for (int r = 0; r < rows; r++)
+                    for (int i = 0; i < c->vocab_size; i++) logits[(size_t)r * c->vocab_size + i] /= c->logits_div;
+            }
             mark(s, FLM_PHASE_LM_HEAD);
         }
     }

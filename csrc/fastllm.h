@@ -53,6 +53,12 @@ typedef struct {
     int lin_k_heads, lin_v_heads;  /* Hk, Hv */
     int lin_k_dim, lin_v_dim;      /* dk, dv */
     int conv_kernel;               /* K of the causal depthwise conv */
+    /* Switches of the layer (Granite's multipliers, OLMo 2's q/k norms);
+     * 1, 1, 1 and 0 where a model has none. */
+    float embed_scale;    /* the embeddings are multiplied by it */
+    float residual_scale; /* each sublayer's output is, before the residual add */
+    float logits_div;     /* the logits are divided by it */
+    int qk_norm_whole;    /* q_norm and k_norm span the whole q and k projections, not one head */
 } FlmConfig;
 
 /* A weight matrix (N, K): its storage type, and its data packed by flm_pack
@@ -67,13 +73,19 @@ typedef struct {
     int window;           /* attention: a query at position p sees the keys at
                              positions > p - window (sliding window), or with
                              0 every position up to p */
+    const float *rope_cos;     /* (seq_len, rope_dim/2) this layer's RoPE, */
+    const float *rope_sin;     /* or both NULL: q and k are not rotated (NoPE) */
+    /* LongRoPE: this layer's tables for a sequence longer than the original
+     * context (FlmState.rope_long chooses), or NULL. */
+    const float *rope_cos_long, *rope_sin_long;
     /* attention */
     const FlmMatrix *wq;       /* (n_heads*head_dim, dim)      */
     const FlmMatrix *wk;       /* (n_kv_heads*head_dim, dim)   */
     const FlmMatrix *wv;       /* (n_kv_heads*head_dim, dim)   */
     const FlmMatrix *wo;       /* (dim, n_heads*head_dim)      */
     const float *bq, *bk, *bv, *bo;   /* biases, or NULL   */
-    const float *q_norm, *k_norm;     /* (head_dim) per-head RMSNorm (Qwen3), or NULL */
+    const float *q_norm, *k_norm;     /* (head_dim) per-head RMSNorm (Qwen3), or with qk_norm_whole
+                                         (n_heads*head_dim), (n_kv_heads*head_dim) over all heads; or NULL */
     const FlmMatrix *w_attn_gate;          /* (n_heads*head_dim, dim): output *= sigmoid(x @ w^T), or NULL */
     /* linear attention (Gated DeltaNet); conv_dim = 2*Hk*dk + Hv*dv */
     const FlmMatrix *w_qkv;    /* (conv_dim, dim) */
@@ -86,8 +98,10 @@ typedef struct {
     const float *lin_norm;/* (dv) gated RMSNorm weight */
     const FlmMatrix *w_out;    /* (dim, Hv*dv) */
     /* both */
-    const float *attn_norm;           /* (dim) */
-    const float *ffn_norm;            /* (dim) */
+    const float *attn_norm;           /* (dim) RMSNorm of the mixer's input, or NULL */
+    const float *ffn_norm;            /* (dim) RMSNorm of the MLP's input, or NULL */
+    const float *post_attn_norm;      /* (dim) RMSNorm of the mixer's output, or NULL */
+    const float *post_ffn_norm;       /* (dim) RMSNorm of the MLP's output, or NULL */
     const FlmMatrix *w_gate;   /* (hidden_dim, dim) */
     const FlmMatrix *w_up;     /* (hidden_dim, dim) */
     const FlmMatrix *w_down;   /* (dim, hidden_dim) */
@@ -99,11 +113,6 @@ typedef struct {
     const FlmLayer *layers;   /* n_layers of them */
     const float *norm;        /* (dim) final RMSNorm */
     const FlmMatrix *lm_head; /* (vocab_size, dim), packed */
-    const float *rope_cos;    /* (seq_len, rope_dim/2) */
-    const float *rope_sin;    /* (seq_len, rope_dim/2) */
-    /* LongRoPE: the tables of a sequence longer than the original context
-     * (FlmState.rope_long chooses), or NULL. */
-    const float *rope_cos_long, *rope_sin_long;
 } FlmWeights;
 
 typedef struct {

@@ -198,7 +198,8 @@ static void set_windows(FlmLayer *layers, int n_layers, int window) {
 static void test_model(int wtype, int qk_norm, int bias, int gate, int linear, int window) {
     FlmConfig c = {.dim = 71, .hidden_dim = 100, .n_layers = 2, .n_heads = 6, .n_kv_heads = 2,
                    .head_dim = 20, .vocab_size = 97, .seq_len = 40, .rope_dim = 16,
-                   .norm_eps = 1e-5f, .attn_scale = 1.0f / sqrtf(20.0f)};
+                   .norm_eps = 1e-5f, .attn_scale = 1.0f / sqrtf(20.0f),
+                   .embed_scale = 1.0f, .residual_scale = 1.0f, .logits_div = 1.0f};
     if (linear) {
         c.lin_k_heads = 2; c.lin_v_heads = 4; c.lin_k_dim = 12; c.lin_v_dim = 10; c.conv_kernel = 4;
     }
@@ -243,8 +244,8 @@ static void test_model(int wtype, int qk_norm, int bias, int gate, int linear, i
             sinv[p * c.rope_dim / 2 + i] = sinf(a);
         }
     const void *table = own(alloc_rows(c.vocab_size, c.dim, wtype, 1.0f));
-    FlmWeights w = {.embed = matrix(table, wtype), .layers = layers,
-                    .norm = vec(c.dim, 1.0f, 0.2f), .rope_cos = cosv, .rope_sin = sinv};
+    for (int l = 0; l < c.n_layers; l++) { layers[l].rope_cos = cosv; layers[l].rope_sin = sinv; }
+    FlmWeights w = {.embed = matrix(table, wtype), .layers = layers, .norm = vec(c.dim, 1.0f, 0.2f)};
     w.lm_head = packed(table, c.vocab_size, c.dim, wtype);
 
     int n = 37;

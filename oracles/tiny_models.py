@@ -94,6 +94,23 @@ SHAPES["phi3-swa"] = dict(
     model_type="phi3", hidden_size=48, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
     num_key_value_heads=4, vocab_size=256, sliding_window=6, tie_word_embeddings=False, bos_token_id=1,
     eos_token_id=2, pad_token_id=0)
+# SmolLM3: NoPE layers among RoPE ones, listed, and every fourth by default
+# (as llama.cpp assumes); Granite: every multiplier far from 1; OLMo 2: norms
+# of the sublayer outputs only, q/k norms over the whole projection.
+SHAPES["smollm3-nope"] = dict(model_type="smollm3", hidden_size=64, intermediate_size=128, num_hidden_layers=5,
+                              num_attention_heads=4, num_key_value_heads=2, vocab_size=300,
+                              no_rope_layers=[1, 0, 1, 1, 0], attention_bias=True, tie_word_embeddings=True,
+                              bos_token_id=1, eos_token_id=2, pad_token_id=0)
+SHAPES["smollm3"] = dict(model_type="smollm3", hidden_size=48, intermediate_size=96, num_hidden_layers=4,
+                         num_attention_heads=6, num_key_value_heads=2, vocab_size=320,
+                         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+SHAPES["granite"] = dict(model_type="granite", hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=300, embedding_multiplier=12.0,
+                         residual_multiplier=0.22, attention_multiplier=0.0078125, logits_scaling=2.0,
+                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+SHAPES["olmo2"] = dict(model_type="olmo2", hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                       num_attention_heads=4, num_key_value_heads=2, vocab_size=300, tie_word_embeddings=False,
+                       bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
 
 def _make_qwen35(spec: dict, seed: int, scale: float):

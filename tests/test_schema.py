@@ -21,11 +21,13 @@ def test_schema_lists_flmlayer_fields_in_struct_order():
     body = re.search(r"typedef struct \{((?:(?!typedef).)*?)\} FlmLayer;", header, re.S).group(1)
     body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
     fields = [name for decl in body.split(";") if "*" in decl for name in re.findall(r"\*\s*(\w+)", decl)]
-    assert fields == [t.field for t in schema.LAYER]
+    # The layer's RoPE tables (LongRoPE's long ones too) come first; then one pointer per tensor.
+    assert fields[:4] == ["rope_cos", "rope_sin", "rope_cos_long", "rope_sin_long"]
+    assert fields[4:] == [t.field for t in schema.LAYER]
 
 
 @pytest.mark.parametrize("kind", ["llama-headdim-bias", "qwen2", "qwen3-untied", "qwen3_5-text",
-                                  "qwen3_5-interval"])
+                                  "qwen3_5-interval", "smollm3", "granite", "olmo2"])
 def test_schema_names_and_shapes_are_the_checkpoints(kind, tiny_model_dir):
     folder = tiny_model_dir(kind)
     cfg = ModelConfig.from_file(folder / "config.json")

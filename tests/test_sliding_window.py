@@ -13,8 +13,8 @@ import pytest
 from fastllm import Model
 from fastllm.cli import main
 from fastllm.errors import ModelFileError
-from fastllm.session import extend_together
 from oracles.hf_reference import compare_greedy, hf_greedy, hf_logits, load_hf, within
+from oracles.splits import assert_same_bits_however_split
 from oracles.tiny_models import with_config
 
 KINDS = ["mistral-swa", "mistral-headdim", "qwen2-swa", "qwen3-swa"]
@@ -72,34 +72,7 @@ def test_split_or_batched_prompts_give_the_same_bits(kind, path, kv_dtype, tiny_
     """Whole, in chunks of the work buffers, in uneven calls, token by token,
     and beside other sequences in one pass: the same logits, bit for bit."""
     simd_path(path)
-    folder = tiny_model_dir(kind)
-    load = dict(threads=2, kv_dtype=kv_dtype)
-    model = Model.from_pretrained(folder, **load)
-    ids = prompt(model.config.vocab_size, 45, seed=2)
-    whole = model.logits(ids)
-
-    chunked = Model.from_pretrained(folder, max_batch=3, **load)
-    assert np.array_equal(chunked.logits(ids), whole), "chunks of 3"
-    session = model.new_session()
-    parts = [session.extend(ids[a:b], all_logits=True) for a, b in ((0, 4), (4, 5), (5, 23), (23, 45))]
-    assert np.array_equal(np.concatenate(parts), whole), "uneven calls"
-    step = Model.from_pretrained(folder, max_batch=1, **{**load, "threads": 1}).new_session()
-    for i, t in enumerate(ids):
-        assert np.array_equal(step.step(t), whole[i]), f"token by token: position {i}"
-
-    # Three sequences at different positions in one pass (a prompt's
-    # chunk, one decoded token, a long extension), each as when alone.
-    vocab = model.config.vocab_size
-    runs = [(ids[:20], ids[20:33]), (prompt(vocab, 9, seed=3), [7]), (prompt(vocab, 12, seed=4), prompt(vocab, 18))]
-    sessions = [model.new_session() for _ in runs]
-    for session, (before, _) in zip(sessions, runs):
-        session.extend(before)
-    together = extend_together(sessions, [after for _, after in runs])
-    assert np.array_equal(together[0], whole[32]), "in a batch"
-    for (before, after), got in zip(runs, together):
-        alone = model.new_session()
-        alone.extend(before)
-        assert np.array_equal(got, alone.extend(after)), "in a batch, at another position"
+    assert_same_bits_however_split(tiny_model_dir(kind), dict(threads=2, kv_dtype=kv_dtype))
 
 
 @pytest.mark.parametrize("kind", ["mistral-swa", "qwen2-swa"])

@@ -30,7 +30,7 @@ cnp.import_array()
 from fastllm cimport cfastllm as flm
 from fastllm import schema
 
-# FlmLayer is kind and window, then one pointer per schema.LAYER tensor, in that order.
+# FlmLayer is kind, window and the RoPE tables, then one pointer per schema.LAYER tensor, in that order.
 cdef flm.FlmLayer _probe
 cdef size_t _FIRST = <size_t>(<char *>&_probe.wq - <char *>&_probe)
 if (sizeof(flm.FlmLayer) - _FIRST) // sizeof(void *) != len(schema.LAYER):
@@ -378,6 +378,7 @@ cdef class Weights:
     cdef flm.FlmWeights w
     cdef flm.FlmLayer *layers
     cdef readonly object config
+    cdef bint has_long_rope   # LongRoPE: every RoPE layer has long tables too
     cdef object _keep
     cdef int _n_threads
 
@@ -400,10 +401,12 @@ cdef class Weights:
         if kv_dtype not in kv_types:
             raise ValueError(f"kv_dtype must be one of {tuple(kv_types)}, got {kv_dtype!r}")
         c.kv_type = kv_types[kv_dtype]
-        c.norm_eps, c.attn_scale = config.rms_norm_eps, config.head_dim ** -0.5
+        c.norm_eps, c.attn_scale = config.rms_norm_eps, config.attention_scale
         c.lin_k_heads, c.lin_v_heads = config.linear_num_key_heads, config.linear_num_value_heads
         c.lin_k_dim, c.lin_v_dim = config.linear_key_head_dim, config.linear_value_head_dim
         c.conv_kernel = config.linear_conv_kernel_dim
+        c.embed_scale, c.residual_scale = config.embedding_multiplier, config.residual_multiplier
+        c.logits_div, c.qk_norm_whole = config.logits_scaling, config.qk_norm_whole
 
         self.layers = <flm.FlmLayer *>calloc(c.n_layers, sizeof(flm.FlmLayer))
         if self.layers == NULL:
@@ -423,6 +426,20 @@ cdef class Weights:
             for name, t in expected.items():
                 _set_field(&self.layers[i], name, _array_ptr(d[name], t, config, f"layer {i} {name}"))
         self.w.layers = self.layers
+        cos, sin = config.rope_tables(n_ctx)
+        cdef const float *cos_p = <const float *>_ptr(cos, np.float32, (n_ctx, c.rope_dim // 2), "rope cos")
+        cdef const float *sin_p = <const float *>_ptr(sin, np.float32, (n_ctx, c.rope_dim // 2), "rope sin")
+        long_tables = config.rope_tables_long(n_ctx)
+        cdef const float *cos_long = NULL
+        cdef const float *sin_long = NULL
+        if long_tables is not None:
+            cos_long = <const float *>_ptr(long_tables[0], np.float32, (n_ctx, c.rope_dim // 2), "rope cos (long)")
+            sin_long = <const float *>_ptr(long_tables[1], np.float32, (n_ctx, c.rope_dim // 2), "rope sin (long)")
+        self.has_long_rope = long_tables is not None
+        for i in range(c.n_layers):
+            if config.layer_rope(i):   # else NULL: a NoPE layer
+                self.layers[i].rope_cos, self.layers[i].rope_sin = cos_p, sin_p
+                self.layers[i].rope_cos_long, self.layers[i].rope_sin_long = cos_long, sin_long
         # embed None: tied, the rows are read from the packed head.
         embed = weights["embed"]
         if isinstance(embed, np.ndarray):
@@ -431,16 +448,6 @@ cdef class Weights:
             embed, schema.EMBED, config, "embedding")
         self.w.lm_head = <const flm.FlmMatrix *>_array_ptr(weights["lm_head"], schema.LM_HEAD, config, "lm_head")
         self.w.norm = <const float *>_array_ptr(weights["norm"], schema.NORM, config, "final norm")
-        cos, sin = config.rope_tables(n_ctx)
-        self.w.rope_cos = <const float *>_ptr(cos, np.float32, (n_ctx, c.rope_dim // 2), "rope cos")
-        self.w.rope_sin = <const float *>_ptr(sin, np.float32, (n_ctx, c.rope_dim // 2), "rope sin")
-        long_tables = config.rope_tables_long(n_ctx)
-        self.w.rope_cos_long = self.w.rope_sin_long = NULL
-        if long_tables is not None:
-            self.w.rope_cos_long = <const float *>_ptr(long_tables[0], np.float32, (n_ctx, c.rope_dim // 2),
-                                                       "rope cos (long)")
-            self.w.rope_sin_long = <const float *>_ptr(long_tables[1], np.float32, (n_ctx, c.rope_dim // 2),
-                                                       "rope sin (long)")
         # Copies of the containers: the arrays stay alive whatever the caller
         # later does with its dict and lists.
         self._keep = (dict(weights, embed=embed, layers=[dict(d) for d in layers]), cos, sin, long_tables)
@@ -544,7 +551,7 @@ cdef class State:
 
     @rope_long.setter
     def rope_long(self, bint value):
-        if value and self.weights.w.rope_cos_long == NULL:
+        if value and not self.weights.has_long_rope:
             raise ValueError("these weights have no long rope tables")
         self.s.rope_long = value
 

@@ -38,16 +38,24 @@ cdef extern from "fastllm.h" nogil:
         int lin_k_dim
         int lin_v_dim
         int conv_kernel
+        float embed_scale
+        float residual_scale
+        float logits_div
+        int qk_norm_whole
 
     ctypedef struct FlmMatrix:
         const void *data
         int type
 
-    # The pointer fields follow kind and window in the order of fastllm.schema.LAYER;
-    # _core sets them by index from wq on.
+    # The pointer fields follow kind, window and the RoPE tables in the order of
+    # fastllm.schema.LAYER; _core sets them by index from wq on.
     ctypedef struct FlmLayer:
         int kind
         int window
+        const float *rope_cos
+        const float *rope_sin
+        const float *rope_cos_long
+        const float *rope_sin_long
         const void *wq
 
     ctypedef struct FlmWeights:
@@ -55,10 +63,6 @@ cdef extern from "fastllm.h" nogil:
         const FlmLayer *layers
         const float *norm
         const FlmMatrix *lm_head
-        const float *rope_cos
-        const float *rope_sin
-        const float *rope_cos_long
-        const float *rope_sin_long
 
     ctypedef struct FlmState:
         int max_batch

@@ -706,6 +706,11 @@ def cmd_info(args) -> int:
         ("context (n_ctx)", f"{model.n_ctx} (max_position_embeddings {c.max_position_embeddings})"),
         *([("sliding window", f"{c.sliding_window} positions, in {sliding} of {c.num_hidden_layers} layers")]
           if (sliding := sum(c.attention_window(i) > 0 for i in range(c.num_hidden_layers))) else []),
+        *([("layers without RoPE", ", ".join(str(i) for i in range(c.num_hidden_layers) if not c.layer_rope(i))
+            or "none")] if c.no_rope_layers is not None else []),
+        *([("multipliers", f"embedding {c.embedding_multiplier}, residual {c.residual_multiplier}, "
+                           f"attention {c.attention_multiplier}, logits / {c.logits_scaling}")]
+          if c.family.multipliers else []),
         ("weights in memory", f"{weight_bytes / 2**20:.1f} MiB ({types})"),
         ("KV cache at full context", f"{kv_bytes / 2**20:.1f} MiB ({model.kv_dtype})"),
         ("threads", model.threads),

@@ -146,6 +146,41 @@ def sliding_layers(raw: dict, fam: Family, n_layers: int, path) -> tuple:
     return window, types
 
 
+def no_rope_layers(raw: dict, n_layers: int, path) -> list:
+    """Per layer, 1 where it applies RoPE and 0 where it does not, as
+    transformers' SmolLM3Config reads config.json: no_rope_layers, else every
+    no_rope_layer_interval-th layer without."""
+    flags = raw.get("no_rope_layers")
+    if flags is None:
+        interval = raw.get("no_rope_layer_interval", 4)
+        if not _positive_int(interval):
+            raise ModelFileError(path, f"no_rope_layer_interval must be a positive integer, got {interval!r}")
+        return [int((i + 1) % interval != 0) for i in range(n_layers)]
+    if (not isinstance(flags, list) or len(flags) != n_layers
+            or any(type(v) not in (int, bool) or v not in (0, 1) for v in flags)):
+        raise ModelFileError(path, f"no_rope_layers must list 1 (RoPE) or 0 (none) for each of the "
+                                   f"{n_layers} layers, got {flags!r}"[:300])
+    return [int(v) for v in flags]
+
+
+# transformers' GraniteConfig defaults (the attention's too is 1, not 1/sqrt(head_dim)).
+MULTIPLIERS = {"embedding_multiplier": 1.0, "residual_multiplier": 1.0, "attention_multiplier": 1.0,
+               "logits_scaling": 1.0}
+
+
+def scale_multipliers(raw: dict, path) -> dict:
+    """Granite's multipliers of the embeddings, the sublayer outputs and the
+    attention scores, and the divisor of the logits, where config.json
+    gives them: each a positive number."""
+    out = {}
+    for key, default in MULTIPLIERS.items():
+        value = raw.get(key, default)
+        if not (_number(value) and value > 0):
+            raise ModelFileError(path, f"{key} must be a positive number, got {value!r}")
+        out[key] = float(value)
+    return out
+
+
 @dataclass
 class ModelConfig:
     model_type: str
@@ -182,6 +217,14 @@ class ModelConfig:
     attn_output_gate: bool = False
     fused_qkv: bool = False
     fused_gate_up: bool = False
+    qk_norm_whole: bool = False      # q/k norms over the whole projection, not per head
+    pre_norms: bool = True           # RMSNorm before the attention and the MLP ...
+    post_norms: bool = False         # ... and/or of their outputs, before the residual adds
+    no_rope_layers: list | None = None   # per layer, 1 where it applies RoPE and 0 where not (NoPE)
+    embedding_multiplier: float = 1.0    # the embeddings are multiplied by it
+    residual_multiplier: float = 1.0     # each sublayer's output, before the residual add
+    attention_multiplier: float | None = None   # the softmax scale; None: 1/sqrt(head_dim)
+    logits_scaling: float = 1.0          # the logits are divided by it
     weight_prefix: str = "model."
     path: Path | None = None
 
@@ -201,6 +244,15 @@ class ModelConfig:
         if self.sliding_window and self.layer_types and self.layer_types[i] == "sliding_attention":
             return self.sliding_window
         return 0
+
+    def layer_rope(self, i: int) -> bool:
+        """Whether layer i rotates q and k (False for a NoPE layer)."""
+        return self.no_rope_layers is None or bool(self.no_rope_layers[i])
+
+    @property
+    def attention_scale(self) -> float:
+        """The factor of q.k in the softmax."""
+        return self.attention_multiplier if self.attention_multiplier is not None else self.head_dim ** -0.5
 
     @property
     def rope_dim(self) -> int:
@@ -296,6 +348,9 @@ class ModelConfig:
         sliding_window, sliding_types = sliding_layers(raw, fam, need("num_hidden_layers"), path)
         layer_types = layer_types or sliding_types
 
+        no_rope = no_rope_layers(raw, need("num_hidden_layers"), path) if fam.no_rope_layers else None
+        multipliers = scale_multipliers(raw, path) if fam.multipliers else {}
+
         eos = raw.get("eos_token_id")
         eos = [] if eos is None else list(eos) if isinstance(eos, list) else [eos]
         if not all(_token_id(i) for i in eos):
@@ -349,6 +404,11 @@ class ModelConfig:
             attn_output_gate=fam.attn_output_gate,
             fused_qkv=fam.fused_qkv,
             fused_gate_up=fam.fused_gate_up,
+            qk_norm_whole=fam.qk_norm_whole,
+            pre_norms=fam.pre_norms,
+            post_norms=fam.post_norms,
+            no_rope_layers=no_rope,
+            **multipliers,
             weight_prefix=prefix,
             path=Path(path) if path else None,
             **linear,

@@ -29,6 +29,13 @@ class Family:
     o_bias: bool | str = False           # output projection
     mlp_bias: bool | str = False
     qk_norm: bool = False                # per-head RMSNorm of q and k
+    qk_norm_whole: bool = False          # q and k normed over the whole projection (all heads at once)
+    pre_norms: bool = True               # RMSNorm before the attention and before the MLP
+    post_norms: bool = False             # RMSNorm of the attention's and the MLP's outputs
+    no_rope_layers: bool = False         # config.json's no_rope_layers (or no_rope_layer_interval)
+                                         # names layers that skip RoPE
+    multipliers: bool = False            # config.json's embedding_, residual_ and attention_multiplier
+                                         # and logits_scaling
     norm_plus_one: bool = False          # RMSNorm weights stored zero-centred: y = norm(x) * (1 + w)
     attn_output_gate: bool = False       # q_proj also yields a sigmoid gate on the attention output
     linear_attention: bool = False       # Gated DeltaNet layers, as config.json's layer_types say
@@ -75,6 +82,17 @@ FAMILIES = {
     # Phi-3/3.5-mini and Phi-4-mini: LongRoPE and partial rotary come from config.json.
     "phi3": Family("Phi3ForCausalLM", fused_qkv=True, fused_gate_up=True, sliding_window=EVERY_LAYER,
                    gguf=True, gguf_longrope=True),
+    # llama.cpp makes every fourth layer of a smollm3 GGUF a NoPE layer.
+    "smollm3": Family("SmolLM3ForCausalLM", attention_bias="attention_bias", o_bias="attention_bias",
+                      mlp_bias="mlp_bias", no_rope_layers=True, gguf=True, gguf_qk_interleaved=True,
+                      gguf_head_dim=False,
+                      refuse={"use_sliding_window": "sliding windows are not supported for smollm3"}),
+    "granite": Family("GraniteForCausalLM", attention_bias="attention_bias", o_bias="attention_bias",
+                      mlp_bias="mlp_bias", multipliers=True, gguf=True, gguf_qk_interleaved=True,
+                      gguf_head_dim=False),
+    "olmo2": Family("Olmo2ForCausalLM", attention_bias="attention_bias", o_bias="attention_bias",
+                    qk_norm=True, qk_norm_whole=True, pre_norms=False, post_norms=True, gguf=True,
+                    gguf_head_dim=False),
 }
 # llama.cpp's architecture name -> the model_type it is imported as.
 GGUF_ARCHITECTURES = {(name if f.gguf is True else f.gguf): name for name, f in FAMILIES.items() if f.gguf}

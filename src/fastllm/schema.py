@@ -27,7 +27,8 @@ class Tensor:
     matrix: bool               # a weight matrix, or a float32 vector
     kind: str = BOTH           # the layer kind that has it
     switch: str | None = None  # the ModelConfig flag that turns it on; None: always there
-    rope: str | None = None    # rows in RoPE's half-split order, per "q" or "k" head, or a "head" norm
+    rope: str | None = None    # rows in RoPE's half-split order, per "q" or "k" head, or a norm over
+                               # heads ("head": each head_dim slice of it)
     norm: bool = False         # an RMSNorm weight (stored as w - 1 where norm_plus_one)
     hf_shape: Callable | None = None  # the file's shape where it differs
     parts: tuple = ()          # a fused tensor: the LAYER fields its rows hold, in order
@@ -57,10 +58,11 @@ LAYER = (
     _t("bk", "self_attn.k_proj.bias", "attn_k.bias", lambda c: (_kv(c),), False, A, "attention_bias", rope="k"),
     _t("bv", "self_attn.v_proj.bias", "attn_v.bias", lambda c: (_kv(c),), False, A, "attention_bias"),
     _t("bo", "self_attn.o_proj.bias", "attn_output.bias", lambda c: (c.hidden_size,), False, A, "o_bias"),
-    _t("q_norm", "self_attn.q_norm.weight", "attn_q_norm.weight", lambda c: (c.head_dim,), False, A, "qk_norm",
-       rope="head", norm=True),
-    _t("k_norm", "self_attn.k_norm.weight", "attn_k_norm.weight", lambda c: (c.head_dim,), False, A, "qk_norm",
-       rope="head", norm=True),
+    # Per head, or over the whole projection (every head's slice of head_dim in turn).
+    _t("q_norm", "self_attn.q_norm.weight", "attn_q_norm.weight",
+       lambda c: (_q(c) if c.qk_norm_whole else c.head_dim,), False, A, "qk_norm", rope="head", norm=True),
+    _t("k_norm", "self_attn.k_norm.weight", "attn_k_norm.weight",
+       lambda c: (_kv(c) if c.qk_norm_whole else c.head_dim,), False, A, "qk_norm", rope="head", norm=True),
     # q_proj holds [q_h | gate_h] for each head h where the output is gated.
     _t("w_attn_gate", "self_attn.q_proj.weight", None, lambda c: (_q(c), c.hidden_size), True, A,
        "attn_output_gate"),
@@ -84,9 +86,16 @@ LAYER = (
     _t("w_out", "linear_attn.out_proj.weight", "ssm_out.weight", lambda c: (c.hidden_size, _vd(c)), True, L,
        v_heads="columns"),
     # Both kinds.
-    _t("attn_norm", "input_layernorm.weight", "attn_norm.weight", lambda c: (c.hidden_size,), False, norm=True),
+    _t("attn_norm", "input_layernorm.weight", "attn_norm.weight", lambda c: (c.hidden_size,), False,
+       switch="pre_norms", norm=True),
     _t("ffn_norm", "post_attention_layernorm.weight", "ffn_norm.weight", lambda c: (c.hidden_size,), False,
-       norm=True),
+       switch="pre_norms", norm=True),
+    # Norms of the attention's and the MLP's outputs, before the residual add. (Where a
+    # family has pre-norms, its post_attention_layernorm is ffn_norm, the MLP's input norm.)
+    _t("post_attn_norm", "post_attention_layernorm.weight", "post_attention_norm.weight",
+       lambda c: (c.hidden_size,), False, switch="post_norms", norm=True),
+    _t("post_ffn_norm", "post_feedforward_layernorm.weight", "post_ffw_norm.weight", lambda c: (c.hidden_size,),
+       False, switch="post_norms", norm=True),
     _t("w_gate", "mlp.gate_proj.weight", "ffn_gate.weight", lambda c: (c.intermediate_size, c.hidden_size), True),
     _t("w_up", "mlp.up_proj.weight", "ffn_up.weight", lambda c: (c.intermediate_size, c.hidden_size), True),
     _t("w_down", "mlp.down_proj.weight", "ffn_down.weight", lambda c: (c.hidden_size, c.intermediate_size), True),

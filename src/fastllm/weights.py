@@ -89,7 +89,7 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False, mix: str | None =
     formats.quants.plan), one tensor at a time."""
     ck = Checkpoint(folder)
     perm = rope_permutation(cfg.head_dim, cfg.rope_dim)
-    heads = {"q": cfg.num_attention_heads, "k": cfg.num_key_value_heads, "head": 1}
+    heads = {"q": cfg.num_attention_heads, "k": cfg.num_key_value_heads, "head": -1}   # -1: as many as it holds
     types = {}
     if mix is not None:
         from .formats import quants
@@ -252,7 +252,7 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
                 arr = gguf_tensors.unpermute(arr, heads[t.rope])
             arr = _permuted_heads(arr, perm, heads[t.rope])
         elif t.rope == "head":
-            arr = arr[perm]
+            arr = np.take(arr.reshape(-1, len(perm)), perm, axis=1).reshape(arr.shape)
         return np.ascontiguousarray(arr)
 
     def movable(t: schema.Tensor, dtype: str) -> bool:

@@ -21,11 +21,12 @@ from typing import Callable, Optional, Union
 import numpy as np
 
 from .. import schema
-from ..config import ModelConfig, read_json
+from ..config import ModelConfig, no_rope_layers, read_json
 from ..errors import ModelFileError
 from ..families import GGUF_ARCHITECTURES
 from . import quants
 from .gguf import OutputExistsError, progress_fn
+from .gguf_config import GGUF_NO_ROPE_INTERVAL
 from .gguf_file import ConversionError
 from .gguf_tensors import gguf_names, reshaped, slices, to_gguf_values
 from .gguf_tokenizer import (PRE_TOKENIZERS, TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_UNUSED,
@@ -100,6 +101,16 @@ def _hyperparameters(w, cfg: ModelConfig, folder: Path) -> dict:
     w.add_vocab_size(cfg.vocab_size)
     if cfg.family.linear_attention:
         _linear_attention(w, cfg, folder)
+    if cfg.family.multipliers:
+        w.add_embedding_scale(cfg.embedding_multiplier)
+        w.add_residual_scale(cfg.residual_multiplier)
+        w.add_attention_scale(cfg.attention_multiplier)
+        w.add_logit_scale(cfg.logits_scaling)
+    if cfg.no_rope_layers is not None and cfg.no_rope_layers != no_rope_layers(
+            {"no_rope_layer_interval": GGUF_NO_ROPE_INTERVAL}, cfg.num_hidden_layers, folder):
+        raise ConversionError(folder / "config.json", f"no_rope_layers {cfg.no_rope_layers} cannot be written "
+                                                      f"to GGUF: llama.cpp skips RoPE in every "
+                                                      f"{GGUF_NO_ROPE_INTERVAL}th layer, and only there")
     scaling = cfg.rope_scaling
     kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
     if cfg.family.gguf_longrope:

@@ -1,0 +1,249 @@
+"""SmolLM3, Granite and OLMo 2: switches of the one layer, against transformers.
+
+* smollm3: layers without RoPE (NoPE) among rotated ones;
+* granite: embedding, residual and attention multipliers and the logits'
+  divisor, each far from 1;
+* olmo2: norms of the attention's and the MLP's outputs instead of their
+  inputs, and q/k norms over the whole projection.
+
+The tiny checkpoints are oracles/tiny_models.py's (test_tiny_models.py
+runs them too); the bounds are those of oracles/hf_reference.py. The GGUF
+files under tests/data/coverage-gguf are llama.cpp's converter's output for
+the same shapes, with transformers' logits on the folder they were made
+from (make.py there writes both).
+"""
+import re
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from fastllm import Model
+from fastllm.cli import main
+from fastllm.errors import ModelFileError
+from fastllm.formats.gguf import ConversionError, convert_gguf
+from fastllm.formats.gguf_writer import export_gguf
+from oracles.hf_reference import compare_greedy, hf_greedy, hf_logits, load_hf, within
+from oracles.splits import assert_same_bits_however_split
+from oracles.tiny_models import with_config
+
+DATA = Path(__file__).parent / "data" / "coverage-gguf"
+KINDS = ["smollm3-nope", "smollm3", "granite", "olmo2"]
+PATHS = ["generic", "avx2", "avx512"]
+# config.json changes that turn a family's switches off: transformers' logits
+# then leave the bound, so the comparisons check what the switches do.
+SWITCHED_OFF = {
+    "smollm3-nope": dict(no_rope_layers=[1] * 5),
+    "smollm3": dict(no_rope_layers=[1] * 4),
+    "granite": dict(embedding_multiplier=1.0, residual_multiplier=1.0, logits_scaling=1.0),
+}
+
+
+def prompt(vocab, n, seed=0):
+    return np.random.default_rng(seed).integers(0, vocab, n).tolist()
+
+
+def test_switches_read_from_config(tiny_model_dir):
+    nope = Model.from_pretrained(tiny_model_dir("smollm3-nope")).config
+    assert [nope.layer_rope(i) for i in range(5)] == [True, False, True, True, False]
+    default = Model.from_pretrained(tiny_model_dir("smollm3")).config   # every fourth layer
+    assert [default.layer_rope(i) for i in range(4)] == [True, True, True, False]
+    granite = Model.from_pretrained(tiny_model_dir("granite")).config
+    assert (granite.embedding_multiplier, granite.residual_multiplier, granite.attention_scale,
+            granite.logits_scaling) == (12.0, 0.22, 0.0078125, 2.0)
+    olmo = Model.from_pretrained(tiny_model_dir("olmo2")).config
+    assert (olmo.pre_norms, olmo.post_norms, olmo.qk_norm_whole) == (False, True, True)
+
+
+@pytest.mark.parametrize("kind, shown", [
+    ("smollm3-nope", "layers without RoPE +1, 4\n"),
+    ("granite", "multipliers +embedding 12.0, residual 0.22, attention 0.0078125, logits / 2.0\n"),
+])
+def test_info_shows_the_switches(kind, shown, tiny_model_dir, capsys):
+    assert main(["info", "--model", str(tiny_model_dir(kind)), "--threads", "1"]) == 0
+    assert re.search(shown, capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_logits_and_greedy_match_transformers(kind, path, tiny_model_dir, simd_path, tmp_path):
+    simd_path(path)
+    folder = tiny_model_dir(kind)
+    ours = Model.from_pretrained(folder, threads=2)
+    ids = prompt(ours.config.vocab_size, 40, seed=1)
+    got = ours.logits(ids)
+    ok, err, ratio = within(got, hf_logits(load_hf(folder), ids))
+    assert ok, f"{path} {kind}: max |err| {err:.3g} exceeds the bound"
+    if kind in SWITCHED_OFF:
+        plain = load_hf(with_config(folder, tmp_path / "plain", **SWITCHED_OFF[kind]))
+        assert not within(got, hf_logits(plain, ids))[0], f"{kind}: the switches change nothing"
+
+    want, margins = hf_greedy(load_hf(folder), ids[:7], 40)
+    tokens = list(ours.generate_tokens(ids[:7], 40, stop_token_ids=()))
+    same, compared, diverged = compare_greedy(tokens, want, margins)
+    assert same, f"{path} {kind}: token {diverged} differs with margin {margins[diverged]:.3g}"
+    assert compared >= 8, f"{kind}: only {compared} tokens compared"
+    print(f"{path} {kind}: err/bound {ratio:.3f}, {compared} greedy tokens, "
+          f"smallest margin {min(margins[:compared]):.3g}")
+
+
+@pytest.mark.parametrize("kv_dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_split_or_batched_prompts_give_the_same_bits(kind, path, kv_dtype, tiny_model_dir, simd_path):
+    simd_path(path)
+    assert_same_bits_however_split(tiny_model_dir(kind), dict(threads=2, kv_dtype=kv_dtype))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_thread_counts_give_the_same_bits(kind, tiny_model_dir):
+    folder = tiny_model_dir(kind)
+    ids = prompt(200, 37, seed=6)
+    one = Model.from_pretrained(folder, threads=1).logits(ids)
+    for threads in (2, 3):
+        assert np.array_equal(Model.from_pretrained(folder, threads=threads).logits(ids), one), threads
+
+
+@pytest.mark.parametrize("kind, changes, message", [
+    ("smollm3", dict(no_rope_layers=[1, 0, 1]), "no_rope_layers must list 1"),
+    ("smollm3", dict(no_rope_layers=[1, 2, 1, 0]), "no_rope_layers must list 1"),
+    ("smollm3", dict(no_rope_layers=None, no_rope_layer_interval=0), "no_rope_layer_interval must be"),
+    ("smollm3", dict(use_sliding_window=True, sliding_window=8), "sliding windows are not supported"),
+    ("granite", dict(residual_multiplier=0), "residual_multiplier must be a positive number"),
+    ("granite", dict(logits_scaling="8"), "logits_scaling must be a positive number"),
+    ("granite", dict(attention_multiplier=float("inf")), "attention_multiplier must be"),
+])
+def test_bad_switch_settings_are_refused(kind, changes, message, tiny_model_dir, tmp_path):
+    with pytest.raises(ModelFileError, match=message):
+        Model.from_pretrained(with_config(tiny_model_dir(kind), tmp_path / "bad", **changes))
+
+
+# ------------------------------------------------------------------ GGUF
+
+GGUF_KINDS = ["smollm3", "granite", "olmo2"]
+
+
+def reference(kind):
+    data = np.load(DATA / f"{kind}.npz")
+    return data["ids"].tolist(), data["logits"]
+
+
+@pytest.mark.parametrize("dtype", ["gguf", "f32"])
+@pytest.mark.parametrize("kind", GGUF_KINDS)
+def test_llama_cpp_gguf_matches_transformers(kind, dtype, fastllm_home):
+    """The converter's file, run natively (its own tensors) and through the
+    folder it converts to, against transformers on the original folder."""
+    ids, want = reference(kind)
+    ours = Model.from_pretrained(DATA / f"{kind}.gguf", dtype=dtype, threads=2)
+    ok, err, ratio = within(ours.logits(ids), want)
+    assert ok, f"{kind} {dtype}: max |err| {err:.3g} exceeds the bound"
+
+
+@pytest.mark.parametrize("kind", GGUF_KINDS)
+def test_converted_folder_runs_in_transformers(kind, tmp_path):
+    """The config.json fastllm writes for the file says to transformers what
+    the file says to llama.cpp (llama.cpp's NoPE layers, Granite's scales)."""
+    ids, want = reference(kind)
+    folder = convert_gguf(DATA / f"{kind}.gguf", tmp_path / kind, progress=False)
+    ok, err, _ = within(hf_logits(load_hf(folder), ids), want)
+    assert ok, f"{kind}: max |err| {err:.3g}"
+
+
+def _fields(path):
+    r = gguf.GGUFReader(str(path))
+    arch = r.fields["general.architecture"].contents()
+    md = {f.name: f.contents() for f in r.fields.values() if f.name.startswith(arch + ".")}
+    return md, {t.name: np.array(t.data) for t in r.tensors}
+
+
+@pytest.mark.parametrize("kind", GGUF_KINDS)
+def test_export_equals_llama_cpp_converter(kind, tmp_path):
+    """fastllm convert FOLDER OUT.gguf writes the converter's tensors, bit
+    for bit, and its hyperparameters."""
+    folder = convert_gguf(DATA / f"{kind}.gguf", tmp_path / kind, progress=False)
+    out = export_gguf(folder, tmp_path / f"{kind}.gguf", "f32")
+    want_md, want_tensors = _fields(DATA / f"{kind}.gguf")
+    got_md, got_tensors = _fields(out)
+    assert {k: got_md.get(k) for k in want_md} == want_md
+    assert got_tensors.keys() == want_tensors.keys()
+    for name, value in want_tensors.items():
+        assert np.array_equal(got_tensors[name], value), name
+
+
+def test_export_refuses_nope_layers_llama_cpp_cannot_say(tiny_model_dir, tmp_path):
+    with pytest.raises(ConversionError, match="llama.cpp skips RoPE in every 4th layer"):
+        export_gguf(tiny_model_dir("smollm3-nope"), tmp_path / "x.gguf", "f32")
+
+
+# ------------------------------------------------------------ chat template
+
+# A template built the way SmolLM3-3B's is (written for this test: the hub
+# is out of reach here): a system header whose reasoning mode comes from
+# enable_thinking (true when not passed) unless the system message says
+# /think or /no_think, today's date from strftime_now, tools gathered in a
+# namespace, {% generation %} around assistant turns, and an empty think
+# block before answers in /no_think mode.
+SMOLLM3_LIKE_TEMPLATE = """\
+{%- if enable_thinking is not defined -%}{%- set enable_thinking = true -%}{%- endif -%}
+{%- set mode = "/think" if enable_thinking else "/no_think" -%}
+{{- "<|im_start|>system\\n" -}}
+{%- if messages[0].role == "system" -%}
+  {%- set system_message = messages[0].content -%}
+  {%- if "/no_think" in system_message -%}{%- set mode = "/no_think" -%}
+  {%- elif "/think" in system_message -%}{%- set mode = "/think" -%}{%- endif -%}
+  {%- set custom = system_message.replace("/no_think", "").replace("/think", "").rstrip() -%}
+{%- endif -%}
+{{- "Today Date: " ~ strftime_now("%d %B %Y") ~ "\\nReasoning Mode: " + mode + "\\n\\n" -}}
+{%- if custom -%}{{- custom + "\\n\\n" -}}
+{%- elif mode == "/think" -%}{{- "Think step by step.\\n\\n" -}}
+{%- else -%}{{- "Answer directly.\\n\\n" -}}{%- endif -%}
+{%- if xml_tools -%}
+  {%- set ns = namespace(text="<tools>\\n") -%}
+  {%- for tool in xml_tools[:] -%}{%- set ns.text = ns.text ~ (tool | string) ~ "\\n" -%}{%- endfor -%}
+  {{- ns.text + "</tools>\\n" -}}
+{%- endif -%}
+{{- "<|im_end|>\\n" -}}
+{%- for message in messages -%}
+  {%- set content = message.content if message.content is string else "" -%}
+  {%- if message.role == "user" or message.role == "tool" -%}
+    {{ "<|im_start|>user\\n" + content + "<|im_end|>\\n" }}
+  {%- elif message.role == "assistant" -%}
+    {% generation %}
+    {%- set empty = "" if mode == "/think" else "<think>\\n\\n</think>\\n" -%}
+    {{ "<|im_start|>assistant\\n" + empty + content.lstrip("\\n") + "<|im_end|>\\n" }}
+    {% endgeneration %}
+  {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+  {{ "<|im_start|>assistant\\n" + ("" if mode == "/think" else "<think>\\n\\n</think>\\n") }}
+{%- endif -%}
+"""
+
+USER = {"role": "user", "content": "Hi /think there"}
+ANSWER = {"role": "assistant", "content": "\n\nHello."}
+
+
+@pytest.mark.parametrize("messages, kwargs", [
+    ([USER], {}),
+    ([USER], {"enable_thinking": False}),
+    ([{"role": "system", "content": "Be brief. /no_think"}, USER, ANSWER, USER], {}),
+    ([{"role": "system", "content": "Be brief /think  "}, USER, ANSWER], {"enable_thinking": False}),
+    ([USER, ANSWER, {"role": "tool", "content": "42"}, {"role": "assistant", "content": None}],
+     {"xml_tools": [{"name": "f", "parameters": {}}]}),
+])
+@pytest.mark.parametrize("add_generation_prompt", [False, True])
+def test_reasoning_switch_renders_as_transformers(messages, kwargs, add_generation_prompt):
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from fastllm.chat_template import render_chat
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE()))
+    tok.chat_template = SMOLLM3_LIKE_TEMPLATE
+    want = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                   **kwargs)
+    got = render_chat(SMOLLM3_LIKE_TEMPLATE, messages, add_generation_prompt=add_generation_prompt, **kwargs)
+    assert got == want
+    system = messages[0]["content"] if messages[0]["role"] == "system" else ""
+    no_think = "/no_think" in system or (kwargs.get("enable_thinking") is False and "/think" not in system)
+    assert ("Reasoning Mode: /no_think" in got) == no_think
