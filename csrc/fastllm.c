@@ -301,7 +301,7 @@ static void rope(float *h, const float *cos_row, const float *sin_row, int rope_
     }
 }
 
-/* hb = silu(xb @ w_gate^T) * (xb @ w_up^T), group of rows by group of rows,
+/* hb = act(xb @ w_gate^T) * (xb @ w_up^T), group of rows by group of rows,
  * so the gate and up values are combined while still in cache. */
 static void gate_up(const FlmConfig *c, const FlmLayer *L, FlmState *s, int T) {
     const int hidden = c->hidden_dim, dim = c->dim;
@@ -309,6 +309,8 @@ static void gate_up(const FlmConfig *c, const FlmLayer *L, FlmState *s, int T) {
     const int panels = (hidden + FLM_PANEL - 1) / FLM_PANEL, groups = (panels + per - 1) / per;
     MatJob jobs[2] = {{s->hb, L->w_gate, L->b_gate, hidden, hidden}, {s->hb2, L->w_up, L->b_up, hidden, hidden}};
     const MatInput in = matmul_input(s, s->xb, T, dim, jobs, 2, c->float_acts);
+    void (*act_mul)(float *, const float *, int) =
+        c->activation == FLM_GELU_TANH ? flm_kernels->gelu_tanh_mul : flm_kernels->silu_mul;
 #pragma omp for schedule(static)
     for (int g = 0; g < groups * tb; g++) {
         int p0 = g / tb * per, np = imin(per, panels - p0);
@@ -318,7 +320,7 @@ static void gate_up(const FlmConfig *c, const FlmLayer *L, FlmState *s, int T) {
             matmul_panels(jobs[j].out + (size_t)t0 * hidden, hidden, &in, t0, jobs[j].w, jobs[j].bias, nt, dim,
                           hidden, p0, np);
         for (int t = t0; t < t0 + nt; t++)
-            flm_kernels->silu_mul(s->hb + (size_t)t * hidden + r0, s->hb2 + (size_t)t * hidden + r0, nr);
+            act_mul(s->hb + (size_t)t * hidden + r0, s->hb2 + (size_t)t * hidden + r0, nr);
     }
 }
 
@@ -345,8 +347,14 @@ static void embed_row(float *out, const FlmWeights *w, int token, int dim) {
  * scores of 16 keys come from one multiply-add per dimension; each score is
  * the same chain over the dimensions however the blocks are grouped, so
  * batched and one-token passes agree bit for bit. */
-static void softmax(float *att, int n, float scale) {
-    const float max = flm_kernels->scale_max(att, n, scale);
+static void softmax(const FlmConfig *c, float *att, int n) {
+    float max;
+    if (c->attn_softcap > 0.0f) {   /* the scaled scores soft-capped, as Gemma 2 does */
+        flm_kernels->scale(att, n, c->attn_scale);
+        max = flm_kernels->softcap_max(att, n, c->attn_softcap);
+    } else {
+        max = flm_kernels->scale_max(att, n, c->attn_scale);
+    }
     flm_kernels->scale(att, n, 1.0f / flm_kernels->exp_sum(att, n, max));
 }
 
@@ -366,7 +374,7 @@ static void attend(const FlmConfig *c, float *out, const float *q, void *kblocks
     const int first = first_key(pos, window), base = key_block(first), n = pos + 1 - first;
     const int hd = c->head_dim, kvd = kv_dim(c);
     flm_kernels->key_scores(att, q, kv_elem(c, kblocks, (size_t)base * hd), pos + 1 - base, hd, c->kv_type);
-    softmax(att + first - base, n, c->attn_scale);
+    softmax(c, att + first - base, n);
     flm_kernels->weighted_sum(out, att + first - base, kv_elem(c, vc, (size_t)first * kvd), n, kvd, hd,
                               c->kv_type);
 }
@@ -382,8 +390,8 @@ static void attend2(const FlmConfig *c, float *out0, float *out1, const float *q
     float *p0 = att0 + first0 - base, *p1 = att1 + first1 - base;
     flm_kernels->key_scores2(att0, att1, q0, q1, kv_elem(c, kblocks, (size_t)base * hd), pos + 2 - base, hd,
                              c->kv_type);
-    softmax(p0, n0, c->attn_scale);
-    softmax(p1, n1, c->attn_scale);
+    softmax(c, p0, n0);
+    softmax(c, p1, n1);
     if (first0 == first1) {
         flm_kernels->weighted_sum2(out0, out1, p0, p1, kv_elem(c, vc, (size_t)first0 * kvd), n0, kvd, hd,
                                    c->kv_type);
@@ -681,6 +689,13 @@ static void forward_rows(const FlmConfig *c, const FlmWeights *w, FlmState *s, c
 #pragma omp for schedule(static)
                 for (int r = 0; r < rows; r++)
                     for (int i = 0; i < c->vocab_size; i++) logits[(size_t)r * c->vocab_size + i] /= c->logits_div;
+            }
+            if (c->logit_softcap > 0.0f) {
+                /* Elementwise, in fixed chunks: the same bits however many threads. */
+                const size_t total = (size_t)rows * c->vocab_size, chunk = 4096;
+#pragma omp for schedule(static)
+                for (size_t i = 0; i < total; i += chunk)
+                    flm_kernels->softcap_max(logits + i, (int)(total - i < chunk ? total - i : chunk), c->logit_softcap);
             }
             mark(s, FLM_PHASE_LM_HEAD);
         }

@@ -31,6 +31,8 @@ enum {
     FLM_TYPES
 };
 enum { FLM_ATTENTION = 0, FLM_LINEAR_ATTENTION = 1 };
+/* The MLP's gate activation: act(x @ w_gate^T) * (x @ w_up^T). */
+enum { FLM_SILU = 0, FLM_GELU_TANH = 1 };
 
 typedef struct {
     int dim;          /* hidden_size */
@@ -59,6 +61,10 @@ typedef struct {
     float residual_scale; /* each sublayer's output is, before the residual add */
     float logits_div;     /* the logits are divided by it */
     int qk_norm_whole;    /* q_norm and k_norm span the whole q and k projections, not one head */
+    /* Gemma's switches; 0 where a model has none. */
+    int activation;       /* FLM_SILU or FLM_GELU_TANH (GeLU's tanh approximation) */
+    float attn_softcap;   /* > 0: attention scores (scaled) become cap * tanh(score / cap) */
+    float logit_softcap;  /* > 0: the logits likewise */
 } FlmConfig;
 
 /* A weight matrix (N, K): its storage type, and its data packed by flm_pack

@@ -1,4 +1,4 @@
-/* Attention, softmax, delta-rule and elementwise kernels for each path:
+/* Attention, softmax, delta-rule and elementwise (SiLU, GeLU, tanh soft-cap) kernels for each path:
  * generic C, AVX2+FMA, AVX-512; the dispatch table (matmul kernels: gemm.c). */
 #include "kernels.h"
 #include "quant.h"
@@ -85,10 +85,32 @@ static void silu_mul_generic(float *g, const float *u, int n) {
     for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+/* GeLU's tanh approximation, its terms in the order PyTorch's CPU kernel
+ * takes them. */
+#define GELU_BETA 0.7978845608028654f   /* sqrt(2/pi) */
+#define GELU_KAPPA 0.044715f
+
+static void gelu_tanh_mul_generic(float *g, const float *u, int n) {
+    for (int i = 0; i < n; i++) {
+        const float x = g[i], inner = GELU_BETA * (x + GELU_KAPPA * (x * x * x));
+        g[i] = 0.5f * x * (1.0f + tanhf(inner)) * u[i];
+    }
+}
+
+static float softcap_max_generic(float *x, int n, float cap) {
+    float max = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        x[i] = tanhf(x[i] / cap) * cap;
+        if (x[i] > max) max = x[i];
+    }
+    return max;
+}
+
 static const FlmKernels kernels_generic = {
     "generic", flm_gemm_f32_generic, flm_gemm_bf16_generic, NULL,
     key_scores_generic, exp_sum_generic, NULL, NULL, scale_max_generic, scale_generic,
     weighted_sum_generic, delta_rule_generic, rmsnorm_generic, silu_mul_generic,
+    gelu_tanh_mul_generic, softcap_max_generic,
     60,
 };
 
@@ -156,10 +178,96 @@ static AVX2 void weighted_sum_avx2(float *out, const float *p, const void *v, in
 #undef CALL
 }
 
+/* exp(x) for x in [-87, 88] (clamped there), as exp16 below computes it:
+ * 2^n * p(r), x = n*ln2 + r, 2^n built in the exponent bits. */
+INLINE AVX2 __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* tanh(x): below |x| = 0.625 an odd polynomial (Cephes' tanhf), above it
+ * 1 - 2 / (exp(2|x|) + 1) with x's sign; within a few ulp of tanhf. NaN
+ * stays NaN. */
+#define TANH_SMALL 0.625f
+#define TANH_P4 -5.70498872745e-3f
+#define TANH_P3 2.06390887954e-2f
+#define TANH_P2 -5.37397155531e-2f
+#define TANH_P1 1.33314422036e-1f
+#define TANH_P0 -3.33332819422e-1f
+
+INLINE AVX2 __m256 tanh8(__m256 x) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+    const __m256 a = _mm256_andnot_ps(sign, x), z = _mm256_mul_ps(x, x);
+    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(TANH_P4), z, _mm256_set1_ps(TANH_P3));
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(TANH_P2));
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(TANH_P1));
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(TANH_P0));
+    const __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(p, z), x, x);
+    const __m256 e = exp8(_mm256_add_ps(a, a));
+    __m256 large = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one)));
+    large = _mm256_or_ps(large, _mm256_and_ps(sign, x));
+    __m256 out = _mm256_blendv_ps(large, small, _mm256_cmp_ps(a, _mm256_set1_ps(TANH_SMALL), _CMP_LT_OQ));
+    return _mm256_blendv_ps(out, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+static AVX2 void gelu_tanh_mul_avx2(float *g, const float *u, int n) {
+    const __m256 beta = _mm256_set1_ps(GELU_BETA), kappa = _mm256_set1_ps(GELU_KAPPA);
+    const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(g + i);
+        const __m256 cube = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+        const __m256 inner = _mm256_mul_ps(beta, _mm256_add_ps(x, _mm256_mul_ps(kappa, cube)));
+        const __m256 y = _mm256_mul_ps(_mm256_mul_ps(half, x), _mm256_add_ps(one, tanh8(inner)));
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(y, _mm256_loadu_ps(u + i)));
+    }
+    if (i < n) {   /* the tail through a padded vector, computed as the full ones */
+        float x[8] = {0}, v[8] = {0};
+        memcpy(x, g + i, sizeof(float) * (n - i));
+        memcpy(v, u + i, sizeof(float) * (n - i));
+        gelu_tanh_mul_avx2(x, v, 8);
+        memcpy(g + i, x, sizeof(float) * (n - i));
+    }
+}
+
+static AVX2 float softcap_max_avx2(float *x, int n, float cap) {
+    const __m256 vc = _mm256_set1_ps(cap);
+    __m256 mx = _mm256_set1_ps(-INFINITY);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_mul_ps(tanh8(_mm256_div_ps(_mm256_loadu_ps(x + i), vc)), vc);
+        _mm256_storeu_ps(x + i, v);
+        mx = _mm256_max_ps(v, mx);   /* a NaN in v keeps mx, as the scalar loop does */
+    }
+    float lanes[8], max = -INFINITY;
+    _mm256_storeu_ps(lanes, mx);
+    for (int j = 0; j < 8; j++) max = lanes[j] > max ? lanes[j] : max;
+    if (i < n) {
+        float t[8] = {0};
+        memcpy(t, x + i, sizeof(float) * (n - i));
+        softcap_max_avx2(t, 8, cap);
+        memcpy(x + i, t, sizeof(float) * (n - i));
+        for (int j = 0; j < n - i; j++) max = t[j] > max ? t[j] : max;
+    }
+    return max;
+}
+
 static const FlmKernels kernels_avx2 = {
     "avx2", flm_gemm_f32_avx2, flm_gemm_bf16_avx2, NULL, key_scores_avx2,
     exp_sum_generic, NULL, NULL, scale_max_generic, scale_generic, weighted_sum_avx2,
-    delta_rule_generic, rmsnorm_generic, silu_mul_generic,
+    delta_rule_generic, rmsnorm_generic, silu_mul_generic, gelu_tanh_mul_avx2, softcap_max_avx2,
     60,
 };
 
@@ -420,10 +528,52 @@ static AVX512 void silu_mul_avx512(float *g, const float *u, int n) {
     }
 }
 
+INLINE AVX512 __m512 tanh16(__m512 x) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 a = _mm512_abs_ps(x), z = _mm512_mul_ps(x, x);
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(TANH_P4), z, _mm512_set1_ps(TANH_P3));
+    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(TANH_P2));
+    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(TANH_P1));
+    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(TANH_P0));
+    const __m512 small = _mm512_fmadd_ps(_mm512_mul_ps(p, z), x, x);
+    const __m512 e = exp16(_mm512_add_ps(a, a));
+    __m512 large = _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, one)));
+    large = _mm512_or_ps(large, _mm512_and_ps(_mm512_set1_ps(-0.0f), x));
+    const __m512 out = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, _mm512_set1_ps(TANH_SMALL), _CMP_LT_OQ),
+                                            large, small);
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), out, x);
+}
+
+static AVX512 void gelu_tanh_mul_avx512(float *g, const float *u, int n) {
+    const __m512 beta = _mm512_set1_ps(GELU_BETA), kappa = _mm512_set1_ps(GELU_KAPPA);
+    const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 m = tail_mask(n - i);
+        const __m512 x = _mm512_maskz_loadu_ps(m, g + i);
+        const __m512 cube = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
+        const __m512 inner = _mm512_mul_ps(beta, _mm512_add_ps(x, _mm512_mul_ps(kappa, cube)));
+        const __m512 y = _mm512_mul_ps(_mm512_mul_ps(half, x), _mm512_add_ps(one, tanh16(inner)));
+        _mm512_mask_storeu_ps(g + i, m, _mm512_mul_ps(y, _mm512_maskz_loadu_ps(m, u + i)));
+    }
+}
+
+static AVX512 float softcap_max_avx512(float *x, int n, float cap) {
+    const __m512 vc = _mm512_set1_ps(cap);
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 m = tail_mask(n - i);
+        const __m512 v = _mm512_mul_ps(tanh16(_mm512_div_ps(_mm512_maskz_loadu_ps(m, x + i), vc)), vc);
+        _mm512_mask_storeu_ps(x + i, m, v);
+        mx = _mm512_mask_max_ps(mx, m, v, mx);   /* a NaN in v keeps mx, as the scalar loop does */
+    }
+    return _mm512_reduce_max_ps(mx);
+}
+
 static const FlmKernels kernels_avx512 = {
     "avx512", flm_gemm_f32_avx512, flm_gemm_bf16_avx512, NULL, key_scores_avx512,
     exp_sum_avx512, key_scores2_avx512, weighted_sum2_avx512, scale_max_avx512, scale_avx512,
     weighted_sum_avx512, delta_rule_avx512, rmsnorm_avx512, silu_mul_avx512,
+    gelu_tanh_mul_avx512, softcap_max_avx512,
     60,
 };
 
@@ -433,6 +583,7 @@ static const FlmKernels kernels_avx512_bf16 = {
     "avx512_bf16", flm_gemm_f32_avx512, flm_gemm_bf16_dp_avx512, flm_to_bf16_avx512,
     key_scores_avx512, exp_sum_avx512, key_scores2_avx512, weighted_sum2_avx512, scale_max_avx512,
     scale_avx512, weighted_sum_avx512, delta_rule_avx512, rmsnorm_avx512, silu_mul_avx512,
+    gelu_tanh_mul_avx512, softcap_max_avx512,
     60,
 };
 
@@ -449,6 +600,7 @@ static const FlmKernels kernels_amx_bf16 = {
     "amx_bf16", flm_gemm_f32_avx512, flm_gemm_bf16_amx, flm_to_bf16_avx512,
     key_scores_avx512, exp_sum_avx512, key_scores2_avx512, weighted_sum2_avx512, scale_max_avx512,
     scale_avx512, weighted_sum_avx512, delta_rule_avx512, rmsnorm_avx512, silu_mul_avx512,
+    gelu_tanh_mul_avx512, softcap_max_avx512,
     64,
 };
 

@@ -52,6 +52,12 @@ typedef struct {
     void (*rmsnorm)(float *out, const float *x, const float *weight, int n, float eps);
     /* g = silu(g) * u */
     void (*silu_mul)(float *g, const float *u, int n);
+    /* g = gelu(g) * u, GeLU's tanh approximation:
+     * gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+    void (*gelu_tanh_mul)(float *g, const float *u, int n);
+    /* x[i] = cap * tanh(x[i] / cap) for i < n (soft-capping); returns the
+     * largest new x (NaN ignored). */
+    float (*softcap_max)(float *x, int n, float cap);
     /* Tokens per parallel work item of a batched matmul: a whole number
      * of the gemm's token tiles. */
     int token_block;

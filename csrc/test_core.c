@@ -3,7 +3,9 @@
  *  - with 1 and 3 threads (bit for bit),
  *  - on every SIMD path this CPU has, against the portable path (close),
  *  - with fp32 and bf16 weights, q/k norms, biases, the attention output
- *    gate, a Gated DeltaNet layer and sliding-window attention,
+ *    gate, a Gated DeltaNet layer and sliding-window attention, and Gemma's
+ *    switches (GeLU, soft-capped scores and logits, sandwich norms),
+ *  - the GeLU and soft-cap kernels of every path against double precision,
  *  - with every quantized weight type: the int8 matmul of each SIMD path
  *    against the portable one (bit for bit), the fp32-activation matmul
  *    against the fp32 matmul of the dequantized matrix (bit for bit), and
@@ -195,11 +197,20 @@ static void set_windows(FlmLayer *layers, int n_layers, int window) {
     for (int l = 0; l < n_layers; l++) layers[l].window = window ? window + 14 * l : 0;
 }
 
-static void test_model(int wtype, int qk_norm, int bias, int gate, int linear, int window) {
+/* gemma: the GeLU-tanh MLP, attention scores and logits soft-capped (caps
+ * the random scores and logits reach), scaled embeddings and norms around
+ * both sublayers. */
+static void test_model(int wtype, int qk_norm, int bias, int gate, int linear, int window, int gemma) {
     FlmConfig c = {.dim = 71, .hidden_dim = 100, .n_layers = 2, .n_heads = 6, .n_kv_heads = 2,
                    .head_dim = 20, .vocab_size = 97, .seq_len = 40, .rope_dim = 16,
                    .norm_eps = 1e-5f, .attn_scale = 1.0f / sqrtf(20.0f),
                    .embed_scale = 1.0f, .residual_scale = 1.0f, .logits_div = 1.0f};
+    if (gemma) {
+        c.activation = FLM_GELU_TANH;
+        c.attn_softcap = 0.5f;
+        c.logit_softcap = 2.0f;
+        c.embed_scale = 3.0f;
+    }
     if (linear) {
         c.lin_k_heads = 2; c.lin_v_heads = 4; c.lin_k_dim = 12; c.lin_v_dim = 10; c.conv_kernel = 4;
     }
@@ -219,6 +230,10 @@ static void test_model(int wtype, int qk_norm, int bias, int gate, int linear, i
         L->w_down = mat(c.dim, c.hidden_dim, wtype, 0.3f);
         L->attn_norm = vec(c.dim, 1.0f, 0.2f);
         L->ffn_norm = vec(c.dim, 1.0f, 0.2f);
+        if (gemma) {
+            L->post_attn_norm = vec(c.dim, 1.0f, 0.2f);
+            L->post_ffn_norm = vec(c.dim, 1.0f, 0.2f);
+        }
         if (linear && l == 0) {
             linear_layer(L, &c, wtype);
             continue;
@@ -298,8 +313,8 @@ static void test_model(int wtype, int qk_norm, int bias, int gate, int linear, i
             CHECK(memcmp(whole, other, sz * 4) == 0, "%s: a window of the whole context differs from none", paths[pi]);
             CHECK(memcmp(whole, full, sz * 4) != 0, "%s: the sliding window changes nothing", paths[pi]);
         }
-        printf("ok  %-11s wtype=%d qk_norm=%d bias=%d gate=%d linear=%d window=%d  (err/bound vs portable %.3f)\n",
-               paths[pi], wtype, qk_norm, bias, gate, linear, window, maxerr);
+        printf("ok  %-11s wtype=%d qk_norm=%d bias=%d gate=%d linear=%d window=%d gemma=%d  "
+               "(err/bound vs portable %.3f)\n", paths[pi], wtype, qk_norm, bias, gate, linear, window, gemma, maxerr);
         /* A 16-bit KV cache: keys and values rounded once when written, then
          * read exactly, so every run of it agrees with itself bit for bit,
          * and it stays near the fp32 cache (bf16 keeps 8 bits, f16 11; where
@@ -362,6 +377,47 @@ static void test_conversions(void) {
     printf("ok  f16/bf16 conversions\n");
 }
 
+/* GeLU-tanh and soft-capping on every path: each value within a few ulp of
+ * the double-precision function, over the range where tanh turns from its
+ * polynomial to its exponential form and saturates, with ragged tails. */
+static void test_elementwise(void) {
+    enum { N = 1037 };
+    float x[N], u[N], g[N], capped[N];
+    for (int i = 0; i < N; i++) {
+        x[i] = (i - N / 2) * 0.025f + 0.001f * frand();   /* about -13 .. 13 */
+        u[i] = 0.5f + frand();
+    }
+    const char *paths[] = {"generic", "avx2", "avx512", "avx512_bf16", "amx_bf16"};
+    const float cap = 3.0f;
+    for (int pi = 0; pi < 5; pi++) {
+        if (flm_set_simd_path(paths[pi]) != 0) continue;
+        for (int n = N; n >= N - 21; n -= 7) {   /* whole vectors and tails */
+            memcpy(g, x, sizeof g);
+            memcpy(capped, x, sizeof capped);
+            flm_kernels->gelu_tanh_mul(g, u, n);
+            float max = flm_kernels->softcap_max(capped, n, cap), want_max = -INFINITY;
+            double gelu_err = 0, cap_err = 0;
+            for (int i = 0; i < n; i++) {
+                double v = x[i], inner = 0.7978845608028654 * (v + 0.044715 * v * v * v);
+                double want_g = 0.5 * v * (1.0 + tanh(inner)) * u[i], want_c = tanh(v / cap) * cap;
+                gelu_err = fmax(gelu_err, fabs(g[i] - want_g) / (1e-6 + 1e-6 * fabs(want_g)));
+                cap_err = fmax(cap_err, fabs(capped[i] - want_c) / (1e-6 * cap));
+                if (capped[i] > want_max) want_max = capped[i];
+            }
+            CHECK(gelu_err <= 1.0, "%s n=%d: gelu_tanh_mul off by %.2f of its bound", paths[pi], n, gelu_err);
+            CHECK(cap_err <= 1.0, "%s n=%d: softcap_max off by %.2f of its bound", paths[pi], n, cap_err);
+            CHECK(max == want_max, "%s n=%d: softcap_max returns %g, the largest value is %g", paths[pi], n, max,
+                  want_max);
+            CHECK(memcmp(g + n, x + n, sizeof(float) * (N - n)) == 0 &&
+                  memcmp(capped + n, x + n, sizeof(float) * (N - n)) == 0, "%s n=%d: wrote past n", paths[pi], n);
+        }
+        float nan_in[3] = {NAN, 1.0f, -2.0f};
+        CHECK(flm_kernels->softcap_max(nan_in, 3, cap) == nan_in[1] && isnan(nan_in[0]),
+              "%s: softcap_max does not keep NaN as NaN and out of the max", paths[pi]);
+        printf("ok  %-11s gelu_tanh_mul, softcap_max\n", paths[pi]);
+    }
+}
+
 /* The matmul alone, for a quantized type: the int8 path of every SIMD path
  * against the portable one, and the fp32-activation path against the fp32
  * matmul of the dequantized matrix, both bit for bit; packed rows against
@@ -422,20 +478,26 @@ static void test_quant_matmul(int type) {
 int main(void) {
     printf("SIMD path of this CPU: %s\n", flm_simd_path());
     test_conversions();
-    test_model(FLM_F32, 0, 0, 0, 0, 0);
-    test_model(FLM_F32, 1, 1, 0, 0, 0);
-    test_model(FLM_BF16, 0, 1, 0, 0, 0);
-    test_model(FLM_BF16, 1, 0, 0, 0, 0);
-    test_model(FLM_F32, 1, 0, 1, 1, 0);   /* Qwen3.5: gated attention beside a Gated DeltaNet layer */
-    test_model(FLM_BF16, 1, 0, 1, 1, 0);
-    test_model(FLM_F32, 0, 0, 0, 0, 5);   /* sliding windows of 5 and 19 positions */
-    test_model(FLM_BF16, 1, 1, 0, 0, 5);
-    test_model(FLM_F32, 1, 0, 1, 1, 5);   /* beside a Gated DeltaNet layer: 19 */
+    test_model(FLM_F32, 0, 0, 0, 0, 0, 0);
+    test_model(FLM_F32, 1, 1, 0, 0, 0, 0);
+    test_model(FLM_BF16, 0, 1, 0, 0, 0, 0);
+    test_model(FLM_BF16, 1, 0, 0, 0, 0, 0);
+    test_model(FLM_F32, 1, 0, 1, 1, 0, 0);   /* Qwen3.5: gated attention beside a Gated DeltaNet layer */
+    test_model(FLM_BF16, 1, 0, 1, 1, 0, 0);
+    test_model(FLM_F32, 0, 0, 0, 0, 5, 0);   /* sliding windows of 5 and 19 positions */
+    test_model(FLM_BF16, 1, 1, 0, 0, 5, 0);
+    test_model(FLM_F32, 1, 0, 1, 1, 5, 0);   /* beside a Gated DeltaNet layer: 19 */
     for (int type = FLM_F16; type < FLM_TYPES; type++) test_quant_matmul(type);
-    test_model(FLM_Q4_0, 1, 1, 0, 0, 0);
-    test_model(FLM_Q4_K, 0, 0, 0, 0, 0);
-    test_model(FLM_Q6_K, 1, 0, 1, 1, 0);
-    test_model(FLM_Q8_0, 0, 0, 0, 0, 5);
+    test_model(FLM_Q4_0, 1, 1, 0, 0, 0, 0);
+    test_model(FLM_Q4_K, 0, 0, 0, 0, 0, 0);
+    test_model(FLM_Q6_K, 1, 0, 1, 1, 0, 0);
+    test_model(FLM_Q8_0, 0, 0, 0, 0, 5, 0);
+    /* Gemma 2/3: windows, GeLU, soft-caps, sandwich norms (after the others,
+     * whose random weights stay as they were drawn). */
+    test_model(FLM_F32, 1, 0, 0, 0, 5, 1);
+    test_model(FLM_BF16, 0, 1, 0, 0, 0, 1);
+    test_model(FLM_Q4_K, 0, 0, 0, 0, 0, 1);
+    test_elementwise();
     printf(failures ? "%d failed\n" : "all passed\n", failures);
     return failures != 0;
 }

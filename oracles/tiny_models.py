@@ -112,6 +112,44 @@ SHAPES["olmo2"] = dict(model_type="olmo2", hidden_size=64, intermediate_size=128
                        num_attention_heads=4, num_key_value_heads=2, vocab_size=300, tie_word_embeddings=False,
                        bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
+# Gemma 2: GeLU, sandwich and (1 + w) norms, scaled embeddings, local layers
+# (a window of 5) between global ones, head_dim and query_pre_attn_scalar
+# apart from hidden/heads, and caps that the random scores and logits pass
+# (tests check that lifting them moves the logits).
+SHAPES["gemma2"] = dict(model_type="gemma2", hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=24, query_pre_attn_scalar=20,
+                        sliding_window=5, attn_logit_softcapping=3.0, final_logit_softcapping=4.0,
+                        vocab_size=300, bos_token_id=2, eos_token_id=1, pad_token_id=0)
+# Gemma 3: q/k norms; local layers (window 7, every third layer global) with
+# a RoPE base of their own, global ones under linear scaling; no caps, as
+# Gemma 3 ships them (transformers' multimodal wrapper would not apply a
+# final cap, nor its sdpa attention a score cap). The wrapper's text model
+# has a window (19) that starts inside a block of 16 keys.
+SHAPES["gemma3-text"] = dict(model_type="gemma3_text", hidden_size=64, intermediate_size=128,
+                             num_hidden_layers=5, num_attention_heads=4, num_key_value_heads=1, head_dim=32,
+                             query_pre_attn_scalar=32, sliding_window=7, sliding_window_pattern=3,
+                             rope_theta=10000.0, rope_local_base_freq=100.0,
+                             rope_scaling={"rope_type": "linear", "factor": 4.0}, vocab_size=320,
+                             bos_token_id=2, eos_token_id=1, pad_token_id=0)
+SHAPES["gemma3-wrapper"] = dict(model_type="gemma3", hidden_size=48, intermediate_size=96, num_hidden_layers=3,
+                                num_attention_heads=2, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24,
+                                sliding_window=19, sliding_window_pattern=2, rope_local_base_freq=1000.0,
+                                vocab_size=256,
+                                bos_token_id=2, eos_token_id=1, pad_token_id=0)
+
+
+def _make_gemma3_wrapper(spec: dict, init_scale: float):
+    """Gemma 3's multimodal wrapper: the text model inside a tiny SigLIP
+    vision tower that fastllm ignores."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+    text = {k: v for k, v in spec.items() if k != "model_type"}
+    vision = dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=16, patch_size=4)
+    config = Gemma3Config(text_config=dict(text, initializer_range=init_scale, max_position_embeddings=512),
+                          vision_config=vision, mm_tokens_per_image=4, initializer_range=init_scale,
+                          boi_token_index=3, eoi_token_index=4, image_token_index=5)
+    return Gemma3ForConditionalGeneration(config)
+
 
 def _make_qwen35(spec: dict, seed: int, scale: float):
     """A tiny Qwen3.5 with every parameter drawn at random: norm weights
@@ -171,9 +209,12 @@ def make_tiny_model(kind: str, folder, seed: int = 0, init_scale: float = 0.2,
     model_type = spec.pop("model_type")
     spec.setdefault("max_position_embeddings", 512)
     spec.setdefault("rms_norm_eps", 1e-5)
-    config = AutoConfig.for_model(model_type, initializer_range=init_scale, **spec)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if model_type == "gemma3":
+        model = _make_gemma3_wrapper(spec, init_scale)
+    else:
+        config = AutoConfig.for_model(model_type, initializer_range=init_scale, **spec)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         # Norm weights start at 1: perturb them so a wrong permutation of
         # q/k norms or a missing norm cannot go unnoticed.

@@ -27,7 +27,7 @@ def test_schema_lists_flmlayer_fields_in_struct_order():
 
 
 @pytest.mark.parametrize("kind", ["llama-headdim-bias", "qwen2", "qwen3-untied", "qwen3_5-text",
-                                  "qwen3_5-interval", "smollm3", "granite", "olmo2"])
+                                  "qwen3_5-interval", "smollm3", "granite", "olmo2", "gemma2", "gemma3-text"])
 def test_schema_names_and_shapes_are_the_checkpoints(kind, tiny_model_dir):
     folder = tiny_model_dir(kind)
     cfg = ModelConfig.from_file(folder / "config.json")

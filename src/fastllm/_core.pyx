@@ -407,6 +407,9 @@ cdef class Weights:
         c.conv_kernel = config.linear_conv_kernel_dim
         c.embed_scale, c.residual_scale = config.embedding_multiplier, config.residual_multiplier
         c.logits_div, c.qk_norm_whole = config.logits_scaling, config.qk_norm_whole
+        c.activation = flm.FLM_GELU_TANH if config.hidden_act == "gelu_pytorch_tanh" else flm.FLM_SILU
+        c.attn_softcap = config.attn_logit_softcapping or 0.0
+        c.logit_softcap = config.final_logit_softcapping or 0.0
 
         self.layers = <flm.FlmLayer *>calloc(c.n_layers, sizeof(flm.FlmLayer))
         if self.layers == NULL:
@@ -426,20 +429,27 @@ cdef class Weights:
             for name, t in expected.items():
                 _set_field(&self.layers[i], name, _array_ptr(d[name], t, config, f"layer {i} {name}"))
         self.w.layers = self.layers
-        cos, sin = config.rope_tables(n_ctx)
-        cdef const float *cos_p = <const float *>_ptr(cos, np.float32, (n_ctx, c.rope_dim // 2), "rope cos")
-        cdef const float *sin_p = <const float *>_ptr(sin, np.float32, (n_ctx, c.rope_dim // 2), "rope sin")
-        long_tables = config.rope_tables_long(n_ctx)
-        cdef const float *cos_long = NULL
-        cdef const float *sin_long = NULL
-        if long_tables is not None:
-            cos_long = <const float *>_ptr(long_tables[0], np.float32, (n_ctx, c.rope_dim // 2), "rope cos (long)")
-            sin_long = <const float *>_ptr(long_tables[1], np.float32, (n_ctx, c.rope_dim // 2), "rope sin (long)")
-        self.has_long_rope = long_tables is not None
+        # One set of tables per distinct RoPE (Gemma 3's sliding layers have
+        # their own); a NoPE layer's stay NULL.
+        tables = {}
+        self.has_long_rope = False
+        shape = (n_ctx, c.rope_dim // 2)
         for i in range(c.n_layers):
-            if config.layer_rope(i):   # else NULL: a NoPE layer
-                self.layers[i].rope_cos, self.layers[i].rope_sin = cos_p, sin_p
-                self.layers[i].rope_cos_long, self.layers[i].rope_sin_long = cos_long, sin_long
+            if not config.layer_rope(i):
+                continue
+            rc = config.rope_config(i)
+            key = (rc.rope_theta, repr(rc.rope_scaling))
+            if key not in tables:
+                tables[key] = (*rc.rope_tables(n_ctx), rc.rope_tables_long(n_ctx))
+            cos, sin, long_tables = tables[key]
+            self.layers[i].rope_cos = <const float *>_ptr(cos, np.float32, shape, "rope cos")
+            self.layers[i].rope_sin = <const float *>_ptr(sin, np.float32, shape, "rope sin")
+            if long_tables is not None:
+                self.has_long_rope = True
+                self.layers[i].rope_cos_long = <const float *>_ptr(long_tables[0], np.float32, shape,
+                                                                   "rope cos (long)")
+                self.layers[i].rope_sin_long = <const float *>_ptr(long_tables[1], np.float32, shape,
+                                                                   "rope sin (long)")
         # embed None: tied, the rows are read from the packed head.
         embed = weights["embed"]
         if isinstance(embed, np.ndarray):
@@ -450,7 +460,7 @@ cdef class Weights:
         self.w.norm = <const float *>_array_ptr(weights["norm"], schema.NORM, config, "final norm")
         # Copies of the containers: the arrays stay alive whatever the caller
         # later does with its dict and lists.
-        self._keep = (dict(weights, embed=embed, layers=[dict(d) for d in layers]), cos, sin, long_tables)
+        self._keep = (dict(weights, embed=embed, layers=[dict(d) for d in layers]), tables)
 
     def __dealloc__(self):
         free(self.layers)

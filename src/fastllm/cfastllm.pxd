@@ -18,6 +18,9 @@ cdef extern from "fastllm.h" nogil:
     enum:
         FLM_ATTENTION
         FLM_LINEAR_ATTENTION
+    enum:
+        FLM_SILU
+        FLM_GELU_TANH
 
     ctypedef struct FlmConfig:
         int dim
@@ -42,6 +45,9 @@ cdef extern from "fastllm.h" nogil:
         float residual_scale
         float logits_div
         int qk_norm_whole
+        int activation
+        float attn_softcap
+        float logit_softcap
 
     ctypedef struct FlmMatrix:
         const void *data

@@ -711,6 +711,11 @@ def cmd_info(args) -> int:
         *([("multipliers", f"embedding {c.embedding_multiplier}, residual {c.residual_multiplier}, "
                            f"attention {c.attention_multiplier}, logits / {c.logits_scaling}")]
           if c.family.multipliers else []),
+        *([("MLP activation", c.hidden_act)] if c.hidden_act != "silu" else []),
+        *([("soft-caps", f"attention scores {c.attn_logit_softcapping}, logits {c.final_logit_softcapping}")]
+          if c.attn_logit_softcapping or c.final_logit_softcapping else []),
+        *([("sliding layers' RoPE", f"rope_theta {c.local_rope_theta}, rope_scaling {c.local_rope_scaling}")]
+          if c.local_rope_theta is not None else []),
         ("weights in memory", f"{weight_bytes / 2**20:.1f} MiB ({types})"),
         ("KV cache at full context", f"{kv_bytes / 2**20:.1f} MiB ({model.kv_dtype})"),
         ("threads", model.threads),

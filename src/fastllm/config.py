@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 import math
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from .errors import ModelFileError
-from .families import EVERY_LAYER, FAMILIES, USE_SLIDING_WINDOW, Family, family
+from .families import ACTIVATIONS, EVERY_LAYER, FAMILIES, LAYER_TYPES, USE_SLIDING_WINDOW, Family, family
 from .files import read_bounded
 
 CONFIG_LIMIT = 4 << 20   # bytes; a config.json is a few kilobytes
@@ -117,16 +117,16 @@ def sliding_layers(raw: dict, fam: Family, n_layers: int, path) -> tuple:
     family; (None, None) when every layer sees the whole context."""
     if fam.sliding_window is None:
         return None, None
+    if fam.sliding_window == LAYER_TYPES:
+        return pattern_layers(raw, n_layers, path)
     window, types = raw.get("sliding_window"), None
     if fam.sliding_window == USE_SLIDING_WINDOW:
         use = raw.get("use_sliding_window")
         if use is not None and not isinstance(use, bool):
             raise ModelFileError(path, f"use_sliding_window must be true or false, got {use!r}")
         types = raw.get("layer_types")
-        if types is not None and (not isinstance(types, list) or len(types) != n_layers
-                                  or any(t not in ("full_attention", "sliding_attention") for t in types)):
-            raise ModelFileError(path, "layer_types must list 'full_attention' or 'sliding_attention' "
-                                       f"for each of the {n_layers} layers")
+        if types is not None:
+            _check_layer_types(types, n_layers, path)
         if not use:
             window = None
     if window is None:
@@ -144,6 +144,69 @@ def sliding_layers(raw: dict, fam: Family, n_layers: int, path) -> tuple:
             raise ModelFileError(path, f"max_window_layers must be a non-negative integer, got {first!r}")
         types = ["sliding_attention" if i >= first else "full_attention" for i in range(n_layers)]
     return window, types
+
+
+def _check_layer_types(types, n_layers: int, path):
+    if (not isinstance(types, list) or len(types) != n_layers
+            or any(t not in ("full_attention", "sliding_attention") for t in types)):
+        raise ModelFileError(path, "layer_types must list 'full_attention' or 'sliding_attention' "
+                                   f"for each of the {n_layers} layers")
+
+
+def pattern_layers(raw: dict, n_layers: int, path) -> tuple:
+    """(sliding_window, layer_types) of local (sliding) layers between
+    global ones, as transformers' Gemma configs read config.json: the
+    layers layer_types names, else all but every sliding_window_pattern-th."""
+    window, types = raw.get("sliding_window"), raw.get("layer_types")
+    if types is None:
+        pattern = raw.get("sliding_window_pattern")
+        if not _positive_int(pattern):
+            raise ModelFileError(path, f"sliding_window_pattern must be a positive integer, got {pattern!r}")
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n_layers)]
+    _check_layer_types(types, n_layers, path)
+    if "sliding_attention" in types and not _positive_int(window):
+        raise ModelFileError(path, f"sliding_window must be a positive integer for the sliding_attention "
+                                   f"layers, got {window!r}")
+    return window, types
+
+
+def _rope_of(params: dict, theta_default, path, what: str) -> tuple:
+    """(theta, scaling or None) of one rope_parameters entry."""
+    if not isinstance(params, dict):
+        raise ModelFileError(path, f"rope_parameters[{what!r}] must be an object, got {params!r}")
+    theta = params.get("rope_theta", theta_default)
+    if not _number(theta) or not theta > 0:
+        raise ModelFileError(path, f"rope_theta of the {what} layers must be a positive number, got {theta!r}")
+    scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind in ("longrope", "su"):
+        raise ModelFileError(path, f"longrope scaling of the {what} layers is not supported")
+    return float(theta), (scaling if kind != "default" else None)
+
+
+def layer_type_ropes(raw: dict, path) -> tuple:
+    """((theta, scaling) of the full-attention layers, (theta, scaling) of
+    the sliding ones), as transformers' Gemma3TextConfig reads config.json:
+    rope_parameters per layer type, else rope_theta and rope_scaling for the
+    full layers and rope_local_base_freq for the sliding ones."""
+    params = raw.get("rope_parameters")
+    if isinstance(params, dict) and params.keys() & {"full_attention", "sliding_attention"}:
+        return (_rope_of(params.get("full_attention") or {}, raw.get("rope_theta"), path, "full_attention"),
+                _rope_of(params.get("sliding_attention") or {}, raw.get("rope_local_base_freq"), path,
+                         "sliding_attention"))
+    scaling = raw.get("rope_scaling")
+    if scaling is not None and not isinstance(scaling, dict):
+        raise ModelFileError(path, f"rope_scaling must be an object or null, got {scaling!r}")
+    full = dict(scaling or {}, rope_theta=raw.get("rope_theta"))
+    return (_rope_of(full, None, path, "full_attention"),
+            _rope_of({"rope_theta": raw.get("rope_local_base_freq")}, None, path, "sliding_attention"))
+
+
+def _optional_positive(raw: dict, key: str, path):
+    value = raw.get(key)
+    if value is not None and not (_number(value) and value > 0):
+        raise ModelFileError(path, f"{key} must be a positive number or null, got {value!r}")
+    return None if value is None else float(value)
 
 
 def no_rope_layers(raw: dict, n_layers: int, path) -> list:
@@ -225,6 +288,11 @@ class ModelConfig:
     residual_multiplier: float = 1.0     # each sublayer's output, before the residual add
     attention_multiplier: float | None = None   # the softmax scale; None: 1/sqrt(head_dim)
     logits_scaling: float = 1.0          # the logits are divided by it
+    hidden_act: str = "silu"             # the MLP gate's activation (families.ACTIVATIONS)
+    attn_logit_softcapping: float | None = None    # scaled scores become cap * tanh(score / cap)
+    final_logit_softcapping: float | None = None   # the logits likewise
+    local_rope_theta: float | None = None   # the sliding layers' own RoPE base (Gemma 3) ...
+    local_rope_scaling: dict | None = None  # ... and scaling; with None theta they share the others'
     weight_prefix: str = "model."
     path: Path | None = None
 
@@ -244,6 +312,14 @@ class ModelConfig:
         if self.sliding_window and self.layer_types and self.layer_types[i] == "sliding_attention":
             return self.sliding_window
         return 0
+
+    def rope_config(self, i: int) -> "ModelConfig":
+        """The config whose rope_tables layer i rotates with: its own, or
+        for Gemma 3's sliding layers one with their theta and scaling."""
+        if self.local_rope_theta is None or not self.layer_types or self.layer_types[i] != "sliding_attention":
+            return self
+        return replace(self, rope_theta=self.local_rope_theta, rope_scaling=self.local_rope_scaling,
+                       local_rope_theta=None, local_rope_scaling=None)
 
     def layer_rope(self, i: int) -> bool:
         """Whether layer i rotates q and k (False for a NoPE layer)."""
@@ -297,12 +373,14 @@ class ModelConfig:
             raw = merged
             raw["model_type"] = model_type = fam.text_config
             fam = family(model_type, path)
+        raw = {**fam.defaults, **raw}
         for key, why in fam.refuse.items():
             if raw.get(key):
                 raise ModelFileError(path, f"{key} is true: {why}")
-        act = raw.get("hidden_act", raw.get("hidden_activation", "silu"))
-        if act != "silu":
-            raise ModelFileError(path, f"hidden_act {act!r} is not supported (only 'silu')")
+        act = raw.get(fam.hidden_act_key, "silu")
+        if act not in ACTIVATIONS:
+            raise ModelFileError(path, f"{fam.hidden_act_key} {act!r} is not supported "
+                                       f"(supported: {', '.join(ACTIVATIONS)})")
 
         hidden = need("hidden_size")
         heads = need("num_attention_heads")
@@ -350,6 +428,15 @@ class ModelConfig:
 
         no_rope = no_rope_layers(raw, need("num_hidden_layers"), path) if fam.no_rope_layers else None
         multipliers = scale_multipliers(raw, path) if fam.multipliers else {}
+        if fam.scale_embeddings:
+            multipliers["embedding_multiplier"] = hidden ** 0.5
+        if fam.query_pre_attn_scalar:
+            scalar = raw.get("query_pre_attn_scalar")
+            if not (_number(scalar) and scalar > 0):
+                raise ModelFileError(path, f"query_pre_attn_scalar must be a positive number, got {scalar!r}")
+            multipliers["attention_multiplier"] = scalar ** -0.5
+        softcaps = {key: _optional_positive(raw, key, path) for key in (
+            "attn_logit_softcapping", "final_logit_softcapping")} if fam.softcapping else {}
 
         eos = raw.get("eos_token_id")
         eos = [] if eos is None else list(eos) if isinstance(eos, list) else [eos]
@@ -361,7 +448,12 @@ class ModelConfig:
             raise ModelFileError(path, f"bos_token_id must be a token id, got {bos!r}")
         rope_scaling = raw.get("rope_scaling")
         rope_theta = raw.get("rope_theta", 10000.0)
-        if isinstance(raw.get("rope_parameters"), dict):
+        local_rope = {}
+        if fam.local_rope:
+            (rope_theta, rope_scaling), (local_theta, local_scaling) = layer_type_ropes(raw, path)
+            check_rope_scaling(local_scaling, path)
+            local_rope = dict(local_rope_theta=local_theta, local_rope_scaling=local_scaling)
+        elif isinstance(raw.get("rope_parameters"), dict):
             # Newer transformers folds rope_theta and rope_scaling into one dict.
             params = dict(raw["rope_parameters"])
             rope_theta = params.pop("rope_theta", rope_theta)
@@ -409,6 +501,9 @@ class ModelConfig:
             post_norms=fam.post_norms,
             no_rope_layers=no_rope,
             **multipliers,
+            hidden_act=act,
+            **softcaps,
+            **local_rope,
             weight_prefix=prefix,
             path=Path(path) if path else None,
             **linear,
@@ -421,7 +516,8 @@ class ModelConfig:
         when full, and an attention score row per thread."""
         kv_bytes = {"f32": 4, "bf16": 2, "f16": 2}[kv_dtype]
         kv = 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * kv_bytes
-        rope = 3 * self.rope_dim // 2 * 4 * (2 if self.longrope else 1)
+        tables = (2 if self.longrope else 1) * (2 if self.local_rope_theta is not None else 1)
+        rope = 3 * self.rope_dim // 2 * 4 * tables
         return n_ctx * (kv + rope + 4 * threads)
 
     # ------------------------------------------------------------------ RoPE

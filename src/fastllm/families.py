@@ -18,6 +18,11 @@ MIXTURE_OF_EXPERTS_REFUSAL = "mixture-of-experts models are not supported yet"
 EVERY_LAYER = "every_layer"            # all of them, when config.json's sliding_window is set (Mistral)
 USE_SLIDING_WINDOW = "use_sliding_window"  # only with use_sliding_window: the layers layer_types
                                            # names, or from max_window_layers on (Qwen2, Qwen3)
+LAYER_TYPES = "layer_types"            # the layers layer_types names, else all but every
+                                       # sliding_window_pattern-th (Gemma 2, Gemma 3)
+
+# The MLP gate activations the run loop has (config.json's names).
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,15 @@ class Family:
                                          # partial rotary and a sliding window in the metadata
     fused_qkv: bool = False              # q, k and v rows stored as one qkv_proj
     fused_gate_up: bool = False          # gate and up rows stored as one gate_up_proj
+    hidden_act_key: str = "hidden_act"   # the config.json key naming the MLP's activation
+    scale_embeddings: bool = False       # the embeddings are multiplied by sqrt(hidden_size)
+    query_pre_attn_scalar: bool = False  # config.json's query_pre_attn_scalar: the softmax scale
+                                         # is its inverse square root
+    softcapping: bool = False            # config.json's attn_logit_softcapping and
+                                         # final_logit_softcapping (tanh soft-caps), where set
+    local_rope: bool = False             # sliding layers rotate with their own RoPE (theta, scaling)
+    defaults: dict = field(default_factory=dict)   # transformers' values of keys config.json
+                                                   # may leave out, where they are not Llama's
     text_config: str | None = None       # a multimodal wrapper: the family of its text model
     weight_prefix: str = "model."        # of the text model's tensors in the checkpoint
 
@@ -62,6 +76,24 @@ class Family:
         value = getattr(self, name)
         return bool(raw.get(value, False)) if isinstance(value, str) else value
 
+
+# transformers' Gemma2Config and Gemma3TextConfig defaults: published
+# config.json files (the multimodal wrapper's text_config above all) rely on
+# them for most sizes.
+_GEMMA2_DEFAULTS = dict(
+    vocab_size=256000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26, num_attention_heads=8,
+    num_key_value_heads=4, head_dim=256, hidden_activation="gelu_pytorch_tanh", max_position_embeddings=8192,
+    rms_norm_eps=1e-6, tie_word_embeddings=True, rope_theta=10000.0, query_pre_attn_scalar=256,
+    sliding_window=4096, sliding_window_pattern=2, final_logit_softcapping=30.0, attn_logit_softcapping=50.0,
+    pad_token_id=0, eos_token_id=1, bos_token_id=2)
+_GEMMA3_DEFAULTS = dict(
+    _GEMMA2_DEFAULTS, vocab_size=262208, max_position_embeddings=131072, rope_theta=1000000.0,
+    rope_local_base_freq=10000.0, sliding_window_pattern=6, final_logit_softcapping=None,
+    attn_logit_softcapping=None)
+_GEMMA = dict(attention_bias="attention_bias", o_bias="attention_bias", norm_plus_one=True, post_norms=True,
+              sliding_window=LAYER_TYPES, hidden_act_key="hidden_activation", scale_embeddings=True,
+              query_pre_attn_scalar=True, softcapping=True,
+              refuse={"use_bidirectional_attention": "bidirectional attention is not supported"})
 
 FAMILIES = {
     "llama": Family("LlamaForCausalLM", attention_bias="attention_bias", o_bias="attention_bias",
@@ -93,6 +125,16 @@ FAMILIES = {
     "olmo2": Family("Olmo2ForCausalLM", attention_bias="attention_bias", o_bias="attention_bias",
                     qk_norm=True, qk_norm_whole=True, pre_norms=False, post_norms=True, gguf=True,
                     gguf_head_dim=False),
+    # Gemma 2 and 3: GeLU, sandwich norms, (1 + w) norms, scaled embeddings,
+    # soft-caps, local (sliding) layers between global ones; Gemma 3 adds
+    # q/k norms and a RoPE of the local layers' own.
+    "gemma2": Family("Gemma2ForCausalLM", **_GEMMA, defaults=_GEMMA2_DEFAULTS),
+    "gemma3_text": Family("Gemma3ForCausalLM", **_GEMMA, qk_norm=True, local_rope=True,
+                          defaults=_GEMMA3_DEFAULTS),
+    # Its checkpoints (Google's, and transformers' save_pretrained) keep the
+    # text model under language_model.model.
+    "gemma3": Family("Gemma3ForConditionalGeneration", text_config="gemma3_text",
+                     weight_prefix="language_model.model."),
 }
 # llama.cpp's architecture name -> the model_type it is imported as.
 GGUF_ARCHITECTURES = {(name if f.gguf is True else f.gguf): name for name, f in FAMILIES.items() if f.gguf}

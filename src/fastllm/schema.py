@@ -91,7 +91,9 @@ LAYER = (
     _t("ffn_norm", "post_attention_layernorm.weight", "ffn_norm.weight", lambda c: (c.hidden_size,), False,
        switch="pre_norms", norm=True),
     # Norms of the attention's and the MLP's outputs, before the residual add. (Where a
-    # family has pre-norms, its post_attention_layernorm is ffn_norm, the MLP's input norm.)
+    # family has pre-norms alone, its post_attention_layernorm is ffn_norm, the MLP's input
+    # norm; where it has both, as Gemma's sandwich does, ffn_norm is pre_feedforward_layernorm:
+    # see hf_name.)
     _t("post_attn_norm", "post_attention_layernorm.weight", "post_attention_norm.weight",
        lambda c: (c.hidden_size,), False, switch="post_norms", norm=True),
     _t("post_ffn_norm", "post_feedforward_layernorm.weight", "post_ffw_norm.weight", lambda c: (c.hidden_size,),
@@ -151,9 +153,15 @@ def split_rows(t: Tensor, arr, cfg) -> dict:
     return out
 
 
+# The HF names of tensors whose name depends on the norm placement: with
+# norms both before and after each sublayer (Gemma's sandwich).
+SANDWICH_HF = {"ffn_norm": "pre_feedforward_layernorm.weight"}
+
+
 def hf_name(t: Tensor, cfg, layer: int | None = None) -> str:
     if layer is not None:
-        return f"{cfg.weight_prefix}layers.{layer}.{t.hf}"
+        hf = SANDWICH_HF.get(t.field, t.hf) if cfg.pre_norms and cfg.post_norms else t.hf
+        return f"{cfg.weight_prefix}layers.{layer}.{hf}"
     return t.hf if t is LM_HEAD else cfg.weight_prefix + t.hf
 
 

@@ -1,0 +1,272 @@
+"""Gemma 2 and Gemma 3 (text, and the text model of the multimodal wrapper)
+as switches of the one layer, against transformers:
+
+* GeLU-tanh MLP, embeddings scaled by sqrt(hidden_size), (1 + w) norms before
+  and after each sublayer, query_pre_attn_scalar as the softmax scale;
+* attention-score and final-logit soft-caps that the random model exceeds;
+* local (sliding-window) layers between global ones, the window shorter
+  than the prompts;
+* Gemma 3's q/k norms, and the local layers' own RoPE base beside the
+  global layers' linearly scaled one.
+
+The tiny checkpoints are oracles/tiny_models.py's (test_tiny_models.py runs
+them too); the bounds are those of oracles/hf_reference.py.
+"""
+import re
+import warnings
+
+import numpy as np
+import pytest
+
+from fastllm import Model
+from fastllm.chat_template import TemplateError, render_chat
+from fastllm.cli import main
+from fastllm.config import ModelConfig
+from fastllm.errors import ModelFileError
+from oracles.hf_reference import compare_greedy, hf_greedy, hf_logits, load_hf, within
+from oracles.splits import assert_same_bits_however_split
+from oracles.tiny_models import with_config
+
+KINDS = ["gemma2", "gemma3-text", "gemma3-wrapper"]
+PATHS = ["generic", "avx2", "avx512"]
+# config.json changes that each turn one switch off: transformers' logits
+# then leave the bound, so the comparisons check what each switch does
+# (the caps are reached, the window is shorter than the prompt, the local
+# layers' RoPE and the global layers' scaling matter).
+GEMMA3_ROPE = {"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0},
+               "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}
+SWITCHED_OFF = {
+    "gemma2": [dict(attn_logit_softcapping=None), dict(final_logit_softcapping=None),
+               dict(sliding_window=512)],
+    "gemma3-text": [dict(rope_parameters=dict(GEMMA3_ROPE, sliding_attention=GEMMA3_ROPE["full_attention"])),
+                    dict(rope_parameters=dict(GEMMA3_ROPE, full_attention={"rope_type": "default",
+                                                                           "rope_theta": 10000.0})),
+                    dict(layer_types=["full_attention"] * 5)],
+}
+
+
+def prompt(vocab, n, seed=0):
+    return np.random.default_rng(seed).integers(0, vocab, n).tolist()
+
+
+def test_switches_read_from_config(tiny_model_dir):
+    g2 = Model.from_pretrained(tiny_model_dir("gemma2")).config
+    assert (g2.hidden_act, g2.attn_logit_softcapping, g2.final_logit_softcapping) == ("gelu_pytorch_tanh", 3.0, 4.0)
+    assert (g2.embedding_multiplier, g2.attention_scale) == (8.0, 20 ** -0.5)
+    assert (g2.pre_norms, g2.post_norms, g2.norm_plus_one) == (True, True, True)
+    assert [g2.attention_window(i) for i in range(4)] == [5, 0, 5, 0]   # every other layer local
+    g3 = Model.from_pretrained(tiny_model_dir("gemma3-text")).config
+    assert [g3.attention_window(i) for i in range(5)] == [7, 7, 0, 7, 7]   # sliding_window_pattern 3
+    assert [(g3.rope_config(i).rope_theta, g3.rope_config(i).rope_scaling) for i in (0, 2)] == [
+        (100.0, None), (10000.0, {"rope_type": "linear", "factor": 4.0})]
+    assert g3.qk_norm and g3.final_logit_softcapping is None
+    with pytest.warns(UserWarning, match="gemma3 checkpoint: running its text model"):
+        wrapped = Model.from_pretrained(tiny_model_dir("gemma3-wrapper")).config
+    assert (wrapped.model_type, wrapped.weight_prefix, wrapped.local_rope_theta) == (
+        "gemma3_text", "language_model.model.", 1000.0)
+
+
+@pytest.mark.parametrize("model_type", ["gemma2", "gemma3_text"])
+def test_keys_left_out_take_transformers_defaults(model_type):
+    """Published Gemma 3 configs (the wrapper's text_config above all) leave
+    most sizes to the config class: fastllm fills in what transformers does."""
+    from transformers import AutoConfig
+    ours = ModelConfig.from_dict({"model_type": model_type})
+    theirs = AutoConfig.for_model(model_type)
+    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps",
+                "tie_word_embeddings", "attn_logit_softcapping", "final_logit_softcapping", "sliding_window",
+                "layer_types", "bos_token_id"):
+        assert getattr(ours, key) == getattr(theirs, key), key
+    assert ours.hidden_act == theirs.hidden_activation
+    assert ours.attention_scale == theirs.query_pre_attn_scalar ** -0.5
+    params = theirs.rope_parameters
+    full = params.get("full_attention", params)
+    assert ours.rope_theta == full["rope_theta"]
+    if model_type == "gemma3_text":
+        assert ours.local_rope_theta == params["sliding_attention"]["rope_theta"]
+
+
+def test_gemma3_config_of_the_older_layout(tiny_model_dir, tmp_path):
+    """rope_theta, rope_scaling, rope_local_base_freq and
+    sliding_window_pattern, without rope_parameters or layer_types, as
+    Gemma 3 was first published, read as transformers reads them."""
+    folder = with_config(tiny_model_dir("gemma3-text"), tmp_path / "old", rope_parameters=None, layer_types=None,
+                         rope_theta=10000.0, rope_local_base_freq=100.0,
+                         rope_scaling={"rope_type": "linear", "factor": 4.0}, sliding_window_pattern=3)
+    ids = prompt(320, 30, seed=4)
+    ours = Model.from_pretrained(folder, threads=2)
+    assert [ours.config.attention_window(i) for i in range(5)] == [7, 7, 0, 7, 7]
+    ok, err, _ = within(ours.logits(ids), hf_logits(load_hf(folder), ids))
+    assert ok, f"max |err| {err:.3g}"
+
+
+def test_info_shows_the_switches(tiny_model_dir, capsys):
+    assert main(["info", "--model", str(tiny_model_dir("gemma3-text")), "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"MLP activation +gelu_pytorch_tanh\n", out)
+    assert re.search(r"sliding window +7 positions, in 4 of 5 layers\n", out)
+    assert re.search(r"sliding layers' RoPE +rope_theta 100.0, rope_scaling None\n", out)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_logits_and_greedy_match_transformers(kind, path, tiny_model_dir, simd_path, tmp_path):
+    simd_path(path)
+    folder = tiny_model_dir(kind)
+    ours = Model.from_pretrained(folder, threads=2)
+    ids = prompt(ours.config.vocab_size, 40, seed=1)
+    got = ours.logits(ids)
+    ok, err, ratio = within(got, hf_logits(load_hf(folder), ids))
+    assert ok, f"{path} {kind}: max |err| {err:.3g} exceeds the bound"
+    for i, changes in enumerate(SWITCHED_OFF.get(kind, [])):
+        plain = load_hf(with_config(folder, tmp_path / f"off{i}", **changes))
+        assert not within(got, hf_logits(plain, ids))[0], f"{kind}: {changes} changes nothing"
+
+    want, margins = hf_greedy(load_hf(folder), ids[:7], 40)
+    tokens = list(ours.generate_tokens(ids[:7], 40, stop_token_ids=()))
+    same, compared, diverged = compare_greedy(tokens, want, margins)
+    assert same, f"{path} {kind}: token {diverged} differs with margin {margins[diverged]:.3g}"
+    assert compared >= 8, f"{kind}: only {compared} tokens compared"
+    print(f"{path} {kind}: err/bound {ratio:.3f}, {compared} greedy tokens, "
+          f"smallest margin {min(margins[:compared]):.3g}")
+
+
+@pytest.mark.parametrize("path", PATHS[1:])
+def test_simd_paths_stay_near_the_portable_one(path, tiny_model_dir, simd_path):
+    """The GeLU and soft-cap kernels of each path against the portable
+    path's, through a whole model whose caps are reached."""
+    folder = tiny_model_dir("gemma2")
+    ids = prompt(300, 50, seed=5)
+    simd_path("generic")
+    portable = Model.from_pretrained(folder, threads=2).logits(ids)
+    simd_path(path)
+    ok, err, _ = within(Model.from_pretrained(folder, threads=2).logits(ids), portable, atol=1e-5, rtol=1e-5)
+    assert ok, f"{path}: {err:.3g} from the portable path"
+
+
+@pytest.mark.parametrize("kv_dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_split_or_batched_prompts_give_the_same_bits(kind, path, kv_dtype, tiny_model_dir, simd_path):
+    simd_path(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # the wrapper's notice
+        assert_same_bits_however_split(tiny_model_dir(kind), dict(threads=2, kv_dtype=kv_dtype))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_thread_counts_give_the_same_bits(kind, tiny_model_dir):
+    folder = tiny_model_dir(kind)
+    ids = prompt(256, 37, seed=6)
+    one = Model.from_pretrained(folder, threads=1).logits(ids)
+    for threads in (2, 3):
+        assert np.array_equal(Model.from_pretrained(folder, threads=threads).logits(ids), one), threads
+
+
+@pytest.mark.parametrize("kind, changes, message", [
+    ("gemma2", dict(hidden_activation="gelu"), "hidden_activation 'gelu' is not supported"),
+    ("gemma2", dict(attn_logit_softcapping=-1.0), "attn_logit_softcapping must be a positive number or null"),
+    ("gemma2", dict(final_logit_softcapping="30"), "final_logit_softcapping must be a positive number or null"),
+    ("gemma2", dict(query_pre_attn_scalar=0), "query_pre_attn_scalar must be a positive number"),
+    ("gemma2", dict(use_bidirectional_attention=True), "bidirectional attention is not supported"),
+    ("gemma2", dict(layer_types=["full_attention"] * 3), "layer_types must list"),
+    ("gemma2", dict(sliding_window=0), "sliding_window must be a positive integer"),
+    ("gemma3-text", dict(layer_types=None, sliding_window_pattern=0), "sliding_window_pattern must be"),
+    ("gemma3-text", dict(rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": -1}}),
+     "rope_theta of the sliding_attention layers must be a positive number"),
+    ("gemma3-text", dict(rope_parameters={"full_attention": {"rope_type": "longrope", "rope_theta": 1e4}}),
+     "longrope scaling of the full_attention layers is not supported"),
+    ("gemma3-text", dict(rope_parameters={"sliding_attention": {"rope_type": "linear", "rope_theta": 1e4}}),
+     "rope_scaling 'factor' must be a positive number"),
+])
+def test_bad_settings_are_refused(kind, changes, message, tiny_model_dir, tmp_path):
+    with pytest.raises(ModelFileError, match=message):
+        Model.from_pretrained(with_config(tiny_model_dir(kind), tmp_path / "bad", **changes))
+
+
+# ------------------------------------------------------------ chat templates
+
+# Templates built the way Gemma 2's and Gemma 3's are (written for this
+# test: the hub is out of reach here). Neither has a system role: Gemma 2's
+# refuses one, Gemma 3's folds it into the first user turn. The assistant
+# is "model"; turns must alternate.
+GEMMA2_LIKE_TEMPLATE = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+    "{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}"
+    "{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}")
+GEMMA3_LIKE_TEMPLATE = """{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- else -%}
+        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}
+    {%- endif -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- elif message['content'] is iterable -%}
+        {%- for item in message['content'] -%}
+            {%- if item['type'] == 'image' -%}
+                {{ '<start_of_image>' }}
+            {%- elif item['type'] == 'text' -%}
+                {{ item['text'] | trim }}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{ raise_exception("Invalid content type") }}
+    {%- endif -%}
+    {{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\n'}}
+{%- endif -%}
+"""
+SYSTEM = {"role": "system", "content": "Answer in French. "}
+USER = {"role": "user", "content": "  Hello there\n"}
+ANSWER = {"role": "assistant", "content": "Bonjour."}
+PARTS = {"role": "user", "content": [{"type": "text", "text": " What is it? "}, {"type": "image"}]}
+
+
+def _transformers_render(template, messages, add_generation_prompt):
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE()), bos_token="<bos>")
+    tok.chat_template = template
+    return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+
+@pytest.mark.parametrize("template", [GEMMA2_LIKE_TEMPLATE, GEMMA3_LIKE_TEMPLATE])
+@pytest.mark.parametrize("messages", [[USER], [USER, ANSWER, USER], [SYSTEM, USER, ANSWER], [SYSTEM, PARTS],
+                                      [USER, USER]])
+@pytest.mark.parametrize("add_generation_prompt", [False, True])
+def test_chat_templates_render_as_transformers(template, messages, add_generation_prompt):
+    try:
+        want = _transformers_render(template, messages, add_generation_prompt)
+    except Exception as e:   # transformers' TemplateError: ours must refuse alike
+        with pytest.raises(TemplateError, match=re.escape(str(e))):
+            render_chat(template, messages, add_generation_prompt=add_generation_prompt,
+                        special_tokens_map={"bos_token": "<bos>"})
+        return
+    got = render_chat(template, messages, add_generation_prompt=add_generation_prompt,
+                      special_tokens_map={"bos_token": "<bos>"})
+    assert got == want
+    if template is GEMMA3_LIKE_TEMPLATE and messages[0] is SYSTEM:
+        assert got.startswith("<bos><start_of_turn>user\nAnswer in French. \n\n")
