@@ -129,6 +129,7 @@ void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, int max_thre
     s->att = work;
     s->trace = NULL;
     s->trace_tokens = s->trace_offset = 0;
+    s->rope_long = 0;
     s->profile = NULL;
     s->lin_state = cache;
     s->key_cache = cache + c->n_layers * lin_state_floats(c);
@@ -147,6 +148,7 @@ void flm_state_copy(const FlmConfig *c, FlmState *dst, const FlmState *src, int 
         size_t at = l * layer_kv(c);
         memcpy(kv_elem(c, dst->value_cache, at), kv_elem(c, src->value_cache, at), (size_t)n * kvd * kv_size(c));
     }
+    dst->rope_long = src->rope_long;
     if (whole)
         memcpy(dst->lin_state, src->lin_state, sizeof(float) * c->n_layers * lin_state_floats(c));
 }
@@ -436,8 +438,11 @@ static void attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
 #pragma omp for schedule(static)
     for (int i = 0; i < T * (nh + nkv); i++) {
         int t = i / (nh + nkv), h = i % (nh + nkv), p = s->row_pos[t];
-        const float *cr = L->rope_cos ? L->rope_cos + (size_t)p * half : NULL;
-        const float *sr = L->rope_sin ? L->rope_sin + (size_t)p * half : NULL;
+        const int long_rope = seqs[s->row_seq[t]].state->rope_long;
+        const float *cos_table = long_rope ? L->rope_cos_long : L->rope_cos;
+        const float *sin_table = long_rope ? L->rope_sin_long : L->rope_sin;
+        const float *cr = cos_table ? cos_table + (size_t)p * half : NULL;
+        const float *sr = sin_table ? sin_table + (size_t)p * half : NULL;
         if (h < nh) {
             float *qh = s->q + (size_t)t * qd + h * hd;
             if (head_norms) rmsnorm(qh, qh, L->q_norm, hd, c->norm_eps);

@@ -75,6 +75,9 @@ typedef struct {
                              0 every position up to p */
     const float *rope_cos;     /* (seq_len, rope_dim/2) this layer's RoPE, */
     const float *rope_sin;     /* or both NULL: q and k are not rotated (NoPE) */
+    /* LongRoPE: its tables for a sequence longer than the original context
+     * (FlmState.rope_long chooses), or NULL. */
+    const float *rope_cos_long, *rope_sin_long;
     /* attention */
     const FlmMatrix *wq;       /* (n_heads*head_dim, dim)      */
     const FlmMatrix *wk;       /* (n_kv_heads*head_dim, dim)   */
@@ -143,6 +146,10 @@ typedef struct {
      * trace[(layer*trace_tokens + i) * dim], i = 0..n-1 (trace_tokens = n). */
     float *trace;
     int trace_tokens;
+    /* Nonzero: this sequence's keys and queries are rotated with the
+     * layers' long tables (LongRoPE; the caller sets it, and reruns the
+     * tokens held when it changes). */
+    int rope_long;
     int trace_offset;   /* set by flm_forward: tokens before this chunk */
     /* Set by each pass: for row t of the work buffers, the sequence it
      * belongs to and its position there. */

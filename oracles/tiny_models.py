@@ -80,6 +80,20 @@ SHAPES["qwen3_5-wrapper"] = dict(SHAPES["qwen3_5-text"], model_type="qwen3_5", t
                                  layer_types=["linear_attention", "full_attention", "full_attention",
                                               "linear_attention"])
 
+# Phi-3: q/k/v and gate/up stored fused. Phi-4-mini's partial rotary (0.75)
+# under LongRoPE, its original context (32) shorter than the longer prompts,
+# so that both factor sets are compared; and Phi-3-mini's sliding window,
+# here far shorter than the prompts.
+SHAPES["phi3-longrope"] = dict(
+    model_type="phi3", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, vocab_size=300, partial_rotary_factor=0.75, max_position_embeddings=256,
+    original_max_position_embeddings=32, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    rope_scaling={"type": "longrope", "short_factor": [1.0, 1.02, 1.1, 1.25, 1.5, 2.0],
+                  "long_factor": [1.0, 1.3, 2.5, 6.0, 15.0, 40.0]})
+SHAPES["phi3-swa"] = dict(
+    model_type="phi3", hidden_size=48, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+    num_key_value_heads=4, vocab_size=256, sliding_window=6, tie_word_embeddings=False, bos_token_id=1,
+    eos_token_id=2, pad_token_id=0)
 # SmolLM3: NoPE layers among RoPE ones, listed, and every fourth by default
 # (as llama.cpp assumes); Granite: every multiplier far from 1; OLMo 2: norms
 # of the sublayer outputs only, q/k norms over the whole projection.

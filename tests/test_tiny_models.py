@@ -52,7 +52,10 @@ def test_layer_outputs_match_transformers(kind, tiny_model_dir):
     assert ok, f"layer outputs differ by up to {err:.3g}"
 
 
-@pytest.mark.parametrize("kind", KINDS)
+# LongRoPE changes every position's rotation when the sequence outgrows the
+# original context; hf_greedy's cached loop does not (transformers' generate()
+# does, by recomputing): test_phi3 compares it so.
+@pytest.mark.parametrize("kind", [k for k in KINDS if k != "phi3-longrope"])
 def test_greedy_matches_transformers(kind, tiny_model_dir):
     folder = tiny_model_dir(kind)
     ours = Model.from_pretrained(folder, threads=2)

@@ -379,6 +379,7 @@ cdef class Weights:
     cdef flm.FlmLayer *layers
     cdef readonly object config
     cdef object _keep
+    cdef bint long_rope   # the layers have LongRoPE's long tables
     cdef int _n_threads
 
     def __cinit__(self, config, dict weights, int n_ctx, int n_threads=1, str kv_dtype="f32",
@@ -425,12 +426,21 @@ cdef class Weights:
             for name, t in expected.items():
                 _set_field(&self.layers[i], name, _array_ptr(d[name], t, config, f"layer {i} {name}"))
         self.w.layers = self.layers
+        half = c.rope_dim // 2
         cos, sin = config.rope_tables(n_ctx)
-        cdef const float *cos_p = <const float *>_ptr(cos, np.float32, (n_ctx, c.rope_dim // 2), "rope cos")
-        cdef const float *sin_p = <const float *>_ptr(sin, np.float32, (n_ctx, c.rope_dim // 2), "rope sin")
+        cdef const float *cos_p = <const float *>_ptr(cos, np.float32, (n_ctx, half), "rope cos")
+        cdef const float *sin_p = <const float *>_ptr(sin, np.float32, (n_ctx, half), "rope sin")
+        long_tables = config.rope_tables_long(n_ctx)
+        self.long_rope = long_tables is not None
+        cdef const float *cos_long = NULL
+        cdef const float *sin_long = NULL
+        if self.long_rope:
+            cos_long = <const float *>_ptr(long_tables[0], np.float32, (n_ctx, half), "rope cos (long)")
+            sin_long = <const float *>_ptr(long_tables[1], np.float32, (n_ctx, half), "rope sin (long)")
         for i in range(c.n_layers):
             if config.layer_rope(i):   # else NULL: a NoPE layer
                 self.layers[i].rope_cos, self.layers[i].rope_sin = cos_p, sin_p
+                self.layers[i].rope_cos_long, self.layers[i].rope_sin_long = cos_long, sin_long
         # embed None: tied, the rows are read from the packed head.
         embed = weights["embed"]
         if isinstance(embed, np.ndarray):
@@ -441,7 +451,7 @@ cdef class Weights:
         self.w.norm = <const float *>_array_ptr(weights["norm"], schema.NORM, config, "final norm")
         # Copies of the containers: the arrays stay alive whatever the caller
         # later does with its dict and lists.
-        self._keep = (dict(weights, embed=embed, layers=[dict(d) for d in layers]), cos, sin)
+        self._keep = (dict(weights, embed=embed, layers=[dict(d) for d in layers]), cos, sin, long_tables)
 
     def __dealloc__(self):
         free(self.layers)
@@ -534,6 +544,17 @@ cdef class State:
         self._cache = _lazy_zeros(flm.flm_state_cache_floats(&weights.cfg))
         flm.flm_state_init(&self.s, &weights.cfg, max_batch, max_threads,
                            <float *>cnp.PyArray_DATA(self._work), <float *>cnp.PyArray_DATA(self._cache))
+
+    @property
+    def rope_long(self):
+        """Whether this sequence is rotated with the long LongRoPE tables."""
+        return bool(self.s.rope_long)
+
+    @rope_long.setter
+    def rope_long(self, bint value):
+        if value and not self.weights.long_rope:
+            raise ValueError("these weights have no long rope tables")
+        self.s.rope_long = value
 
     def copy_from(self, State other, int n, bint whole):
         """Hold what other holds for its first n positions (with whole, its

@@ -54,6 +54,8 @@ cdef extern from "fastllm.h" nogil:
         int window
         const float *rope_cos
         const float *rope_sin
+        const float *rope_cos_long
+        const float *rope_sin_long
         const void *wq
 
     ctypedef struct FlmWeights:
@@ -67,6 +69,7 @@ cdef extern from "fastllm.h" nogil:
         float *trace
         int trace_tokens
         int trace_offset
+        int rope_long
 
     ctypedef struct FlmSeq:
         FlmState *state

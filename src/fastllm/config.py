@@ -45,7 +45,7 @@ def _token_id(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**31
 
 
-ROPE_TYPES = ("default", "linear", "dynamic", "llama3")
+ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "longrope", "su")   # su: LongRoPE's old name
 
 
 def check_rope_scaling(scaling, path):
@@ -58,8 +58,19 @@ def check_rope_scaling(scaling, path):
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind not in ROPE_TYPES:
         raise ModelFileError(path, f"rope_scaling type {kind!r} is not supported "
-                                   "(supported: linear, dynamic, llama3)")
+                                   "(supported: linear, dynamic, llama3, longrope)")
     if kind == "default":
+        return
+    if kind in ("longrope", "su"):
+        for key in ("short_factor", "long_factor"):
+            v = scaling.get(key)
+            if not isinstance(v, list) or not v or not all(_number(x) and x > 0 for x in v):
+                raise ModelFileError(path, f"rope_scaling {key!r} must be a list of positive numbers "
+                                           f"for longrope scaling, got {str(v)[:80]}")
+        for key in ("factor", "attention_factor", "original_max_position_embeddings"):
+            v = scaling.get(key)
+            if v is not None and not (_number(v) and v > 0):
+                raise ModelFileError(path, f"rope_scaling {key!r} must be a positive number, got {v!r}")
         return
 
     def positive(key, whole=False, required=True):
@@ -77,6 +88,27 @@ def check_rope_scaling(scaling, path):
         positive("high_freq_factor")
         if scaling["low_freq_factor"] == scaling["high_freq_factor"]:
             raise ModelFileError(path, "rope_scaling low_freq_factor and high_freq_factor must differ")
+
+
+def longrope_scaling(scaling: dict, raw: dict, rope_dim: int, path) -> dict:
+    """rope_scaling of LongRoPE as transformers reads it: one factor per
+    rotated frequency, the original context (config.json's own key first,
+    as for Phi-3) and the attention factor that scales cos and sin."""
+    half = rope_dim // 2
+    for key in ("short_factor", "long_factor"):
+        if len(scaling[key]) != half:
+            raise ModelFileError(path, f"rope_scaling {key!r} has {len(scaling[key])} entries; "
+                                       f"the {rope_dim} rotated dims need {half}")
+    orig = raw.get("original_max_position_embeddings", scaling.get("original_max_position_embeddings"))
+    if not _positive_int(orig):
+        raise ModelFileError(path, "longrope scaling needs original_max_position_embeddings, a positive "
+                                   f"integer, got {orig!r}")
+    factor = scaling.get("factor") or raw["max_position_embeddings"] / orig
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
+    return dict(scaling, rope_type="longrope", original_max_position_embeddings=orig,
+                attention_factor=float(attention))
 
 
 def sliding_layers(raw: dict, fam: Family, n_layers: int, path) -> tuple:
@@ -191,6 +223,8 @@ class ModelConfig:
     residual_multiplier: float = 1.0     # each sublayer's output, before the residual add
     attention_multiplier: float | None = None   # the softmax scale; None: 1/sqrt(head_dim)
     logits_scaling: float = 1.0          # the logits are divided by it
+    fused_qkv: bool = False
+    fused_gate_up: bool = False
     weight_prefix: str = "model."
     path: Path | None = None
 
@@ -339,6 +373,9 @@ class ModelConfig:
         if not _number(eps) or not 0 <= eps < 1:
             raise ModelFileError(path, f"rms_norm_eps must be a number in [0, 1), got {eps!r}")
         check_rope_scaling(rope_scaling, path)
+        if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) in ("longrope", "su"):
+            need("max_position_embeddings")
+            rope_scaling = longrope_scaling(rope_scaling, raw, int(head_dim * prf), path)
         for key in ("tie_word_embeddings", "attention_bias", "mlp_bias"):
             if raw.get(key) is not None and not isinstance(raw[key], bool):
                 raise ModelFileError(path, f"{key} must be true or false, got {raw[key]!r}")
@@ -370,6 +407,8 @@ class ModelConfig:
             post_norms=fam.post_norms,
             no_rope_layers=no_rope,
             **multipliers,
+            fused_qkv=fam.fused_qkv,
+            fused_gate_up=fam.fused_gate_up,
             weight_prefix=prefix,
             path=Path(path) if path else None,
             **linear,
@@ -382,7 +421,7 @@ class ModelConfig:
         when full, and an attention score row per thread."""
         kv_bytes = {"f32": 4, "bf16": 2, "f16": 2}[kv_dtype]
         kv = 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * kv_bytes
-        rope = 3 * self.rope_dim // 2 * 4
+        rope = 3 * self.rope_dim // 2 * 4 * (2 if self.longrope else 1)
         return n_ctx * (kv + rope + 4 * threads)
 
     # ------------------------------------------------------------------ RoPE
@@ -397,6 +436,11 @@ class ModelConfig:
         base = f32(self.rope_theta)
         scaling = dict(self.rope_scaling or {})
         kind = scaling.get("rope_type", scaling.get("type", "default"))
+        if kind == "longrope":
+            # The long factors for a sequence past the original context.
+            orig = scaling["original_max_position_embeddings"]
+            ext = np.asarray(scaling["long_factor" if seq_len > orig else "short_factor"], np.float32)
+            return (f32(1.0) / (ext * base ** exponents)).astype(np.float32)
         if kind == "dynamic":
             factor = float(scaling["factor"])
             orig = int(scaling.get("original_max_position_embeddings", self.max_position_embeddings))
@@ -422,13 +466,34 @@ class ModelConfig:
             inv_freq = np.where(medium, smoothed, scaled).astype(np.float32)
         else:
             raise ModelFileError(self.path, f"rope_scaling type {kind!r} is not supported "
-                                            "(supported: linear, dynamic, llama3)")
+                                            "(supported: linear, dynamic, llama3, longrope)")
         return inv_freq
+
+    @property
+    def longrope(self) -> bool:
+        return (self.rope_scaling or {}).get("rope_type") == "longrope"
+
+    def rope_tables_long(self, seq_len: int):
+        """LongRoPE's cos and sin tables for a sequence longer than the
+        original context, shape (seq_len, rope_dim/2); None without LongRoPE.
+        (rope_tables gives the short ones, for a sequence that fits it.)"""
+        if not self.longrope:
+            return None
+        orig = self.rope_scaling["original_max_position_embeddings"]
+        return self._longrope_tables(seq_len, self.rope_inv_freq(orig + 1))
+
+    def _longrope_tables(self, seq_len: int, inv_freq: np.ndarray):
+        angles = np.arange(seq_len, dtype=np.float32)[:, None] * inv_freq[None, :]
+        scale = np.float32(self.rope_scaling["attention_factor"])
+        return (np.ascontiguousarray((np.cos(angles) * scale).astype(np.float32)),
+                np.ascontiguousarray((np.sin(angles) * scale).astype(np.float32)))
 
     def rope_tables(self, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
         """cos and sin of every position's angles, shape (seq_len, rope_dim/2)."""
         kind = (self.rope_scaling or {}).get("rope_type", (self.rope_scaling or {}).get("type"))
         pos = np.arange(seq_len, dtype=np.float32)[:, None]
+        if kind == "longrope":
+            return self._longrope_tables(seq_len, self.rope_inv_freq(1))
         if kind == "dynamic":
             # The reference recomputes the frequencies whenever the sequence
             # outgrows the original context: a token at position p was

@@ -47,6 +47,10 @@ class Family:
     gguf: bool = False                   # importable from llama.cpp's GGUF (same arch name)
     gguf_qk_interleaved: bool = False    # llama.cpp stores each Q/K head's rotary halves interleaved
     gguf_head_dim: bool = True           # HF's config can say head_dim (else it must be hidden/heads)
+    gguf_longrope: bool = False          # llama.cpp's rope_factors_long/short tensors (LongRoPE),
+                                         # partial rotary and a sliding window in the metadata
+    fused_qkv: bool = False              # q, k and v rows stored as one qkv_proj
+    fused_gate_up: bool = False          # gate and up rows stored as one gate_up_proj
     text_config: str | None = None       # a multimodal wrapper: the family of its text model
     weight_prefix: str = "model."        # of the text model's tensors in the checkpoint
 
@@ -70,6 +74,9 @@ FAMILIES = {
                            refuse={"attention_bias": "biases are not supported for qwen3_5_text"}),
     "qwen3_5": Family("Qwen3_5ForConditionalGeneration", text_config="qwen3_5_text",
                       weight_prefix="model.language_model."),
+    # Phi-3/3.5-mini and Phi-4-mini: LongRoPE and partial rotary come from config.json.
+    "phi3": Family("Phi3ForCausalLM", fused_qkv=True, fused_gate_up=True, sliding_window=EVERY_LAYER,
+                   gguf=True, gguf_longrope=True),
     # llama.cpp makes every fourth layer of a smollm3 GGUF a NoPE layer.
     "smollm3": Family("SmolLM3ForCausalLM", attention_bias="attention_bias", o_bias="attention_bias",
                       mlp_bias="mlp_bias", no_rope_layers=True, gguf=True, gguf_qk_interleaved=True,

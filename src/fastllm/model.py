@@ -90,7 +90,7 @@ def check_sizes(config: ModelConfig, folder: Path):
     ck = Checkpoint(folder)
     wanted = [(schema.EMBED, schema.hf_name(schema.EMBED, config))]
     for i in range(config.num_hidden_layers):
-        wanted += [(t, schema.hf_name(t, config, i)) for t in schema.layer_tensors(config, config.layer_kind(i))]
+        wanted += [(t, schema.hf_name(t, config, i)) for t in schema.file_tensors(config, config.layer_kind(i))]
     seen = set()
     for t, name in wanted:
         if name in seen:   # the attention gate is read from q_proj, checked with it

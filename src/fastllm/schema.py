@@ -31,6 +31,7 @@ class Tensor:
                                # heads ("head": each head_dim slice of it)
     norm: bool = False         # an RMSNorm weight (stored as w - 1 where norm_plus_one)
     hf_shape: Callable | None = None  # the file's shape where it differs
+    parts: tuple = ()          # a fused tensor: the LAYER fields its rows hold, in order
 
 
 def _q(c): return c.num_attention_heads * c.head_dim
@@ -98,6 +99,15 @@ EMBED = _t("embed", "embed_tokens.weight", "token_embd.weight", lambda c: (c.voc
 NORM = _t("norm", "norm.weight", "output_norm.weight", lambda c: (c.hidden_size,), False, norm=True)
 LM_HEAD = _t("lm_head", "lm_head.weight", "output.weight", lambda c: (c.vocab_size, c.hidden_size), True)
 MODEL = (EMBED, NORM, LM_HEAD)
+# Tensors some families store fused, rows of one after the other's: each
+# is split at load into the LAYER tensors it names. llama.cpp keeps them
+# fused too (ffn_up holding gate and up, as HF's gate_up_proj does).
+FUSED = (
+    _t("qkv", "self_attn.qkv_proj.weight", "attn_qkv.weight", lambda c: (_q(c) + 2 * _kv(c), c.hidden_size),
+       True, A, "fused_qkv", parts=("wq", "wk", "wv")),
+    _t("gate_up", "mlp.gate_up_proj.weight", "ffn_up.weight", lambda c: (2 * c.intermediate_size, c.hidden_size),
+       True, switch="fused_gate_up", parts=("w_gate", "w_up")),
+)
 BY_FIELD = {t.field: t for t in LAYER + MODEL}
 BY_GGUF = {t.gguf: t for t in LAYER + MODEL if t.gguf}
 
@@ -105,6 +115,29 @@ BY_GGUF = {t.gguf: t for t in LAYER + MODEL if t.gguf}
 def layer_tensors(cfg, kind: str) -> list:
     """The tensors a layer of this kind has under cfg, in FlmLayer order."""
     return [t for t in LAYER if t.kind in (kind, BOTH) and (t.switch is None or getattr(cfg, t.switch))]
+
+
+def file_tensors(cfg, kind: str) -> list:
+    """The tensors a layer of this kind has in the checkpoint: those of
+    layer_tensors, fused ones in place of their parts where cfg says so."""
+    fused = [t for t in FUSED if t.kind in (kind, BOTH) and getattr(cfg, t.switch)]
+    covered = {part: t for t in fused for part in t.parts}
+    out = []
+    for t in layer_tensors(cfg, kind):
+        t = covered.get(t.field, t)
+        if t not in out:
+            out.append(t)
+    return out
+
+
+def split_rows(t: Tensor, arr, cfg) -> dict:
+    """A fused tensor's rows (or rows of blocks) as its parts, by field."""
+    out, start = {}, 0
+    for field in t.parts:
+        n = BY_FIELD[field].shape(cfg)[0]
+        out[field] = arr[start:start + n]
+        start += n
+    return out
 
 
 def hf_name(t: Tensor, cfg, layer: int | None = None) -> str:

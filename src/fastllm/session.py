@@ -51,6 +51,9 @@ class Session:
         self.n_ctx = weights.seq_len
         config = weights.config
         self.can_rewind = all(config.layer_kind(i) != LINEAR for i in range(config.num_hidden_layers))
+        # LongRoPE: past this many tokens a sequence is rotated with the long tables.
+        self._long_rope_after = (config.rope_scaling["original_max_position_embeddings"]
+                                 if config.longrope else None)
         self._tokens = []
         self._unsettled = False   # a chunk may have run without being listed
         self._guard = threading.Lock()  # guards _busy_by and _holder (see _use)
@@ -134,6 +137,27 @@ class Session:
 
     def _run_held(self, ids, all_logits, hidden_states):
         self._settle()
+        self._match_rope(len(self._tokens) + ids.size)
+        return self._run_chunks(ids, all_logits, hidden_states)
+
+    def _match_rope(self, total: int):
+        """LongRoPE rotates every position of a sequence with the short
+        factors while it fits the original context, with the long ones once
+        it is longer (so transformers computes a sequence of `total` tokens,
+        and its generate() recomputes the cache at the crossing): the tokens
+        held are run again whenever the choice changes."""
+        if self._long_rope_after is None:
+            return
+        long = total > self._long_rope_after
+        if long == self._state.rope_long:
+            return
+        held = np.asarray(self._tokens, np.int32)
+        self._state.rope_long = long
+        self._tokens = []
+        if held.size:
+            self._run_chunks(held, False, False)
+
+    def _run_chunks(self, ids, all_logits, hidden_states):
         logits, traces = [], []
         for start in range(0, ids.size, self.max_batch):
             chunk = ids[start:start + self.max_batch]
@@ -241,6 +265,8 @@ def extend_together(sessions, token_ids, work: Session | None = None) -> np.ndar
     with ExitStack() as using:
         for s in sessions:
             using.enter_context(s._use())
+        for s, i in zip(sessions, ids):
+            s._match_rope(s.position + i.size)
         for s in sessions:
             s._unsettled = True
         out = _core.run_batch([s._state for s in sessions], ids, positions,

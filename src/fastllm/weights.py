@@ -33,13 +33,17 @@ def rope_permutation(head_dim: int, rope_dim: int) -> np.ndarray:
     return perm
 
 
+def _permuted_heads(rows: np.ndarray, perm: np.ndarray, heads: int) -> np.ndarray:
+    """rows (or vector entries) with each head's permuted by perm."""
+    return np.take(rows.reshape(heads, len(perm), *rows.shape[1:]), perm, axis=1).reshape(rows.shape)
+
+
 def _as_compute_dtype(f: SafetensorsFile, name: str, bf16: bool, perm=None, heads=None):
     """A tensor in the compute dtype, in memory of its own (never a view of
     the file), rows permuted per head if perm is given."""
     raw = f.read(name)
     if perm is not None:
-        shape = raw.shape
-        raw = np.take(raw.reshape(heads, len(perm), *shape[1:]), perm, axis=1).reshape(shape)
+        raw = _permuted_heads(raw, perm, heads)
     if bf16 and f.dtype(name) == "BF16":
         return raw
     arr = f.float32(name, raw)
@@ -123,6 +127,17 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False, mix: str | None =
         if f.shape(name) != shape:
             raise ModelFileError(f.path, f"tensor {name!r} has shape {list(f.shape(name))}, "
                                          f"config.json implies {list(shape)}")
+        if t.parts:
+            # A fused tensor: each part's rows, permuted as that part's own.
+            fused = _as_compute_dtype(f, name, bf16)
+            check_finite(fused)
+            out = {}
+            for field, rows in schema.split_rows(t, fused, cfg).items():
+                part = schema.BY_FIELD[field]
+                if part.rope:
+                    rows = _permuted_heads(rows, perm, heads[part.rope])
+                out[field] = packed(np.ascontiguousarray(rows), name.replace(t.hf, part.hf), False)
+            return out
         if t.field == "wq" and cfg.attn_output_gate:
             # q_proj holds [q_h | gate_h] for each head h: split, then permute q.
             qd, h = t.shape(cfg)
@@ -143,7 +158,7 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False, mix: str | None =
     for i in range(cfg.num_hidden_layers):
         kind = cfg.layer_kind(i)
         layer = {"kind": kind}
-        for t in schema.layer_tensors(cfg, kind):
+        for t in schema.file_tensors(cfg, kind):
             if t.field not in layer:   # w_attn_gate comes with wq
                 layer.update(get(t, schema.hf_name(t, cfg, i)))
         layers.append(layer)
@@ -204,7 +219,8 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
     path = Path(path)
     contents = gguf_tensors.read_contents(path, string_arrays=False)   # the tokenizer is read once, elsewhere
     tensors = {t.name: t for t in contents.tensors}
-    tensors.pop("rope_freqs.weight", None)
+    for name in ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"):
+        tensors.pop(name, None)   # read into config.json by the importer
     planned = gguf_tensors.plan_tensors(tensors, gguf_tensors.tensor_shapes(contents.tensors), cfg, path)
     by_hf = {hf: g for hf, g, _ in planned}
     perm = rope_permutation(cfg.head_dim, cfg.rope_dim)
@@ -217,14 +233,27 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
         if t.rope in heads:
             if interleaved:
                 arr = gguf_tensors.unpermute(arr, heads[t.rope])
-            n = heads[t.rope]
-            arr = np.take(arr.reshape(n, len(perm), *arr.shape[1:]), perm, axis=1).reshape(arr.shape)
+            arr = _permuted_heads(arr, perm, heads[t.rope])
         elif t.rope == "head":
             arr = np.take(arr.reshape(-1, len(perm)), perm, axis=1).reshape(arr.shape)
         return np.ascontiguousarray(arr)
 
+    def get_fused(t: schema.Tensor, hf: str) -> dict:
+        """A fused tensor's parts, split on row boundaries (so on whole
+        blocks), each in the file's type."""
+        g = by_hf[hf]
+        arr, dtype = read(t, g)
+        return {field: finish(schema.BY_FIELD[field], g, rows, dtype)
+                for field, rows in schema.split_rows(t, arr, cfg).items()}
+
     def get(t: schema.Tensor, hf: str):
         g = by_hf[hf]
+        arr, dtype = read(t, g)
+        return finish(t, g, arr, dtype)
+
+    def read(t: schema.Tensor, g):
+        """The tensor's rows: of its own type where fastllm multiplies it as
+        it is, else dequantized to float32."""
         kind = getattr(g.tensor_type, "name", str(g.tensor_type))
         dtype = NATIVE_GGML_TYPES.get(kind) if t.matrix else None
         if dtype is None:
@@ -237,6 +266,10 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
             N, K = g.shape
             arr = {"f32": lambda: raw.view("<f4"), "f16": lambda: raw.view("<f2"),
                    "bf16": lambda: raw.view("<u2")}.get(dtype, lambda: raw)().reshape(N, -1)
+        return arr, dtype
+
+    def finish(t: schema.Tensor, g, arr: np.ndarray, dtype: str):
+        """Rows read by read(), checked and packed as the run loop reads them."""
         arr = rows_in_order(arr, t)
         finite = _finite_blocks(arr, dtype) if dtype not in ("f32", "f16", "bf16") else _all_finite(
             arr.astype(np.float32) if dtype == "f16" else arr)
@@ -258,8 +291,12 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
     for i in range(cfg.num_hidden_layers):
         kind = cfg.layer_kind(i)
         layer = {"kind": kind}
-        for t in schema.layer_tensors(cfg, kind):
-            layer[t.field] = get(t, schema.hf_name(t, cfg, i))
+        for t in schema.file_tensors(cfg, kind):
+            hf = schema.hf_name(t, cfg, i)
+            if t.parts:
+                layer.update(get_fused(t, hf))
+            else:
+                layer[t.field] = get(t, hf)
         layers.append(layer)
     out = {"layers": layers, "norm": get(schema.NORM, schema.hf_name(schema.NORM, cfg))}
     embed_hf = schema.hf_name(schema.EMBED, cfg)

@@ -330,8 +330,11 @@ def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DT
     shapes = tensor_shapes(contents.tensors)
     tensors = {t.name: t for t in contents.tensors}
     rope_freqs = tensors.pop("rope_freqs.weight", None)
+    # LongRoPE's factors (Phi-3) go into config.json.
+    rope_factors = {kind: dequantize(tensors.pop(f"rope_factors_{kind}.weight"), path)
+                    for kind in ("long", "short") if f"rope_factors_{kind}.weight" in tensors}
     config = model_config(md, shapes, path, dtype,
-                           None if rope_freqs is None else dequantize(rope_freqs, path))
+                           None if rope_freqs is None else dequantize(rope_freqs, path), rope_factors)
     try:
         cfg = ModelConfig.from_dict(config, path)
     except ModelFileError as e:

@@ -52,7 +52,9 @@ _ARCH_KEYS = {
     "attention.head_count_kv": "int or list", "attention.key_length": "int",
     "rope.dimension_count": "int", "rope.freq_base": "number",
     "attention.layer_norm_rms_epsilon": "number", "rope.scaling.type": "str",
-    "rope.scaling.factor": "number", "attention.scale": "number", "embedding_scale": "number",
+    "rope.scaling.factor": "number",
+    "rope.scaling.original_context_length": "int", "rope.scaling.attn_factor": "number",
+    "attention.sliding_window": "int", "attention.scale": "number", "embedding_scale": "number",
     "residual_scale": "number", "logit_scale": "number",
 }
 # llama.cpp's smollm3 skips RoPE in every fourth layer; its GGUF files say nothing of it.
@@ -161,7 +163,42 @@ def _multipliers(md: dict, arch: str, head_dim: int, path: Path) -> dict:
     return out
 
 
-def model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=None) -> dict:
+def _phi3_keys(md: dict, arch: str, rope_dim: int, head_dim: int, factors: dict, path: Path) -> dict:
+    """config.json keys of Phi-3's partial rotary, LongRoPE and sliding
+    window, from llama.cpp's rope_factors_long/short tensors and metadata."""
+    keys = {}
+    if rope_dim != head_dim:
+        keys["partial_rotary_factor"] = rope_dim / head_dim
+    window = md.get(f"{arch}.attention.sliding_window")
+    if window is not None and (type(window) is not int or window < 0):
+        raise ConversionError(path, f"{arch}.attention.sliding_window should be a count, not {window!r}")
+    if window:   # the converter writes 0 for none
+        keys["sliding_window"] = window
+    if not factors:
+        return keys
+    if set(factors) != {"long", "short"}:
+        raise ConversionError(path, "a rope_factors_long tensor needs a rope_factors_short one, and back")
+    orig = md.get(f"{arch}.rope.scaling.original_context_length")
+    if type(orig) is not int or orig < 1:
+        raise ConversionError(path, f"rope factors without a valid {arch}.rope.scaling.original_context_length "
+                                    f"(got {orig!r})")
+    scaling = {"rope_type": "longrope"}
+    for kind in ("short", "long"):
+        values = np.asarray(factors[kind], np.float32).reshape(-1)
+        if values.size != rope_dim // 2 or not (np.isfinite(values).all() and (values > 0).all()):
+            raise ConversionError(path, f"rope_factors_{kind} must hold {rope_dim // 2} positive numbers")
+        scaling[f"{kind}_factor"] = [_shortest_float32(v) for v in values]
+    # The attention factor transformers would derive, unless the file's differs.
+    attn = md.get(f"{arch}.rope.scaling.attn_factor")
+    factor = md[f"{arch}.context_length"] / orig
+    default = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
+    if attn is not None and np.float32(attn) != np.float32(default):
+        scaling["attention_factor"] = _shortest_float32(attn)
+    keys.update(original_max_position_embeddings=orig, rope_scaling=scaling)
+    return keys
+
+
+def model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=None, rope_factors=None) -> dict:
     arch = md["general.architecture"]
 
     def a(key):
@@ -202,12 +239,12 @@ def model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=None
     if q_rows is not None and q_rows != n_heads * head_dim:
         raise ConversionError(path, f"attn_q has {q_rows} rows, expected {n_heads} heads x {head_dim}")
     rope_dim = md.get(f"{arch}.rope.dimension_count", head_dim)
-    if int(rope_dim) != head_dim:
+    family = FAMILIES[arch]
+    if int(rope_dim) != head_dim and not (family.gguf_longrope and 0 < int(rope_dim) < head_dim):
         raise ConversionError(path, f"partial rotary embeddings (rope dim {rope_dim} of {head_dim}) are not supported")
 
     tied = schema.LM_HEAD.gguf not in shapes
     theta = float(md.get(f"{arch}.rope.freq_base", 10000.0))
-    family = FAMILIES[arch]
 
     cfg = {
         "architectures": [family.hf_class],
@@ -239,6 +276,8 @@ def model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=None
         scaling = _llama3_rope_scaling(rope_freqs, theta, head_dim, path)
     if scaling is not None:
         cfg["rope_scaling"] = scaling
+    if family.gguf_longrope:
+        cfg.update(_phi3_keys(md, arch, int(rope_dim), head_dim, rope_factors or {}, path))
     # A bias switch that config.json holds is set by layer 0's tensors; the
     # tensor plan then checks every layer against the resulting config.
     for t in schema.LAYER:

@@ -136,7 +136,7 @@ def gguf_names(cfg: ModelConfig) -> dict:
         if t is not schema.LM_HEAD or not cfg.tie_word_embeddings:
             names[t.gguf] = (schema.hf_name(t, cfg), t)
     for i in range(cfg.num_hidden_layers):
-        for t in schema.layer_tensors(cfg, cfg.layer_kind(i)):
+        for t in schema.file_tensors(cfg, cfg.layer_kind(i)):
             names[f"blk.{i}.{t.gguf}"] = (schema.hf_name(t, cfg, i), t)
     return names
 

@@ -71,8 +71,22 @@ def _llama3_rope_factors(scaling: dict, theta: float, head_dim: int) -> np.ndarr
     return table.astype(np.float32)
 
 
-def _hyperparameters(w, cfg: ModelConfig, folder: Path):
-    """Write the architecture's keys; returns the rope_freqs tensor, if any."""
+def _longrope_keys(w, cfg: ModelConfig) -> dict:
+    """Write Phi-3's sliding window and LongRoPE keys as llama.cpp's
+    converter does; returns the rope factor tensors, if any."""
+    w.add_sliding_window(cfg.sliding_window or 0)   # 0: none
+    if not cfg.longrope:
+        return {}
+    scaling = cfg.rope_scaling
+    w.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
+    w.add_rope_scaling_attn_factors(scaling["attention_factor"])
+    return {f"rope_factors_{kind}.weight": np.asarray(scaling[f"{kind}_factor"], np.float32)
+            for kind in ("long", "short")}
+
+
+def _hyperparameters(w, cfg: ModelConfig, folder: Path) -> dict:
+    """Write the architecture's keys; returns the tensors that hold the
+    rope scaling (llama3's rope_freqs, LongRoPE's factors), if any."""
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
     w.add_feed_forward_length(cfg.intermediate_size)
@@ -97,15 +111,20 @@ def _hyperparameters(w, cfg: ModelConfig, folder: Path):
                                                       f"{GGUF_NO_ROPE_INTERVAL}th layer, and only there")
     scaling = cfg.rope_scaling
     kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if cfg.family.gguf_longrope:
+        if kind not in ("default", "longrope"):
+            raise ConversionError(folder / "config.json", f"rope scaling {kind!r} of {cfg.model_type} cannot "
+                                                          f"be written to GGUF (supported: longrope)")
+        return _longrope_keys(w, cfg)
     if kind == "default":
-        return None
+        return {}
     if kind == "linear":
         import gguf
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(float(scaling["factor"]))
-        return None
+        return {}
     if kind == "llama3":
-        return _llama3_rope_factors(scaling, float(cfg.rope_theta), cfg.head_dim)
+        return {"rope_freqs.weight": _llama3_rope_factors(scaling, float(cfg.rope_theta), cfg.head_dim)}
     raise ConversionError(folder / "config.json", f"rope scaling {kind!r} cannot be written to GGUF "
                                                   f"(supported: linear, llama3)")
 
@@ -362,12 +381,12 @@ def export_gguf(folder: PathLike, out_path: PathLike, mix: str = "f32",
         w.add_file_type(quants.FILE_TYPES[mix])
         if any(q in quants.QTYPES for q in types.values()):
             w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-        rope_freqs = _hyperparameters(w, cfg, folder)
+        rope_tensors = _hyperparameters(w, cfg, folder)
         _tokenizer(w, folder, cfg)
 
         order = [(g, hf, t) for g, (hf, t) in names.items()]
-        if rope_freqs is not None:
-            w.add_tensor_info("rope_freqs.weight", rope_freqs.shape, np.dtype(np.float32), rope_freqs.nbytes)
+        for name, table in rope_tensors.items():
+            w.add_tensor_info(name, table.shape, np.dtype(np.float32), table.nbytes)
         for g, _, _ in order:
             qtype, shape = types[g], shapes[g]
             k = shape[-1]
@@ -383,8 +402,8 @@ def export_gguf(folder: PathLike, out_path: PathLike, mix: str = "f32",
         total = len(order)
         if report:
             report(0, total)
-        if rope_freqs is not None:
-            w.write_tensor_data(rope_freqs)
+        for table in rope_tensors.values():
+            w.write_tensor_data(table)
         heads = {"q": cfg.num_attention_heads, "k": cfg.num_key_value_heads} if family.gguf_qk_interleaved else {}
         for i, (g, hf, t) in enumerate(order):
             w.write_tensor_data(_gguf_rows(ckpt.file_of(hf), hf, shapes[g], types[g], heads.get(t.rope)))
