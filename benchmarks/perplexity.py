@@ -63,11 +63,17 @@ def llama_perplexity(tool, gguf: Path, text_file: Path, kld_file: Path, args, co
         cmd += ["--chunks", str(args.chunks)]
     if compare:
         cmd.append("--kl-divergence")
-    run = subprocess.run(cmd, capture_output=True, text=True)
-    out = run.stdout + run.stderr
-    log.write_text(" ".join(cmd) + "\n\n" + out)
-    if run.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({run.returncode}): see {log}")
+    # llama-perplexity now and then exits 0 with its log cut short before
+    # the summary; such a run is made once more.
+    summary = "Mean PPL(Q)" if compare else "Final estimate"
+    for attempt in range(2):
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        out = run.stdout + run.stderr
+        log.write_text(" ".join(cmd) + "\n\n" + out)
+        if run.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed ({run.returncode}): see {log}")
+        if summary in out:
+            break
     figures = {"chunks": int(_find(r"over (\d+) chunks, n_ctx", out, "chunk count", log)[0])}
     if not compare:
         figures["ppl"] = _find(rf"Final estimate: PPL = {_NUMBER} \+/- {_NUMBER}", out, "PPL", log)

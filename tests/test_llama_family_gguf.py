@@ -304,3 +304,24 @@ def test_mixtral_folder_is_refused_by_name(tmp_path):
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     with pytest.raises(ModelFileError, match="model_type 'mixtral': mixture-of-experts models are not supported"):
         Model.from_pretrained(folder)
+
+
+# --------------------------------------------------------------------------
+# Export: a Mistral folder is written as llama.cpp's converter writes it
+# --------------------------------------------------------------------------
+
+def test_mistral_folder_exports_as_a_llama_file_without_its_window(tmp_path):
+    import gguf
+    from fastllm.formats.gguf_writer import export_gguf
+    with pytest.warns(UserWarning, match=r"sliding window of 12 positions \(2 of 2 layers\) is not written"):
+        out = export_gguf(DATA / "mistral-v0.1", tmp_path / "mistral.gguf", mix="f32")
+    ours, theirs = gguf.GGUFReader(str(out)), gguf.GGUFReader(str(gguf_path("mistral-v0.1")))
+    assert bytes(ours.fields["general.architecture"].parts[-1]).decode() == "llama"
+    # The same tensors, Q/K rows interleaved as llama.cpp's RoPE wants them.
+    want = {t.name: np.asarray(t.data) for t in theirs.tensors}
+    for t in ours.tensors:
+        assert np.array_equal(np.asarray(t.data), want.pop(t.name)), t.name
+    assert not want
+    ids = prompt(40, seed=5)
+    assert np.array_equal(Model.from_pretrained(out, threads=2).logits(ids),
+                          Model.from_pretrained(gguf_path("mistral-v0.1"), threads=2).logits(ids))

@@ -44,7 +44,10 @@ class Family:
                                          # the whole context
     refuse: dict = field(default_factory=dict)   # config.json key that must not be true: why
     untie_with_head: bool = False        # an lm_head the file carries is used even when tied
-    gguf: bool = False                   # importable from llama.cpp's GGUF (same arch name)
+    gguf: bool | str = False             # importable from llama.cpp's GGUF: True (its arch name is the
+                                         # model_type) or llama.cpp's name for the architecture
+    gguf_export: str | None = None       # written to GGUF as this llama.cpp architecture, which imports
+                                         # as another model_type (a Mistral is a llama there)
     gguf_qk_interleaved: bool = False    # llama.cpp stores each Q/K head's rotary halves interleaved
     gguf_head_dim: bool = True           # HF's config can say head_dim (else it must be hidden/heads)
     gguf_longrope: bool = False          # llama.cpp's rope_factors_long/short tensors (LongRoPE),
@@ -64,14 +67,16 @@ FAMILIES = {
     "llama": Family("LlamaForCausalLM", attention_bias="attention_bias", o_bias="attention_bias",
                     mlp_bias="mlp_bias", gguf=True, gguf_qk_interleaved=True),
     # llama.cpp's GGUF of a Mistral is arch llama, without the sliding window.
-    "mistral": Family("MistralForCausalLM", sliding_window=EVERY_LAYER),
+    "mistral": Family("MistralForCausalLM", sliding_window=EVERY_LAYER, gguf_export="llama",
+                      gguf_qk_interleaved=True),
     "qwen2": Family("Qwen2ForCausalLM", attention_bias=True, sliding_window=USE_SLIDING_WINDOW,
                     gguf=True, gguf_head_dim=False),
     "qwen3": Family("Qwen3ForCausalLM", attention_bias="attention_bias", o_bias="attention_bias",
                     qk_norm=True, sliding_window=USE_SLIDING_WINDOW, gguf=True),
     "qwen3_5_text": Family("Qwen3_5ForCausalLM", qk_norm=True, norm_plus_one=True, attn_output_gate=True,
                            linear_attention=True, partial_rotary_factor=0.25, untie_with_head=True,
-                           refuse={"attention_bias": "biases are not supported for qwen3_5_text"}),
+                           refuse={"attention_bias": "biases are not supported for qwen3_5_text"},
+                           gguf="qwen35"),
     "qwen3_5": Family("Qwen3_5ForConditionalGeneration", text_config="qwen3_5_text",
                       weight_prefix="model.language_model."),
     # Phi-3/3.5-mini and Phi-4-mini: LongRoPE and partial rotary come from config.json.
@@ -89,7 +94,11 @@ FAMILIES = {
                     qk_norm=True, qk_norm_whole=True, pre_norms=False, post_norms=True, gguf=True,
                     gguf_head_dim=False),
 }
-GGUF_ARCHITECTURES = tuple(name for name, f in FAMILIES.items() if f.gguf)
+# llama.cpp's architecture name -> the model_type it is imported as.
+GGUF_ARCHITECTURES = {(name if f.gguf is True else f.gguf): name for name, f in FAMILIES.items() if f.gguf}
+# Architectures llama.cpp writes that fastllm knows and refuses: why.
+GGUF_REFUSED = {"qwen35moe": "Qwen3.5 mixture-of-experts models are not supported yet "
+                             "(fastllm runs the dense Qwen3.5 models, arch 'qwen35')"}
 
 
 def family(model_type, path=None) -> Family:

@@ -32,6 +32,8 @@ class Tensor:
     norm: bool = False         # an RMSNorm weight (stored as w - 1 where norm_plus_one)
     hf_shape: Callable | None = None  # the file's shape where it differs
     parts: tuple = ()          # a fused tensor: the LAYER fields its rows hold, in order
+    gguf_shape: Callable | None = None  # the GGUF file's shape where it differs from the HF one
+    v_heads: str | None = None  # Gated DeltaNet value heads along its "rows", "columns" or "rows after q, k"
 
 
 def _q(c): return c.num_attention_heads * c.head_dim
@@ -65,16 +67,24 @@ LAYER = (
     _t("w_attn_gate", "self_attn.q_proj.weight", None, lambda c: (_q(c), c.hidden_size), True, A,
        "attn_output_gate"),
     # Gated DeltaNet (linear attention) layers of Qwen3.5.
-    _t("w_qkv", "linear_attn.in_proj_qkv.weight", None, lambda c: (_conv(c), c.hidden_size), True, L),
-    _t("w_z", "linear_attn.in_proj_z.weight", None, lambda c: (_vd(c), c.hidden_size), True, L),
-    _t("w_b", "linear_attn.in_proj_b.weight", None, lambda c: (_hv(c), c.hidden_size), True, L),
-    _t("w_a", "linear_attn.in_proj_a.weight", None, lambda c: (_hv(c), c.hidden_size), True, L),
-    _t("conv_w", "linear_attn.conv1d.weight", None, lambda c: (_conv(c), c.linear_conv_kernel_dim), False, L,
-       hf_shape=lambda c: (_conv(c), 1, c.linear_conv_kernel_dim)),
-    _t("lin_A", "linear_attn.A_log", None, lambda c: (_hv(c),), False, L),
-    _t("dt_bias", "linear_attn.dt_bias", None, lambda c: (_hv(c),), False, L),
-    _t("lin_norm", "linear_attn.norm.weight", None, lambda c: (c.linear_value_head_dim,), False, L),
-    _t("w_out", "linear_attn.out_proj.weight", None, lambda c: (c.hidden_size, _vd(c)), True, L),
+    # llama.cpp's converter stores A as -exp(A_log), the value the run loop
+    # reads, and orders value heads its own way (see formats.gguf_tensors).
+    _t("w_qkv", "linear_attn.in_proj_qkv.weight", "attn_qkv.weight", lambda c: (_conv(c), c.hidden_size), True,
+       L, v_heads="rows after q, k"),
+    _t("w_z", "linear_attn.in_proj_z.weight", "attn_gate.weight", lambda c: (_vd(c), c.hidden_size), True, L,
+       v_heads="rows"),
+    _t("w_b", "linear_attn.in_proj_b.weight", "ssm_beta.weight", lambda c: (_hv(c), c.hidden_size), True, L,
+       v_heads="rows"),
+    _t("w_a", "linear_attn.in_proj_a.weight", "ssm_alpha.weight", lambda c: (_hv(c), c.hidden_size), True, L,
+       v_heads="rows"),
+    _t("conv_w", "linear_attn.conv1d.weight", "ssm_conv1d.weight", lambda c: (_conv(c), c.linear_conv_kernel_dim),
+       False, L, hf_shape=lambda c: (_conv(c), 1, c.linear_conv_kernel_dim),
+       gguf_shape=lambda c: (_conv(c), c.linear_conv_kernel_dim), v_heads="rows after q, k"),
+    _t("lin_A", "linear_attn.A_log", "ssm_a", lambda c: (_hv(c),), False, L, v_heads="rows"),
+    _t("dt_bias", "linear_attn.dt_bias", "ssm_dt.bias", lambda c: (_hv(c),), False, L, v_heads="rows"),
+    _t("lin_norm", "linear_attn.norm.weight", "ssm_norm.weight", lambda c: (c.linear_value_head_dim,), False, L),
+    _t("w_out", "linear_attn.out_proj.weight", "ssm_out.weight", lambda c: (c.hidden_size, _vd(c)), True, L,
+       v_heads="columns"),
     # Both kinds.
     _t("attn_norm", "input_layernorm.weight", "attn_norm.weight", lambda c: (c.hidden_size,), False,
        switch="pre_norms", norm=True),
@@ -109,7 +119,8 @@ FUSED = (
        True, switch="fused_gate_up", parts=("w_gate", "w_up")),
 )
 BY_FIELD = {t.field: t for t in LAYER + MODEL}
-BY_GGUF = {t.gguf: t for t in LAYER + MODEL if t.gguf}
+# Where an architecture's GGUF files name a tensor otherwise, by model_type.
+GGUF_RENAMED = {"qwen3_5_text": {"ffn_norm": "post_attention_norm.weight"}}
 
 
 def layer_tensors(cfg, kind: str) -> list:
@@ -148,6 +159,15 @@ def hf_name(t: Tensor, cfg, layer: int | None = None) -> str:
 
 def hf_shape(t: Tensor, cfg) -> tuple:
     return (t.hf_shape or t.shape)(cfg)
+
+
+def gguf_name(t: Tensor, cfg) -> str | None:
+    """The tensor's llama.cpp name (under blk.N. for a layer's) in cfg's architecture."""
+    return GGUF_RENAMED.get(cfg.model_type, {}).get(t.field, t.gguf)
+
+
+def gguf_shape(t: Tensor, cfg) -> tuple:
+    return (t.gguf_shape or t.hf_shape or t.shape)(cfg)
 
 
 def n_params(cfg) -> int:

@@ -65,10 +65,13 @@ def _row_length(blocks: np.ndarray, qtype: str) -> int:
     return blocks.shape[1] // size * n
 
 
-def _vector(t: schema.Tensor, arr: np.ndarray, cfg: ModelConfig) -> np.ndarray:
-    """A float32 vector tensor as the run loop reads it."""
+def _vector(t: schema.Tensor, arr: np.ndarray, cfg: ModelConfig, gguf: bool = False) -> np.ndarray:
+    """A float32 vector tensor as the run loop reads it. gguf: as llama.cpp's
+    converter stored it, (1 + w) and -exp(A_log) already formed."""
     arr = np.asarray(arr, np.float32)
-    if t.norm and cfg.norm_plus_one:
+    if gguf:
+        pass
+    elif t.norm and cfg.norm_plus_one:
         # (1 + w) is formed once here, in float32 as the reference forms it.
         arr = (np.float32(1.0) + arr).astype(np.float32)
     elif t.field == "lin_A":
@@ -209,7 +212,11 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
     """The arrays for fastllm._core.Weights from a GGUF file's own tensors,
     each matrix in its own type (quantized ones stay quantized; types
     without native kernels are dequantized to float32, with one warning per
-    file), and a count of the matrices' parameters by type."""
+    file), and a count of the matrices' parameters by type. Rows are put in
+    the run loop's order, Qwen3.5's value heads in HF's (whole blocks at a
+    time: an ssm_out whose heads split its blocks is dequantized, with a
+    warning); vectors are read as stored, llama.cpp's converter having
+    formed (1 + w) and -exp(A_log) already."""
     import warnings
     from collections import Counter
 
@@ -221,15 +228,25 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
     tensors = {t.name: t for t in contents.tensors}
     for name in ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"):
         tensors.pop(name, None)   # read into config.json by the importer
-    planned = gguf_tensors.plan_tensors(tensors, gguf_tensors.tensor_shapes(contents.tensors), cfg, path)
+    arch = contents.metadata.get("general.architecture")
+    planned = gguf_tensors.plan_tensors(tensors, gguf_tensors.tensor_shapes(contents.tensors), cfg, path,
+                                        n_mtp=int(contents.metadata.get(f"{arch}.nextn_predict_layers", 0)),
+                                        notify=True)
     by_hf = {hf: g for hf, g, _ in planned}
     perm = rope_permutation(cfg.head_dim, cfg.rope_dim)
     heads = {"q": cfg.num_attention_heads, "k": cfg.num_key_value_heads}
     interleaved = cfg.family.gguf_qk_interleaved
-    types, dequantized = Counter(), set()
+    types, dequantized, reordered = Counter(), set(), Counter()
 
-    def rows_in_order(arr: np.ndarray, t: schema.Tensor) -> np.ndarray:
-        """Rows (or vector entries) in the order the run loop reads."""
+    def rows_in_order(arr: np.ndarray, t: schema.Tensor, dtype: str) -> np.ndarray:
+        """Rows (or vector entries, or a matrix's columns of dtype) in the order the run loop reads."""
+        index = gguf_tensors.v_head_index(t, cfg)
+        if index is not None and t.v_heads == "columns":
+            n = 1 if dtype in ("f32", "f16", "bf16") else _core.block_size(dtype)[0]
+            blocks = arr.reshape(arr.shape[0], len(index) // n, -1)
+            arr = blocks[:, index[::n] // n].reshape(arr.shape)
+        elif index is not None:
+            arr = arr[index]
         if t.rope in heads:
             if interleaved:
                 arr = gguf_tensors.unpermute(arr, heads[t.rope])
@@ -238,27 +255,24 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
             arr = np.take(arr.reshape(-1, len(perm)), perm, axis=1).reshape(arr.shape)
         return np.ascontiguousarray(arr)
 
-    def get_fused(t: schema.Tensor, hf: str) -> dict:
-        """A fused tensor's parts, split on row boundaries (so on whole
-        blocks), each in the file's type."""
-        g = by_hf[hf]
-        arr, dtype = read(t, g)
-        return {field: finish(schema.BY_FIELD[field], g, rows, dtype)
-                for field, rows in schema.split_rows(t, arr, cfg).items()}
+    def movable(t: schema.Tensor, dtype: str) -> bool:
+        """Whether the value heads of t's columns can be put in HF's order
+        block by block (each head a whole number of dtype's blocks)."""
+        if t.v_heads != "columns" or gguf_tensors.v_head_index(t, cfg) is None or dtype in ("f32", "f16", "bf16"):
+            return True
+        return cfg.linear_value_head_dim % _core.block_size(dtype)[0] == 0
 
-    def get(t: schema.Tensor, hf: str):
+    def read(t: schema.Tensor, hf: str) -> tuple:
+        """(rows as stored, in their own type where the run loop has kernels for it, that dtype)."""
         g = by_hf[hf]
-        arr, dtype = read(t, g)
-        return finish(t, g, arr, dtype)
-
-    def read(t: schema.Tensor, g):
-        """The tensor's rows: of its own type where fastllm multiplies it as
-        it is, else dequantized to float32."""
         kind = getattr(g.tensor_type, "name", str(g.tensor_type))
         dtype = NATIVE_GGML_TYPES.get(kind) if t.matrix else None
+        if dtype is not None and not movable(t, dtype):
+            reordered[kind] += 1
+            dtype = None
+        elif dtype is None and t.matrix:
+            dequantized.add(kind)
         if dtype is None:
-            if t.matrix:
-                dequantized.add(kind)
             arr = gguf_tensors.dequantize(g, path)
             dtype = "f32"
         else:
@@ -266,37 +280,58 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
             N, K = g.shape
             arr = {"f32": lambda: raw.view("<f4"), "f16": lambda: raw.view("<f2"),
                    "bf16": lambda: raw.view("<u2")}.get(dtype, lambda: raw)().reshape(N, -1)
-        return arr, dtype
-
-    def finish(t: schema.Tensor, g, arr: np.ndarray, dtype: str):
-        """Rows read by read(), checked and packed as the run loop reads them."""
-        arr = rows_in_order(arr, t)
         finite = _finite_blocks(arr, dtype) if dtype not in ("f32", "f16", "bf16") else _all_finite(
             arr.astype(np.float32) if dtype == "f16" else arr)
         if not finite:
             raise ModelFileError(path, f"tensor {g.name!r} holds NaN or infinite values; such weights only "
                                        f"give garbage: re-download or re-convert it")
-        if not t.matrix:
-            return _vector(t, arr, cfg)
-        K = g.shape[1]
+        return arr, dtype
+
+    def pack(arr: np.ndarray, dtype: str, t: schema.Tensor, hf: str):
+        K = by_hf[hf].shape[-1]
         types[dtype] += arr.shape[0] * K
         try:
             if t is schema.EMBED:
                 return _core.rows(arr, dtype=dtype, K=K)
             return _core.pack(arr, dtype=dtype, K=K)
         except (TypeError, ValueError) as e:
-            raise ModelFileError(path, f"tensor {g.name!r}: {e}") from None
+            raise ModelFileError(path, f"tensor {by_hf[hf].name!r}: {e}") from None
+
+    def get(t: schema.Tensor, hf: str):
+        arr, dtype = read(t, hf)
+        arr = rows_in_order(arr, t, dtype)
+        if not t.matrix:
+            gguf_tensors.check_decay(arr, t, by_hf[hf].name, path)
+            return _vector(t, arr.reshape(t.shape(cfg)), cfg, gguf=True)
+        return pack(arr, dtype, t, hf)
+
+    def get_fused(t: schema.Tensor, hf: str) -> dict:
+        """A fused tensor's parts, split on row boundaries (so on whole
+        blocks), each in the file's type."""
+        arr, dtype = read(t, hf)
+        parts = schema.split_rows(t, arr, cfg).items()
+        return {field: pack(rows_in_order(rows, schema.BY_FIELD[field], dtype), dtype, t, hf)
+                for field, rows in parts}
+
+    def query_and_gate(t: schema.Tensor, hf: str) -> dict:
+        """attn_q holds [q_h | gate_h] for each head h, as HF's q_proj does: split by rows."""
+        both, dtype = read(t, hf)
+        rows = both.reshape(heads["q"], 2, cfg.head_dim, *both.shape[1:])
+        q = rows_in_order(np.ascontiguousarray(rows[:, 0]).reshape(-1, *both.shape[1:]), t, dtype)
+        gate = np.ascontiguousarray(rows[:, 1]).reshape(-1, *both.shape[1:])
+        return {"wq": pack(q, dtype, t, hf), "w_attn_gate": pack(gate, dtype, t, hf)}
 
     layers = []
     for i in range(cfg.num_hidden_layers):
         kind = cfg.layer_kind(i)
         layer = {"kind": kind}
         for t in schema.file_tensors(cfg, kind):
-            hf = schema.hf_name(t, cfg, i)
             if t.parts:
-                layer.update(get_fused(t, hf))
-            else:
-                layer[t.field] = get(t, hf)
+                layer.update(get_fused(t, schema.hf_name(t, cfg, i)))
+            elif t.field == "wq" and cfg.attn_output_gate:
+                layer.update(query_and_gate(t, schema.hf_name(t, cfg, i)))
+            elif t.field not in layer:
+                layer[t.field] = get(t, schema.hf_name(t, cfg, i))
         layers.append(layer)
     out = {"layers": layers, "norm": get(schema.NORM, schema.hf_name(schema.NORM, cfg))}
     embed_hf = schema.hf_name(schema.EMBED, cfg)
@@ -305,6 +340,12 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
         out.update(embed=get(schema.EMBED, embed_hf), lm_head=get(schema.LM_HEAD, head_hf))
     else:   # tied: the packed head's rows serve as the embedding
         out.update(embed=None, lm_head=get(schema.LM_HEAD, embed_hf))
+    if reordered:
+        warnings.warn(f"{path.name}: {sum(reordered.values())} ssm_out tensors of type "
+                      f"{', '.join(sorted(reordered))} were dequantized to float32: their value heads of "
+                      f"{cfg.linear_value_head_dim} values, which llama.cpp orders otherwise than fastllm, "
+                      f"do not fill whole blocks of that type, so they cannot be reordered in it",
+                      DequantizedTypeWarning, stacklevel=3)
     if dequantized:
         warnings.warn(f"{path.name}: tensors of type {', '.join(sorted(dequantized))} have no native kernels "
                       f"in fastllm and were dequantized to float32", DequantizedTypeWarning, stacklevel=3)

@@ -30,7 +30,8 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import FastLLMError, ModelFileError
-from ..families import FAMILIES, GGUF_ARCHITECTURES, MIXTURE_OF_EXPERTS_REFUSAL
+from .. import schema
+from ..families import GGUF_ARCHITECTURES, GGUF_REFUSED, MIXTURE_OF_EXPERTS_REFUSAL
 from .gguf_config import check_metadata_types, generation_config, model_config
 from .gguf_file import ConversionError
 from .gguf_tensors import dequantize, plan_tensors, read_contents, slices_to_write, tensor_shapes
@@ -316,6 +317,8 @@ def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DT
     md = contents.metadata
     check_metadata_types(md, path)
     arch = md.get("general.architecture")
+    if arch in GGUF_REFUSED:
+        raise ConversionError(path, f"architecture {arch!r}: {GGUF_REFUSED[arch]}")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ConversionError(
             path, f"architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
@@ -339,7 +342,8 @@ def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DT
         cfg = ModelConfig.from_dict(config, path)
     except ModelFileError as e:
         raise ConversionError(path, e.problem) from None
-    order = plan_tensors(tensors, shapes, cfg, path)
+    order = plan_tensors(tensors, shapes, cfg, path, n_mtp=int(md.get(f"{arch}.nextn_predict_layers", 0)),
+                         notify=dtype != METADATA_ONLY)
     tokenizer_json, tokenizer_config = tokenizer_files(md, path)
     if len(tokenizer_json["model"]["vocab"]) > config["vocab_size"]:
         raise ConversionError(path, f"{len(tokenizer_json['model']['vocab'])} tokens but only "
@@ -347,7 +351,7 @@ def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DT
 
     n_heads, n_kv = config["num_attention_heads"], config["num_key_value_heads"]
     st_dtype = "BF16" if dtype == "bf16" else "F32"
-    entries = [(hf, st_dtype, shapes[g.name]) for hf, g, _ in order]
+    entries = [(hf, st_dtype, schema.hf_shape(t, cfg)) for hf, _, t in order]
     report = progress_fn(progress, f"Converting {path.name}")
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -371,9 +375,9 @@ def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DT
         total = len(order)
         if report:
             report(0, total)
-        heads = {"q": n_heads, "k": n_kv} if FAMILIES[arch].gguf_qk_interleaved else {}
+        heads = {"q": n_heads, "k": n_kv} if cfg.family.gguf_qk_interleaved else {}
         for i, (hf, g, t) in enumerate(order):
-            writer.write(hf, slices_to_write(g, path, heads.get(t.rope), dtype))
+            writer.write(hf, slices_to_write(g, path, heads.get(t.rope), dtype, t, cfg))
             if report:
                 report(i + 1, total)
         if writer is not None:

@@ -11,7 +11,7 @@ from typing import Optional
 import numpy as np
 
 from .. import schema
-from ..families import FAMILIES
+from ..families import FAMILIES, GGUF_ARCHITECTURES
 from .gguf_file import ConversionError, require
 
 
@@ -31,6 +31,8 @@ def _kind_ok(value, kind: str) -> bool:
         return isinstance(value, list) and all(isinstance(v, str) for v in value)
     if kind == "int list":
         return isinstance(value, list) and all(type(v) is int for v in value)
+    if kind == "bool list":
+        return isinstance(value, list) and all(type(v) is bool for v in value)
     raise AssertionError(kind)
 
 
@@ -54,8 +56,11 @@ _ARCH_KEYS = {
     "attention.layer_norm_rms_epsilon": "number", "rope.scaling.type": "str",
     "rope.scaling.factor": "number",
     "rope.scaling.original_context_length": "int", "rope.scaling.attn_factor": "number",
-    "attention.sliding_window": "int", "attention.scale": "number", "embedding_scale": "number",
-    "residual_scale": "number", "logit_scale": "number",
+    "attention.sliding_window": "int", "nextn_predict_layers": "int",
+    "rope.dimension_sections": "int list", "full_attention_interval": "int",
+    "attention.recurrent_layers": "bool list", "ssm.conv_kernel": "int", "ssm.state_size": "int",
+    "ssm.group_count": "int", "ssm.time_step_rank": "int", "ssm.inner_size": "int",
+    "attention.scale": "number", "embedding_scale": "number", "residual_scale": "number", "logit_scale": "number",
 }
 # llama.cpp's smollm3 skips RoPE in every fourth layer; its GGUF files say nothing of it.
 GGUF_NO_ROPE_INTERVAL = 4
@@ -198,8 +203,44 @@ def _phi3_keys(md: dict, arch: str, rope_dim: int, head_dim: int, factors: dict,
     return keys
 
 
+def _linear_attention(md: dict, arch: str, n_layers: int, a, path: Path) -> dict:
+    """The Gated DeltaNet keys of a hybrid model (Qwen3.5: llama.cpp's
+    ssm.* names) and its layer_types."""
+    def positive(key):
+        value = int(a(key))
+        if value < 1:
+            raise ConversionError(path, f"{arch}.{key} is {value}; it must be at least 1")
+        return value
+    hk, hv = positive("ssm.group_count"), positive("ssm.time_step_rank")
+    inner = positive("ssm.inner_size")
+    if inner % hv:
+        raise ConversionError(path, f"{arch}.ssm.inner_size {inner} is not a whole number of "
+                                    f"{hv} value heads (ssm.time_step_rank)")
+    recurrent = md.get(f"{arch}.attention.recurrent_layers")
+    if recurrent is not None:
+        # One entry per block, the multi-token-prediction ones included.
+        if len(recurrent) < n_layers:
+            raise ConversionError(path, f"{arch}.attention.recurrent_layers has {len(recurrent)} entries "
+                                        f"for {n_layers} layers")
+        recurrent = recurrent[:n_layers]
+    else:
+        interval = int(md.get(f"{arch}.full_attention_interval", 4))
+        if interval < 1:
+            raise ConversionError(path, f"{arch}.full_attention_interval is {interval}; it must be at least 1")
+        recurrent = [(i + 1) % interval != 0 for i in range(n_layers)]
+    return {
+        "layer_types": ["linear_attention" if r else "full_attention" for r in recurrent],
+        "linear_conv_kernel_dim": positive("ssm.conv_kernel"),
+        "linear_key_head_dim": positive("ssm.state_size"),
+        "linear_num_key_heads": hk,
+        "linear_num_value_heads": hv,
+        "linear_value_head_dim": inner // hv,
+    }
+
+
 def model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=None, rope_factors=None) -> dict:
     arch = md["general.architecture"]
+    family = FAMILIES[GGUF_ARCHITECTURES[arch]]
 
     def a(key):
         value = require(md, f"{arch}.{key}", path)
@@ -213,7 +254,8 @@ def model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=None
         if name in shapes and len(shapes[name]) != 2:
             raise ConversionError(path, f"tensor {name} has shape {list(shapes[name])}, not two dimensions")
     vocab_size, hidden = shapes["token_embd.weight"]
-    n_layers = int(a("block_count"))
+    # llama.cpp counts a checkpoint's multi-token-prediction layers as blocks.
+    n_layers = int(a("block_count")) - int(md.get(f"{arch}.nextn_predict_layers", 0))
     if not 0 < n_layers <= len(shapes):
         # Every layer has tensors: a count past them would only make the
         # tensor plan below loop over layers that cannot be there.
@@ -229,7 +271,12 @@ def model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=None
     if int(a("embedding_length")) != hidden:
         raise ConversionError(path, f"embedding_length {a('embedding_length')} != token_embd width {hidden}")
 
-    q_rows = shapes.get("blk.0.attn_q.weight", (None,))[0]
+    linear = _linear_attention(md, arch, n_layers, a, path) if family.linear_attention else {}
+    kinds = linear.get("layer_types", ["full_attention"])
+    first_attention = kinds.index("full_attention") if "full_attention" in kinds else None
+    q_rows = shapes.get(f"blk.{first_attention}.attn_q.weight", (None,))[0]
+    if q_rows is not None and family.attn_output_gate:
+        q_rows //= 2   # attn_q holds each head's query and its output gate
     head_dim = md.get(f"{arch}.attention.key_length")
     if head_dim is None:
         head_dim = q_rows // n_heads if q_rows else hidden // n_heads
@@ -238,9 +285,9 @@ def model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=None
         raise ConversionError(path, f"the head size comes out as {head_dim}; it must be at least 1")
     if q_rows is not None and q_rows != n_heads * head_dim:
         raise ConversionError(path, f"attn_q has {q_rows} rows, expected {n_heads} heads x {head_dim}")
-    rope_dim = md.get(f"{arch}.rope.dimension_count", head_dim)
-    family = FAMILIES[arch]
-    if int(rope_dim) != head_dim and not (family.gguf_longrope and 0 < int(rope_dim) < head_dim):
+    rope_dim = int(md.get(f"{arch}.rope.dimension_count", head_dim))
+    partial = family.gguf_longrope or family.linear_attention
+    if rope_dim != head_dim and not (partial and 0 < rope_dim < head_dim and rope_dim % 2 == 0):
         raise ConversionError(path, f"partial rotary embeddings (rope dim {rope_dim} of {head_dim}) are not supported")
 
     tied = schema.LM_HEAD.gguf not in shapes
@@ -248,7 +295,7 @@ def model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=None
 
     cfg = {
         "architectures": [family.hf_class],
-        "model_type": arch,
+        "model_type": GGUF_ARCHITECTURES[arch],
         "hidden_size": int(hidden),
         "intermediate_size": int(a("feed_forward_length")),
         "num_hidden_layers": n_layers,
@@ -269,6 +316,15 @@ def model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=None
         "tie_word_embeddings": tied,
         "hidden_act": "silu",
     })
+    if family.linear_attention:
+        # Qwen3.5's rope: partial, and multimodal (its sections only matter
+        # for images; text positions rotate as plain RoPE).
+        sections = md.get(f"{arch}.rope.dimension_sections") or [11, 11, 10, 0]
+        cfg["rope_parameters"] = {
+            "rope_type": "default", "rope_theta": cfg.pop("rope_theta"),
+            "partial_rotary_factor": rope_dim / head_dim, "mrope_section": [int(x) for x in sections[:3]],
+            "mrope_interleaved": True}
+        cfg.update(linear)
     scaling = _rope_scaling(md, arch, path)
     if rope_freqs is not None:
         if scaling is not None:

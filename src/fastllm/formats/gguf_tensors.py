@@ -119,9 +119,83 @@ def dequantize(tensor: GGUFTensor, path: Path) -> np.ndarray:
     return out
 
 
-def slices_to_write(tensor: GGUFTensor, path: Path, n_heads: Optional[int], dtype: str):
+def v_head_index(t: schema.Tensor, cfg: ModelConfig) -> Optional[np.ndarray]:
+    """Where each of HF's rows (or columns, as t.v_heads says) of a Gated
+    DeltaNet tensor sits in llama.cpp's, where the two orders differ.
+
+    HF groups the value heads by the key head they share (k0's, then k1's);
+    llama.cpp's converter tiles them (the first of every key head's, then
+    the second ...) to suit its broadcasting. So HF's = GGUF's[index], and
+    GGUF's = HF's[argsort(index)]."""
+    hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+    if t.v_heads is None or hk in (0, hv):
+        return None
+    per_key = hv // hk
+    head = np.arange(hv)
+    tiled = (head % per_key) * hk + head // per_key
+    n = t.shape(cfg)[1 if t.v_heads == "columns" else 0]
+    unit = 1 if n == hv else cfg.linear_value_head_dim
+    index = (tiled[:, None] * unit + np.arange(unit)).reshape(-1)
+    if t.v_heads == "rows after q, k":
+        qk = 2 * hk * cfg.linear_key_head_dim
+        index = np.concatenate([np.arange(qk), qk + index])
+    return index
+
+
+def check_decay(arr: np.ndarray, t: schema.Tensor, name: str, path: Path) -> None:
+    """ssm_a holds -exp(A_log): a value that is not negative would make the
+    recurrence grow without bound (and has no A_log)."""
+    if t.field == "lin_A" and not (np.asarray(arr) < 0).all():
+        raise ConversionError(path, f"tensor {name} holds values that are not negative; it should "
+                                    f"hold -exp(A_log)")
+
+
+def to_hf_values(arr: np.ndarray, t: schema.Tensor, cfg: ModelConfig) -> np.ndarray:
+    """A float32 tensor as llama.cpp's converter stored it -> as HF stores it:
+    value heads in HF's order, A_log back from -exp(A_log), zero-centred
+    norms back from (1 + w), the conv kernel in HF's (channels, 1, K)."""
+    index = v_head_index(t, cfg)
+    if index is not None:
+        arr = arr[:, index] if t.v_heads == "columns" else arr[index]
+    if t.field == "lin_A":
+        arr = np.log(-arr.astype(np.float64)).astype(np.float32)
+    elif t.norm and cfg.norm_plus_one:
+        arr = (arr - np.float32(1.0)).astype(np.float32)
+    return np.ascontiguousarray(arr.reshape(schema.hf_shape(t, cfg)), np.float32)
+
+
+def to_gguf_values(arr: np.ndarray, t: schema.Tensor, cfg: ModelConfig) -> np.ndarray:
+    """The inverse of to_hf_values: a float32 HF tensor as llama.cpp's converter stores it."""
+    arr = np.asarray(arr, np.float32).reshape(schema.gguf_shape(t, cfg))
+    index = v_head_index(t, cfg)
+    if index is not None:
+        back = np.argsort(index)
+        arr = arr[:, back] if t.v_heads == "columns" else arr[back]
+    if t.field == "lin_A":
+        arr = -np.exp(arr)
+    elif t.norm and cfg.norm_plus_one:
+        arr = np.float32(1.0) + arr
+    return np.ascontiguousarray(arr, np.float32)
+
+
+def reshaped(t: schema.Tensor, cfg: ModelConfig) -> bool:
+    """Whether the tensor's values move or change between the two layouts."""
+    return v_head_index(t, cfg) is not None or t.field == "lin_A" or (t.norm and cfg.norm_plus_one) \
+        or schema.gguf_shape(t, cfg) != schema.hf_shape(t, cfg)
+
+
+def slices_to_write(tensor: GGUFTensor, path: Path, n_heads: Optional[int], dtype: str,
+                    t: schema.Tensor, cfg: ModelConfig):
     """The tensor's slices as the folder stores them: Q/K rows back in HF's
-    order (n_heads: their heads, or None), in dtype."""
+    order (n_heads: their heads, or None), the values of t as HF has them,
+    in dtype."""
+    if reshaped(t, cfg):
+        # Layer-sized: converted whole, as its rows move across slices.
+        w = dequantize(tensor, path)
+        check_decay(w, t, tensor.name, path)
+        w = to_hf_values(w, t, cfg)
+        yield f32_to_bf16(w) if dtype == "bf16" else w
+        return
     rows_per_head = tensor.shape[0] // n_heads if n_heads else 1
     for w in dequantized_slices(tensor, path, rows_per_head):
         if n_heads:
@@ -130,20 +204,50 @@ def slices_to_write(tensor: GGUFTensor, path: Path, n_heads: Optional[int], dtyp
 
 
 def gguf_names(cfg: ModelConfig) -> dict:
-    """GGUF name -> (HF name, schema.Tensor) of every tensor cfg implies."""
+    """GGUF name -> (HF name, schema.Tensor) of every tensor cfg implies
+    (w_attn_gate has none: it comes inside attn_q)."""
     names = {}
     for t in schema.MODEL:
         if t is not schema.LM_HEAD or not cfg.tie_word_embeddings:
             names[t.gguf] = (schema.hf_name(t, cfg), t)
     for i in range(cfg.num_hidden_layers):
         for t in schema.file_tensors(cfg, cfg.layer_kind(i)):
-            names[f"blk.{i}.{t.gguf}"] = (schema.hf_name(t, cfg, i), t)
+            if schema.gguf_name(t, cfg):
+                names[f"blk.{i}.{schema.gguf_name(t, cfg)}"] = (schema.hf_name(t, cfg, i), t)
     return names
 
 
-def plan_tensors(tensors: dict, shapes: dict, cfg: ModelConfig, path: Path) -> list:
+class IgnoredTensorsWarning(UserWarning):
+    """A GGUF file holds tensors fastllm does not use (multi-token-prediction layers)."""
+
+
+def drop_mtp_layers(tensors: dict, cfg: ModelConfig, path: Path, notify: bool) -> dict:
+    """tensors without those of the layers past cfg's: llama.cpp's converter
+    appends a checkpoint's multi-token-prediction layers as extra blocks
+    (nextn_predict_layers says how many), which decoding never runs."""
+    def layer(name):
+        parts = name.split(".")
+        return int(parts[1]) if parts[0] == "blk" and len(parts) > 2 and parts[1].isdigit() else -1
+    extra = sorted({layer(n) for n in tensors if layer(n) >= cfg.num_hidden_layers})
+    if not extra:
+        return tensors
+    if notify:
+        import warnings
+        which = ", ".join(f"blk.{i}" for i in extra)
+        warnings.warn(f"{path.name}: its multi-token-prediction layer{'s' if len(extra) > 1 else ''} {which} "
+                      f"{'are' if len(extra) > 1 else 'is'} ignored: fastllm predicts one token at a time",
+                      IgnoredTensorsWarning, stacklevel=4)
+    return {n: g for n, g in tensors.items() if layer(n) < cfg.num_hidden_layers}
+
+
+def plan_tensors(tensors: dict, shapes: dict, cfg: ModelConfig, path: Path, n_mtp: int = 0,
+                 notify: bool = False) -> list:
     """(hf_name, gguf_tensor, schema tensor) in output order, once the file
-    has exactly the tensors cfg implies, each of the shape it implies."""
+    has exactly the tensors cfg implies, each of the shape it implies, and
+    the n_mtp multi-token-prediction layers the metadata announces past
+    them (which are left out, with a warning where notify)."""
+    if n_mtp:
+        tensors = drop_mtp_layers(tensors, cfg, path, notify)
     planned = gguf_names(cfg)
     missing = [name for name in planned if name not in tensors]
     unexpected = [name for name in tensors if name not in planned]
@@ -152,9 +256,9 @@ def plan_tensors(tensors: dict, shapes: dict, cfg: ModelConfig, path: Path) -> l
                 ([f"unexpected {', '.join(unexpected[:6])}"] if unexpected else [])
         raise ConversionError(path, f"tensors do not fit the {cfg.model_type} architecture: {'; '.join(parts)}")
     for name, (_, t) in planned.items():
-        if shapes[name] != schema.hf_shape(t, cfg):
+        if shapes[name] != schema.gguf_shape(t, cfg):
             raise ConversionError(path, f"tensor {name} has shape {list(shapes[name])}, "
-                                        f"the metadata implies {list(schema.hf_shape(t, cfg))}")
+                                        f"the metadata implies {list(schema.gguf_shape(t, cfg))}")
     # The embedding first, then the layers, then the final norm and the head.
     order = sorted(planned.items(), key=lambda item: item[1][1] is not schema.EMBED and
                    (2 if item[1][1] in schema.MODEL else 1))

@@ -23,12 +23,12 @@ import numpy as np
 from .. import schema
 from ..config import ModelConfig, no_rope_layers, read_json
 from ..errors import ModelFileError
-from ..families import FAMILIES, GGUF_ARCHITECTURES
+from ..families import GGUF_ARCHITECTURES
 from . import quants
 from .gguf import OutputExistsError, progress_fn
 from .gguf_config import GGUF_NO_ROPE_INTERVAL
 from .gguf_file import ConversionError
-from .gguf_tensors import gguf_names, slices
+from .gguf_tensors import gguf_names, reshaped, slices, to_gguf_values
 from .gguf_tokenizer import (PRE_TOKENIZERS, TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_UNUSED,
                              TOKEN_USER_DEFINED)
 from .safetensors import Checkpoint
@@ -99,6 +99,8 @@ def _hyperparameters(w, cfg: ModelConfig, folder: Path) -> dict:
     w.add_rope_freq_base(float(cfg.rope_theta))
     w.add_layer_norm_rms_eps(float(cfg.rms_norm_eps))
     w.add_vocab_size(cfg.vocab_size)
+    if cfg.family.linear_attention:
+        _linear_attention(w, cfg, folder)
     if cfg.family.multipliers:
         w.add_embedding_scale(cfg.embedding_multiplier)
         w.add_residual_scale(cfg.residual_multiplier)
@@ -127,6 +129,25 @@ def _hyperparameters(w, cfg: ModelConfig, folder: Path) -> dict:
         return {"rope_freqs.weight": _llama3_rope_factors(scaling, float(cfg.rope_theta), cfg.head_dim)}
     raise ConversionError(folder / "config.json", f"rope scaling {kind!r} cannot be written to GGUF "
                                                   f"(supported: linear, llama3)")
+
+
+def _linear_attention(w, cfg: ModelConfig, folder: Path) -> None:
+    """Qwen3.5's keys as llama.cpp's converter writes them: the Gated
+    DeltaNet sizes as ssm.*, the layer kinds, and the rope sections."""
+    raw = read_json(folder / "config.json", 1 << 22, "config.json")
+    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+    rope = text.get("rope_parameters") if isinstance(text.get("rope_parameters"), dict) else {}
+    sections = [int(x) for x in rope.get("mrope_section") or [11, 11, 10]]
+    w.add_rope_dimension_sections((sections + [0, 0, 0, 0])[:4])
+    w.add_ssm_conv_kernel(cfg.linear_conv_kernel_dim)
+    w.add_ssm_state_size(cfg.linear_key_head_dim)
+    w.add_ssm_group_count(cfg.linear_num_key_heads)
+    w.add_ssm_time_step_rank(cfg.linear_num_value_heads)
+    w.add_ssm_inner_size(cfg.linear_value_head_dim * cfg.linear_num_value_heads)
+    # Keys newer than the oldest gguf package this writes with.
+    w.add_array(f"{w.arch}.attention.recurrent_layers",
+                [cfg.layer_kind(i) == "linear_attention" for i in range(cfg.num_hidden_layers)])
+    w.add_uint32(f"{w.arch}.full_attention_interval", int(text.get("full_attention_interval", 4)))
 
 
 # --------------------------------------------------------------------------
@@ -315,12 +336,17 @@ def _tokenizer(w, folder: Path, cfg: ModelConfig) -> None:
 # --------------------------------------------------------------------------
 # Entry point
 
-def _gguf_rows(f, name: str, shape: tuple, qtype: str, n_heads: Optional[int]) -> np.ndarray:
+def _gguf_rows(f, name: str, shape: tuple, qtype: str, n_heads: Optional[int], t: schema.Tensor,
+               cfg: ModelConfig) -> np.ndarray:
     """Tensor name of safetensors file f as rows of qtype, as the GGUF file
-    holds them: Q/K rows interleaved per head (n_heads: their heads, or None).
-    It is read and quantized a slice at a time, so the output is the one
-    whole tensor held, never the checkpoint's float copy or the quantizer's
-    temporaries."""
+    holds them: Q/K rows interleaved per head (n_heads: their heads, or
+    None), and t's values as llama.cpp's converter stores them. It is read
+    and quantized a slice at a time, so the output is the one whole tensor
+    held, never the checkpoint's float copy or the quantizer's temporaries."""
+    if reshaped(t, cfg):
+        # Layer-sized: converted whole, as its rows move across slices.
+        a = to_gguf_values(f.float32(name, f.read(name)), t, cfg)
+        return quants.quantize(a.reshape(-1, shape[-1]), qtype)
     if len(shape) < 2:
         a = f.float32(name, f.read(name))
         a = permute(a, n_heads) if n_heads else a
@@ -356,11 +382,19 @@ def export_gguf(folder: PathLike, out_path: PathLike, mix: str = "f32",
     if out_path.exists() and not overwrite:
         raise OutputExistsError(f"{out_path} already exists (pass overwrite=True to replace it)")
     cfg = ModelConfig.from_file(folder / "config.json")
-    if cfg.model_type not in GGUF_ARCHITECTURES:
+    arch = cfg.family.gguf_export or next(
+        (a for a, model_type in GGUF_ARCHITECTURES.items() if model_type == cfg.model_type), None)
+    if arch is None:
         raise ConversionError(folder / "config.json",
                               f"model_type {cfg.model_type!r} cannot be written to GGUF "
-                              f"(supported: {', '.join(GGUF_ARCHITECTURES)})")
-    family = FAMILIES[cfg.model_type]
+                              f"(supported: {', '.join(GGUF_ARCHITECTURES.values())})")
+    windowed = sum(1 for i in range(cfg.num_hidden_layers) if cfg.attention_window(i))
+    if windowed and not cfg.family.gguf_longrope:
+        import warnings
+        warnings.warn(f"{folder}: the sliding window of {cfg.sliding_window} positions ({windowed} of "
+                      f"{cfg.num_hidden_layers} layers) is not written: llama.cpp's {arch} architecture "
+                      f"attends to the whole context, and its own converter writes such a model so too",
+                      UserWarning, stacklevel=2)
     ckpt = Checkpoint(folder)
     names = gguf_names(cfg)  # GGUF name -> (HF name, schema tensor), embedding first
     shapes = {}
@@ -370,12 +404,12 @@ def export_gguf(folder: PathLike, out_path: PathLike, mix: str = "f32",
         if tuple(got) != tuple(want):
             raise ModelFileError(ckpt.file_of(hf).path, f"tensor {hf!r} has shape {list(got)}, "
                                                         f"config.json implies {list(want)}")
-        shapes[g] = tuple(want)
+        shapes[g] = schema.gguf_shape(t, cfg)
     types = quants.plan(shapes, mix)
 
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_path.parent / f".{out_path.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
-    w = gguf.GGUFWriter(str(tmp), cfg.model_type)
+    w = gguf.GGUFWriter(str(tmp), arch)
     try:
         w.add_name(folder.absolute().name)
         w.add_file_type(quants.FILE_TYPES[mix])
@@ -404,9 +438,10 @@ def export_gguf(folder: PathLike, out_path: PathLike, mix: str = "f32",
             report(0, total)
         for table in rope_tensors.values():
             w.write_tensor_data(table)
-        heads = {"q": cfg.num_attention_heads, "k": cfg.num_key_value_heads} if family.gguf_qk_interleaved else {}
+        heads = {"q": cfg.num_attention_heads, "k": cfg.num_key_value_heads} if cfg.family.gguf_qk_interleaved \
+            else {}
         for i, (g, hf, t) in enumerate(order):
-            w.write_tensor_data(_gguf_rows(ckpt.file_of(hf), hf, shapes[g], types[g], heads.get(t.rope)))
+            w.write_tensor_data(_gguf_rows(ckpt.file_of(hf), hf, shapes[g], types[g], heads.get(t.rope), t, cfg))
             if report:
                 report(i + 1, total)
         w.close()
