@@ -1,5 +1,7 @@
 /* The forward pass: embedding, n_layers x (RMSNorm, attention with RoPE over a
- * KV cache, RMSNorm, SwiGLU MLP), final RMSNorm, LM head.
+ * KV cache, RMSNorm, SwiGLU MLP), final RMSNorm, LM head. The families differ
+ * only in switches of this one layer (FlmConfig's multipliers, FlmLayer's
+ * optional tensors and RoPE tables), never in a path of their own.
  *
  * One OpenMP parallel region covers a whole pass; each step inside is an
  * `omp for` whose iterations are independent, so the result never depends on
@@ -415,8 +417,9 @@ static void kv_store(const FlmConfig *c, void *cache, size_t i, size_t stride, c
 
 static float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-/* Softmax attention over the KV cache, with optional per-head q/k norms and
- * an output gate (Qwen3.5). Reads xb, leaves the layer's output in xb2. */
+/* Softmax attention over the KV cache, with optional q/k norms (per head, or
+ * over the whole projection), the layer's RoPE (none in a NoPE layer) and an
+ * output gate (Qwen3.5). Reads xb, leaves the layer's output in xb2. */
 static void attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
                       const FlmSeq *seqs, int l, int T) {
     const int dim = c->dim, hd = c->head_dim, qd = q_dim(c), kvd = kv_dim(c);
@@ -446,12 +449,11 @@ static void attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
 #pragma omp for schedule(static)
     for (int i = 0; i < T * (nh + nkv); i++) {
         int t = i / (nh + nkv), h = i % (nh + nkv), p = s->row_pos[t];
-        /* LongRoPE: a sequence past the original context takes the long tables. */
-        const int long_rope = seqs[s->row_seq[t]].state->rope_long && L->rope_cos_long;
-        const float *cos_t = long_rope ? L->rope_cos_long : L->rope_cos;
-        const float *sin_t = long_rope ? L->rope_sin_long : L->rope_sin;
-        const float *cr = cos_t ? cos_t + (size_t)p * half : NULL;
-        const float *sr = sin_t ? sin_t + (size_t)p * half : NULL;
+        const int long_rope = seqs[s->row_seq[t]].state->rope_long;
+        const float *cos_table = long_rope ? L->rope_cos_long : L->rope_cos;
+        const float *sin_table = long_rope ? L->rope_sin_long : L->rope_sin;
+        const float *cr = cos_table ? cos_table + (size_t)p * half : NULL;
+        const float *sr = sin_table ? sin_table + (size_t)p * half : NULL;
         if (h < nh) {
             float *qh = s->q + (size_t)t * qd + h * hd;
             if (head_norms) rmsnorm(qh, qh, L->q_norm, hd, c->norm_eps);

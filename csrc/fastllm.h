@@ -81,8 +81,8 @@ typedef struct {
                              0 every position up to p */
     const float *rope_cos;     /* (seq_len, rope_dim/2) this layer's RoPE, */
     const float *rope_sin;     /* or both NULL: q and k are not rotated (NoPE) */
-    /* LongRoPE: this layer's tables for a sequence longer than the original
-     * context (FlmState.rope_long chooses), or NULL. */
+    /* LongRoPE: its tables for a sequence longer than the original context
+     * (FlmState.rope_long chooses), or NULL. */
     const float *rope_cos_long, *rope_sin_long;
     /* attention */
     const FlmMatrix *wq;       /* (n_heads*head_dim, dim)      */
@@ -153,7 +153,7 @@ typedef struct {
     float *trace;
     int trace_tokens;
     /* Nonzero: this sequence's keys and queries are rotated with the
-     * weights' long tables (LongRoPE; the caller sets it, and reruns the
+     * layers' long tables (LongRoPE; the caller sets it, and reruns the
      * tokens held when it changes). */
     int rope_long;
     int trace_offset;   /* set by flm_forward: tokens before this chunk */

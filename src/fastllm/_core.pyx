@@ -378,8 +378,8 @@ cdef class Weights:
     cdef flm.FlmWeights w
     cdef flm.FlmLayer *layers
     cdef readonly object config
-    cdef bint has_long_rope   # LongRoPE: every RoPE layer has long tables too
     cdef object _keep
+    cdef bint long_rope   # the layers have LongRoPE's long tables
     cdef int _n_threads
 
     def __cinit__(self, config, dict weights, int n_ctx, int n_threads=1, str kv_dtype="f32",
@@ -432,7 +432,7 @@ cdef class Weights:
         # One set of tables per distinct RoPE (Gemma 3's sliding layers have
         # their own); a NoPE layer's stay NULL.
         tables = {}
-        self.has_long_rope = False
+        self.long_rope = False
         shape = (n_ctx, c.rope_dim // 2)
         for i in range(c.n_layers):
             if not config.layer_rope(i):
@@ -445,7 +445,7 @@ cdef class Weights:
             self.layers[i].rope_cos = <const float *>_ptr(cos, np.float32, shape, "rope cos")
             self.layers[i].rope_sin = <const float *>_ptr(sin, np.float32, shape, "rope sin")
             if long_tables is not None:
-                self.has_long_rope = True
+                self.long_rope = True
                 self.layers[i].rope_cos_long = <const float *>_ptr(long_tables[0], np.float32, shape,
                                                                    "rope cos (long)")
                 self.layers[i].rope_sin_long = <const float *>_ptr(long_tables[1], np.float32, shape,
@@ -561,7 +561,7 @@ cdef class State:
 
     @rope_long.setter
     def rope_long(self, bint value):
-        if value and not self.weights.has_long_rope:
+        if value and not self.weights.long_rope:
             raise ValueError("these weights have no long rope tables")
         self.s.rope_long = value
 

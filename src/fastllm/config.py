@@ -278,8 +278,6 @@ class ModelConfig:
     linear_conv_kernel_dim: int = 0
     norm_plus_one: bool = False
     attn_output_gate: bool = False
-    fused_qkv: bool = False
-    fused_gate_up: bool = False
     qk_norm_whole: bool = False      # q/k norms over the whole projection, not per head
     pre_norms: bool = True           # RMSNorm before the attention and the MLP ...
     post_norms: bool = False         # ... and/or of their outputs, before the residual adds
@@ -288,6 +286,8 @@ class ModelConfig:
     residual_multiplier: float = 1.0     # each sublayer's output, before the residual add
     attention_multiplier: float | None = None   # the softmax scale; None: 1/sqrt(head_dim)
     logits_scaling: float = 1.0          # the logits are divided by it
+    fused_qkv: bool = False
+    fused_gate_up: bool = False
     hidden_act: str = "silu"             # the MLP gate's activation (families.ACTIVATIONS)
     attn_logit_softcapping: float | None = None    # scaled scores become cap * tanh(score / cap)
     final_logit_softcapping: float | None = None   # the logits likewise
@@ -494,8 +494,6 @@ class ModelConfig:
             sliding_window=sliding_window,
             norm_plus_one=fam.norm_plus_one,
             attn_output_gate=fam.attn_output_gate,
-            fused_qkv=fam.fused_qkv,
-            fused_gate_up=fam.fused_gate_up,
             qk_norm_whole=fam.qk_norm_whole,
             pre_norms=fam.pre_norms,
             post_norms=fam.post_norms,
@@ -504,6 +502,8 @@ class ModelConfig:
             hidden_act=act,
             **softcaps,
             **local_rope,
+            fused_qkv=fam.fused_qkv,
+            fused_gate_up=fam.fused_gate_up,
             weight_prefix=prefix,
             path=Path(path) if path else None,
             **linear,

@@ -54,13 +54,13 @@ _ARCH_KEYS = {
     "attention.head_count_kv": "int or list", "attention.key_length": "int",
     "rope.dimension_count": "int", "rope.freq_base": "number",
     "attention.layer_norm_rms_epsilon": "number", "rope.scaling.type": "str",
-    "rope.scaling.factor": "number", "attention.scale": "number", "embedding_scale": "number",
-    "residual_scale": "number", "logit_scale": "number",
+    "rope.scaling.factor": "number",
     "rope.scaling.original_context_length": "int", "rope.scaling.attn_factor": "number",
     "attention.sliding_window": "int", "nextn_predict_layers": "int",
     "rope.dimension_sections": "int list", "full_attention_interval": "int",
     "attention.recurrent_layers": "bool list", "ssm.conv_kernel": "int", "ssm.state_size": "int",
     "ssm.group_count": "int", "ssm.time_step_rank": "int", "ssm.inner_size": "int",
+    "attention.scale": "number", "embedding_scale": "number", "residual_scale": "number", "logit_scale": "number",
 }
 # llama.cpp's smollm3 skips RoPE in every fourth layer; its GGUF files say nothing of it.
 GGUF_NO_ROPE_INTERVAL = 4
@@ -152,6 +152,22 @@ def _rope_scaling(md: dict, arch: str, path: Path) -> Optional[dict]:
     raise ConversionError(path, f"rope scaling type {kind!r} is not supported")
 
 
+def _multipliers(md: dict, arch: str, head_dim: int, path: Path) -> dict:
+    """Granite's multipliers from llama.cpp's scales, with llama.cpp's
+    defaults where a key is absent (its converter leaves out zeros): no
+    scaling, and the attention's 1/sqrt(head_dim)."""
+    out = {}
+    for key, hf, default in (("embedding_scale", "embedding_multiplier", 1.0),
+                             ("residual_scale", "residual_multiplier", 1.0),
+                             ("attention.scale", "attention_multiplier", head_dim ** -0.5),
+                             ("logit_scale", "logits_scaling", 1.0)):
+        value = md.get(f"{arch}.{key}")
+        if value is not None and not value > 0:
+            raise ConversionError(path, f"{arch}.{key} is {value}; it must be positive")
+        out[hf] = default if value is None else _shortest_float32(value)
+    return out
+
+
 def _phi3_keys(md: dict, arch: str, rope_dim: int, head_dim: int, factors: dict, path: Path) -> dict:
     """config.json keys of Phi-3's partial rotary, LongRoPE and sliding
     window, from llama.cpp's rope_factors_long/short tensors and metadata."""
@@ -220,22 +236,6 @@ def _linear_attention(md: dict, arch: str, n_layers: int, a, path: Path) -> dict
         "linear_num_value_heads": hv,
         "linear_value_head_dim": inner // hv,
     }
-
-
-def _multipliers(md: dict, arch: str, head_dim: int, path: Path) -> dict:
-    """Granite's multipliers from llama.cpp's scales, with llama.cpp's
-    defaults where a key is absent (its converter leaves out zeros): no
-    scaling, and the attention's 1/sqrt(head_dim)."""
-    out = {}
-    for key, hf, default in (("embedding_scale", "embedding_multiplier", 1.0),
-                             ("residual_scale", "residual_multiplier", 1.0),
-                             ("attention.scale", "attention_multiplier", head_dim ** -0.5),
-                             ("logit_scale", "logits_scaling", 1.0)):
-        value = md.get(f"{arch}.{key}")
-        if value is not None and not value > 0:
-            raise ConversionError(path, f"{arch}.{key} is {value}; it must be positive")
-        out[hf] = default if value is None else _shortest_float32(value)
-    return out
 
 
 def model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=None, rope_factors=None) -> dict:
