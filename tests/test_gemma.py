@@ -10,10 +10,14 @@ as switches of the one layer, against transformers:
   global layers' linearly scaled one.
 
 The tiny checkpoints are oracles/tiny_models.py's (test_tiny_models.py runs
-them too); the bounds are those of oracles/hf_reference.py.
+them too); the bounds are those of oracles/hf_reference.py. The GGUF files
+under tests/data/gemma-gguf are llama.cpp's converter's output for like
+shapes, with transformers' logits on the folder they were made from
+(make.py there writes both).
 """
 import re
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,6 +27,7 @@ from fastllm.chat_template import TemplateError, render_chat
 from fastllm.cli import main
 from fastllm.config import ModelConfig
 from fastllm.errors import ModelFileError
+from fastllm.formats.gguf import convert_gguf
 from oracles.hf_reference import compare_greedy, hf_greedy, hf_logits, load_hf, within
 from oracles.splits import assert_same_bits_however_split
 from oracles.tiny_models import with_config
@@ -270,3 +275,49 @@ def test_chat_templates_render_as_transformers(template, messages, add_generatio
     assert got == want
     if template is GEMMA3_LIKE_TEMPLATE and messages[0] is SYSTEM:
         assert got.startswith("<bos><start_of_turn>user\nAnswer in French. \n\n")
+
+
+# ------------------------------------------------------------------ GGUF
+
+DATA = Path(__file__).parent / "data" / "gemma-gguf"
+GGUF_KINDS = ["gemma2", "gemma3"]
+
+
+def reference(kind):
+    data = np.load(DATA / f"{kind}.npz")
+    return data["ids"].tolist(), data["logits"]
+
+
+@pytest.mark.parametrize("dtype", ["gguf", "f32"])
+@pytest.mark.parametrize("kind", GGUF_KINDS)
+def test_llama_cpp_gguf_matches_transformers(kind, dtype, fastllm_home):
+    """The converter's file, run natively (its own tensors) and through the
+    folder it converts to, against transformers on the original folder."""
+    ids, want = reference(kind)
+    ours = Model.from_pretrained(DATA / f"{kind}.gguf", dtype=dtype, threads=2)
+    ok, err, _ = within(ours.logits(ids), want)
+    assert ok, f"{kind} {dtype}: max |err| {err:.3g} exceeds the bound"
+
+
+def test_gguf_switches_are_llama_cpps(fastllm_home):
+    """What llama.cpp assumes where the file is silent: Gemma 2 every other
+    layer local, Gemma 3 every sixth global, the local layers' RoPE base
+    from rope.freq_base_swa, the attention scaled by 1/sqrt(head_dim)."""
+    g2 = Model.from_pretrained(DATA / "gemma2.gguf").config
+    assert (g2.attention_window(0), g2.attention_window(1), g2.attention_scale) == (5, 0, 24 ** -0.5)
+    assert (g2.attn_logit_softcapping, g2.final_logit_softcapping, g2.hidden_act) == (3.0, 4.0, "gelu_pytorch_tanh")
+    g3 = Model.from_pretrained(DATA / "gemma3.gguf").config
+    assert [g3.attention_window(i) for i in range(6)] == [7] * 5 + [0]
+    assert (g3.local_rope_theta, g3.rope_theta, g3.rope_scaling) == (100.0, 10000.0, {"rope_type": "linear",
+                                                                                      "factor": 4.0})
+    assert g3.attn_logit_softcapping is None and g3.final_logit_softcapping is None
+
+
+@pytest.mark.parametrize("kind", GGUF_KINDS)
+def test_converted_folder_runs_in_transformers(kind, tmp_path):
+    """The config.json fastllm writes for the file says to transformers what
+    the file says to llama.cpp."""
+    ids, want = reference(kind)
+    folder = convert_gguf(DATA / f"{kind}.gguf", tmp_path / kind, progress=False)
+    ok, err, _ = within(hf_logits(load_hf(folder), ids), want)
+    assert ok, f"{kind}: max |err| {err:.3g}"

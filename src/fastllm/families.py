@@ -128,9 +128,9 @@ FAMILIES = {
     # Gemma 2 and 3: GeLU, sandwich norms, (1 + w) norms, scaled embeddings,
     # soft-caps, local (sliding) layers between global ones; Gemma 3 adds
     # q/k norms and a RoPE of the local layers' own.
-    "gemma2": Family("Gemma2ForCausalLM", **_GEMMA, defaults=_GEMMA2_DEFAULTS),
+    "gemma2": Family("Gemma2ForCausalLM", **_GEMMA, defaults=_GEMMA2_DEFAULTS, gguf=True),
     "gemma3_text": Family("Gemma3ForCausalLM", **_GEMMA, qk_norm=True, local_rope=True,
-                          defaults=_GEMMA3_DEFAULTS),
+                          defaults=_GEMMA3_DEFAULTS, gguf="gemma3"),
     # Its checkpoints (Google's, and transformers' save_pretrained) keep the
     # text model under language_model.model.
     "gemma3": Family("Gemma3ForConditionalGeneration", text_config="gemma3_text",

@@ -29,6 +29,8 @@ def _kind_ok(value, kind: str) -> bool:
         return type(value) is int or (isinstance(value, list) and all(type(v) is int for v in value))
     if kind == "str list":
         return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if kind == "int or bool list":
+        return type(value) is int or (isinstance(value, list) and all(type(v) is bool for v in value))
     if kind == "int list":
         return isinstance(value, list) and all(type(v) is int for v in value)
     if kind == "bool list":
@@ -61,9 +63,19 @@ _ARCH_KEYS = {
     "attention.recurrent_layers": "bool list", "ssm.conv_kernel": "int", "ssm.state_size": "int",
     "ssm.group_count": "int", "ssm.time_step_rank": "int", "ssm.inner_size": "int",
     "attention.scale": "number", "embedding_scale": "number", "residual_scale": "number", "logit_scale": "number",
+    "attn_logit_softcapping": "number", "final_logit_softcapping": "number", "rope.freq_base_swa": "number",
+    "attention.sliding_window_pattern": "int or bool list",
 }
 # llama.cpp's smollm3 skips RoPE in every fourth layer; its GGUF files say nothing of it.
 GGUF_NO_ROPE_INTERVAL = 4
+# What llama.cpp's gemma2 and gemma3 take where a file says nothing: the
+# window (gemma3: none) and how many layers make one local/global period;
+# the soft-caps (gemma3 reads no attention cap); and the block count of the
+# 27B size, whose attention scale is 1/sqrt(hidden/heads), not 1/sqrt(head_dim).
+GEMMA_GGUF = {
+    "gemma2": dict(window=4096, pattern=2, attn_softcap=50.0, final_softcap=30.0, width_scaled_layers=46),
+    "gemma3": dict(window=None, pattern=6, attn_softcap=None, final_softcap=None, width_scaled_layers=62),
+}
 
 
 def check_metadata_types(md: dict, path: Path) -> None:
@@ -238,6 +250,45 @@ def _linear_attention(md: dict, arch: str, n_layers: int, a, path: Path) -> dict
     }
 
 
+def _gemma_keys(md: dict, arch: str, n_layers: int, hidden: int, n_heads: int, head_dim: int, theta: float,
+                scaling, path: Path) -> dict:
+    """config.json keys of Gemma 2/3 from llama.cpp's metadata, as llama.cpp
+    runs the file: which layers slide and how far, the local layers' RoPE
+    base (Gemma 3), the soft-caps, and the attention scale llama.cpp
+    derives from the shapes (its files hold no query_pre_attn_scalar)."""
+    assumed = GEMMA_GGUF[arch]
+    window = md.get(f"{arch}.attention.sliding_window", assumed["window"])
+    if window is not None and (type(window) is not int or window < 0):
+        raise ConversionError(path, f"{arch}.attention.sliding_window should be a count, not {window!r}")
+    pattern = md.get(f"{arch}.attention.sliding_window_pattern", assumed["pattern"])
+    if isinstance(pattern, list):
+        if len(pattern) < n_layers:
+            raise ConversionError(path, f"{arch}.attention.sliding_window_pattern has {len(pattern)} entries "
+                                        f"for {n_layers} layers")
+        sliding = [bool(v) for v in pattern[:n_layers]]
+    else:
+        if pattern < 0:
+            raise ConversionError(path, f"{arch}.attention.sliding_window_pattern is {pattern}")
+        sliding = [pattern == 0 or i % pattern < pattern - 1 for i in range(n_layers)]
+    if not window:   # no window: every layer global
+        sliding = [False] * n_layers
+    keys = {"layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
+            "sliding_window": window or None,
+            "query_pre_attn_scalar": hidden // n_heads if n_layers == assumed["width_scaled_layers"] else head_dim,
+            "hidden_activation": "gelu_pytorch_tanh"}
+    # llama.cpp's gemma3 reads no attention cap, and a final cap of 0 (its default there) is none.
+    attn = md.get(f"{arch}.attn_logit_softcapping", assumed["attn_softcap"]) if assumed["attn_softcap"] else None
+    final = md.get(f"{arch}.final_logit_softcapping", assumed["final_softcap"])
+    for name, value in (("attn_logit_softcapping", attn), ("final_logit_softcapping", final)):
+        keys[name] = _shortest_float32(value) if value else None
+    if arch == "gemma3":
+        swa_theta = md.get(f"{arch}.rope.freq_base_swa", 10000.0)
+        keys["rope_parameters"] = {
+            "full_attention": {**(scaling or {"rope_type": "default"}), "rope_theta": _shortest_float32(theta)},
+            "sliding_attention": {"rope_type": "default", "rope_theta": _shortest_float32(swa_theta)}}
+    return keys
+
+
 def model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=None, rope_factors=None) -> dict:
     arch = md["general.architecture"]
     family = FAMILIES[GGUF_ARCHITECTURES[arch]]
@@ -344,6 +395,13 @@ def model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=None
         cfg["no_rope_layer_interval"] = GGUF_NO_ROPE_INTERVAL
     if family.multipliers:
         cfg.update(_multipliers(md, arch, head_dim, path))
+    if arch in GEMMA_GGUF:
+        cfg.pop("hidden_act")
+        gemma = _gemma_keys(md, arch, n_layers, hidden, n_heads, head_dim, theta, cfg.get("rope_scaling"), path)
+        if "rope_parameters" in gemma:   # Gemma 3: the RoPE of each layer type
+            cfg.pop("rope_theta")
+            cfg.pop("rope_scaling", None)
+        cfg.update(gemma)
     cfg["attention_dropout"] = 0.0
     for name, key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
                       ("pad_token_id", "padding_token_id"), ("unk_token_id", "unknown_token_id")):
