@@ -19,6 +19,7 @@ import re
 import warnings
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 
@@ -27,7 +28,8 @@ from fastllm.chat_template import TemplateError, render_chat
 from fastllm.cli import main
 from fastllm.config import ModelConfig
 from fastllm.errors import ModelFileError
-from fastllm.formats.gguf import convert_gguf
+from fastllm.formats.gguf import ConversionError, convert_gguf
+from fastllm.formats.gguf_writer import export_gguf
 from oracles.hf_reference import compare_greedy, hf_greedy, hf_logits, load_hf, within
 from oracles.splits import assert_same_bits_however_split
 from oracles.tiny_models import with_config
@@ -321,3 +323,56 @@ def test_converted_folder_runs_in_transformers(kind, tmp_path):
     folder = convert_gguf(DATA / f"{kind}.gguf", tmp_path / kind, progress=False)
     ok, err, _ = within(hf_logits(load_hf(folder), ids), want)
     assert ok, f"{kind}: max |err| {err:.3g}"
+
+
+def _fields(path):
+    r = gguf.GGUFReader(str(path))
+    arch = r.fields["general.architecture"].contents()
+    md = {f.name: f.contents() for f in r.fields.values() if f.name.startswith(arch + ".")}
+    return md, {t.name: np.array(t.data) for t in r.tensors}
+
+
+@pytest.mark.parametrize("kind", GGUF_KINDS)
+def test_export_equals_llama_cpp_converter(kind, tmp_path):
+    """fastllm convert FOLDER OUT.gguf writes the converter's tensors (norms
+    as 1 + w), bit for bit, and its hyperparameters."""
+    folder = convert_gguf(DATA / f"{kind}.gguf", tmp_path / kind, progress=False)
+    out = export_gguf(folder, tmp_path / f"{kind}.gguf", "f32")
+    want_md, want_tensors = _fields(DATA / f"{kind}.gguf")
+    got_md, got_tensors = _fields(out)
+    assert {k: got_md.get(k) for k in want_md} == want_md
+    assert got_tensors.keys() == want_tensors.keys()
+    for name, value in want_tensors.items():
+        assert np.array_equal(got_tensors[name], value), name
+
+
+@pytest.mark.parametrize("kind, changes, message", [
+    ("gemma2", dict(query_pre_attn_scalar=20), "an attention scale of 0.223607"),
+    ("gemma3-text", dict(attn_logit_softcapping=30.0), "attn_logit_softcapping cannot be written"),
+    ("gemma3-text", dict(rope_parameters=dict(GEMMA3_ROPE, sliding_attention={
+        "rope_type": "linear", "factor": 2.0, "rope_theta": 100.0})), "rope scaling of the sliding layers"),
+])
+def test_export_refuses_what_llama_cpp_would_run_otherwise(kind, changes, message, tiny_model_dir, tmp_path):
+    folder = with_config(tiny_model_dir(kind), tmp_path / "x", query_pre_attn_scalar=24 if kind == "gemma2"
+                         else 32)
+    folder = with_config(folder, tmp_path / "y", **changes)
+    with pytest.raises(ConversionError, match=message):
+        export_gguf(folder, tmp_path / "x.gguf", "f32")
+
+
+def test_export_writes_a_window_pattern_llama_cpp_would_not_assume(tmp_path, fastllm_home):
+    """Gemma 3 with every third layer global (llama.cpp assumes every
+    sixth): the pattern is written, and the file runs as the folder does."""
+    folder = convert_gguf(DATA / "gemma3.gguf", tmp_path / "g3", progress=False)
+    pattern = [True, True, False] * 2
+    folder = with_config(folder, tmp_path / "every-third",
+                         layer_types=["sliding_attention" if s else "full_attention" for s in pattern])
+    out = export_gguf(folder, tmp_path / "g3.gguf", "f32")
+    md, _ = _fields(out)
+    assert md["gemma3.attention.sliding_window_pattern"] == pattern
+    ids, _ = reference("gemma3")
+    ours = Model.from_pretrained(out, threads=2)
+    assert [bool(ours.config.attention_window(i)) for i in range(6)] == pattern
+    ok, err, _ = within(ours.logits(ids), Model.from_pretrained(folder, threads=2).logits(ids),
+                        atol=1e-6, rtol=1e-6)
+    assert ok, f"max |err| {err:.3g}"

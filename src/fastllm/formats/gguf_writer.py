@@ -26,7 +26,7 @@ from ..errors import ModelFileError
 from ..families import GGUF_ARCHITECTURES
 from . import quants
 from .gguf import OutputExistsError, progress_fn
-from .gguf_config import GGUF_NO_ROPE_INTERVAL
+from .gguf_config import GEMMA_GGUF, GGUF_NO_ROPE_INTERVAL
 from .gguf_file import ConversionError
 from .gguf_tensors import gguf_names, reshaped, slices, to_gguf_values
 from .gguf_tokenizer import (PRE_TOKENIZERS, TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_UNUSED,
@@ -106,6 +106,8 @@ def _hyperparameters(w, cfg: ModelConfig, folder: Path) -> dict:
         w.add_residual_scale(cfg.residual_multiplier)
         w.add_attention_scale(cfg.attention_multiplier)
         w.add_logit_scale(cfg.logits_scaling)
+    if w.arch in GEMMA_GGUF:
+        _gemma_keys(w, cfg, folder)
     if cfg.no_rope_layers is not None and cfg.no_rope_layers != no_rope_layers(
             {"no_rope_layer_interval": GGUF_NO_ROPE_INTERVAL}, cfg.num_hidden_layers, folder):
         raise ConversionError(folder / "config.json", f"no_rope_layers {cfg.no_rope_layers} cannot be written "
@@ -129,6 +131,44 @@ def _hyperparameters(w, cfg: ModelConfig, folder: Path) -> dict:
         return {"rope_freqs.weight": _llama3_rope_factors(scaling, float(cfg.rope_theta), cfg.head_dim)}
     raise ConversionError(folder / "config.json", f"rope scaling {kind!r} cannot be written to GGUF "
                                                   f"(supported: linear, llama3)")
+
+
+def _gemma_keys(w, cfg: ModelConfig, folder: Path) -> None:
+    """Gemma 2/3's keys as llama.cpp's converter writes them (the soft-caps,
+    the window, Gemma 3's local RoPE base), and the window pattern where it
+    is not the one llama.cpp assumes; a setting llama.cpp cannot run is
+    refused, naming it."""
+    assumed, path = GEMMA_GGUF[w.arch], folder / "config.json"
+
+    def refuse(what):
+        raise ConversionError(path, f"{what} cannot be written to a {w.arch} GGUF: llama.cpp would run "
+                                    f"the file otherwise")
+    width_scaled = cfg.num_hidden_layers == assumed["width_scaled_layers"]
+    scale = (cfg.hidden_size // cfg.num_attention_heads if width_scaled else cfg.head_dim) ** -0.5
+    if np.float32(scale) != np.float32(cfg.attention_scale):
+        refuse(f"an attention scale of {cfg.attention_scale:.6g} (query_pre_attn_scalar; llama.cpp's is "
+               f"{scale:.6g})")
+    if assumed["attn_softcap"] is None:
+        if cfg.attn_logit_softcapping:
+            refuse("attn_logit_softcapping")
+    elif not cfg.attn_logit_softcapping:
+        refuse("attention without attn_logit_softcapping")
+    else:
+        w.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
+    if cfg.final_logit_softcapping:
+        w.add_final_logit_softcapping(cfg.final_logit_softcapping)
+    elif assumed["final_softcap"] is not None:
+        refuse("logits without final_logit_softcapping")
+    sliding = [bool(cfg.attention_window(i)) for i in range(cfg.num_hidden_layers)]
+    if any(sliding):
+        w.add_sliding_window(cfg.sliding_window)
+    n = assumed["pattern"]
+    if sliding != [i % n < n - 1 for i in range(cfg.num_hidden_layers)]:
+        w.add_sliding_window_pattern(sliding)
+    if cfg.local_rope_theta is not None:
+        if cfg.local_rope_scaling is not None:
+            refuse(f"rope scaling of the sliding layers ({cfg.local_rope_scaling})")
+        w.add_rope_freq_base_swa(float(cfg.local_rope_theta))
 
 
 def _linear_attention(w, cfg: ModelConfig, folder: Path) -> None:
@@ -389,7 +429,7 @@ def export_gguf(folder: PathLike, out_path: PathLike, mix: str = "f32",
                               f"model_type {cfg.model_type!r} cannot be written to GGUF "
                               f"(supported: {', '.join(GGUF_ARCHITECTURES.values())})")
     windowed = sum(1 for i in range(cfg.num_hidden_layers) if cfg.attention_window(i))
-    if windowed and not cfg.family.gguf_longrope:
+    if windowed and not cfg.family.gguf_longrope and arch not in GEMMA_GGUF:
         import warnings
         warnings.warn(f"{folder}: the sliding window of {cfg.sliding_window} positions ({windowed} of "
                       f"{cfg.num_hidden_layers} layers) is not written: llama.cpp's {arch} architecture "
