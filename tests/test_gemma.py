@@ -94,6 +94,31 @@ def test_keys_left_out_take_transformers_defaults(model_type):
         assert ours.local_rope_theta == params["sliding_attention"]["rope_theta"]
 
 
+def test_a_published_gemma3_wrapper_config_reads_as_transformers_reads_it():
+    """Gemma 3 4B's config.json as published: a text_config of five keys,
+    the rest from Gemma3TextConfig."""
+    from transformers import Gemma3Config
+    raw = {"architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999,
+           "eoi_token_index": 256000, "eos_token_id": [1, 106], "image_token_index": 262144,
+           "mm_tokens_per_image": 256, "model_type": "gemma3",
+           "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                           "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                           "sliding_window": 1024},
+           "vision_config": {"model_type": "siglip_vision_model"}}
+    with pytest.warns(UserWarning, match="vision tower"):
+        ours = ModelConfig.from_dict(raw)
+    theirs = Gemma3Config(**{k: v for k, v in raw.items() if k != "model_type"}).text_config
+    assert ([ours.attention_window(i) for i in range(34)]
+            == [1024 if t == "sliding_attention" else 0 for t in theirs.layer_types])
+    assert (ours.num_attention_heads, ours.num_key_value_heads, ours.head_dim, ours.vocab_size) == (
+        theirs.num_attention_heads, theirs.num_key_value_heads, theirs.head_dim, theirs.vocab_size)
+    full, local = theirs.rope_parameters["full_attention"], theirs.rope_parameters["sliding_attention"]
+    assert (ours.rope_theta, ours.rope_scaling["factor"], ours.local_rope_theta) == (
+        full["rope_theta"], full["factor"], local["rope_theta"])
+    assert ours.attention_scale == theirs.query_pre_attn_scalar ** -0.5
+    assert ours.tie_word_embeddings and ours.embedding_multiplier == 2560 ** 0.5
+
+
 def test_gemma3_config_of_the_older_layout(tiny_model_dir, tmp_path):
     """rope_theta, rope_scaling, rope_local_base_freq and
     sliding_window_pattern, without rope_parameters or layer_types, as
