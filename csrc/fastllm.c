@@ -458,6 +458,10 @@ static void attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
             float *qh = s->q + (size_t)t * qd + h * hd;
             if (head_norms) rmsnorm(qh, qh, L->q_norm, hd, c->norm_eps);
             if (cr) rope(qh, cr, sr, c->rope_dim);
+            if (L->q_pos_scale) {
+                const float f = L->q_pos_scale[p];
+                for (int j = 0; j < hd; j++) qh[j] *= f;
+            }
         } else {
             int kh = h - nh;
             float *kh_src = s->k + (size_t)t * kvd + kh * hd;

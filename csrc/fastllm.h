@@ -84,6 +84,9 @@ typedef struct {
     /* LongRoPE: its tables for a sequence longer than the original context
      * (FlmState.rope_long chooses), or NULL. */
     const float *rope_cos_long, *rope_sin_long;
+    /* (seq_len) a factor of the rotated query at each position (Ministral 3's
+     * scaling of far positions), or NULL: none. */
+    const float *q_pos_scale;
     /* attention */
     const FlmMatrix *wq;       /* (n_heads*head_dim, dim)      */
     const FlmMatrix *wk;       /* (n_kv_heads*head_dim, dim)   */

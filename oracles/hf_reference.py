@@ -19,8 +19,11 @@ import numpy as np
 
 def load_hf(folder, dtype="float64"):
     import torch
-    from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype))
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+    # Multimodal wrappers that AutoModelForCausalLM does not take (mistral3).
+    auto = AutoModelForImageTextToText if AutoConfig.from_pretrained(folder).model_type == "mistral3" \
+        else AutoModelForCausalLM
+    model = auto.from_pretrained(folder, dtype=getattr(torch, dtype))
     model.eval()
     return model
 

@@ -212,6 +212,8 @@ def make_tiny_model(kind: str, folder, seed: int = 0, init_scale: float = 0.2,
     torch.manual_seed(seed)
     if model_type == "gemma3":
         model = _make_gemma3_wrapper(spec, init_scale)
+    elif model_type == "mistral3":
+        model = _make_mistral3_wrapper(spec, init_scale)
     else:
         config = AutoConfig.for_model(model_type, initializer_range=init_scale, **spec)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -244,3 +246,33 @@ def with_config(folder, out, **changes) -> Path:
             cfg[key] = value
     (out / "config.json").write_text(json.dumps(cfg))
     return out
+
+# Ministral 3: YaRN (factor 8, its original context of 24 shorter than the
+# longer prompts) and queries scaled by position past each multiple of it
+# (llama_4_scaling_beta far from 0.1 so that the step shows); the mistral3
+# wrapper's text model besides, tied, with a sliding window of 19.
+_YARN = dict(type="yarn", rope_theta=10000.0, factor=8.0, original_max_position_embeddings=24,
+             beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0, llama_4_scaling_beta=0.6)
+SHAPES["ministral3"] = dict(model_type="ministral3", hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=24, vocab_size=300,
+                            max_position_embeddings=512, rope_parameters=_YARN, tie_word_embeddings=False,
+                            bos_token_id=1, eos_token_id=2, pad_token_id=0)
+SHAPES["mistral3-wrapper"] = dict(
+    model_type="mistral3", hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=1, head_dim=16, vocab_size=256, max_position_embeddings=512, sliding_window=19,
+    rope_parameters=dict(_YARN, factor=4.0, mscale=1.3, mscale_all_dim=0.7, beta_fast=16.0,
+                         original_max_position_embeddings=20, llama_4_scaling_beta=0.4),
+    tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
+def _make_mistral3_wrapper(spec: dict, init_scale: float):
+    """The mistral3 wrapper: a Ministral 3 text model beside a tiny Pixtral
+    vision tower that fastllm ignores."""
+    from transformers import Mistral3Config, Mistral3ForConditionalGeneration
+    text = dict({k: v for k, v in spec.items() if k != "tie_word_embeddings"}, model_type="ministral3",
+                initializer_range=init_scale)
+    vision = dict(model_type="pixtral", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                  num_attention_heads=2, head_dim=16, image_size=16, patch_size=4)
+    config = Mistral3Config(text_config=text, vision_config=vision, initializer_range=init_scale,
+                            tie_word_embeddings=spec["tie_word_embeddings"], image_token_index=5)
+    return Mistral3ForConditionalGeneration(config)

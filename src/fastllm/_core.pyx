@@ -434,7 +434,11 @@ cdef class Weights:
         tables = {}
         self.long_rope = False
         shape = (n_ctx, c.rope_dim // 2)
+        q_scales = config.query_position_scales(n_ctx)
         for i in range(c.n_layers):
+            if q_scales is not None:
+                self.layers[i].q_pos_scale = <const float *>_ptr(q_scales, np.float32, (n_ctx,),
+                                                                 "query position scales")
             if not config.layer_rope(i):
                 continue
             rc = config.rope_config(i)
@@ -460,7 +464,7 @@ cdef class Weights:
         self.w.norm = <const float *>_array_ptr(weights["norm"], schema.NORM, config, "final norm")
         # Copies of the containers: the arrays stay alive whatever the caller
         # later does with its dict and lists.
-        self._keep = (dict(weights, embed=embed, layers=[dict(d) for d in layers]), tables)
+        self._keep = (dict(weights, embed=embed, layers=[dict(d) for d in layers]), tables, q_scales)
 
     def __dealloc__(self):
         free(self.layers)

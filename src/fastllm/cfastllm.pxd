@@ -62,6 +62,7 @@ cdef extern from "fastllm.h" nogil:
         const float *rope_sin
         const float *rope_cos_long
         const float *rope_sin_long
+        const float *q_pos_scale
         const void *wq
 
     ctypedef struct FlmWeights:

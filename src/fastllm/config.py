@@ -45,7 +45,8 @@ def _token_id(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**31
 
 
-ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "longrope", "su")   # su: LongRoPE's old name
+ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope", "su")   # su: LongRoPE's old name
+SUPPORTED_ROPE = "(supported: linear, dynamic, llama3, yarn, longrope)"
 
 
 def check_rope_scaling(scaling, path):
@@ -58,7 +59,7 @@ def check_rope_scaling(scaling, path):
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind not in ROPE_TYPES:
         raise ModelFileError(path, f"rope_scaling type {kind!r} is not supported "
-                                   "(supported: linear, dynamic, llama3, longrope)")
+                                   + SUPPORTED_ROPE)
     if kind == "default":
         return
     if kind in ("longrope", "su"):
@@ -83,6 +84,12 @@ def check_rope_scaling(scaling, path):
                                        f"{'integer' if whole else 'number'} for {kind} scaling, got {v!r}")
     positive("factor")
     positive("original_max_position_embeddings", whole=True, required=kind == "llama3")
+    if kind == "yarn":
+        for key in ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
+            if scaling.get(key) is not None:
+                positive(key)
+        if "truncate" in scaling and not isinstance(scaling["truncate"], bool):
+            raise ModelFileError(path, f"rope_scaling 'truncate' must be true or false, got {scaling['truncate']!r}")
     if kind == "llama3":
         positive("low_freq_factor")
         positive("high_freq_factor")
@@ -109,6 +116,38 @@ def longrope_scaling(scaling: dict, raw: dict, rope_dim: int, path) -> dict:
         attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
     return dict(scaling, rope_type="longrope", original_max_position_embeddings=orig,
                 attention_factor=float(attention))
+
+
+def yarn_scaling(scaling: dict, raw: dict, path) -> dict:
+    """rope_scaling of YaRN as transformers reads it: the original context
+    (config.json's max_position_embeddings when rope_scaling has none) and
+    the attention factor that scales cos and sin (else one from the factor,
+    mscale and mscale_all_dim)."""
+    orig = scaling.get("original_max_position_embeddings", raw["max_position_embeddings"])
+    factor = scaling["factor"]
+
+    def mscale(m=1.0):
+        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        attention = mscale(m) / mscale(m_all) if m and m_all else mscale()
+    return dict(scaling, rope_type="yarn", original_max_position_embeddings=orig,
+                attention_factor=float(attention))
+
+
+def query_position_scaling(scaling, path) -> dict:
+    """Ministral 3's query scaling by position: llama_4_scaling_beta and the
+    original context of its rope parameters, as transformers reads them."""
+    beta = (scaling or {}).get("llama_4_scaling_beta")
+    if beta is None:
+        return {}
+    period = scaling.get("original_max_position_embeddings")
+    if not (_number(beta) and beta >= 0) or not _positive_int(period):
+        raise ModelFileError(path, "llama_4_scaling_beta must be a number >= 0 and the rope parameters' "
+                                   f"original_max_position_embeddings a positive integer, got {beta!r} "
+                                   f"and {period!r}")
+    return dict(query_scale_beta=float(beta), query_scale_period=period)
 
 
 def sliding_layers(raw: dict, fam: Family, n_layers: int, path) -> tuple:
@@ -293,7 +332,10 @@ class ModelConfig:
     final_logit_softcapping: float | None = None   # the logits likewise
     local_rope_theta: float | None = None   # the sliding layers' own RoPE base (Gemma 3) ...
     local_rope_scaling: dict | None = None  # ... and scaling; with None theta they share the others'
+    query_scale_beta: float = 0.0        # Ministral 3: queries at positions past each multiple of
+    query_scale_period: int = 0          # query_scale_period scaled (query_position_scales)
     weight_prefix: str = "model."
+    head_prefix: str = ""
     path: Path | None = None
 
     @property
@@ -359,7 +401,7 @@ class ModelConfig:
 
         model_type = raw.get("model_type")
         fam = family(model_type, path)
-        prefix = fam.weight_prefix
+        prefix, head_prefix = fam.weight_prefix, fam.head_prefix
         if fam.text_config:
             # A multimodal wrapper: its text model is all fastllm runs.
             text = raw.get("text_config")
@@ -371,7 +413,8 @@ class ModelConfig:
             if "tie_word_embeddings" in raw:
                 merged["tie_word_embeddings"] = raw["tie_word_embeddings"]
             raw = merged
-            raw["model_type"] = model_type = fam.text_config
+            own = text.get("model_type")
+            raw["model_type"] = model_type = own if own in fam.text_models else fam.text_config
             fam = family(model_type, path)
         raw = {**fam.defaults, **raw}
         for key, why in fam.refuse.items():
@@ -457,7 +500,7 @@ class ModelConfig:
             # Newer transformers folds rope_theta and rope_scaling into one dict.
             params = dict(raw["rope_parameters"])
             rope_theta = params.pop("rope_theta", rope_theta)
-            if params.get("rope_type", "default") != "default":
+            if params.get("rope_type", params.get("type", "default")) != "default":
                 rope_scaling = params
         if not _number(rope_theta) or not rope_theta > 0:
             raise ModelFileError(path, f"rope_theta must be a positive number, got {rope_theta!r}")
@@ -468,6 +511,10 @@ class ModelConfig:
         if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) in ("longrope", "su"):
             need("max_position_embeddings")
             rope_scaling = longrope_scaling(rope_scaling, raw, int(head_dim * prf), path)
+        if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) == "yarn":
+            need("max_position_embeddings")
+            rope_scaling = yarn_scaling(rope_scaling, raw, path)
+        query_scale = query_position_scaling(rope_scaling, path) if fam.query_position_scale else {}
         for key in ("tie_word_embeddings", "attention_bias", "mlp_bias"):
             if raw.get(key) is not None and not isinstance(raw[key], bool):
                 raise ModelFileError(path, f"{key} must be true or false, got {raw[key]!r}")
@@ -502,9 +549,11 @@ class ModelConfig:
             hidden_act=act,
             **softcaps,
             **local_rope,
+            **query_scale,
             fused_qkv=fam.fused_qkv,
             fused_gate_up=fam.fused_gate_up,
             weight_prefix=prefix,
+            head_prefix=head_prefix,
             path=Path(path) if path else None,
             **linear,
         )
@@ -545,6 +594,8 @@ class ModelConfig:
         inv_freq = (f32(1.0) / (base ** exponents)).astype(np.float32)
         if kind in ("default", "dynamic"):
             pass
+        elif kind == "yarn":
+            inv_freq = self._yarn_inv_freq(base ** exponents)
         elif kind == "linear":
             inv_freq = (inv_freq / f32(scaling["factor"])).astype(np.float32)
         elif kind == "llama3":
@@ -562,8 +613,38 @@ class ModelConfig:
             inv_freq = np.where(medium, smoothed, scaled).astype(np.float32)
         else:
             raise ModelFileError(self.path, f"rope_scaling type {kind!r} is not supported "
-                                            "(supported: linear, dynamic, llama3, longrope)")
+                                            + SUPPORTED_ROPE)
         return inv_freq
+
+    def _yarn_inv_freq(self, pos_freqs: np.ndarray) -> np.ndarray:
+        """YaRN: the slow frequencies interpolated by the factor, the fast
+        ones kept, a linear ramp between (bounded by beta_fast and beta_slow
+        rotations over the original context)."""
+        scaling = self.rope_scaling
+        dim, base = self.rope_dim, self.rope_theta
+        orig = scaling["original_max_position_embeddings"]
+
+        def dim_of(rotations):
+            return dim * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(base))
+        low, high = dim_of(scaling.get("beta_fast") or 32), dim_of(scaling.get("beta_slow") or 1)
+        if scaling.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - np.float32(low)) / np.float32(high - low), 0, 1)
+        keep = (np.float32(1) - ramp).astype(np.float32)
+        kept = (np.float32(1) / pos_freqs).astype(np.float32)
+        interpolated = (np.float32(1) / (np.float32(scaling["factor"]) * pos_freqs)).astype(np.float32)
+        return (interpolated * (np.float32(1) - keep) + kept * keep).astype(np.float32)
+
+    def query_position_scales(self, seq_len: int):
+        """Ministral 3's factor of the query at each position, 1 + beta *
+        log(1 + floor(position / original context)); None without it."""
+        if not self.query_scale_beta:
+            return None
+        steps = np.floor(np.arange(seq_len, dtype=np.float64) / self.query_scale_period)
+        return np.ascontiguousarray((1 + self.query_scale_beta * np.log1p(steps)).astype(np.float32))
 
     @property
     def longrope(self) -> bool:
@@ -603,6 +684,10 @@ class ModelConfig:
                 angles[p] = np.float32(p) * self.rope_inv_freq(p + 1)
         else:
             angles = pos * self.rope_inv_freq(seq_len)[None, :]
+        if kind == "yarn":
+            scale = np.float32(self.rope_scaling["attention_factor"])
+            return (np.ascontiguousarray((np.cos(angles) * scale).astype(np.float32)),
+                    np.ascontiguousarray((np.sin(angles) * scale).astype(np.float32)))
         return (np.ascontiguousarray(np.cos(angles).astype(np.float32)),
                 np.ascontiguousarray(np.sin(angles).astype(np.float32)))
 

@@ -66,10 +66,14 @@ class Family:
     softcapping: bool = False            # config.json's attn_logit_softcapping and
                                          # final_logit_softcapping (tanh soft-caps), where set
     local_rope: bool = False             # sliding layers rotate with their own RoPE (theta, scaling)
+    query_position_scale: bool = False   # the rope parameters' llama_4_scaling_beta scales queries
+                                         # by position (ModelConfig.query_position_scales)
     defaults: dict = field(default_factory=dict)   # transformers' values of keys config.json
                                                    # may leave out, where they are not Llama's
-    text_config: str | None = None       # a multimodal wrapper: the family of its text model
+    text_config: str | None = None       # a multimodal wrapper: the family of its text model ...
+    text_models: tuple = ()              # ... or of these, where its text_config's model_type says
     weight_prefix: str = "model."        # of the text model's tensors in the checkpoint
+    head_prefix: str = ""                # of its lm_head
 
     def switch(self, name: str, raw: dict) -> bool:
         """The value of an optional-tensor switch for config.json raw."""
@@ -90,6 +94,14 @@ _GEMMA3_DEFAULTS = dict(
     _GEMMA2_DEFAULTS, vocab_size=262208, max_position_embeddings=131072, rope_theta=1000000.0,
     rope_local_base_freq=10000.0, sliding_window_pattern=6, final_logit_softcapping=None,
     attn_logit_softcapping=None)
+# transformers' Ministral3Config defaults (YaRN among them).
+_MINISTRAL3_DEFAULTS = dict(
+    vocab_size=131072, hidden_size=4096, intermediate_size=14336, num_hidden_layers=34, num_attention_heads=32,
+    num_key_value_heads=8, head_dim=128, max_position_embeddings=262144, rms_norm_eps=1e-5,
+    bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+    rope_parameters=dict(type="yarn", rope_theta=1000000.0, factor=16.0, original_max_position_embeddings=16384,
+                         beta_fast=32.0, beta_slow=1.0, mscale_all_dim=1.0, mscale=1.0,
+                         llama_4_scaling_beta=0.1))
 _GEMMA = dict(attention_bias="attention_bias", o_bias="attention_bias", norm_plus_one=True, post_norms=True,
               sliding_window=LAYER_TYPES, hidden_act_key="hidden_activation", scale_embeddings=True,
               query_pre_attn_scalar=True, softcapping=True,
@@ -135,6 +147,14 @@ FAMILIES = {
     # text model under language_model.model.
     "gemma3": Family("Gemma3ForConditionalGeneration", text_config="gemma3_text",
                      weight_prefix="language_model.model."),
+    # Ministral 3: Mistral with YaRN and queries scaled by position. Its
+    # checkpoints are the text model of the mistral3 wrapper, which also holds
+    # Mistral Small 3.x (a mistral text model).
+    "ministral3": Family("Ministral3ForCausalLM", sliding_window=EVERY_LAYER, query_position_scale=True,
+                         defaults=_MINISTRAL3_DEFAULTS),
+    "mistral3": Family("Mistral3ForConditionalGeneration", text_config="ministral3",
+                       text_models=("ministral3", "mistral"), weight_prefix="language_model.model.",
+                       head_prefix="language_model."),
 }
 # llama.cpp's architecture name -> the model_type it is imported as.
 GGUF_ARCHITECTURES = {(name if f.gguf is True else f.gguf): name for name, f in FAMILIES.items() if f.gguf}

@@ -162,7 +162,7 @@ def hf_name(t: Tensor, cfg, layer: int | None = None) -> str:
     if layer is not None:
         hf = SANDWICH_HF.get(t.field, t.hf) if cfg.pre_norms and cfg.post_norms else t.hf
         return f"{cfg.weight_prefix}layers.{layer}.{hf}"
-    return t.hf if t is LM_HEAD else cfg.weight_prefix + t.hf
+    return cfg.head_prefix + t.hf if t is LM_HEAD else cfg.weight_prefix + t.hf
 
 
 def hf_shape(t: Tensor, cfg) -> tuple:

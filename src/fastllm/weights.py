@@ -167,7 +167,7 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False, mix: str | None =
         layers.append(layer)
     # transformers ties the head to the embedding when asked to, except in
     # families that keep an lm_head the file does carry.
-    has_head = schema.LM_HEAD.hf in ck
+    has_head = schema.hf_name(schema.LM_HEAD, cfg) in ck
     tied = (cfg.tie_word_embeddings and not (cfg.family.untie_with_head and has_head)) or not has_head
     if tied and not cfg.tie_word_embeddings:
         raise ModelFileError(folder, "lm_head.weight is missing and tie_word_embeddings is false")

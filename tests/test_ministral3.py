@@ -1,0 +1,182 @@
+"""Ministral 3 (model_type ministral3, and the text model of the mistral3
+multimodal wrapper) as switches of the one layer, against transformers:
+
+* YaRN: the slow frequencies interpolated, the fast ones kept, a ramp
+  between, and cos/sin scaled by the attention factor (from mscale and
+  mscale_all_dim in the wrapper's checkpoint);
+* the query of each position scaled by 1 + beta * log(1 + floor(position /
+  original context)) (llama_4_scaling_beta);
+* the wrapper's sliding window and its lm_head under language_model.
+
+The tiny checkpoints are oracles/tiny_models.py's; their original context
+(24 and 20 positions) is far shorter than the prompts, so both YaRN and the
+query scaling's steps are reached. The bounds are oracles/hf_reference.py's.
+"""
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+from fastllm import Model
+from fastllm.config import ModelConfig
+from fastllm.errors import ModelFileError
+from oracles.hf_reference import compare_greedy, hf_greedy, hf_logits, load_hf, within
+from oracles.splits import assert_same_bits_however_split
+from oracles.tiny_models import with_config
+
+KINDS = ["ministral3", "mistral3-wrapper"]
+PATHS = ["generic", "avx2", "avx512"]
+# Changes of the rope parameters that each turn one switch off: transformers'
+# logits then leave the bound, so the comparisons check what each one does.
+SWITCHED_OFF = {
+    "ministral3": [dict(rope_type="default", type="default"), dict(llama_4_scaling_beta=0.0),
+                   dict(factor=2.0)],
+    "mistral3-wrapper": [dict(mscale=1.0, mscale_all_dim=1.0), dict(llama_4_scaling_beta=0.0),
+                         dict(beta_slow=0.25)],
+}
+
+
+@pytest.fixture(autouse=True)
+def _quiet_wrapper_notice():
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*mistral3 checkpoint: running its text model")
+        warnings.filterwarnings("ignore", message=".*RoPE scaling factor")
+        yield
+
+
+def prompt(vocab, n, seed=0):
+    return np.random.default_rng(seed).integers(0, vocab, n).tolist()
+
+
+def with_rope(folder, out, **changes):
+    """A copy of the checkpoint with its (text model's) rope_parameters changed."""
+    raw = json.loads((folder / "config.json").read_text())
+    text = raw.get("text_config", raw)
+    params = dict(text["rope_parameters"], **changes)
+    if "text_config" in raw:
+        return with_config(folder, out, text_config=dict(text, rope_parameters=params))
+    return with_config(folder, out, rope_parameters=params)
+
+
+def test_switches_read_from_config(tiny_model_dir):
+    text = Model.from_pretrained(tiny_model_dir("ministral3")).config
+    assert (text.rope_scaling["rope_type"], text.rope_scaling["factor"]) == ("yarn", 8.0)
+    assert text.rope_scaling["attention_factor"] == 1.0   # mscale == mscale_all_dim
+    assert (text.query_scale_beta, text.query_scale_period) == (0.6, 24)
+    scales = text.query_position_scales(60)
+    assert scales[23] == 1 and scales[24] == np.float32(1 + 0.6 * np.log(2)) and scales[59] == scales[48]
+    with pytest.warns(UserWarning, match="mistral3 checkpoint: running its text model"):
+        wrapped = Model.from_pretrained(tiny_model_dir("mistral3-wrapper")).config
+    assert (wrapped.model_type, wrapped.weight_prefix, wrapped.head_prefix) == (
+        "ministral3", "language_model.model.", "language_model.")
+    assert wrapped.attention_window(0) == 19 and wrapped.tie_word_embeddings
+    assert wrapped.rope_scaling["attention_factor"] == pytest.approx((0.13 * np.log(4) + 1) / (0.07 * np.log(4) + 1))
+
+
+def test_yarn_frequencies_are_transformers_own():
+    """inv_freq and the attention factor of YaRN against transformers'
+    _compute_yarn_parameters, over factors, betas, mscales and truncation
+    (the ramp's ends move whole frequencies, far beyond the tolerance)."""
+    from transformers import AutoConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    for changes in (dict(), dict(factor=40.0, beta_fast=8.0, beta_slow=2.0), dict(mscale=0.8, mscale_all_dim=1.5),
+                    dict(truncate=False), dict(attention_factor=0.9), dict(original_max_position_embeddings=None)):
+        params = dict(type="yarn", rope_theta=50000.0, factor=16.0, original_max_position_embeddings=64,
+                      llama_4_scaling_beta=0.1)
+        params.update(changes)
+        params = {k: v for k, v in params.items() if v is not None}
+        raw = dict(model_type="ministral3", hidden_size=64, num_attention_heads=2, num_key_value_heads=2, head_dim=40,
+                   max_position_embeddings=4096, rope_parameters=params)
+        ours = ModelConfig.from_dict(raw)
+        theirs = AutoConfig.for_model(**raw)
+        inv_freq, factor = ROPE_INIT_FUNCTIONS["yarn"](theirs, "cpu")
+        # float32 powers: numpy's and torch's differ in the last bit
+        np.testing.assert_allclose(ours.rope_inv_freq(100), inv_freq.numpy(), rtol=1e-6, err_msg=str(changes))
+        assert ours.rope_scaling["attention_factor"] == pytest.approx(factor, rel=1e-12), changes
+
+
+def test_keys_left_out_take_transformers_defaults():
+    from transformers import AutoConfig
+    ours = ModelConfig.from_dict({"model_type": "ministral3"})
+    theirs = AutoConfig.for_model("ministral3")
+    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps",
+                "tie_word_embeddings", "sliding_window", "bos_token_id"):
+        assert getattr(ours, key) == getattr(theirs, key), key
+    params = theirs.rope_parameters
+    assert (ours.rope_theta, ours.rope_scaling["factor"]) == (params["rope_theta"], params["factor"])
+    assert (ours.query_scale_beta, ours.query_scale_period) == (
+        params["llama_4_scaling_beta"], params["original_max_position_embeddings"])
+
+
+def test_a_mistral_text_model_in_the_wrapper_runs_as_mistral():
+    """Mistral Small 3.x ships as the mistral3 wrapper around a mistral text model."""
+    raw = dict(model_type="mistral3", text_config=dict(
+        model_type="mistral", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=300, max_position_embeddings=512, rope_theta=1e9))
+    with pytest.warns(UserWarning, match="vision tower"):
+        cfg = ModelConfig.from_dict(raw)
+    assert (cfg.model_type, cfg.query_scale_beta, cfg.rope_scaling) == ("mistral", 0.0, None)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_logits_and_greedy_match_transformers(kind, path, tiny_model_dir, simd_path, tmp_path):
+    simd_path(path)
+    folder = tiny_model_dir(kind)
+    ours = Model.from_pretrained(folder, threads=2)
+    ids = prompt(ours.config.vocab_size, 70, seed=1)
+    got = ours.logits(ids)
+    ok, err, ratio = within(got, hf_logits(load_hf(folder), ids))
+    assert ok, f"{path} {kind}: max |err| {err:.3g} exceeds the bound"
+    for i, changes in enumerate(SWITCHED_OFF[kind]):
+        plain = load_hf(with_rope(folder, tmp_path / f"off{i}", **changes))
+        assert not within(got, hf_logits(plain, ids))[0], f"{kind}: {changes} changes nothing"
+
+    want, margins = hf_greedy(load_hf(folder), ids[:7], 50)
+    tokens = list(ours.generate_tokens(ids[:7], 50, stop_token_ids=()))
+    same, compared, diverged = compare_greedy(tokens, want, margins)
+    assert same, f"{path} {kind}: token {diverged} differs with margin {margins[diverged]:.3g}"
+    assert compared >= 8, f"{kind}: only {compared} tokens compared"
+    print(f"{path} {kind}: err/bound {ratio:.3f}, {compared} greedy tokens, "
+          f"smallest margin {min(margins[:compared]):.3g}")
+
+
+def test_the_wrapper_window_matters(tiny_model_dir, tmp_path):
+    folder = tiny_model_dir("mistral3-wrapper")
+    ids = prompt(256, 60, seed=2)
+    got = Model.from_pretrained(folder, threads=2).logits(ids)
+    text = json.loads((folder / "config.json").read_text())["text_config"]
+    plain = load_hf(with_config(folder, tmp_path / "nowindow", text_config=dict(text, sliding_window=None)))
+    assert not within(got, hf_logits(plain, ids))[0]
+
+
+@pytest.mark.parametrize("kv_dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_split_or_batched_prompts_give_the_same_bits(kind, path, kv_dtype, tiny_model_dir, simd_path):
+    simd_path(path)
+    assert_same_bits_however_split(tiny_model_dir(kind), dict(threads=2, kv_dtype=kv_dtype))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_thread_counts_give_the_same_bits(kind, tiny_model_dir):
+    folder = tiny_model_dir(kind)
+    ids = prompt(256, 57, seed=6)
+    one = Model.from_pretrained(folder, threads=1).logits(ids)
+    for threads in (2, 3):
+        assert np.array_equal(Model.from_pretrained(folder, threads=threads).logits(ids), one), threads
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(beta_fast=-1.0), "rope_scaling 'beta_fast' must be a positive number for yarn scaling"),
+    (dict(factor="8"), "rope_scaling 'factor' must be a positive number for yarn scaling"),
+    (dict(factor=None), "rope_scaling 'factor' must be a positive number for yarn scaling"),
+    (dict(truncate="no"), "rope_scaling 'truncate' must be true or false"),
+    (dict(llama_4_scaling_beta="0.1"), "llama_4_scaling_beta must be a number >= 0"),
+    (dict(original_max_position_embeddings=0), "original_max_position_embeddings' must be a positive integer"),
+])
+def test_bad_settings_are_refused(changes, message, tiny_model_dir, tmp_path):
+    with pytest.raises(ModelFileError, match=message):
+        Model.from_pretrained(with_rope(tiny_model_dir("ministral3"), tmp_path / "bad", **changes))
