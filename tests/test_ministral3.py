@@ -11,9 +11,12 @@ multimodal wrapper) as switches of the one layer, against transformers:
 The tiny checkpoints are oracles/tiny_models.py's; their original context
 (24 and 20 positions) is far shorter than the prompts, so both YaRN and the
 query scaling's steps are reached. The bounds are oracles/hf_reference.py's.
+The GGUF files under tests/data/ministral3-gguf are llama.cpp's converter's
+output for like shapes, with transformers' logits (make.py there writes both).
 """
 import json
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -180,3 +183,51 @@ def test_thread_counts_give_the_same_bits(kind, tiny_model_dir):
 def test_bad_settings_are_refused(changes, message, tiny_model_dir, tmp_path):
     with pytest.raises(ModelFileError, match=message):
         Model.from_pretrained(with_rope(tiny_model_dir("ministral3"), tmp_path / "bad", **changes))
+
+
+# ------------------------------------------------------------------ GGUF
+
+DATA = Path(__file__).parent / "data" / "ministral3-gguf"
+
+
+@pytest.mark.parametrize("dtype", ["gguf", "f32"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_llama_cpp_gguf_matches_transformers(kind, dtype, fastllm_home):
+    """The converter's file (arch mistral3), run natively and through the
+    folder it converts to, against transformers on the folder it was made
+    from - with mscale 1, as llama.cpp runs it: the file holds no mscale.
+    The wrapper's folder says 1.3, which moves transformers' logits out of
+    the bound."""
+    data = np.load(DATA / f"{kind}.npz")
+    ids = data["ids"].tolist()
+    got = Model.from_pretrained(DATA / f"{kind}.gguf", dtype=dtype, threads=2).logits(ids)
+    ok, err, _ = within(got, data["logits"])
+    assert ok, f"{kind} {dtype}: max |err| {err:.3g} exceeds the bound"
+    if kind == "mistral3-wrapper":
+        assert not within(got, data["folder_logits"])[0]
+
+
+def test_gguf_switches_are_llama_cpps(fastllm_home):
+    """YaRN from rope.scaling.*, the attention factor from
+    yarn_log_multiplier alone, the query scaling from
+    attention.temperature_scale over the original context."""
+    cfg = Model.from_pretrained(DATA / "mistral3-wrapper.gguf").config
+    assert cfg.model_type == "ministral3" and cfg.sliding_window is None
+    scaling = cfg.rope_scaling
+    assert (scaling["rope_type"], scaling["factor"], scaling["original_max_position_embeddings"]) == ("yarn", 4.0, 20)
+    assert (scaling["beta_fast"], scaling["beta_slow"], scaling["truncate"]) == (16.0, 1.0, True)
+    assert scaling["attention_factor"] == pytest.approx((0.1 * np.log(4) + 1) / (0.07 * np.log(4) + 1))
+    assert (cfg.query_scale_beta, cfg.query_scale_period) == (0.4, 20)
+
+
+def test_a_mistral3_gguf_without_yarn_is_plain_rope():
+    """llama.cpp's mistral3 files of Mistral Small 3.x carry no rope
+    scaling: transformers' YaRN default for ministral3 must not creep in."""
+    from fastllm.formats.gguf_config import model_config
+    md = {"general.architecture": "mistral3", "mistral3.block_count": 1, "mistral3.context_length": 64,
+          "mistral3.embedding_length": 8, "mistral3.feed_forward_length": 16, "mistral3.attention.head_count": 2,
+          "mistral3.attention.layer_norm_rms_epsilon": 1e-5, "mistral3.rope.freq_base": 1e9}
+    shapes = {"token_embd.weight": (32, 8), "blk.0.attn_q.weight": (8, 8)}
+    raw = model_config(md, shapes, Path("x.gguf"), "f32")
+    cfg = ModelConfig.from_dict(raw)
+    assert (cfg.rope_scaling, cfg.rope_theta, cfg.query_scale_beta) == (None, 1e9, 0.0)

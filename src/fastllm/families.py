@@ -151,7 +151,7 @@ FAMILIES = {
     # checkpoints are the text model of the mistral3 wrapper, which also holds
     # Mistral Small 3.x (a mistral text model).
     "ministral3": Family("Ministral3ForCausalLM", sliding_window=EVERY_LAYER, query_position_scale=True,
-                         defaults=_MINISTRAL3_DEFAULTS),
+                         defaults=_MINISTRAL3_DEFAULTS, gguf="mistral3", gguf_qk_interleaved=True),
     "mistral3": Family("Mistral3ForConditionalGeneration", text_config="ministral3",
                        text_models=("ministral3", "mistral"), weight_prefix="language_model.model.",
                        head_prefix="language_model."),

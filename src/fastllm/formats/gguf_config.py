@@ -65,6 +65,9 @@ _ARCH_KEYS = {
     "attention.scale": "number", "embedding_scale": "number", "residual_scale": "number", "logit_scale": "number",
     "attn_logit_softcapping": "number", "final_logit_softcapping": "number", "rope.freq_base_swa": "number",
     "attention.sliding_window_pattern": "int or bool list",
+    "rope.scaling.yarn_beta_fast": "number", "rope.scaling.yarn_beta_slow": "number",
+    "rope.scaling.yarn_log_multiplier": "number", "rope.scaling.yarn_ext_factor": "number",
+    "attention.temperature_scale": "number",
 }
 # llama.cpp's smollm3 skips RoPE in every fourth layer; its GGUF files say nothing of it.
 GGUF_NO_ROPE_INTERVAL = 4
@@ -161,7 +164,36 @@ def _rope_scaling(md: dict, arch: str, path: Path) -> Optional[dict]:
     factor = md.get(f"{arch}.rope.scaling.factor")
     if kind == "linear":
         return {"rope_type": "linear", "factor": _shortest_float32(factor)}
+    if kind == "yarn":
+        return _yarn_scaling(md, arch, factor, path)
     raise ConversionError(path, f"rope scaling type {kind!r} is not supported")
+
+
+def _yarn_scaling(md: dict, arch: str, factor, path: Path) -> dict:
+    """YaRN as llama.cpp runs a file: its ramp always truncated, and the
+    attention factor from the factor and yarn_log_multiplier (transformers'
+    mscale_all_dim) with mscale taken as 1; an attention factor the file
+    holds is not used (llama.cpp recomputes it for YaRN)."""
+    if factor is None or not factor > 0:
+        raise ConversionError(path, f"YaRN scaling needs a positive {arch}.rope.scaling.factor, got {factor!r}")
+    orig = md.get(f"{arch}.rope.scaling.original_context_length", md.get(f"{arch}.context_length"))
+    if type(orig) is not int or orig < 1:
+        raise ConversionError(path, f"YaRN scaling needs a positive {arch}.rope.scaling.original_context_length, "
+                                    f"got {orig!r}")
+    ext = md.get(f"{arch}.rope.scaling.yarn_ext_factor", 1.0)
+    if ext != 1.0:
+        raise ConversionError(path, f"{arch}.rope.scaling.yarn_ext_factor {ext} is not supported (only 1)")
+    scaling = {"rope_type": "yarn", "factor": _shortest_float32(factor), "original_max_position_embeddings": orig,
+               "truncate": True}
+    for key, hf, default in (("yarn_beta_fast", "beta_fast", 32.0), ("yarn_beta_slow", "beta_slow", 1.0)):
+        value = md.get(f"{arch}.rope.scaling.{key}", default)
+        if not value > 0:
+            raise ConversionError(path, f"{arch}.rope.scaling.{key} is {value}; it must be positive")
+        scaling[hf] = _shortest_float32(value)
+    log_mul = md.get(f"{arch}.rope.scaling.yarn_log_multiplier", 0.0)
+    if log_mul:
+        scaling.update(mscale=1.0, mscale_all_dim=_shortest_float32(log_mul))
+    return scaling
 
 
 def _multipliers(md: dict, arch: str, head_dim: int, path: Path) -> dict:
@@ -383,6 +415,18 @@ def model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=None
         scaling = _llama3_rope_scaling(rope_freqs, theta, head_dim, path)
     if scaling is not None:
         cfg["rope_scaling"] = scaling
+    if family.query_position_scale:
+        # Ministral 3's rope parameters hold the query scaling beside YaRN,
+        # and say "default" outright (transformers' default is YaRN).
+        params = dict(cfg.pop("rope_scaling", None) or {"rope_type": "default"}, rope_theta=cfg.pop("rope_theta"))
+        beta = md.get(f"{arch}.attention.temperature_scale", 0.0)
+        if beta:
+            if not beta > 0:
+                raise ConversionError(path, f"{arch}.attention.temperature_scale is {beta}; it must be positive")
+            params["llama_4_scaling_beta"] = _shortest_float32(beta)
+            params.setdefault("original_max_position_embeddings", md.get(
+                f"{arch}.rope.scaling.original_context_length", cfg["max_position_embeddings"]))
+        cfg["rope_parameters"] = params
     if family.gguf_longrope:
         cfg.update(_phi3_keys(md, arch, int(rope_dim), head_dim, rope_factors or {}, path))
     # A bias switch that config.json holds is set by layer 0's tensors; the
