@@ -617,17 +617,25 @@ def test_tiny_tokenizer_matches_transformers_gguf(kind, pre, tiny_model_dir, tmp
     assert (cfg["bos_token"], cfg["eos_token"], cfg["pad_token"]) == ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
 
 
-def test_yarn_rope_is_refused(tiny_model_dir, tmp_path):
-    """fastllm cannot run yarn scaling, so a folder that says so would not load."""
+def test_yarn_rope_converts_as_llama_cpp_runs_it(tiny_model_dir, tmp_path):
+    """YaRN in a qwen2 file: the folder says what llama.cpp runs (a
+    truncated ramp, the attention factor from the factor alone), and
+    transformers runs that folder as fastllm does, past the original context."""
     def extra(w):
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(4.0)
-        w.add_rope_scaling_orig_ctx_len(128)
+        w.add_rope_scaling_orig_ctx_len(16)
 
     write_gguf(tmp_path / "m.gguf", tiny_model_dir("qwen2"), synthetic_vocab(300, "qwen2"), extra=extra)
-    with pytest.raises(ConversionError, match="rope scaling type 'yarn' is not supported"):
-        convert_gguf(tmp_path / "m.gguf", tmp_path / "out", dtype="f32", progress=False)
-    assert not (tmp_path / "out").exists()
+    out = convert_gguf(tmp_path / "m.gguf", tmp_path / "out", dtype="f32", progress=False)
+    scaling = json.loads((out / "config.json").read_text())["rope_scaling"]
+    assert scaling == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                       "truncate": True, "beta_fast": 32.0, "beta_slow": 1.0}
+    ids = list(range(3, 43))
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float64)
+    with torch.no_grad():
+        want = model(torch.tensor([ids])).logits[0].numpy()
+    assert np.abs(Model.from_pretrained(out, threads=2).logits(ids) - want).max() < 1e-4
 
 
 def test_named_chat_templates(tiny_model_dir, tmp_path):
