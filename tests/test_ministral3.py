@@ -24,6 +24,9 @@ import pytest
 from fastllm import Model
 from fastllm.config import ModelConfig
 from fastllm.errors import ModelFileError
+from fastllm.formats.gguf import ConversionError, convert_gguf
+from fastllm.formats.gguf_writer import export_gguf
+from oracles.gguf_files import arch_fields_and_tensors
 from oracles.hf_reference import compare_greedy, hf_greedy, hf_logits, load_hf, within
 from oracles.splits import assert_same_bits_however_split
 from oracles.tiny_models import with_config
@@ -231,3 +234,38 @@ def test_a_mistral3_gguf_without_yarn_is_plain_rope():
     raw = model_config(md, shapes, Path("x.gguf"), "f32")
     cfg = ModelConfig.from_dict(raw)
     assert (cfg.rope_scaling, cfg.rope_theta, cfg.query_scale_beta) == (None, 1e9, 0.0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_export_equals_llama_cpp_converter(kind, tmp_path, fastllm_home):
+    """fastllm convert FOLDER OUT.gguf writes the converter's YaRN and
+    query-scaling keys and its tensors, bit for bit."""
+    folder = convert_gguf(DATA / f"{kind}.gguf", tmp_path / kind, progress=False)
+    out = export_gguf(folder, tmp_path / f"{kind}.gguf", "f32")
+    want_md, want_tensors = arch_fields_and_tensors(DATA / f"{kind}.gguf")
+    got_md, got_tensors = arch_fields_and_tensors(out)
+    assert {k: got_md.get(k) for k in want_md} == want_md
+    assert got_tensors.keys() == want_tensors.keys()
+    for name, value in want_tensors.items():
+        assert np.array_equal(got_tensors[name], value), name
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(mscale=1.3, mscale_all_dim=0.7), "YaRN's mscale 1.3 beside mscale_all_dim"),
+    (dict(truncate=False), "YaRN without truncation"),
+    (dict(attention_factor=0.9), "YaRN's attention_factor 0.9"),
+    (dict(rope_type="default", type="default"), "a query scaling .* without YaRN"),
+])
+def test_export_refuses_what_llama_cpp_would_run_otherwise(changes, message, tiny_model_dir, tmp_path):
+    folder = with_rope(tiny_model_dir("ministral3"), tmp_path / "x", **changes)
+    with pytest.raises(ConversionError, match=message):
+        export_gguf(folder, tmp_path / "x.gguf", "f32")
+
+
+def test_query_scaling_without_yarn_matches_transformers(tiny_model_dir, tmp_path):
+    folder = with_rope(tiny_model_dir("ministral3"), tmp_path / "plain", rope_type="default", type="default")
+    ours = Model.from_pretrained(folder, threads=2)
+    assert ours.config.rope_scaling is None and ours.config.query_scale_beta == 0.6
+    ids = prompt(300, 60, seed=3)
+    ok, err, _ = within(ours.logits(ids), hf_logits(load_hf(folder), ids))
+    assert ok, f"max |err| {err:.3g}"

@@ -514,7 +514,8 @@ class ModelConfig:
         if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) == "yarn":
             need("max_position_embeddings")
             rope_scaling = yarn_scaling(rope_scaling, raw, path)
-        query_scale = query_position_scaling(rope_scaling, path) if fam.query_position_scale else {}
+        # transformers scales queries whatever the rope type (from the rope parameters).
+        query_scale = query_position_scaling(rope_scaling or rope_params, path) if fam.query_position_scale else {}
         for key in ("tie_word_embeddings", "attention_bias", "mlp_bias"):
             if raw.get(key) is not None and not isinstance(raw[key], bool):
                 raise ModelFileError(path, f"{key} must be true or false, got {raw[key]!r}")

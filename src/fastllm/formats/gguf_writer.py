@@ -120,6 +120,10 @@ def _hyperparameters(w, cfg: ModelConfig, folder: Path) -> dict:
             raise ConversionError(folder / "config.json", f"rope scaling {kind!r} of {cfg.model_type} cannot "
                                                           f"be written to GGUF (supported: longrope)")
         return _longrope_keys(w, cfg)
+    if cfg.query_scale_beta and kind != "yarn":
+        raise ConversionError(folder / "config.json", "a query scaling (llama_4_scaling_beta) without YaRN "
+                                                      "cannot be written to GGUF: llama.cpp scales by YaRN's "
+                                                      "original context")
     if kind == "default":
         return {}
     if kind == "linear":
@@ -129,8 +133,47 @@ def _hyperparameters(w, cfg: ModelConfig, folder: Path) -> dict:
         return {}
     if kind == "llama3":
         return {"rope_freqs.weight": _llama3_rope_factors(scaling, float(cfg.rope_theta), cfg.head_dim)}
+    if kind == "yarn":
+        _yarn_keys(w, cfg, folder)
+        return {}
     raise ConversionError(folder / "config.json", f"rope scaling {kind!r} cannot be written to GGUF "
-                                                  f"(supported: linear, llama3)")
+                                                  f"(supported: linear, llama3, yarn)")
+
+
+def _yarn_keys(w, cfg: ModelConfig, folder: Path) -> None:
+    """YaRN's keys, as llama.cpp's converter writes them, and Ministral 3's
+    query scaling; refused where llama.cpp would run the file otherwise (it
+    always truncates the ramp, takes mscale as 1 and derives the attention
+    factor itself)."""
+    import gguf
+    scaling = cfg.rope_scaling
+
+    def refuse(what):
+        raise ConversionError(folder / "config.json", f"{what} cannot be written to GGUF: llama.cpp would "
+                                                      "run the file otherwise")
+    if not scaling.get("truncate", True):
+        refuse("YaRN without truncation (truncate: false)")
+    log_mul = scaling.get("mscale_all_dim") or 0.0
+    if log_mul and scaling.get("mscale") not in (None, 1, 1.0):
+        refuse(f"YaRN's mscale {scaling['mscale']} beside mscale_all_dim")
+    factor = float(scaling["factor"])
+
+    def mscale(m):
+        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+    derived = mscale(1.0) / mscale(log_mul) if log_mul else mscale(1.0)
+    if np.float32(scaling["attention_factor"]) != np.float32(derived):
+        refuse(f"YaRN's attention_factor {scaling['attention_factor']}")
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(factor)
+    w.add_rope_scaling_orig_ctx_len(int(scaling["original_max_position_embeddings"]))
+    w.add_rope_scaling_yarn_beta_fast(float(scaling.get("beta_fast") or 32.0))
+    w.add_rope_scaling_yarn_beta_slow(float(scaling.get("beta_slow") or 1.0))
+    if log_mul:
+        w.add_rope_scaling_yarn_log_mul(float(log_mul))
+    if cfg.query_scale_beta:
+        if cfg.query_scale_period != scaling["original_max_position_embeddings"]:
+            refuse("a query scaling period apart from YaRN's original context")
+        w.add_attn_temperature_scale(cfg.query_scale_beta)
 
 
 def _gemma_keys(w, cfg: ModelConfig, folder: Path) -> None:
