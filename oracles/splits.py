@@ -42,3 +42,14 @@ def assert_same_bits_however_split(folder, load: dict) -> None:
         alone = model.new_session()
         alone.extend(before)
         assert np.array_equal(got, alone.extend(after)), "in a batch, at another position"
+
+
+def assert_same_bits_for_thread_counts(folder, n_tokens: int, threads=(2, 3)) -> None:
+    """The logits of a prompt of n_tokens with each thread count, bit for bit as with one."""
+    from fastllm import Model
+
+    model = Model.from_pretrained(folder, threads=1)
+    ids = _prompt(model.config.vocab_size, n_tokens, seed=6)
+    one = model.logits(ids)
+    for n in threads:
+        assert np.array_equal(Model.from_pretrained(folder, threads=n).logits(ids), one), f"{n} threads"

@@ -15,6 +15,7 @@ The GGUF files under tests/data/ministral3-gguf are llama.cpp's converter's
 output for like shapes, with transformers' logits (make.py there writes both).
 """
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -22,13 +23,14 @@ import numpy as np
 import pytest
 
 from fastllm import Model
+from fastllm.cli import main
 from fastllm.config import ModelConfig
 from fastllm.errors import ModelFileError
 from fastllm.formats.gguf import ConversionError, convert_gguf
 from fastllm.formats.gguf_writer import export_gguf
 from oracles.gguf_files import arch_fields_and_tensors
 from oracles.hf_reference import compare_greedy, hf_greedy, hf_logits, load_hf, within
-from oracles.splits import assert_same_bits_however_split
+from oracles.splits import assert_same_bits_for_thread_counts, assert_same_bits_however_split
 from oracles.tiny_models import with_config
 
 KINDS = ["ministral3", "mistral3-wrapper"]
@@ -168,11 +170,7 @@ def test_split_or_batched_prompts_give_the_same_bits(kind, path, kv_dtype, tiny_
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_thread_counts_give_the_same_bits(kind, tiny_model_dir):
-    folder = tiny_model_dir(kind)
-    ids = prompt(256, 57, seed=6)
-    one = Model.from_pretrained(folder, threads=1).logits(ids)
-    for threads in (2, 3):
-        assert np.array_equal(Model.from_pretrained(folder, threads=threads).logits(ids), one), threads
+    assert_same_bits_for_thread_counts(tiny_model_dir(kind), 57)   # past two query-scaling steps
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -269,3 +267,10 @@ def test_query_scaling_without_yarn_matches_transformers(tiny_model_dir, tmp_pat
     ids = prompt(300, 60, seed=3)
     ok, err, _ = within(ours.logits(ids), hf_logits(load_hf(folder), ids))
     assert ok, f"max |err| {err:.3g}"
+
+
+def test_info_shows_the_switches(tiny_model_dir, capsys):
+    assert main(["info", "--model", str(tiny_model_dir("ministral3")), "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"query scaling +1 \+ 0\.6 \* log\(1 \+ floor\(position / 24\)\)\n", out)
+    assert "'rope_type': 'yarn'" in out

@@ -716,6 +716,8 @@ def cmd_info(args) -> int:
           if c.attn_logit_softcapping or c.final_logit_softcapping else []),
         *([("sliding layers' RoPE", f"rope_theta {c.local_rope_theta}, rope_scaling {c.local_rope_scaling}")]
           if c.local_rope_theta is not None else []),
+        *([("query scaling", f"1 + {c.query_scale_beta} * log(1 + floor(position / {c.query_scale_period}))")]
+          if c.query_scale_beta else []),
         ("weights in memory", f"{weight_bytes / 2**20:.1f} MiB ({types})"),
         ("KV cache at full context", f"{kv_bytes / 2**20:.1f} MiB ({model.kv_dtype})"),
         ("threads", model.threads),

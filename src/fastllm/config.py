@@ -562,12 +562,12 @@ class ModelConfig:
 
     def context_bytes(self, n_ctx: int, kv_dtype: str = "f32", threads: int = 1) -> int:
         """Memory a context of n_ctx positions takes: the RoPE tables (and
-        their temporaries while they are computed), one session's KV cache
+        their temporaries while they are computed) and query scales, one session's KV cache
         when full, and an attention score row per thread."""
         kv_bytes = {"f32": 4, "bf16": 2, "f16": 2}[kv_dtype]
         kv = 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * kv_bytes
         tables = (2 if self.longrope else 1) * (2 if self.local_rope_theta is not None else 1)
-        rope = 3 * self.rope_dim // 2 * 4 * tables
+        rope = 3 * self.rope_dim // 2 * 4 * tables + (4 if self.query_scale_beta else 0)
         return n_ctx * (kv + rope + 4 * threads)
 
     # ------------------------------------------------------------------ RoPE

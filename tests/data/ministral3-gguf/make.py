@@ -18,7 +18,6 @@ same but for mscale, which llama.cpp's files do not hold and llama.cpp
 takes as 1 (the wrapper's is 1.3; the text model's is 1 already).
 """
 import json
-import runpy
 import sys
 import tempfile
 from pathlib import Path
@@ -31,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from oracles.bpe_gguf_vocabs import trained_family_tokenizer  # noqa: E402
 from oracles.hf_reference import hf_logits, load_hf  # noqa: E402
+from oracles.llama_cpp_converter import convert  # noqa: E402
 from oracles.tiny_models import SHAPES, make_tiny_model, with_config  # noqa: E402
 
 VOCAB = 640
@@ -61,20 +61,11 @@ def as_llama_cpp_reads_it(folder: Path, out: Path) -> Path:
     return with_config(folder, out, rope_parameters=params)
 
 
-def convert(converter: Path, folder: Path, out: Path) -> None:
-    import conversion.base
-    conversion.base.TextModel.get_vocab_base_pre = lambda self, tok: "tekken"
-    argv = sys.argv
-    sys.argv = [str(converter), str(folder), "--outtype", "f32", "--outfile", str(out)]
-    try:
-        runpy.run_path(str(converter), run_name="__main__")
-    finally:
-        sys.argv = argv
-
-
 if __name__ == "__main__":
     converter = Path(sys.argv[1]).resolve()
     sys.path.insert(0, str(converter.parent))
+    import conversion.base  # noqa: E402  (the converter's own package)
+    conversion.base.TextModel.get_vocab_base_pre = lambda self, tok: "tekken"
     with tempfile.TemporaryDirectory() as tmp:
         for kind, spec in GGUF_SHAPES.items():
             SHAPES[f"{kind}-gguf"] = spec
