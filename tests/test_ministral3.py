@@ -274,3 +274,30 @@ def test_info_shows_the_switches(tiny_model_dir, capsys):
     out = capsys.readouterr().out
     assert re.search(r"query scaling +1 \+ 0\.6 \* log\(1 \+ floor\(position / 24\)\)\n", out)
     assert "'rope_type': 'yarn'" in out
+
+
+@pytest.mark.parametrize("top", [None, False, True])
+def test_a_wrapper_config_reads_as_transformers_reads_it(top):
+    """Ministral 3's published layout: the text model's keys in text_config,
+    the tying decided by the wrapper's own tie_word_embeddings (true when
+    left out), whatever text_config says."""
+    from transformers import Mistral3Config
+    text = dict(model_type="ministral3", hidden_size=3072, intermediate_size=9216, num_hidden_layers=26,
+                num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=262144,
+                vocab_size=131072, tie_word_embeddings=not top,
+                rope_parameters=dict(type="yarn", rope_type="yarn", rope_theta=1e6, factor=16.0,
+                                     original_max_position_embeddings=16384, beta_fast=32.0, beta_slow=1.0,
+                                     mscale=1.0, mscale_all_dim=1.0, llama_4_scaling_beta=0.1))
+    raw = dict(model_type="mistral3", text_config=text, vision_config={"model_type": "pixtral"},
+               **({} if top is None else {"tie_word_embeddings": top}))
+    with pytest.warns(UserWarning, match="vision tower"):
+        ours = ModelConfig.from_dict(raw)
+    theirs = Mistral3Config(**{k: v for k, v in raw.items() if k != "model_type"})
+    assert ours.tie_word_embeddings == theirs.tie_word_embeddings
+    t = theirs.text_config
+    for key in ("hidden_size", "num_hidden_layers", "num_key_value_heads", "head_dim", "rms_norm_eps",
+                "sliding_window", "vocab_size"):
+        assert getattr(ours, key) == getattr(t, key), key
+    assert (ours.rope_scaling["factor"], ours.query_scale_beta, ours.query_scale_period) == (
+        t.rope_parameters["factor"], t.rope_parameters["llama_4_scaling_beta"],
+        t.rope_parameters["original_max_position_embeddings"])

@@ -410,6 +410,7 @@ class ModelConfig:
             warnings.warn(f"{path}: {model_type} checkpoint: running its text model; the vision "
                           "tower and multi-token-prediction weights are ignored", stacklevel=3)
             merged = dict(text)
+            raw = {**fam.defaults, **raw}   # the wrapper's own, which decide the tying
             if "tie_word_embeddings" in raw:
                 merged["tie_word_embeddings"] = raw["tie_word_embeddings"]
             raw = merged

@@ -154,7 +154,7 @@ FAMILIES = {
                          defaults=_MINISTRAL3_DEFAULTS, gguf="mistral3", gguf_qk_interleaved=True),
     "mistral3": Family("Mistral3ForConditionalGeneration", text_config="ministral3",
                        text_models=("ministral3", "mistral"), weight_prefix="language_model.model.",
-                       head_prefix="language_model."),
+                       head_prefix="language_model.", defaults=dict(tie_word_embeddings=True)),
 }
 # llama.cpp's architecture name -> the model_type it is imported as.
 GGUF_ARCHITECTURES = {(name if f.gguf is True else f.gguf): name for name, f in FAMILIES.items() if f.gguf}
