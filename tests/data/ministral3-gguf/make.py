@@ -61,11 +61,16 @@ def as_llama_cpp_reads_it(folder: Path, out: Path) -> Path:
     return with_config(folder, out, rope_parameters=params)
 
 
+def patch_pre_tokenizer_detection(converter: Path) -> None:
+    """The converter names the tiny vocabulary's pre-tokenizer "tekken"."""
+    sys.path.insert(0, str(converter.parent))
+    import conversion.base  # the converter's own package
+    conversion.base.TextModel.get_vocab_base_pre = lambda self, tok: "tekken"
+
+
 if __name__ == "__main__":
     converter = Path(sys.argv[1]).resolve()
-    sys.path.insert(0, str(converter.parent))
-    import conversion.base  # noqa: E402  (the converter's own package)
-    conversion.base.TextModel.get_vocab_base_pre = lambda self, tok: "tekken"
+    patch_pre_tokenizer_detection(converter)
     with tempfile.TemporaryDirectory() as tmp:
         for kind, spec in GGUF_SHAPES.items():
             SHAPES[f"{kind}-gguf"] = spec

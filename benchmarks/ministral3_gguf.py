@@ -1,0 +1,55 @@
+"""Random-weight Ministral 3 checkpoints as llama.cpp's converter and
+llama-quantize make them, for benchmarks/perplexity.py (fastllm's perplexity
+and KL divergence beside llama-perplexity's on the same files).
+
+    PYTHONPATH=/path/to/llama.cpp/gguf-py python benchmarks/ministral3_gguf.py OUT_DIR --llama-cpp /path/to/llama.cpp
+    python benchmarks/perplexity.py --base OUT_DIR/ministral3-F32.gguf OUT_DIR/ministral3-Q8_0.gguf \\
+        OUT_DIR/ministral3-Q4_K_M.gguf --llama-perplexity /path/to/llama.cpp/build/bin/llama-perplexity \\
+        --ctx 256 --chunks 16
+
+The shapes are tests/data/ministral3-gguf/make.py's (YaRN, queries scaled
+by position; the wrapper's mscale_all_dim apart from 1), widened to hidden
+256 so that llama-quantize's K-quants apply, with an original context of 64
+that a context of 256 passes four times. Each gets that script's tekken-style
+vocabulary, and its converter patch.
+"""
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "data" / "ministral3-gguf"))
+
+import make  # noqa: E402  (tests/data/ministral3-gguf/make.py)
+from oracles.llama_cpp_converter import convert  # noqa: E402
+from oracles.tiny_models import SHAPES, make_tiny_model  # noqa: E402
+
+WIDER = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=64)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--llama-cpp", type=Path, required=True, help="llama.cpp's source tree, built")
+    args = parser.parse_args()
+    llama = args.llama_cpp.resolve()
+    make.patch_pre_tokenizer_detection(llama / "convert_hf_to_gguf.py")
+    bin_dir = llama / "build" / "bin"
+    for kind, spec in make.GGUF_SHAPES.items():
+        rope = dict(spec["rope_parameters"], original_max_position_embeddings=64)
+        SHAPES[f"{kind}-bench"] = dict(spec, **WIDER, rope_parameters=rope)
+        folder = make_tiny_model(f"{kind}-bench", args.out / kind, init_scale=0.05)
+        make.tokenizer(folder)
+        f32 = args.out / f"{kind}-F32.gguf"
+        convert(llama / "convert_hf_to_gguf.py", folder, f32)
+        for qtype in ("Q8_0", "Q4_K_M"):
+            subprocess.run([str(bin_dir / "llama-quantize"), str(f32), str(args.out / f"{kind}-{qtype}.gguf"),
+                            qtype], check=True, capture_output=True, env={"LD_LIBRARY_PATH": str(bin_dir)})
+        print(f"wrote {folder} and {args.out}/{kind}-{{F32,Q8_0,Q4_K_M}}.gguf")
+
+
+if __name__ == "__main__":
+    main()
