@@ -221,17 +221,37 @@ def test_gguf_switches_are_llama_cpps(fastllm_home):
     assert (cfg.query_scale_beta, cfg.query_scale_period) == (0.4, 20)
 
 
+MISTRAL3_MD = {"general.architecture": "mistral3", "mistral3.block_count": 1, "mistral3.context_length": 64,
+               "mistral3.embedding_length": 8, "mistral3.feed_forward_length": 16,
+               "mistral3.attention.head_count": 2, "mistral3.attention.layer_norm_rms_epsilon": 1e-5,
+               "mistral3.rope.freq_base": 1e9}
+
+
+def config_of_metadata(**md):
+    from fastllm.formats.gguf_config import model_config
+    shapes = {"token_embd.weight": (32, 8), "blk.0.attn_q.weight": (8, 8)}
+    return ModelConfig.from_dict(model_config(dict(MISTRAL3_MD, **md), shapes, Path("x.gguf"), "f32"))
+
+
 def test_a_mistral3_gguf_without_yarn_is_plain_rope():
     """llama.cpp's mistral3 files of Mistral Small 3.x carry no rope
     scaling: transformers' YaRN default for ministral3 must not creep in."""
-    from fastllm.formats.gguf_config import model_config
-    md = {"general.architecture": "mistral3", "mistral3.block_count": 1, "mistral3.context_length": 64,
-          "mistral3.embedding_length": 8, "mistral3.feed_forward_length": 16, "mistral3.attention.head_count": 2,
-          "mistral3.attention.layer_norm_rms_epsilon": 1e-5, "mistral3.rope.freq_base": 1e9}
-    shapes = {"token_embd.weight": (32, 8), "blk.0.attn_q.weight": (8, 8)}
-    raw = model_config(md, shapes, Path("x.gguf"), "f32")
-    cfg = ModelConfig.from_dict(raw)
+    cfg = config_of_metadata()
     assert (cfg.rope_scaling, cfg.rope_theta, cfg.query_scale_beta) == (None, 1e9, 0.0)
+
+
+def test_gguf_yarn_attention_factor_is_llama_cpps():
+    """llama.cpp multiplies its derived attention factor by
+    rope.scaling.attn_factor, and reads neither yarn_attn_factor nor
+    yarn_ext_factor."""
+    yarn = {"mistral3.rope.scaling.type": "yarn", "mistral3.rope.scaling.factor": 16.0,
+            "mistral3.rope.scaling.original_context_length": 16}
+    derived = 0.1 * np.log(16) + 1
+    plain = config_of_metadata(**yarn, **{"mistral3.rope.scaling.yarn_attn_factor": 0.5,
+                                          "mistral3.rope.scaling.yarn_ext_factor": 0.5})
+    assert plain.rope_scaling["attention_factor"] == pytest.approx(derived)
+    scaled = config_of_metadata(**yarn, **{"mistral3.rope.scaling.attn_factor": 1.25})
+    assert scaled.rope_scaling["attention_factor"] == pytest.approx(derived * 1.25)
 
 
 @pytest.mark.parametrize("kind", KINDS)

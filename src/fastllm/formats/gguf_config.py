@@ -11,6 +11,7 @@ from typing import Optional
 import numpy as np
 
 from .. import schema
+from ..config import yarn_scaling
 from ..families import FAMILIES, GGUF_ARCHITECTURES
 from .gguf_file import ConversionError, require
 
@@ -172,17 +173,16 @@ def _rope_scaling(md: dict, arch: str, path: Path) -> Optional[dict]:
 def _yarn_scaling(md: dict, arch: str, factor, path: Path) -> dict:
     """YaRN as llama.cpp runs a file: its ramp always truncated, and the
     attention factor from the factor and yarn_log_multiplier (transformers'
-    mscale_all_dim) with mscale taken as 1; an attention factor the file
-    holds is not used (llama.cpp recomputes it for YaRN)."""
+    mscale_all_dim) with mscale taken as 1, times rope.scaling.attn_factor
+    where the file has one. llama.cpp reads neither yarn_attn_factor (the
+    converter's copy of transformers' attention_factor) nor yarn_ext_factor
+    (it extrapolates fully), and neither is read here."""
     if factor is None or not factor > 0:
         raise ConversionError(path, f"YaRN scaling needs a positive {arch}.rope.scaling.factor, got {factor!r}")
     orig = md.get(f"{arch}.rope.scaling.original_context_length", md.get(f"{arch}.context_length"))
     if type(orig) is not int or orig < 1:
         raise ConversionError(path, f"YaRN scaling needs a positive {arch}.rope.scaling.original_context_length, "
                                     f"got {orig!r}")
-    ext = md.get(f"{arch}.rope.scaling.yarn_ext_factor", 1.0)
-    if ext != 1.0:
-        raise ConversionError(path, f"{arch}.rope.scaling.yarn_ext_factor {ext} is not supported (only 1)")
     scaling = {"rope_type": "yarn", "factor": _shortest_float32(factor), "original_max_position_embeddings": orig,
                "truncate": True}
     for key, hf, default in (("yarn_beta_fast", "beta_fast", 32.0), ("yarn_beta_slow", "beta_slow", 1.0)):
@@ -193,6 +193,12 @@ def _yarn_scaling(md: dict, arch: str, factor, path: Path) -> dict:
     log_mul = md.get(f"{arch}.rope.scaling.yarn_log_multiplier", 0.0)
     if log_mul:
         scaling.update(mscale=1.0, mscale_all_dim=_shortest_float32(log_mul))
+    extra = md.get(f"{arch}.rope.scaling.attn_factor", 1.0)
+    if not extra > 0:
+        raise ConversionError(path, f"{arch}.rope.scaling.attn_factor is {extra}; it must be positive")
+    if extra != 1.0:
+        derived = yarn_scaling(scaling, {"max_position_embeddings": orig}, path)["attention_factor"]
+        scaling["attention_factor"] = derived * float(np.float32(extra))
     return scaling
 
 
