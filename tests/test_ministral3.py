@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from transformers import PreTrainedTokenizerFast
 
 from fastllm import Model
 from fastllm.cli import main
@@ -28,6 +29,7 @@ from fastllm.config import ModelConfig
 from fastllm.errors import ModelFileError
 from fastllm.formats.gguf import ConversionError, convert_gguf
 from fastllm.formats.gguf_writer import export_gguf
+from oracles.bpe_gguf_vocabs import trained_family_tokenizer
 from oracles.gguf_files import arch_fields_and_tensors
 from oracles.hf_reference import compare_greedy, hf_greedy, hf_logits, load_hf, within
 from oracles.splits import assert_same_bits_for_thread_counts, assert_same_bits_however_split
@@ -268,10 +270,23 @@ def test_export_equals_llama_cpp_converter(kind, tmp_path, fastllm_home):
         assert np.array_equal(got_tensors[name], value), name
 
 
+@pytest.mark.parametrize("changes", [dict(mscale=1.3, mscale_all_dim=0.7), dict(attention_factor=0.9),
+                                     dict(mscale=0.8)])
+def test_export_carries_transformers_attention_factor(changes, tiny_model_dir, tmp_path, fastllm_home):
+    """An attention factor llama.cpp would not derive (mscale apart from 1,
+    or given outright) travels as rope.scaling.attn_factor, which llama.cpp
+    multiplies in: the file reads back with transformers' factor."""
+    folder = with_rope(tiny_model_dir("ministral3"), tmp_path / "x", **changes)
+    tok = trained_family_tokenizer("tekken", vocab_size=299)
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>").save_pretrained(folder)
+    out = export_gguf(folder, tmp_path / "x.gguf", "f32")
+    want = Model.from_pretrained(folder).config.rope_scaling["attention_factor"]
+    got = Model.from_pretrained(out).config.rope_scaling["attention_factor"]
+    assert got == pytest.approx(want, rel=1e-6) and abs(want - 1) > 0.01
+
+
 @pytest.mark.parametrize("changes, message", [
-    (dict(mscale=1.3, mscale_all_dim=0.7), "YaRN's mscale 1.3 beside mscale_all_dim"),
     (dict(truncate=False), "YaRN without truncation"),
-    (dict(attention_factor=0.9), "YaRN's attention_factor 0.9"),
     (dict(rope_type="default", type="default"), "a query scaling .* without YaRN"),
 ])
 def test_export_refuses_what_llama_cpp_would_run_otherwise(changes, message, tiny_model_dir, tmp_path):

@@ -21,7 +21,7 @@ from typing import Callable, Optional, Union
 import numpy as np
 
 from .. import schema
-from ..config import ModelConfig, no_rope_layers, read_json
+from ..config import ModelConfig, no_rope_layers, read_json, yarn_scaling
 from ..errors import ModelFileError
 from ..families import GGUF_ARCHITECTURES
 from . import quants
@@ -142,9 +142,11 @@ def _hyperparameters(w, cfg: ModelConfig, folder: Path) -> dict:
 
 def _yarn_keys(w, cfg: ModelConfig, folder: Path) -> None:
     """YaRN's keys, as llama.cpp's converter writes them, and Ministral 3's
-    query scaling; refused where llama.cpp would run the file otherwise (it
-    always truncates the ramp, takes mscale as 1 and derives the attention
-    factor itself)."""
+    query scaling. llama.cpp derives the attention factor itself, taking
+    mscale as 1; where transformers' differs (another mscale, an explicit
+    attention_factor), rope.scaling.attn_factor carries the ratio, which
+    llama.cpp multiplies in. It always truncates the ramp: a folder that
+    does not is refused."""
     import gguf
     scaling = cfg.rope_scaling
 
@@ -154,15 +156,15 @@ def _yarn_keys(w, cfg: ModelConfig, folder: Path) -> None:
     if not scaling.get("truncate", True):
         refuse("YaRN without truncation (truncate: false)")
     log_mul = scaling.get("mscale_all_dim") or 0.0
-    if log_mul and scaling.get("mscale") not in (None, 1, 1.0):
-        refuse(f"YaRN's mscale {scaling['mscale']} beside mscale_all_dim")
     factor = float(scaling["factor"])
-
-    def mscale(m):
-        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
-    derived = mscale(1.0) / mscale(log_mul) if log_mul else mscale(1.0)
-    if np.float32(scaling["attention_factor"]) != np.float32(derived):
-        refuse(f"YaRN's attention_factor {scaling['attention_factor']}")
+    as_read = {k: v for k, v in scaling.items() if k not in ("attention_factor", "mscale")}
+    if log_mul:
+        as_read["mscale"] = 1.0
+    context = {"max_position_embeddings": cfg.max_position_embeddings}
+    derived = yarn_scaling(as_read, context, folder)["attention_factor"]
+    ratio = scaling["attention_factor"] / derived
+    if np.float32(ratio) != np.float32(1.0):
+        w.add_rope_scaling_attn_factors(ratio)
     w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
     w.add_rope_scaling_factor(factor)
     w.add_rope_scaling_orig_ctx_len(int(scaling["original_max_position_embeddings"]))
