@@ -494,22 +494,13 @@ static void linear_attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
     matmul_multi(s, s->xb, T, dim, jobs, 4, c->float_acts);
     mark(s, FLM_PHASE_QKV);
 
-    /* Conv over the window of the last K-1 inputs, channel by channel, each
-     * sequence's rows (consecutive) in order. */
+    /* Conv over the window of the last K-1 inputs (K-1 rows of cd), 16
+     * channels per item, each sequence's rows (consecutive) in order. */
 #pragma omp for schedule(static)
-    for (int ch = 0; ch < cd; ch++) {
-        const float *cw = L->conv_w + (size_t)ch * K;
+    for (int ch = 0; ch < cd; ch += 16) {
         for (int k = 0, t0 = 0; k < n_seqs; t0 += seqs[k++].n)
-        for (int t = t0; t < t0 + seqs[k].n; t++) {
-            float *win = CONV_STATE(k) + (size_t)ch * (K - 1);
-            float m = s->lin[(size_t)t * ld + ch];
-            float acc = 0.0f;
-            for (int j = 0; j < K - 1; j++) acc += cw[j] * win[j];
-            acc += cw[K - 1] * m;
-            for (int j = 0; j + 1 < K - 1; j++) win[j] = win[j + 1];
-            if (K > 1) win[K - 2] = m;
-            s->lin[(size_t)t * ld + ch] = acc / (1.0f + expf(-acc));
-        }
+            flm_kernels->conv_silu(s->lin + (size_t)t0 * ld + ch, ld, seqs[k].n, CONV_STATE(k) + ch, cd,
+                                   L->conv_w + (size_t)ch * K, K, imin(16, cd - ch));
     }
 
     /* l2-normalise q and k per key head; q also takes the 1/sqrt(dk) scale. */
@@ -535,16 +526,16 @@ static void linear_attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
             float decay = expf(L->lin_A[h] * softplus(row[cd + hv + h] + L->dt_bias[h]));
             float *o = s->xb + (size_t)t * vd + h * dv;
             flm_kernels->delta_rule(Sh, q, k, v, beta, decay, dk, dv, o);
-            /* Gated RMSNorm: w * norm(o) * silu(z). */
-            const float *z = s->gate + (size_t)t * vd + h * dv;
+            /* Gated RMSNorm: silu(z) * (w * norm(o)), left in z's place. */
+            float *z = s->gate + (size_t)t * vd + h * dv;
             rmsnorm(o, o, L->lin_norm, dv, c->norm_eps);
-            for (int j = 0; j < dv; j++) o[j] *= z[j] / (1.0f + expf(-z[j]));
+            flm_kernels->silu_mul(z, o, dv);
         }
     }
 #undef CONV_STATE
 #undef DELTA_STATE
     mark(s, FLM_PHASE_RECURRENCE);
-    matmul(c, s, s->xb2, s->xb, L->w_out, NULL, T, vd, dim);
+    matmul(c, s, s->xb2, s->gate, L->w_out, NULL, T, vd, dim);
     mark(s, FLM_PHASE_OUT_PROJ);
 }
 

@@ -74,6 +74,21 @@ static void delta_rule_generic(float *S, const float *q, const float *k, const f
     }
 }
 
+static void conv_silu_generic(float *x, size_t ldx, int T, float *win, size_t ldw, const float *w, int K, int n) {
+    for (int c = 0; c < n; c++) {
+        const float *wc = w + (size_t)c * K;
+        for (int t = 0; t < T; t++) {
+            const float m = x[(size_t)t * ldx + c];
+            float acc = 0.0f;
+            for (int j = 0; j < K - 1; j++) acc += wc[j] * win[j * ldw + c];
+            acc += wc[K - 1] * m;
+            for (int j = 0; j + 1 < K - 1; j++) win[j * ldw + c] = win[(j + 1) * ldw + c];
+            if (K > 1) win[(K - 2) * ldw + c] = m;
+            x[(size_t)t * ldx + c] = acc / (1.0f + expf(-acc));
+        }
+    }
+}
+
 static void rmsnorm_generic(float *out, const float *x, const float *weight, int n, float eps) {
     float ss = 0.0f;
     for (int i = 0; i < n; i++) ss += x[i] * x[i];
@@ -88,7 +103,7 @@ static void silu_mul_generic(float *g, const float *u, int n) {
 static const FlmKernels kernels_generic = {
     "generic", flm_gemm_f32_generic, flm_gemm_bf16_generic, NULL,
     key_scores_generic, exp_sum_generic, NULL, NULL, scale_max_generic, scale_generic,
-    weighted_sum_generic, delta_rule_generic, rmsnorm_generic, silu_mul_generic,
+    weighted_sum_generic, delta_rule_generic, conv_silu_generic, rmsnorm_generic, silu_mul_generic,
     60,
 };
 
@@ -159,7 +174,7 @@ static AVX2 void weighted_sum_avx2(float *out, const float *p, const void *v, in
 static const FlmKernels kernels_avx2 = {
     "avx2", flm_gemm_f32_avx2, flm_gemm_bf16_avx2, NULL, key_scores_avx2,
     exp_sum_generic, NULL, NULL, scale_max_generic, scale_generic, weighted_sum_avx2,
-    delta_rule_generic, rmsnorm_generic, silu_mul_generic,
+    delta_rule_generic, conv_silu_generic, rmsnorm_generic, silu_mul_generic,
     60,
 };
 
@@ -413,6 +428,48 @@ static AVX512 void delta_rule_avx512(float *S, const float *q, const float *k, c
     }
 }
 
+/* Products and sums rounded one by one, as the generic loop rounds them,
+ * whatever -ffp-contract the build uses: a fused multiply-add here moves
+ * the conv's outputs by an ulp, which int8 activations can turn into a
+ * whole quantization step. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define UNFUSED __attribute__((optimize("fp-contract=off")))
+#else
+#define UNFUSED
+#endif
+
+/* 16 channels at a time, their window rows in registers; kernels wider
+ * than CONV_MAX_K take the generic loop. */
+#define CONV_MAX_K 8
+static AVX512 UNFUSED void conv_silu_avx512(float *x, size_t ldx, int T, float *win, size_t ldw, const float *w, int K,
+                                    int n) {
+    if (K > CONV_MAX_K) {
+        conv_silu_generic(x, ldx, T, win, ldw, w, K, n);
+        return;
+    }
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512i taps = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(K));
+    for (int c = 0; c < n; c += 16) {
+        const __mmask16 m = tail_mask(n - c);
+        __m512 wj[CONV_MAX_K], wn[CONV_MAX_K];
+        for (int j = 0; j < K; j++)
+            wj[j] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, taps, w + (size_t)c * K + j, 4);
+        for (int j = 0; j < K - 1; j++) wn[j] = _mm512_maskz_loadu_ps(m, win + j * ldw + c);
+        for (int t = 0; t < T; t++) {
+            float *xt = x + (size_t)t * ldx + c;
+            const __m512 in = _mm512_maskz_loadu_ps(m, xt);
+            __m512 acc = _mm512_setzero_ps();
+            for (int j = 0; j < K - 1; j++) acc = _mm512_add_ps(acc, _mm512_mul_ps(wj[j], wn[j]));
+            acc = _mm512_add_ps(acc, _mm512_mul_ps(wj[K - 1], in));
+            for (int j = 0; j + 1 < K - 1; j++) wn[j] = wn[j + 1];
+            if (K > 1) wn[K - 2] = in;
+            _mm512_mask_storeu_ps(xt, m, _mm512_div_ps(acc, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), acc)))));
+        }
+        for (int j = 0; j < K - 1; j++) _mm512_mask_storeu_ps(win + j * ldw + c, m, wn[j]);
+    }
+}
+
 static AVX512 void rmsnorm_avx512(float *out, const float *x, const float *weight, int n, float eps) {
     __m512 acc = _mm512_setzero_ps();
     for (int i = 0; i < n; i += 16) {
@@ -441,7 +498,7 @@ static AVX512 void silu_mul_avx512(float *g, const float *u, int n) {
 static const FlmKernels kernels_avx512 = {
     "avx512", flm_gemm_f32_avx512, flm_gemm_bf16_avx512, NULL, key_scores_avx512,
     exp_sum_avx512, key_scores2_avx512, weighted_sum2_avx512, scale_max_avx512, scale_avx512,
-    weighted_sum_avx512, delta_rule_avx512, rmsnorm_avx512, silu_mul_avx512,
+    weighted_sum_avx512, delta_rule_avx512, conv_silu_avx512, rmsnorm_avx512, silu_mul_avx512,
     60,
 };
 
@@ -450,7 +507,7 @@ static const FlmKernels kernels_avx512 = {
 static const FlmKernels kernels_avx512_bf16 = {
     "avx512_bf16", flm_gemm_f32_avx512, flm_gemm_bf16_dp_avx512, flm_to_bf16_avx512,
     key_scores_avx512, exp_sum_avx512, key_scores2_avx512, weighted_sum2_avx512, scale_max_avx512,
-    scale_avx512, weighted_sum_avx512, delta_rule_avx512, rmsnorm_avx512, silu_mul_avx512,
+    scale_avx512, weighted_sum_avx512, delta_rule_avx512, conv_silu_avx512, rmsnorm_avx512, silu_mul_avx512,
     60,
 };
 
@@ -466,7 +523,7 @@ static int has_f16c(void) {
 static const FlmKernels kernels_amx_bf16 = {
     "amx_bf16", flm_gemm_f32_avx512, flm_gemm_bf16_amx, flm_to_bf16_avx512,
     key_scores_avx512, exp_sum_avx512, key_scores2_avx512, weighted_sum2_avx512, scale_max_avx512,
-    scale_avx512, weighted_sum_avx512, delta_rule_avx512, rmsnorm_avx512, silu_mul_avx512,
+    scale_avx512, weighted_sum_avx512, delta_rule_avx512, conv_silu_avx512, rmsnorm_avx512, silu_mul_avx512,
     64,
 };
 
