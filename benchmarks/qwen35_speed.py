@@ -142,7 +142,8 @@ def main(argv=None) -> int:
                     else:
                         f = gguf_speed.llama_run(str(bench), files[mix], t, args.pp, args.tg)
                     runs.setdefault((mix, t, engine), []).append(f)
-                print(f"rep {rep + 1}/{args.reps} ({engines[0]} first) {mix} t={t}: "
+                print(f"rep {rep + 1}/{args.reps} ({engines[0]} first) {mix} t={t}, load average "
+                      f"{os.getloadavg()[0]:.1f}: "
                       + ", ".join(f"{e} {runs[(mix, t, e)][-1]}" for e in gguf_speed.ENGINES),
                       file=sys.stderr, flush=True)
     print(f"\nmedians of {args.reps} interleaved runs, tokens/s; fastllm from the "
