@@ -7,7 +7,12 @@
  *      benchmarks/forward_speed.c -lm -o /tmp/forward_speed
  *   /tmp/forward_speed SHAPE f32|bf16 THREADS [PP [TG [PATH [KV]]]]
  *
- * SHAPE: 135m, 360m, 1.7b (SmolLM2) or 7b (Llama-2); PP prompt tokens
+ * SHAPE: 135m, 360m, 1.7b (SmolLM2), 7b (Llama-2) or qwen3.5-2b (Gated
+ * DeltaNet layers, three to each gated full-attention layer, a tied LM head
+ * of 248,320 rows); the weight type may also be the mix q4_k_m, which gives
+ * each matrix the type llama-quantize's Q4_K_M gives it (Q6_K for the LM
+ * head, and for ffn_down and attn_qkv/attn_v in the layers llama.cpp gives
+ * more bits; Q4_K elsewhere). PP prompt tokens
  * (default 512, 0 skips), TG generated tokens (default 64, 0 skips); PATH a
  * SIMD path; KV f32, bf16 or f16. pp is one pass over PP tokens from an
  * empty cache, tg TG one-token steps from an empty cache; the median of
@@ -17,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <omp.h>
 
 #include "fastllm.h"
@@ -72,9 +78,42 @@ static float *ones(int n) {
     return p;
 }
 
+/* CPU seconds of every thread of the process: steadier than wall time on a
+ * machine whose cores other work shares. */
+static double cpu_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 static int cmp(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
+}
+
+/* llama.cpp's use_more_bits: the first and last eighth of n and every third between. */
+static int more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+
+/* Where layer l of a qwen3.5-2b shape is a Gated DeltaNet layer, its mixer. */
+static void linear_layer(FlmLayer *L, const FlmConfig *c, int type, int qkv_type, unsigned seed, int threads) {
+    const int kd = c->lin_k_heads * c->lin_k_dim, vd = c->lin_v_heads * c->lin_v_dim, cd = 2 * kd + vd;
+    L->kind = FLM_LINEAR_ATTENTION;
+    L->w_qkv = random_matrix(cd, c->dim, qkv_type, seed + 1, threads);
+    L->w_z = random_matrix(vd, c->dim, type, seed + 2, threads);
+    L->w_b = random_matrix(c->lin_v_heads, c->dim, type, seed + 3, threads);
+    L->w_a = random_matrix(c->lin_v_heads, c->dim, type, seed + 4, threads);
+    L->w_out = random_matrix(c->dim, vd, type, seed + 8, threads);
+    float *conv = malloc(sizeof(float) * cd * c->conv_kernel), *A = malloc(sizeof(float) * c->lin_v_heads);
+    float *dt = malloc(sizeof(float) * c->lin_v_heads);
+    for (int i = 0; i < cd * c->conv_kernel; i++) conv[i] = 0.1f * (float)((i * 37) % 17 - 8) / 8.0f;
+    for (int h = 0; h < c->lin_v_heads; h++) {
+        A[h] = -(float)(h + 1) / c->lin_v_heads;
+        dt[h] = 0.5f;
+    }
+    L->conv_w = conv;
+    L->lin_A = A;
+    L->dt_bias = dt;
+    L->lin_norm = ones(c->lin_v_dim);
 }
 
 int main(int argc, char **argv) {
@@ -91,13 +130,18 @@ int main(int argc, char **argv) {
         c.dim = 2048; c.hidden_dim = 8192; c.n_layers = 24; c.n_heads = 32; c.n_kv_heads = 32;
     } else if (!strcmp(argv[1], "7b")) {
         c.dim = 4096; c.hidden_dim = 11008; c.n_layers = 32; c.n_heads = 32; c.n_kv_heads = 32;
+    } else if (!strcmp(argv[1], "qwen3.5-2b")) {
+        c.dim = 2048; c.hidden_dim = 6144; c.n_layers = 24; c.n_heads = 8; c.n_kv_heads = 2;
+        c.lin_k_heads = c.lin_v_heads = 16; c.lin_k_dim = c.lin_v_dim = 128; c.conv_kernel = 4;
     } else {
         fprintf(stderr, "unknown shape %s\n", argv[1]);
         return 2;
     }
-    c.head_dim = c.dim / c.n_heads;
-    c.vocab_size = !strcmp(argv[1], "7b") ? 32000 : 49152;
-    const int wtype = type_by_name(argv[2]);
+    const int qwen35 = c.conv_kernel > 0;
+    c.head_dim = qwen35 ? 256 : c.dim / c.n_heads;
+    c.vocab_size = !strcmp(argv[1], "7b") ? 32000 : qwen35 ? 248320 : 49152;
+    const int q4_k_m = !strcmp(argv[2], "q4_k_m");
+    const int wtype = q4_k_m ? FLM_Q4_K : type_by_name(argv[2]);
     if (wtype < 0) {
         fprintf(stderr, "unknown weight type %s\n", argv[2]);
         return 2;
@@ -116,24 +160,36 @@ int main(int argc, char **argv) {
     }
     c.kv_type = argc > 7 ? (!strcmp(argv[7], "bf16") ? FLM_BF16 : !strcmp(argv[7], "f16") ? FLM_F16 : FLM_F32) : FLM_F32;
     c.seq_len = (pp > tg ? pp : tg) + 1;
-    c.rope_dim = c.head_dim;
+    c.rope_dim = qwen35 ? c.head_dim / 4 : c.head_dim;
     c.norm_eps = 1e-5f;
     c.attn_scale = 1.0f / sqrtf((float)c.head_dim);
     c.embed_scale = c.residual_scale = c.logits_div = 1.0f;
 
     const int qd = c.n_heads * c.head_dim, kvd = c.n_kv_heads * c.head_dim;
     FlmLayer *layers = calloc(c.n_layers, sizeof *layers);
-    for (int l = 0; l < c.n_layers; l++) {
+    /* llama.cpp counts attn_v and attn_qkv matrices together for more_bits. */
+    for (int l = 0, n_v = 0; l < c.n_layers; l++) {
         FlmLayer *L = &layers[l];
         unsigned seed = 16 * (unsigned)l;
-        L->kind = FLM_ATTENTION;
-        L->wq = random_matrix(qd, c.dim, wtype, seed + 1, threads);
-        L->wk = random_matrix(kvd, c.dim, wtype, seed + 2, threads);
-        L->wv = random_matrix(kvd, c.dim, wtype, seed + 3, threads);
-        L->wo = random_matrix(c.dim, qd, wtype, seed + 4, threads);
+        const int v_type = q4_k_m && more_bits(n_v++, c.n_layers) ? FLM_Q6_K : wtype;
+        if (qwen35 && l % 4 != 3) {
+            linear_layer(L, &c, wtype, v_type, seed, threads);
+        } else {
+            L->kind = FLM_ATTENTION;
+            L->wq = random_matrix(qd, c.dim, wtype, seed + 1, threads);
+            L->wk = random_matrix(kvd, c.dim, wtype, seed + 2, threads);
+            L->wv = random_matrix(kvd, c.dim, v_type, seed + 3, threads);
+            L->wo = random_matrix(c.dim, qd, wtype, seed + 4, threads);
+            if (qwen35) {
+                L->w_attn_gate = random_matrix(qd, c.dim, wtype, seed + 9, threads);
+                L->q_norm = ones(c.head_dim);
+                L->k_norm = ones(c.head_dim);
+            }
+        }
         L->w_gate = random_matrix(c.hidden_dim, c.dim, wtype, seed + 5, threads);
         L->w_up = random_matrix(c.hidden_dim, c.dim, wtype, seed + 6, threads);
-        L->w_down = random_matrix(c.dim, c.hidden_dim, wtype, seed + 7, threads);
+        L->w_down = random_matrix(c.dim, c.hidden_dim, q4_k_m && more_bits(l, c.n_layers) ? FLM_Q6_K : wtype,
+                                  seed + 7, threads);
         L->attn_norm = ones(c.dim);
         L->ffn_norm = ones(c.dim);
     }
@@ -147,7 +203,7 @@ int main(int argc, char **argv) {
         }
     for (int l = 0; l < c.n_layers; l++) { layers[l].rope_cos = cosv; layers[l].rope_sin = sinv; }
     FlmWeights w = {.embed = NULL, .layers = layers, .norm = ones(c.dim),
-                    .lm_head = random_matrix(c.vocab_size, c.dim, wtype, 9999, threads)};
+                    .lm_head = random_matrix(c.vocab_size, c.dim, q4_k_m ? FLM_Q6_K : wtype, 9999, threads)};
 
     const int batch = pp > 0 ? pp : 1;
     FlmState s;
@@ -163,24 +219,26 @@ int main(int argc, char **argv) {
     for (int test = 0; test < 2; test++) {
         const int n = test == 0 ? pp : tg;
         if (n <= 0) continue;
-        double times[16], profile[FLM_PHASES] = {0};
+        double times[16], cpu_times[16], profile[FLM_PHASES] = {0};
         for (int rep = -1; rep < reps; rep++) {
             double prof[FLM_PHASES] = {0};
             s.profile = prof;
-            double t0 = omp_get_wtime();
+            double t0 = omp_get_wtime(), c0 = cpu_seconds();
             if (test == 0) flm_forward(&c, &w, &s, tokens, pp, 0, logits, 0, threads);
             else
                 for (int i = 0; i < tg; i++) flm_forward(&c, &w, &s, tokens + i, 1, i, logits, 0, threads);
             double dt = omp_get_wtime() - t0;
             if (rep < 0) continue;
             times[rep] = dt;
+            cpu_times[rep] = cpu_seconds() - c0;
             for (int k = 0; k < FLM_PHASES; k++) profile[k] += prof[k] / reps;
         }
         qsort(times, reps, sizeof times[0], cmp);
+        qsort(cpu_times, reps, sizeof cpu_times[0], cmp);
         double med = times[reps / 2], total = 0;
         for (int k = 0; k < FLM_PHASES; k++) total += profile[k];
-        printf("%s%d: %.1f tok/s  (ms per pass: %.2f; phases:", test == 0 ? "pp" : "tg", n, n / med,
-               med * 1e3 / (test == 0 ? 1 : tg));
+        printf("%s%d: %.1f tok/s  (ms per pass: %.2f, CPU ms per pass: %.2f; phases:", test == 0 ? "pp" : "tg", n,
+               n / med, med * 1e3 / (test == 0 ? 1 : tg), cpu_times[reps / 2] * 1e3 / (test == 0 ? 1 : tg));
         for (int k = 0; k < FLM_PHASES; k++)
             if (profile[k] > 0) printf(" %s %.0f%%", PHASE_NAMES[k], 100 * profile[k] / total);
         printf(")\n");

@@ -35,9 +35,9 @@ HERE = Path(__file__).resolve().parent
 ENGINES = ("fastllm", "llama.cpp")
 
 
-def fastllm_run(path: Path, threads: int, pp: int, tg: int) -> tuple:
+def fastllm_run(path: Path, threads: int, pp: int, tg: int, dtype: str = "gguf") -> tuple:
     """({test: tok/s}, peak RSS in MiB) of one fastllm process."""
-    r = subprocess.run([sys.executable, str(HERE / "scale_worker.py"), "fastllm", str(path), "gguf",
+    r = subprocess.run([sys.executable, str(HERE / "scale_worker.py"), "fastllm", str(path), dtype,
                         str(threads), str(pp), str(tg), "1"], capture_output=True, text=True, check=True)
     out = json.loads(r.stdout.strip().splitlines()[-1])
     return {row["test"]: row["tok_s"] for row in out["results"]}, out["peak_rss_mib"]

@@ -530,73 +530,62 @@ static void linear_attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
     const int dk = c->lin_k_dim, dv = c->lin_v_dim, K = c->conv_kernel;
     const int kd = lin_key_dim(c), vd = lin_value_dim(c), cd = conv_dim(c);
     const int ld = cd + 2 * hv; /* row of s->lin: [q | k | v | b | a] */
-    /* Sequence k's conv windows (cd, K-1) and delta-rule states (hv, dk, dv)
-     * in layer l; a sequence at position 0 starts them afresh. */
+    /* Sequence k's conv windows (K-1, cd) and delta-rule states (hv, dk, dv)
+     * in layer l; a sequence at position 0 starts them afresh, in the loops
+     * that use them (no pass of its own: one barrier less). */
 #define CONV_STATE(k) (seqs[k].state->lin_state + l * lin_state_floats(c))
 #define DELTA_STATE(k) (CONV_STATE(k) + (size_t)cd * (K - 1))
-#pragma omp for schedule(static)
-    for (int i = 0; i < n_seqs * hv; i++)
-        if (seqs[i / hv].pos == 0) memset(DELTA_STATE(i / hv) + (size_t)(i % hv) * dk * dv, 0, sizeof(float) * dk * dv);
-#pragma omp for schedule(static)
-    for (int i = 0; i < n_seqs * cd; i++)
-        if (seqs[i / cd].pos == 0) memset(CONV_STATE(i / cd) + (size_t)(i % cd) * (K - 1), 0, sizeof(float) * (K - 1));
-
     MatJob jobs[4] = {{s->lin, L->w_qkv, NULL, cd, ld}, {s->gate, L->w_z, NULL, vd, vd},
                       {s->lin + cd, L->w_b, NULL, hv, ld}, {s->lin + cd + hv, L->w_a, NULL, hv, ld}};
     matmul_multi(s, s->xb, T, dim, jobs, 4, c->float_acts);
     mark(s, FLM_PHASE_QKV);
 
-    /* Conv over the window of the last K-1 inputs, channel by channel, each
-     * sequence's rows (consecutive) in order. */
+    /* Conv over the window of the last K-1 inputs (K-1 rows of cd), 16
+     * channels per item, each sequence's rows (consecutive) in order. */
 #pragma omp for schedule(static)
-    for (int ch = 0; ch < cd; ch++) {
-        const float *cw = L->conv_w + (size_t)ch * K;
-        for (int k = 0, t0 = 0; k < n_seqs; t0 += seqs[k++].n)
-        for (int t = t0; t < t0 + seqs[k].n; t++) {
-            float *win = CONV_STATE(k) + (size_t)ch * (K - 1);
-            float m = s->lin[(size_t)t * ld + ch];
-            float acc = 0.0f;
-            for (int j = 0; j < K - 1; j++) acc += cw[j] * win[j];
-            acc += cw[K - 1] * m;
-            for (int j = 0; j + 1 < K - 1; j++) win[j] = win[j + 1];
-            if (K > 1) win[K - 2] = m;
-            s->lin[(size_t)t * ld + ch] = acc / (1.0f + expf(-acc));
+    for (int ch = 0; ch < cd; ch += 16) {
+        const int n = imin(16, cd - ch);
+        for (int k = 0, t0 = 0; k < n_seqs; t0 += seqs[k++].n) {
+            for (int j = 0; j < K - 1 && seqs[k].pos == 0; j++)
+                memset(CONV_STATE(k) + (size_t)j * cd + ch, 0, sizeof(float) * n);
+            flm_kernels->conv_silu(s->lin + (size_t)t0 * ld + ch, ld, seqs[k].n, CONV_STATE(k) + ch, cd,
+                                   L->conv_w + (size_t)ch * K, K, n);
         }
     }
 
-    /* l2-normalise q and k per key head; q also takes the 1/sqrt(dk) scale. */
+    /* Per sequence and key head, token by token: l2-normalise q and k (q
+     * also takes the 1/sqrt(dk) scale), then the delta rule of each value
+     * head that reads this key head. */
+    const int group = hv / hk;
 #pragma omp for schedule(static)
-    for (int i = 0; i < T * hk; i++) {
-        int t = i / hk, h = i % hk;
-        float *q = s->lin + (size_t)t * ld + h * dk, *k = q + kd;
-        float qs = l2_scale(q, dk), ks = l2_scale(k, dk), scale = 1.0f / sqrtf((float)dk);
-        for (int d = 0; d < dk; d++) q[d] = (q[d] * qs) * scale;
-        for (int d = 0; d < dk; d++) k[d] *= ks;
-    }
-
-#pragma omp for schedule(static)
-    for (int i = 0; i < n_seqs * hv; i++) {
-        const int k = i / hv, h = i % hv, kh = h / (hv / hk);
-        float *Sh = DELTA_STATE(k) + (size_t)h * dk * dv;
+    for (int i = 0; i < n_seqs * hk; i++) {
+        const int k = i / hk, kh = i % hk;
+        float *S0 = DELTA_STATE(k) + (size_t)kh * group * dk * dv;
+        if (seqs[k].pos == 0) memset(S0, 0, sizeof(float) * group * dk * dv);
         int t0 = 0;
         for (int j = 0; j < k; j++) t0 += seqs[j].n;
         for (int t = t0; t < t0 + seqs[k].n; t++) {
-            const float *row = s->lin + (size_t)t * ld;
-            const float *q = row + kh * dk, *k = row + kd + kh * dk, *v = row + 2 * kd + h * dv;
-            float beta = sigmoid(row[cd + h]);
-            float decay = expf(L->lin_A[h] * softplus(row[cd + hv + h] + L->dt_bias[h]));
-            float *o = s->xb + (size_t)t * vd + h * dv;
-            flm_kernels->delta_rule(Sh, q, k, v, beta, decay, dk, dv, o);
-            /* Gated RMSNorm: w * norm(o) * silu(z). */
-            const float *z = s->gate + (size_t)t * vd + h * dv;
-            rmsnorm(o, o, L->lin_norm, dv, c->norm_eps);
-            for (int j = 0; j < dv; j++) o[j] *= z[j] / (1.0f + expf(-z[j]));
+            float *row = s->lin + (size_t)t * ld, *q = row + kh * dk, *k = row + kd + kh * dk;
+            const float qs = l2_scale(q, dk), ks = l2_scale(k, dk), scale = 1.0f / sqrtf((float)dk);
+            for (int d = 0; d < dk; d++) q[d] = (q[d] * qs) * scale;
+            for (int d = 0; d < dk; d++) k[d] *= ks;
+            for (int h = kh * group; h < (kh + 1) * group; h++) {
+                const float *v = row + 2 * kd + h * dv;
+                float beta = sigmoid(row[cd + h]);
+                float decay = expf(L->lin_A[h] * softplus(row[cd + hv + h] + L->dt_bias[h]));
+                float *o = s->xb + (size_t)t * vd + h * dv;
+                flm_kernels->delta_rule(S0 + (size_t)(h - kh * group) * dk * dv, q, k, v, beta, decay, dk, dv, o);
+                /* Gated RMSNorm: silu(z) * (w * norm(o)), left in z's place. */
+                float *z = s->gate + (size_t)t * vd + h * dv;
+                rmsnorm(o, o, L->lin_norm, dv, c->norm_eps);
+                flm_kernels->silu_mul(z, o, dv);
+            }
         }
     }
 #undef CONV_STATE
 #undef DELTA_STATE
     mark(s, FLM_PHASE_RECURRENCE);
-    matmul(c, s, s->xb2, s->xb, L->w_out, NULL, T, vd, dim);
+    matmul(c, s, s->xb2, s->gate, L->w_out, NULL, T, vd, dim);
     mark(s, FLM_PHASE_OUT_PROJ);
 }
 

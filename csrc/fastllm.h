@@ -145,8 +145,9 @@ typedef struct {
                          input quantized, where quantized weights take int8 */
     float *wide;      /* (max_threads, 16 * max matmul input) a panel of f16 or
                          quantized weights dequantized, for fp32 activations */
-    float *lin_state; /* (n_layers, conv_dim*(K-1) + Hv*dk*dv) conv windows and
-                         recurrent states of the linear layers */
+    float *lin_state; /* (n_layers, (K-1)*conv_dim + Hv*dk*dv) conv windows (K-1 rows
+                         of conv_dim inputs, oldest first) and recurrent states of
+                         the linear layers */
     /* In kv_type: */
     void *key_cache;    /* (n_layers, n_kv_heads, seq_cap/16, head_dim, 16): blocks of 16 keys */
     void *value_cache;  /* (n_layers, seq_cap, n_kv_heads*head_dim) */

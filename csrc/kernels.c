@@ -74,6 +74,21 @@ static void delta_rule_generic(float *S, const float *q, const float *k, const f
     }
 }
 
+static void conv_silu_generic(float *x, size_t ldx, int T, float *win, size_t ldw, const float *w, int K, int n) {
+    for (int c = 0; c < n; c++) {
+        const float *wc = w + (size_t)c * K;
+        for (int t = 0; t < T; t++) {
+            const float m = x[(size_t)t * ldx + c];
+            float acc = 0.0f;
+            for (int j = 0; j < K - 1; j++) acc += wc[j] * win[j * ldw + c];
+            acc += wc[K - 1] * m;
+            for (int j = 0; j + 1 < K - 1; j++) win[j * ldw + c] = win[(j + 1) * ldw + c];
+            if (K > 1) win[(K - 2) * ldw + c] = m;
+            x[(size_t)t * ldx + c] = acc / (1.0f + expf(-acc));
+        }
+    }
+}
+
 static void rmsnorm_generic(float *out, const float *x, const float *weight, int n, float eps) {
     float ss = 0.0f;
     for (int i = 0; i < n; i++) ss += x[i] * x[i];
@@ -109,7 +124,7 @@ static float softcap_max_generic(float *x, int n, float cap) {
 static const FlmKernels kernels_generic = {
     "generic", flm_gemm_f32_generic, flm_gemm_bf16_generic, NULL,
     key_scores_generic, exp_sum_generic, NULL, NULL, scale_max_generic, scale_generic,
-    weighted_sum_generic, delta_rule_generic, rmsnorm_generic, silu_mul_generic,
+    weighted_sum_generic, delta_rule_generic, conv_silu_generic, rmsnorm_generic, silu_mul_generic,
     gelu_tanh_mul_generic, softcap_max_generic,
     60,
 };
@@ -267,7 +282,7 @@ static AVX2 float softcap_max_avx2(float *x, int n, float cap) {
 static const FlmKernels kernels_avx2 = {
     "avx2", flm_gemm_f32_avx2, flm_gemm_bf16_avx2, NULL, key_scores_avx2,
     exp_sum_generic, NULL, NULL, scale_max_generic, scale_generic, weighted_sum_avx2,
-    delta_rule_generic, rmsnorm_generic, silu_mul_generic, gelu_tanh_mul_avx2, softcap_max_avx2,
+    delta_rule_generic, conv_silu_generic, rmsnorm_generic, silu_mul_generic, gelu_tanh_mul_avx2, softcap_max_avx2,
     60,
 };
 
@@ -479,27 +494,87 @@ static AVX512 void weighted_sum_avx512(float *out, const float *p, const void *v
 #undef CALL
 }
 
+/* Columns j .. j+127 of S at once, as 8 strips of 16 (absent strips
+ * masked off): each column sums over i in order as the generic kernel does,
+ * and the 8 strips' chains of FMAs run side by side instead of one waiting
+ * on the latency of the last. The decayed state is recomputed in the second
+ * pass rather than stored by the first: the same product, one store less. */
 static AVX512 void delta_rule_avx512(float *S, const float *q, const float *k, const float *v,
                                      float beta, float decay, int dk, int dv, float *o) {
     const __m512 dec = _mm512_set1_ps(decay);
-    for (int j = 0; j < dv; j += 16) {
-        __mmask16 m = tail_mask(dv - j);
-        __m512 kv = _mm512_setzero_ps();
-        for (int i = 0; i < dk; i++) {
-            float *Sij = S + (size_t)i * dv + j;
-            __m512 sv = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, Sij), dec);
-            _mm512_mask_storeu_ps(Sij, m, sv);
-            kv = _mm512_fmadd_ps(sv, _mm512_set1_ps(k[i]), kv);
+    for (int j = 0; j < dv; j += 128) {
+        __mmask16 m[8];
+        __m512 kv[8], d[8], acc[8];
+        _Pragma("GCC unroll 8")
+        for (int u = 0; u < 8; u++) {
+            m[u] = tail_mask(dv - j - 16 * u);
+            kv[u] = acc[u] = _mm512_setzero_ps();
         }
-        __m512 d = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, v + j), kv), _mm512_set1_ps(beta));
-        __m512 acc = _mm512_setzero_ps();
         for (int i = 0; i < dk; i++) {
-            float *Sij = S + (size_t)i * dv + j;
-            __m512 sv = _mm512_fmadd_ps(_mm512_set1_ps(k[i]), d, _mm512_maskz_loadu_ps(m, Sij));
-            _mm512_mask_storeu_ps(Sij, m, sv);
-            acc = _mm512_fmadd_ps(sv, _mm512_set1_ps(q[i]), acc);
+            const float *Si = S + (size_t)i * dv + j;
+            const __m512 ki = _mm512_set1_ps(k[i]);
+            _Pragma("GCC unroll 8")
+            for (int u = 0; u < 8; u++)
+                kv[u] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m[u], Si + 16 * u), dec), ki, kv[u]);
         }
-        _mm512_mask_storeu_ps(o + j, m, acc);
+        _Pragma("GCC unroll 8")
+        for (int u = 0; u < 8; u++)
+            d[u] = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m[u], v + j + 16 * u), kv[u]),
+                                 _mm512_set1_ps(beta));
+        for (int i = 0; i < dk; i++) {
+            float *Si = S + (size_t)i * dv + j;
+            const __m512 ki = _mm512_set1_ps(k[i]), qi = _mm512_set1_ps(q[i]);
+            _Pragma("GCC unroll 8")
+            for (int u = 0; u < 8; u++) {
+                const __m512 sv = _mm512_fmadd_ps(ki, d[u], _mm512_mul_ps(_mm512_maskz_loadu_ps(m[u], Si + 16 * u), dec));
+                _mm512_mask_storeu_ps(Si + 16 * u, m[u], sv);
+                acc[u] = _mm512_fmadd_ps(sv, qi, acc[u]);
+            }
+        }
+        _Pragma("GCC unroll 8")
+        for (int u = 0; u < 8; u++) _mm512_mask_storeu_ps(o + j + 16 * u, m[u], acc[u]);
+    }
+}
+
+/* Products and sums rounded one by one, as the generic loop rounds them,
+ * whatever -ffp-contract the build uses: a fused multiply-add here moves
+ * the conv's outputs by an ulp, which int8 activations can turn into a
+ * whole quantization step. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define UNFUSED __attribute__((optimize("fp-contract=off")))
+#else
+#define UNFUSED
+#endif
+
+/* 16 channels at a time, their window rows in registers; kernels wider
+ * than CONV_MAX_K take the generic loop. */
+#define CONV_MAX_K 8
+static AVX512 UNFUSED void conv_silu_avx512(float *x, size_t ldx, int T, float *win, size_t ldw, const float *w, int K,
+                                    int n) {
+    if (K > CONV_MAX_K) {
+        conv_silu_generic(x, ldx, T, win, ldw, w, K, n);
+        return;
+    }
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512i taps = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(K));
+    for (int c = 0; c < n; c += 16) {
+        const __mmask16 m = tail_mask(n - c);
+        __m512 wj[CONV_MAX_K], wn[CONV_MAX_K];
+        for (int j = 0; j < K; j++)
+            wj[j] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, taps, w + (size_t)c * K + j, 4);
+        for (int j = 0; j < K - 1; j++) wn[j] = _mm512_maskz_loadu_ps(m, win + j * ldw + c);
+        for (int t = 0; t < T; t++) {
+            float *xt = x + (size_t)t * ldx + c;
+            const __m512 in = _mm512_maskz_loadu_ps(m, xt);
+            __m512 acc = _mm512_setzero_ps();
+            for (int j = 0; j < K - 1; j++) acc = _mm512_add_ps(acc, _mm512_mul_ps(wj[j], wn[j]));
+            acc = _mm512_add_ps(acc, _mm512_mul_ps(wj[K - 1], in));
+            for (int j = 0; j + 1 < K - 1; j++) wn[j] = wn[j + 1];
+            if (K > 1) wn[K - 2] = in;
+            _mm512_mask_storeu_ps(xt, m, _mm512_div_ps(acc, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), acc)))));
+        }
+        for (int j = 0; j < K - 1; j++) _mm512_mask_storeu_ps(win + j * ldw + c, m, wn[j]);
     }
 }
 
@@ -572,7 +647,7 @@ static AVX512 float softcap_max_avx512(float *x, int n, float cap) {
 static const FlmKernels kernels_avx512 = {
     "avx512", flm_gemm_f32_avx512, flm_gemm_bf16_avx512, NULL, key_scores_avx512,
     exp_sum_avx512, key_scores2_avx512, weighted_sum2_avx512, scale_max_avx512, scale_avx512,
-    weighted_sum_avx512, delta_rule_avx512, rmsnorm_avx512, silu_mul_avx512,
+    weighted_sum_avx512, delta_rule_avx512, conv_silu_avx512, rmsnorm_avx512, silu_mul_avx512,
     gelu_tanh_mul_avx512, softcap_max_avx512,
     60,
 };
@@ -582,7 +657,7 @@ static const FlmKernels kernels_avx512 = {
 static const FlmKernels kernels_avx512_bf16 = {
     "avx512_bf16", flm_gemm_f32_avx512, flm_gemm_bf16_dp_avx512, flm_to_bf16_avx512,
     key_scores_avx512, exp_sum_avx512, key_scores2_avx512, weighted_sum2_avx512, scale_max_avx512,
-    scale_avx512, weighted_sum_avx512, delta_rule_avx512, rmsnorm_avx512, silu_mul_avx512,
+    scale_avx512, weighted_sum_avx512, delta_rule_avx512, conv_silu_avx512, rmsnorm_avx512, silu_mul_avx512,
     gelu_tanh_mul_avx512, softcap_max_avx512,
     60,
 };
@@ -599,7 +674,7 @@ static int has_f16c(void) {
 static const FlmKernels kernels_amx_bf16 = {
     "amx_bf16", flm_gemm_f32_avx512, flm_gemm_bf16_amx, flm_to_bf16_avx512,
     key_scores_avx512, exp_sum_avx512, key_scores2_avx512, weighted_sum2_avx512, scale_max_avx512,
-    scale_avx512, weighted_sum_avx512, delta_rule_avx512, rmsnorm_avx512, silu_mul_avx512,
+    scale_avx512, weighted_sum_avx512, delta_rule_avx512, conv_silu_avx512, rmsnorm_avx512, silu_mul_avx512,
     gelu_tanh_mul_avx512, softcap_max_avx512,
     64,
 };

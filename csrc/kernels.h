@@ -48,6 +48,12 @@ typedef struct {
      * S = decay*S; d = beta*(v - S^T k); S += k d^T; o = S^T q. */
     void (*delta_rule)(float *S, const float *q, const float *k, const float *v, float beta,
                        float decay, int dk, int dv, float *o);
+    /* Causal depthwise conv of kernel K and SiLU over n channels of T
+     * consecutive tokens: x[t*ldx + c] becomes silu(sum_j w[c*K + j] *
+     * in[t-K+1+j][c]), summed j = 0 .. K-1 in order, where the inputs before
+     * token 0 are win[j*ldw + c] (j < K-1, oldest first); win ends holding
+     * the last K-1 inputs. */
+    void (*conv_silu)(float *x, size_t ldx, int T, float *win, size_t ldw, const float *w, int K, int n);
     /* out = weight * (x / sqrt(mean(x^2) + eps)); out may be x. */
     void (*rmsnorm)(float *out, const float *x, const float *weight, int n, float eps);
     /* g = silu(g) * u */

@@ -473,11 +473,27 @@ INLINE void prefetch_record(const uint8_t *rec, int data) {
     for (int o = 0; o <= data; o += 64) _mm_prefetch((const char *)rec + PREFETCH_AHEAD + o, _MM_HINT_T0);
 }
 
+/* v[m]: as unpack16, but for 4-bit quants the high nibbles (odd m) are
+ * left in place, 16 times their value: one operation less per 64 bytes,
+ * for tiles of few tokens, whose integer sums of odd m are divided by 16
+ * again (exactly: they are multiples of 16). */
+INLINE AVX512VNNI void unpack16_high(__m512i v[8], const uint8_t *rec) {
+    const __m512i low = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8((char)0xF0);
+    _Pragma("GCC unroll 8")
+    for (int g = 0; g < 4; g++) {
+        const __m512i x = _mm512_loadu_si512((const void *)(rec + 64 * g));
+        v[2 * g] = _mm512_and_si512(x, low);
+        v[2 * g + 1] = _mm512_and_si512(x, high);
+    }
+}
+
 /* One panel for NT tokens: the operations of fma_block, 16 rows at a time. */
 INLINE AVX512VNNI void qpanel(float *out, int ldo, const FlmQ8 *x, int lda, const uint8_t *pp, int K,
                               const int type, const int NT, __mmask16 rows) {
     const int sb = q_sb(type), hdr = q_header(type), data = q_data(type), off = q_offset(type);
     const size_t sbb = (size_t)hdr + (size_t)sb / 32 * data;
+    /* Few tokens: the high nibbles of 4-bit quants stay in place. */
+    const int high16 = q_bits(type) == 4 && NT <= 2;
     __m512 acc[NT];
     _Pragma("GCC unroll 8")
     for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
@@ -486,7 +502,8 @@ INLINE AVX512VNNI void qpanel(float *out, int ldo, const FlmQ8 *x, int lda, cons
         const int i = b * 32 % sb / 32;
         __m512i v[8];
         if (NT >= 4) prefetch_record(h + hdr + (size_t)i * data, data);
-        unpack16(v, h + hdr + (size_t)i * data, q_bits(type));
+        if (high16) unpack16_high(v, h + hdr + (size_t)i * data);
+        else unpack16(v, h + hdr + (size_t)i * data, q_bits(type));
         const __m512 d = f16x16(h);
         __m512 a = d, a2 = d, mn = d;
         if (q_has_min(type)) mn = f16x16(h + 32);
@@ -528,7 +545,7 @@ INLINE AVX512VNNI void qpanel(float *out, int ldo, const FlmQ8 *x, int lda, cons
                 I = dot4(I, v[m], xb->q + 4 * m);
                 J = dot4(J, v[m + 1], xb->q + 4 * m + 4);
             }
-            I = _mm512_add_epi32(I, J);
+            I = _mm512_add_epi32(I, high16 ? _mm512_srai_epi32(J, 4) : J);
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(a, xd), acc[t]);
             if (q_has_min(type)) acc[t] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xb->d * (float)S), acc[t]);
             if (q_is_k(type)) acc[t] = _mm512_fnmadd_ps(mn, _mm512_set1_ps(xb->d * (float)S), acc[t]);
