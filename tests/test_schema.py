@@ -21,9 +21,10 @@ def test_schema_lists_flmlayer_fields_in_struct_order():
     body = re.search(r"typedef struct \{((?:(?!typedef).)*?)\} FlmLayer;", header, re.S).group(1)
     body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
     fields = [name for decl in body.split(";") if "*" in decl for name in re.findall(r"\*\s*(\w+)", decl)]
-    # The layer's RoPE tables (and LongRoPE's long ones) come first; then one pointer per tensor.
-    assert fields[:4] == ["rope_cos", "rope_sin", "rope_cos_long", "rope_sin_long"]
-    assert fields[4:] == [t.field for t in schema.LAYER]
+    # The layer's RoPE tables (and LongRoPE's long ones) and its per-position
+    # query scale come first; then one pointer per tensor.
+    assert fields[:5] == ["rope_cos", "rope_sin", "rope_cos_long", "rope_sin_long", "q_pos_scale"]
+    assert fields[5:] == [t.field for t in schema.LAYER]
 
 
 @pytest.mark.parametrize("kind", ["llama-headdim-bias", "qwen2", "qwen3-untied", "qwen3_5-text",

@@ -77,8 +77,10 @@ GGUF_NO_ROPE_INTERVAL = 4
 # the soft-caps (gemma3 reads no attention cap); and the block count of the
 # 27B size, whose attention scale is 1/sqrt(hidden/heads), not 1/sqrt(head_dim).
 GEMMA_GGUF = {
-    "gemma2": dict(window=4096, pattern=2, attn_softcap=50.0, final_softcap=30.0, width_scaled_layers=46),
-    "gemma3": dict(window=None, pattern=6, attn_softcap=None, final_softcap=None, width_scaled_layers=62),
+    "gemma2": dict(window=4096, pattern=2, attn_softcap=50.0, final_softcap=30.0, width_scaled_layers=46,
+                   local_rope=False),
+    "gemma3": dict(window=None, pattern=6, attn_softcap=None, final_softcap=None, width_scaled_layers=62,
+                   local_rope=True),
 }
 
 
@@ -319,7 +321,7 @@ def _gemma_keys(md: dict, arch: str, n_layers: int, hidden: int, n_heads: int, h
     final = md.get(f"{arch}.final_logit_softcapping", assumed["final_softcap"])
     for name, value in (("attn_logit_softcapping", attn), ("final_logit_softcapping", final)):
         keys[name] = _shortest_float32(value) if value else None
-    if arch == "gemma3":
+    if assumed["local_rope"]:   # Gemma 3's local layers rotate with a base of their own
         swa_theta = md.get(f"{arch}.rope.freq_base_swa", 10000.0)
         keys["rope_parameters"] = {
             "full_attention": {**(scaling or {"rope_type": "default"}), "rope_theta": _shortest_float32(theta)},
