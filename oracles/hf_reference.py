@@ -102,3 +102,22 @@ def compare_greedy(ours, ref, margins, min_margin=1e-3):
             # context, so nothing further can be compared.
             return margins[i] <= min_margin, i, i
     return len(ours) == len(ref), len(ref), None
+
+
+def random_prompt(vocab: int, n: int, seed: int = 0) -> list:
+    """n token ids drawn from the whole vocabulary."""
+    return np.random.default_rng(seed).integers(0, vocab, n).tolist()
+
+
+def logits_against_transformers(folder, n: int, label: str, seed: int = 1):
+    """fastllm's logits (2 threads) for a random prompt of n ids against
+    float64 transformers on the same folder, asserted within the bound:
+    (model, ids, logits, err/bound)."""
+    from fastllm import Model
+    ours = Model.from_pretrained(folder, threads=2)
+    ids = random_prompt(ours.config.vocab_size, n, seed)
+    got = ours.logits(ids)
+    ok, err, ratio = within(got, hf_logits(load_hf(folder), ids))
+    assert ok, f"{label}: max |err| {err:.3g} exceeds the bound"
+    return ours, ids, got, ratio
+

@@ -24,7 +24,8 @@ from fastllm.cli import main
 from fastllm.errors import ModelFileError
 from fastllm.formats.gguf import ConversionError, convert_gguf
 from fastllm.formats.gguf_writer import export_gguf
-from oracles.hf_reference import compare_greedy, hf_greedy, hf_logits, load_hf, within
+from oracles.hf_reference import (compare_greedy, hf_greedy, hf_logits, load_hf, logits_against_transformers,
+                                  random_prompt as prompt, within)
 from oracles.splits import assert_same_bits_however_split
 from oracles.tiny_models import with_config
 
@@ -38,10 +39,6 @@ SWITCHED_OFF = {
     "smollm3": dict(no_rope_layers=[1] * 4),
     "granite": dict(embedding_multiplier=1.0, residual_multiplier=1.0, logits_scaling=1.0),
 }
-
-
-def prompt(vocab, n, seed=0):
-    return np.random.default_rng(seed).integers(0, vocab, n).tolist()
 
 
 def test_switches_read_from_config(tiny_model_dir):
@@ -70,11 +67,7 @@ def test_info_shows_the_switches(kind, shown, tiny_model_dir, capsys):
 def test_logits_and_greedy_match_transformers(kind, path, tiny_model_dir, simd_path, tmp_path):
     simd_path(path)
     folder = tiny_model_dir(kind)
-    ours = Model.from_pretrained(folder, threads=2)
-    ids = prompt(ours.config.vocab_size, 40, seed=1)
-    got = ours.logits(ids)
-    ok, err, ratio = within(got, hf_logits(load_hf(folder), ids))
-    assert ok, f"{path} {kind}: max |err| {err:.3g} exceeds the bound"
+    ours, ids, got, ratio = logits_against_transformers(folder, 40, f"{path} {kind}")
     if kind in SWITCHED_OFF:
         plain = load_hf(with_config(folder, tmp_path / "plain", **SWITCHED_OFF[kind]))
         assert not within(got, hf_logits(plain, ids))[0], f"{kind}: the switches change nothing"

@@ -31,7 +31,8 @@ from fastllm.formats.gguf import ConversionError, convert_gguf
 from fastllm.formats.gguf_writer import export_gguf
 from oracles.bpe_gguf_vocabs import trained_family_tokenizer
 from oracles.gguf_files import arch_fields_and_tensors
-from oracles.hf_reference import compare_greedy, hf_greedy, hf_logits, load_hf, within
+from oracles.hf_reference import (compare_greedy, hf_greedy, hf_logits, load_hf, logits_against_transformers,
+                                  random_prompt as prompt, within)
 from oracles.splits import assert_same_bits_for_thread_counts, assert_same_bits_however_split
 from oracles.tiny_models import with_config
 
@@ -53,10 +54,6 @@ def _quiet_wrapper_notice():
         warnings.filterwarnings("ignore", message=".*mistral3 checkpoint: running its text model")
         warnings.filterwarnings("ignore", message=".*RoPE scaling factor")
         yield
-
-
-def prompt(vocab, n, seed=0):
-    return np.random.default_rng(seed).integers(0, vocab, n).tolist()
 
 
 def with_rope(folder, out, **changes):
@@ -135,11 +132,7 @@ def test_a_mistral_text_model_in_the_wrapper_runs_as_mistral():
 def test_logits_and_greedy_match_transformers(kind, path, tiny_model_dir, simd_path, tmp_path):
     simd_path(path)
     folder = tiny_model_dir(kind)
-    ours = Model.from_pretrained(folder, threads=2)
-    ids = prompt(ours.config.vocab_size, 70, seed=1)
-    got = ours.logits(ids)
-    ok, err, ratio = within(got, hf_logits(load_hf(folder), ids))
-    assert ok, f"{path} {kind}: max |err| {err:.3g} exceeds the bound"
+    ours, ids, got, ratio = logits_against_transformers(folder, 70, f"{path} {kind}")
     for i, changes in enumerate(SWITCHED_OFF[kind]):
         plain = load_hf(with_rope(folder, tmp_path / f"off{i}", **changes))
         assert not within(got, hf_logits(plain, ids))[0], f"{kind}: {changes} changes nothing"

@@ -13,16 +13,13 @@ import pytest
 from fastllm import Model
 from fastllm.cli import main
 from fastllm.errors import ModelFileError
-from oracles.hf_reference import compare_greedy, hf_greedy, hf_logits, load_hf, within
+from oracles.hf_reference import (compare_greedy, hf_greedy, hf_logits, load_hf, logits_against_transformers,
+                                  random_prompt as prompt, within)
 from oracles.splits import assert_same_bits_however_split
 from oracles.tiny_models import with_config
 
 KINDS = ["mistral-swa", "mistral-headdim", "qwen2-swa", "qwen3-swa"]
 WINDOWS = {"mistral-swa": [5, 5], "mistral-headdim": [19, 19], "qwen2-swa": [0, 6, 6], "qwen3-swa": [0, 17]}
-
-
-def prompt(vocab, n, seed=0):
-    return np.random.default_rng(seed).integers(0, vocab, n).tolist()
 
 
 def edited(folder, tmp_path, **changes):
@@ -46,11 +43,7 @@ def test_layers_slide_as_transformers_says(kind, tiny_model_dir, capsys):
 def test_logits_and_greedy_match_transformers_past_the_window(kind, path, tiny_model_dir, simd_path, tmp_path):
     simd_path(path)
     folder = tiny_model_dir(kind)
-    ours = Model.from_pretrained(folder, threads=2)
-    ids = prompt(ours.config.vocab_size, 40, seed=1)
-    got = ours.logits(ids)
-    ok, err, ratio = within(got, hf_logits(load_hf(folder), ids))
-    assert ok, f"{path} {kind}: max |err| {err:.3g} exceeds the bound"
+    ours, ids, got, ratio = logits_against_transformers(folder, 40, f"{path} {kind}")
     # The same model attending to the whole context is far outside the
     # bound: the window is what the comparison checks.
     whole = load_hf(edited(folder, tmp_path, sliding_window=None, use_sliding_window=False, layer_types=None))
