@@ -329,3 +329,96 @@ def test_a_wrapper_config_reads_as_transformers_reads_it(top):
     assert (ours.rope_scaling["factor"], ours.query_scale_beta, ours.query_scale_period) == (
         t.rope_parameters["factor"], t.rope_parameters["llama_4_scaling_beta"],
         t.rope_parameters["original_max_position_embeddings"])
+
+
+# ------------------------------------------------------------ chat template
+
+# A template built the way Ministral 3's instruct template is (written for
+# this test: the hub is out of reach here): a default system prompt when the
+# conversation has none, system content as text or text/thinking chunks,
+# [AVAILABLE_TOOLS] with the tools as JSON, [INST] turns, assistant tool
+# calls as [TOOL_CALLS]name[ARGS]arguments, tool results, and a refusal of
+# any other role. It leans on what a renderer must do as transformers does:
+# tojson of nested dicts (non-ASCII kept), string tests, slicing, namespaces
+# and raise_exception.
+MINISTRAL3_LIKE_TEMPLATE = r"""
+{%- set default_system_message = 'You are a helpful assistant.\nThe current date is {today}.' -%}
+{{- bos_token -}}
+{%- if messages[0]['role'] == 'system' -%}
+    {{- '[SYSTEM_PROMPT]' -}}
+    {%- if messages[0]['content'] is string -%}
+        {{- messages[0]['content'] -}}
+    {%- else -%}
+        {%- for block in messages[0]['content'] -%}
+            {%- if block['type'] == 'text' -%}{{- block['text'] -}}
+            {%- elif block['type'] == 'thinking' -%}{{- '[THINK]' + block['thinking'] + '[/THINK]' -}}
+            {%- else -%}{{- raise_exception('Only text and thinking chunks are supported in system messages.') -}}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- endif -%}
+    {{- '[/SYSTEM_PROMPT]' -}}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set loop_messages = messages -%}
+    {{- '[SYSTEM_PROMPT]' + default_system_message + '[/SYSTEM_PROMPT]' -}}
+{%- endif -%}
+{%- if tools is defined and tools is not none and tools | length > 0 -%}
+    {{- '[AVAILABLE_TOOLS]' + (tools | tojson) + '[/AVAILABLE_TOOLS]' -}}
+{%- endif -%}
+{%- set ns = namespace(turn=0) -%}
+{%- for message in loop_messages -%}
+    {%- if message['role'] == 'user' -%}
+        {{- '[INST]' + message['content'] + '[/INST]' -}}
+    {%- elif message['role'] == 'assistant' -%}
+        {%- if message['content'] is defined and message['content'] -%}{{- message['content'] -}}{%- endif -%}
+        {%- for call in message.get('tool_calls', []) -%}
+            {%- set args = call['function']['arguments'] -%}
+            {{- '[TOOL_CALLS]' + call['function']['name'] + '[ARGS]' -}}
+            {{- args if args is string else args | tojson -}}
+        {%- endfor -%}
+        {{- eos_token -}}
+    {%- elif message['role'] == 'tool' -%}
+        {{- '[TOOL_RESULTS]' + message['content'] | string + '[/TOOL_RESULTS]' -}}
+    {%- else -%}
+        {{- raise_exception('Only user, assistant and tool roles are supported, got ' + message['role'] + '.') -}}
+    {%- endif -%}
+    {%- set ns.turn = ns.turn + 1 -%}
+{%- endfor -%}
+"""
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Météo d'une ville",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+CALL = {"role": "assistant", "tool_calls": [
+    {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Zürich"}}},
+    {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}
+MINISTRAL_CHATS = [
+    [{"role": "user", "content": "What is 2+2?"}],
+    [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Hi"},
+     {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Weather?"}],
+    [{"role": "system", "content": [{"type": "text", "text": "Think first. "},
+                                    {"type": "thinking", "thinking": "plan, then answer"}]},
+     {"role": "user", "content": "Why?"}],
+    [{"role": "user", "content": "Weather in Zürich and Paris?"}, CALL,
+     {"role": "tool", "content": "12°C"}, {"role": "tool", "content": 15}],
+    [{"role": "system", "content": [{"type": "image"}]}, {"role": "user", "content": "x"}],
+    [{"role": "user", "content": "x"}, {"role": "moderator", "content": "y"}],
+]
+
+
+@pytest.mark.parametrize("tools", [None, [WEATHER_TOOL]])
+@pytest.mark.parametrize("messages", MINISTRAL_CHATS)
+def test_chat_template_renders_as_transformers(messages, tools):
+    from tokenizers import Tokenizer, models
+    from fastllm.chat_template import TemplateError, render_chat
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE()), bos_token="<s>", eos_token="</s>")
+    tok.chat_template = MINISTRAL3_LIKE_TEMPLATE
+    specials = {"bos_token": "<s>", "eos_token": "</s>"}
+    try:
+        want = tok.apply_chat_template(messages, tools=tools, tokenize=False)
+    except Exception as e:   # transformers' TemplateError: ours must refuse alike
+        with pytest.raises(TemplateError, match=re.escape(str(e))):
+            render_chat(MINISTRAL3_LIKE_TEMPLATE, messages, tools=tools, special_tokens_map=specials)
+        return
+    got = render_chat(MINISTRAL3_LIKE_TEMPLATE, messages, tools=tools, special_tokens_map=specials)
+    assert got == want
+    assert got.startswith("<s>[SYSTEM_PROMPT]")
