@@ -34,6 +34,7 @@ from oracles.gguf_files import arch_fields_and_tensors
 from oracles.hf_reference import (compare_greedy, hf_greedy, hf_logits, load_hf, logits_against_transformers,
                                   random_prompt as prompt, within)
 from oracles.splits import assert_same_bits_for_thread_counts, assert_same_bits_however_split
+from oracles.tiny_chat_models import MINISTRAL3_LIKE_TEMPLATE
 from oracles.tiny_models import with_config
 
 KINDS = ["ministral3", "mistral3-wrapper"]
@@ -333,58 +334,6 @@ def test_a_wrapper_config_reads_as_transformers_reads_it(top):
 
 # ------------------------------------------------------------ chat template
 
-# A template built the way Ministral 3's instruct template is (written for
-# this test: the hub is out of reach here): a default system prompt when the
-# conversation has none, system content as text or text/thinking chunks,
-# [AVAILABLE_TOOLS] with the tools as JSON, [INST] turns, assistant tool
-# calls as [TOOL_CALLS]name[ARGS]arguments, tool results, and a refusal of
-# any other role. It leans on what a renderer must do as transformers does:
-# tojson of nested dicts (non-ASCII kept), string tests, slicing, namespaces
-# and raise_exception.
-MINISTRAL3_LIKE_TEMPLATE = r"""
-{%- set default_system_message = 'You are a helpful assistant.\nThe current date is {today}.' -%}
-{{- bos_token -}}
-{%- if messages[0]['role'] == 'system' -%}
-    {{- '[SYSTEM_PROMPT]' -}}
-    {%- if messages[0]['content'] is string -%}
-        {{- messages[0]['content'] -}}
-    {%- else -%}
-        {%- for block in messages[0]['content'] -%}
-            {%- if block['type'] == 'text' -%}{{- block['text'] -}}
-            {%- elif block['type'] == 'thinking' -%}{{- '[THINK]' + block['thinking'] + '[/THINK]' -}}
-            {%- else -%}{{- raise_exception('Only text and thinking chunks are supported in system messages.') -}}
-            {%- endif -%}
-        {%- endfor -%}
-    {%- endif -%}
-    {{- '[/SYSTEM_PROMPT]' -}}
-    {%- set loop_messages = messages[1:] -%}
-{%- else -%}
-    {%- set loop_messages = messages -%}
-    {{- '[SYSTEM_PROMPT]' + default_system_message + '[/SYSTEM_PROMPT]' -}}
-{%- endif -%}
-{%- if tools is defined and tools is not none and tools | length > 0 -%}
-    {{- '[AVAILABLE_TOOLS]' + (tools | tojson) + '[/AVAILABLE_TOOLS]' -}}
-{%- endif -%}
-{%- set ns = namespace(turn=0) -%}
-{%- for message in loop_messages -%}
-    {%- if message['role'] == 'user' -%}
-        {{- '[INST]' + message['content'] + '[/INST]' -}}
-    {%- elif message['role'] == 'assistant' -%}
-        {%- if message['content'] is defined and message['content'] -%}{{- message['content'] -}}{%- endif -%}
-        {%- for call in message.get('tool_calls', []) -%}
-            {%- set args = call['function']['arguments'] -%}
-            {{- '[TOOL_CALLS]' + call['function']['name'] + '[ARGS]' -}}
-            {{- args if args is string else args | tojson -}}
-        {%- endfor -%}
-        {{- eos_token -}}
-    {%- elif message['role'] == 'tool' -%}
-        {{- '[TOOL_RESULTS]' + message['content'] | string + '[/TOOL_RESULTS]' -}}
-    {%- else -%}
-        {{- raise_exception('Only user, assistant and tool roles are supported, got ' + message['role'] + '.') -}}
-    {%- endif -%}
-    {%- set ns.turn = ns.turn + 1 -%}
-{%- endfor -%}
-"""
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Météo d'une ville",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
