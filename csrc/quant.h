@@ -24,7 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "fastllm.h"
+#include "types.h"
 
 /* 32 activations quantized to int8: x[k] ~ d * q[k]; s[h] is the sum of
  * q[16h .. 16h+15]. */
