@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "gemm.h"
+#include "quant.h"
 #include "types.h"
 
 typedef struct {
@@ -21,6 +22,11 @@ typedef struct {
      * nearest-even, zero-padded to even n), and gemm_bf16 then reads x as
      * pairs of bf16, with ldx counted in pairs. */
     void (*to_bf16)(uint16_t *dst, const float *src, int n);
+    /* Quantized weights multiply int8 activations (quant.h): quantize_q8
+     * makes the blocks, qgemm multiplies them; int8_name names the pair. */
+    const char *int8_name;
+    flm_qgemm_fn qgemm;
+    void (*quantize_q8)(FlmQ8 *dst, const float *x, int K);
     /* att[j] = q . key j for j < n, keys in blocks of 16 ((hd, 16) each),
      * stored as kv (FLM_F32, FLM_BF16, FLM_F16); att must have room for n
      * rounded up to 16. */

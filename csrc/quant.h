@@ -74,12 +74,4 @@ void flm_qgemm_avx512_vnni(float *, int, const FlmQ8 *, int, const void *, int, 
 void flm_qgemm_avx2(float *, int, const FlmQ8 *, int, const void *, int, int, int, int, int, int);
 void flm_quantize_q8_avx512(FlmQ8 *dst, const float *x, int K);
 
-/* The int8 kernels of the chosen SIMD path (flm_int8_select, called
- * whenever the path is chosen), and its name. */
-void flm_int8_select(const char *simd_path);
-const char *flm_int8_path(void);
-void flm_qgemm(float *out, int ldo, const FlmQ8 *x, int lda, const void *wp, int K, int T, int p0, int np, int N,
-               int type);
-void flm_quantize_q8(FlmQ8 *dst, const float *x, int K);
-
 #endif
