@@ -232,7 +232,7 @@ const char *flm_simd_path(void);
 /* Force a path by name (for tests); returns 0 on success, -1 if unsupported. */
 int flm_set_simd_path(const char *name);
 /* Name of the int8 kernels that quantized weights run on under that path
- * ("avx512_vnni", "generic"). */
+ * ("avx512_vnni", "avx2", "generic"): its table's int8_name. */
 const char *flm_int8_name(void);
 
 #ifdef __cplusplus

@@ -1,5 +1,5 @@
 /* Attention, softmax, delta-rule and elementwise (SiLU, GeLU, tanh soft-cap) kernels for each path:
- * generic C, AVX2+FMA, AVX-512; the dispatch table (matmul kernels: gemm.c). */
+ * generic C, AVX2+FMA, AVX-512; the dispatch table (matmul kernels: gemm.c, int8 ones: quant.c). */
 #include "kernels.h"
 #include "quant.h"
 #include "simd.h"

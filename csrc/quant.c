@@ -11,6 +11,8 @@
 #define PANEL FLM_PANEL
 
 static const FlmQuantType types[FLM_TYPES] = {
+    [FLM_F32] = {"f32", 1, 0, 0, 32, 0, 1, 4},   /* panels of gemm.c, not quant.c */
+    [FLM_BF16] = {"bf16", 1, 0, 0, 16, 0, 1, 2},
     [FLM_F16] = {"f16", 1, 0, 32, 16, 0, 1, 2},   /* [k][16] halves, any K */
     [FLM_Q8_0] = {"q8_0", 32, 32, 512, 8, 128, 32, 34},
     [FLM_Q4_0] = {"q4_0", 32, 32, 256, 4, 8, 32, 18},
@@ -23,7 +25,7 @@ static const FlmQuantType types[FLM_TYPES] = {
 };
 
 const FlmQuantType *flm_quant_type(int type) {
-    return type >= FLM_F16 && type < FLM_TYPES ? &types[type] : NULL;
+    return type >= 0 && type < FLM_TYPES ? &types[type] : NULL;
 }
 
 int flm_is_quantized(int type) { return type >= FLM_Q8_0 && type < FLM_TYPES; }

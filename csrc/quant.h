@@ -39,13 +39,16 @@ typedef struct {
     int sb;          /* k per superblock of scales: 32 or 256 (F16: 1) */
     int header;      /* bytes of a panel superblock's scales */
     int data;        /* bytes per 32 k of a panel: quants and bit planes */
-    int bits;        /* bits per quant (16: F16, float only) */
+    int bits;        /* bits per quant (16, 32: the float types) */
     int offset;      /* subtracted from every quant, or 0 where a min is added */
     int ggml_block;  /* values per GGML block, and its bytes */
     int ggml_bytes;
 } FlmQuantType;
 
-/* The layout of a quantized type (FLM_F16 .. FLM_Q6_K), NULL for others. */
+/* What fastllm knows of a weight type (FLM_F32 .. FLM_Q6_K), NULL for
+ * others: the one table of names and block sizes, which Python reads too.
+ * The panel fields (header, data, offset) describe quant.c's panels, of
+ * FLM_F16 and up; f32 and bf16 are packed by gemm.c. */
 const FlmQuantType *flm_quant_type(int type);
 int flm_is_quantized(int type);
 
