@@ -560,8 +560,11 @@ static void linear_attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
 #pragma omp for schedule(static)
     for (int i = 0; i < n_seqs * hk; i++) {
         const int k = i / hk, kh = i % hk;
-        float *S0 = DELTA_STATE(k) + (size_t)kh * group * dk * dv;
-        if (seqs[k].pos == 0) memset(S0, 0, sizeof(float) * group * dk * dv);
+        float *S0 = DELTA_STATE(k);
+        /* This key head's first value head, and the stride to its next. */
+        const int h0 = c->lin_v_tiled ? kh : kh * group, step = c->lin_v_tiled ? hk : 1;
+        for (int j = 0; j < group && seqs[k].pos == 0; j++)
+            memset(S0 + (size_t)(h0 + j * step) * dk * dv, 0, sizeof(float) * dk * dv);
         int t0 = 0;
         for (int j = 0; j < k; j++) t0 += seqs[j].n;
         for (int t = t0; t < t0 + seqs[k].n; t++) {
@@ -569,12 +572,12 @@ static void linear_attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
             const float qs = l2_scale(q, dk), ks = l2_scale(k, dk), scale = 1.0f / sqrtf((float)dk);
             for (int d = 0; d < dk; d++) q[d] = (q[d] * qs) * scale;
             for (int d = 0; d < dk; d++) k[d] *= ks;
-            for (int h = kh * group; h < (kh + 1) * group; h++) {
+            for (int h = h0; h < h0 + group * step; h += step) {
                 const float *v = row + 2 * kd + h * dv;
                 float beta = sigmoid(row[cd + h]);
                 float decay = expf(L->lin_A[h] * softplus(row[cd + hv + h] + L->dt_bias[h]));
                 float *o = s->xb + (size_t)t * vd + h * dv;
-                flm_kernels->delta_rule(S0 + (size_t)(h - kh * group) * dk * dv, q, k, v, beta, decay, dk, dv, o);
+                flm_kernels->delta_rule(S0 + (size_t)h * dk * dv, q, k, v, beta, decay, dk, dv, o);
                 /* Gated RMSNorm: silu(z) * (w * norm(o)), left in z's place. */
                 float *z = s->gate + (size_t)t * vd + h * dv;
                 rmsnorm(o, o, L->lin_norm, dv, c->norm_eps);

@@ -46,10 +46,13 @@ typedef struct {
     float norm_eps;   /* RMSNorm epsilon */
     float attn_scale; /* softmax scale, usually 1/sqrt(head_dim) */
     /* Gated DeltaNet (linear attention) layers, as in Qwen3.5; all 0 when
-     * the model has none. Value head h reads key head h / (lin_v_heads / lin_k_heads). */
+     * the model has none. Value head h reads key head h / (lin_v_heads / lin_k_heads)
+     * (HF's order: heads grouped by key head), or with lin_v_tiled key head
+     * h % lin_k_heads (llama.cpp's: the first head of every group, then the second ...). */
     int lin_k_heads, lin_v_heads;  /* Hk, Hv */
     int lin_k_dim, lin_v_dim;      /* dk, dv */
     int conv_kernel;               /* K of the causal depthwise conv */
+    int lin_v_tiled;               /* the value heads of every linear layer's tensors are tiled */
     /* Switches of the layer (Granite's multipliers, OLMo 2's q/k norms);
      * 1, 1, 1 and 0 where a model has none. */
     float embed_scale;    /* the embeddings are multiplied by it */

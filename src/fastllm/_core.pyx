@@ -417,6 +417,7 @@ cdef class Weights:
         c.lin_k_heads, c.lin_v_heads = config.linear_num_key_heads, config.linear_num_value_heads
         c.lin_k_dim, c.lin_v_dim = config.linear_key_head_dim, config.linear_value_head_dim
         c.conv_kernel = config.linear_conv_kernel_dim
+        c.lin_v_tiled = bool(weights.get("v_heads_tiled", False))
         c.embed_scale, c.residual_scale = config.embedding_multiplier, config.residual_multiplier
         c.logits_div, c.qk_norm_whole = config.logits_scaling, config.qk_norm_whole
         c.activation = flm.FLM_GELU_TANH if config.hidden_act == "gelu_pytorch_tanh" else flm.FLM_SILU
