@@ -383,9 +383,12 @@ cdef class Weights:
     every State made from it. config is a ModelConfig (already checked);
     weights the dict of weights.load_weights: matrices as Matrix objects
     (packed, see pack; the embedding as rows, or None where tied), vectors
-    in float32. The context holds n_ctx positions. With float_acts,
-    quantized weights multiply fp32 activations (their exact dequantized
-    values) rather than int8 blocks of them."""
+    in float32; with "v_heads_tiled" true, the Gated DeltaNet tensors hold
+    their value heads in llama.cpp's tiled order, not HF's grouped one
+    (weights.load_gguf_weights says when). The context holds n_ctx
+    positions. With float_acts, quantized weights multiply fp32
+    activations (their exact dequantized values) rather than int8 blocks
+    of them."""
     cdef flm.FlmConfig cfg
     cdef flm.FlmWeights w
     cdef flm.FlmLayer *layers
