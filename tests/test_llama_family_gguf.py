@@ -295,17 +295,6 @@ def test_mixtral_gguf_is_refused_by_name():
         Model.from_pretrained(gguf_path("mixtral"))
 
 
-def test_mixtral_folder_is_refused_by_name(tmp_path):
-    from transformers import AutoConfig, AutoModelForCausalLM
-    config = AutoConfig.for_model("mixtral", hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                  num_attention_heads=2, num_key_value_heads=1, vocab_size=64,
-                                  num_local_experts=4, num_experts_per_tok=2)
-    folder = tmp_path / "mixtral"
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    with pytest.raises(ModelFileError, match="model_type 'mixtral': mixture-of-experts models are not supported"):
-        Model.from_pretrained(folder)
-
-
 # --------------------------------------------------------------------------
 # Export: a Mistral folder is written as llama.cpp's converter writes it
 # --------------------------------------------------------------------------

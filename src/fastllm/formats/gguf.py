@@ -31,7 +31,7 @@ import numpy as np
 from ..config import ModelConfig
 from ..errors import FastLLMError, ModelFileError
 from .. import schema
-from ..families import GGUF_ARCHITECTURES, GGUF_REFUSED, MIXTURE_OF_EXPERTS_REFUSAL
+from ..families import GGUF_ARCHITECTURES, GGUF_REFUSED
 from .gguf_config import check_metadata_types, generation_config, model_config
 from .gguf_file import ConversionError
 from .gguf_tensors import dequantize, plan_tensors, read_contents, slices_to_write, tensor_shapes
@@ -329,7 +329,7 @@ def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DT
     if experts is not None:
         # Mixtral is a llama file with a router and experts in each layer.
         raise ConversionError(path, f"tensor {experts} is a router or an expert (as in Mixtral): "
-                                    f"{MIXTURE_OF_EXPERTS_REFUSAL}")
+                                    f"mixture-of-experts models are not supported yet")
     shapes = tensor_shapes(contents.tensors)
     tensors = {t.name: t for t in contents.tensors}
     rope_freqs = tensors.pop("rope_freqs.weight", None)
