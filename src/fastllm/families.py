@@ -56,6 +56,7 @@ class Family:
     untie_with_head: bool = False        # an lm_head the file carries is used even when tied
     gguf: bool | str = False             # importable from llama.cpp's GGUF: True (its arch name is the
                                          # model_type) or llama.cpp's name for the architecture
+    gguf_experts: str | None = None      # the model_type of this architecture's GGUF files that have experts
     gguf_export: str | None = None       # written to GGUF as this llama.cpp architecture, which imports
                                          # as another model_type (a Mistral is a llama there)
     gguf_qk_interleaved: bool = False    # llama.cpp stores each Q/K head's rotary halves interleaved
@@ -130,7 +131,7 @@ _QWEN35 = dict(qk_norm=True, norm_plus_one=True, attn_output_gate=True, linear_a
 
 FAMILIES = {
     "llama": Family("LlamaForCausalLM", attention_bias="attention_bias", o_bias="attention_bias",
-                    mlp_bias="mlp_bias", gguf=True, gguf_qk_interleaved=True),
+                    mlp_bias="mlp_bias", gguf=True, gguf_qk_interleaved=True, gguf_experts="mixtral"),
     # llama.cpp's GGUF of a Mistral is arch llama, without the sliding window.
     "mistral": Family("MistralForCausalLM", sliding_window=EVERY_LAYER, gguf_export="llama",
                       gguf_qk_interleaved=True),
@@ -152,7 +153,7 @@ FAMILIES = {
     "qwen3_5_moe": Family("Qwen3_5MoeForConditionalGeneration", text_config="qwen3_5_moe_text",
                           weight_prefix="model.language_model."),
     "mixtral": Family("MixtralForCausalLM", sliding_window=EVERY_LAYER, experts_keys=("num_local_experts",),
-                      expert_size_key="intermediate_size", hf_names=_MIXTRAL_NAMES),
+                      expert_size_key="intermediate_size", hf_names=_MIXTRAL_NAMES, gguf_qk_interleaved=True),
     "qwen3_5": Family("Qwen3_5ForConditionalGeneration", text_config="qwen3_5_text",
                       weight_prefix="model.language_model."),
     # Phi-3/3.5-mini and Phi-4-mini: LongRoPE and partial rotary come from config.json.

@@ -148,9 +148,15 @@ FUSED = (
     _t("gate_up", "mlp.gate_up_proj.weight", "ffn_up.weight", lambda c: (2 * c.intermediate_size, c.hidden_size),
        True, switch="fused_gate_up", parts=("w_gate", "w_up"), ffn=DENSE),
 )
+# llama.cpp's converter may store each expert's gate and up rows as one
+# tensor (--fuse-gate-up-exps); it is split at load.
+FUSED_GATE_UP_EXPERTS = _t("gate_up_exps", "mlp.experts.{e}.gate_up_proj.weight", "ffn_gate_up_exps.weight",
+                           lambda c: (c.num_experts, 2 * c.moe_intermediate_size, c.hidden_size), True,
+                           ffn=EXPERTS, experts=True, parts=("w_exp_gate", "w_exp_up"))
 BY_FIELD = {t.field: t for t in LAYER + MODEL}
 # Where an architecture's GGUF files name a tensor otherwise, by model_type.
-GGUF_RENAMED = {"qwen3_5_text": {"ffn_norm": "post_attention_norm.weight"}}
+GGUF_RENAMED = {"qwen3_5_text": {"ffn_norm": "post_attention_norm.weight"},
+                "qwen3_5_moe_text": {"ffn_norm": "post_attention_norm.weight"}}
 
 
 def layer_tensors(cfg, kind: str, ffn: str = DENSE) -> list:

@@ -346,12 +346,48 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
         gate = np.ascontiguousarray(rows[:, 1]).reshape(-1, *both.shape[1:])
         return {"wq": pack(q, dtype, t, hf), "w_attn_gate": pack(gate, dtype, t, hf)}
 
+    def experts(t: schema.Tensor, hf: str) -> dict:
+        """A merged expert tensor, each expert's rows packed in turn (a fused
+        one split into gate and up rows); only the file's tensor is held
+        beside the packed experts."""
+        g = by_hf[hf]
+        kind = getattr(g.tensor_type, "name", str(g.tensor_type))
+        dtype = NATIVE_GGML_TYPES.get(kind)
+        E, N, K = g.shape
+        if dtype is None:
+            dequantized.add(kind)
+            arr, dtype = gguf_tensors.dequantize(g, path), "f32"
+        else:
+            raw = read_tensor_bytes(path, g)
+            arr = {"f32": lambda: raw.view("<f4"), "f16": lambda: raw.view("<f2"),
+                   "bf16": lambda: raw.view("<u2")}.get(dtype, lambda: raw)().reshape(E, N, -1)
+        rows = arr.reshape(E * N, -1)
+        finite = _finite_blocks(rows, dtype) if dtype not in ("f32", "f16", "bf16") else _all_finite(
+            rows.astype(np.float32) if dtype == "f16" else rows)
+        if not finite:
+            raise ModelFileError(path, f"tensor {g.name!r} holds NaN or infinite values; such weights only "
+                                       f"give garbage: re-download or re-convert it")
+        types[dtype] += E * N * K
+        parts = t.parts or (t.field,)
+        n = N // len(parts)
+        try:
+            return {field: _core.pack_experts(lambda e: arr[e, j * n:(j + 1) * n], E, dtype, n, K)
+                    for j, field in enumerate(parts)}
+        except (TypeError, ValueError) as e:
+            raise ModelFileError(path, f"tensor {g.name!r}: {e}") from None
+
     layers = []
     for i in range(cfg.num_hidden_layers):
         kind = cfg.layer_kind(i)
         layer = {"kind": kind}
-        for t in schema.file_tensors(cfg, kind):
-            if t.parts:
+        fused_experts = schema.hf_name(schema.FUSED_GATE_UP_EXPERTS, cfg, i)
+        for t in schema.file_tensors(cfg, kind, cfg.layer_ffn(i)):
+            if t.field in schema.FUSED_GATE_UP_EXPERTS.parts and fused_experts in by_hf:
+                if t.field not in layer:
+                    layer.update(experts(schema.FUSED_GATE_UP_EXPERTS, fused_experts))
+            elif t.experts:
+                layer.update(experts(t, schema.hf_name(t, cfg, i)))
+            elif t.parts:
                 layer.update(get_fused(t, schema.hf_name(t, cfg, i)))
             elif t.field == "wq" and cfg.attn_output_gate:
                 layer.update(query_and_gate(t, schema.hf_name(t, cfg, i)))
