@@ -11,7 +11,10 @@ import pytest
 import torch
 
 from fastllm import Model
+from fastllm.cli import main
 from fastllm.errors import ModelFileError
+from fastllm.formats.gguf import ConversionError
+from fastllm.formats.gguf_writer import export_gguf
 from oracles.hf_reference import (compare_greedy, hf_greedy, hf_logits, load_hf, logits_against_transformers,
                                   random_prompt as prompt, within)
 from oracles.splits import assert_same_bits_for_thread_counts, assert_same_bits_however_split
@@ -111,3 +114,14 @@ def test_out_of_scope_families_are_refused_clearly(model_type, message, tiny_mod
     folder = with_config(tiny_model_dir("qwen3_moe"), tmp_path / model_type, model_type=model_type)
     with pytest.raises(ModelFileError, match=message):
         Model.from_pretrained(folder)
+
+
+def test_info_shows_the_experts(tiny_model_dir, capsys):
+    assert main(["info", "--model", str(tiny_model_dir("qwen3_5_moe")), "--threads", "1"]) == 0
+    assert "3 of 8 per token, 32 wide, renormalised, in 4 of 4 layers, a shared expert 64 wide" in \
+        capsys.readouterr().out
+
+
+def test_export_to_gguf_is_refused_clearly(tiny_model_dir, tmp_path):
+    with pytest.raises(ConversionError, match="writing a mixture of experts to GGUF is not supported"):
+        export_gguf(tiny_model_dir("mixtral"), tmp_path / "out.gguf")
