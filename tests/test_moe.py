@@ -125,3 +125,15 @@ def test_info_shows_the_experts(tiny_model_dir, capsys):
 def test_export_to_gguf_is_refused_clearly(tiny_model_dir, tmp_path):
     with pytest.raises(ConversionError, match="writing a mixture of experts to GGUF is not supported"):
         export_gguf(tiny_model_dir("mixtral"), tmp_path / "out.gguf")
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(num_experts_per_tok=9), r"num_experts_per_tok \(9\) is more than the 8 experts"),
+    (dict(num_experts=5000, num_local_experts=5000), "more than 4096 experts are not supported"),
+    (dict(num_experts_per_tok=0), "num_experts_per_tok must be a positive integer"),
+    (dict(mlp_only_layers="2"), "mlp_only_layers must be a list of layer indices"),
+    (dict(decoder_sparse_step=0), "decoder_sparse_step must be a positive integer"),
+])
+def test_bad_expert_settings_are_refused(changes, message, tiny_model_dir, tmp_path):
+    with pytest.raises(ModelFileError, match=message):
+        Model.from_pretrained(with_config(tiny_model_dir("qwen3_moe"), tmp_path / "bad", **changes))
