@@ -3,7 +3,8 @@
 The tiny random checkpoints are oracles/tiny_models.py's: several experts
 per token, a dense layer among routed ones (Qwen3-MoE's mlp_only_layers and
 decoder_sparse_step), renormalised weights or not, and Qwen3.5-MoE's shared
-expert with its sigmoid gate. Transformers runs them in float64 with its
+expert with its sigmoid gate (and its multimodal wrapper, whose text model
+fastllm runs). Transformers runs them in float64 with its
 experts one by one; the bounds are those of oracles/hf_reference.py.
 """
 import numpy as np
@@ -38,7 +39,7 @@ def test_which_layers_route_is_read_from_config(tiny_model_dir):
 
 
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS + ["qwen3_5_moe-wrapper"])
 def test_logits_and_greedy_match_transformers(kind, path, tiny_model_dir, simd_path):
     simd_path(path)
     folder = tiny_model_dir(kind)
