@@ -282,6 +282,9 @@ SHAPES["qwen3_moe"] = dict(model_type="qwen3_moe", hidden_size=64, intermediate_
 SHAPES["qwen3_moe-unnormed"] = dict(SHAPES["qwen3_moe"], norm_topk_prob=False, mlp_only_layers=[],
                                     decoder_sparse_step=2, num_experts=6, num_experts_per_tok=2,
                                     tie_word_embeddings=True)
+# Many experts, one per token: torch.topk takes its partial_sort path (k * 64 <= n).
+SHAPES["qwen3_moe-64"] = dict(SHAPES["qwen3_moe"], num_hidden_layers=2, num_experts=64, num_experts_per_tok=1,
+                              mlp_only_layers=[])
 SHAPES["mixtral"] = dict(model_type="mixtral", hidden_size=64, intermediate_size=64, num_hidden_layers=3,
                          num_attention_heads=4, num_key_value_heads=2, vocab_size=300, num_local_experts=6,
                          num_experts_per_tok=2, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)

@@ -72,17 +72,22 @@ def test_missing_experts_are_refused(tiny_model_dir, tmp_path):
         Model.from_pretrained(folder)
 
 
-@pytest.mark.parametrize("tied", [(1, 4), (0, 7), (2, 3), (5, 6)])
-def test_router_ties_are_broken_as_transformers_breaks_them(tied, tiny_model_dir, tmp_path):
-    """Two experts with the same router row tie for every token; torch.topk
-    keeps one or the other by its sorting algorithm, not by index, and so
-    must fastllm (their experts differ, so the wrong one shows)."""
-    model = load_hf(tiny_model_dir("qwen3_moe"), "float32")
-    a, b = tied
+@pytest.mark.parametrize("kind, tied", [
+    ("qwen3_moe", [(1, 4)]), ("qwen3_moe", [(0, 7)]), ("qwen3_moe", [(2, 3)]), ("qwen3_moe", [(5, 6)]),
+    ("qwen3_moe", [(0, 3), (0, 5), (1, 6)]), ("qwen3_moe", [(2, e) for e in range(8)]),
+    ("qwen3_moe-64", [(e % 5, e) for e in range(5, 64)]),
+])
+def test_router_ties_are_broken_as_transformers_breaks_them(kind, tied, tiny_model_dir, tmp_path):
+    """Experts with the same router row tie for every token; torch.topk
+    keeps one or another by its sorting algorithm, not by index, and so
+    must fastllm (their experts differ, so the wrong one shows). (a, b):
+    expert b gets expert a's row."""
+    model = load_hf(tiny_model_dir(kind), "float32")
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("mlp.gate.weight"):
-                p[b] = p[a]
+                for a, b in tied:
+                    p[b] = p[a]
     model.save_pretrained(tmp_path / "tie")
     ref, ours = load_hf(tmp_path / "tie"), Model.from_pretrained(tmp_path / "tie", threads=2)
     for seed in range(3):
