@@ -1,5 +1,6 @@
 /* The forward pass: embedding, n_layers x (RMSNorm, attention with RoPE over a
- * KV cache, RMSNorm, SwiGLU MLP), final RMSNorm, LM head. The families differ
+ * KV cache, RMSNorm, SwiGLU MLP or mixture of SwiGLU experts), final RMSNorm,
+ * LM head. The families differ
  * only in switches of this one layer (FlmConfig's multipliers, FlmLayer's
  * optional tensors and RoPE tables), never in a path of their own.
  *
@@ -827,8 +828,8 @@ static int expert_of_item(const int32_t *starts, int E, int g) {
     return lo;
 }
 
-/* Item g of the experts' products with mats (one or two of the same shape,
- * (N, K) each): expert e, its rows rows0 .. of in, panels p0 .. p0+np-1. */
+/* Work item g of the experts' products with (N, .) matrices: expert e,
+ * nt of its rows from row (of the expert buffers), panels p0 .. p0+np-1. */
 typedef struct { int e, row, nt, p0, np; } ExpertItem;
 
 static ExpertItem expert_item(const FlmState *s, const int32_t *starts, int E, int g, int N) {

@@ -184,7 +184,8 @@ typedef struct {
     float *chosen_w;    /* (max_batch, n_experts_used) */
     int32_t *slot_row;  /* (max_batch, n_experts_used) */
     int32_t *expert_row;/* (n_experts + 1) */
-    int32_t *item_start;/* (n_experts + 1) work items of each expert's matmuls */
+    int32_t *item_start;/* (2, n_experts + 1) each expert's first work item in the gate/up and
+                           the down products */
     float *moe_x;       /* (max_batch * n_experts_used, dim) */
     float *moe_h;       /* (max_batch * n_experts_used, expert_dim) */
     float *moe_h2;      /* (max_batch * n_experts_used, expert_dim) */
