@@ -271,10 +271,10 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
     def splits_blocks(t: schema.Tensor, hf: str) -> bool:
         """Whether t's columns hold value heads in llama.cpp's order that
         split blocks of its type, so cannot be put in HF's order in it."""
+        if t.v_heads != "columns" or gguf_tensors.v_head_index(t, cfg) is None:
+            return False
         dtype = native_type(hf)
-        return (t.v_heads == "columns" and gguf_tensors.v_head_index(t, cfg) is not None
-                and dtype not in (None, "f32", "f16", "bf16")
-                and cfg.linear_value_head_dim % _core.block_size(dtype)[0] != 0)
+        return dtype not in (None, "f32", "f16", "bf16") and cfg.linear_value_head_dim % _core.block_size(dtype)[0] != 0
 
     # Where some ssm_out's value heads split its blocks (K-quants, heads of
     # 128), every Gated DeltaNet tensor stays in llama.cpp's order and the
@@ -283,7 +283,7 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
     # columns in the order a folder's model does.
     linear = [i for i in range(cfg.num_hidden_layers) if cfg.layer_kind(i) == schema.LINEAR]
     tiled = any(splits_blocks(t, schema.hf_name(t, cfg, i))
-                for i in linear for t in schema.file_tensors(cfg, schema.LINEAR))
+                for i in linear for t in schema.file_tensors(cfg, schema.LINEAR, cfg.layer_ffn(i)))
 
     def rows_in_order(arr: np.ndarray, t: schema.Tensor, dtype: str) -> np.ndarray:
         """Rows (or vector entries, or a matrix's columns of dtype) in the order the run loop reads."""
