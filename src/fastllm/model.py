@@ -88,18 +88,19 @@ def check_sizes(config: ModelConfig, folder: Path):
     from .formats.safetensors import Checkpoint
 
     ck = Checkpoint(folder)
-    wanted = [(schema.EMBED, schema.hf_name(schema.EMBED, config))]
-    for i in range(config.num_hidden_layers):
-        wanted += [(t, schema.hf_name(t, config, i)) for t in schema.file_tensors(config, config.layer_kind(i))]
+    wanted = [(schema.EMBED, schema.hf_name(schema.EMBED, config), config)]
+    wanted += [(t, schema.hf_name(t, config), config) for t in schema.PER_LAYER_MODEL if getattr(config, t.switch)]
+    for i, lc in enumerate(config.layer_configs()):
+        wanted += [(t, schema.hf_name(t, config, i), lc) for t in schema.file_tensors(lc, config.layer_kind(i))]
     seen = set()
-    for t, name in wanted:
+    for t, name, lc in wanted:
         if name in seen:   # the attention gate is read from q_proj, checked with it
             continue
         seen.add(name)
         f = ck.file_of(name)
-        if f.shape(name) != schema.hf_shape(t, config):
+        if f.shape(name) != schema.hf_shape(t, lc):
             raise ModelFileError(f.path, f"tensor {name!r} has shape {list(f.shape(name))}, "
-                                         f"config.json implies {list(schema.hf_shape(t, config))}")
+                                         f"config.json implies {list(schema.hf_shape(t, lc))}")
 
 
 def context_size(config: ModelConfig, n_ctx, kv_dtype: str, threads: int) -> int:

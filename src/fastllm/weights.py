@@ -81,6 +81,11 @@ def _vector(t: schema.Tensor, arr: np.ndarray, cfg: ModelConfig, gguf: bool = Fa
     return np.ascontiguousarray(arr)
 
 
+def model_tensors(cfg: ModelConfig) -> tuple:
+    """The model's own tensors beside the embedding, final norm and head: Gemma 4's per-layer inputs."""
+    return tuple(t for t in schema.PER_LAYER_MODEL if getattr(cfg, t.switch))
+
+
 def load_weights(cfg: ModelConfig, folder, bf16: bool = False, mix: str | None = None) -> dict:
     """The arrays for fastllm._core.Weights: embed, norm, lm_head and a dict
     per layer (its kind and its tensors by FlmLayer field), each checked
@@ -88,17 +93,16 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False, mix: str | None =
     under a llama.cpp quantization mix ("q8_0", "q4_k_m", ...: see
     formats.quants.plan), one tensor at a time."""
     ck = Checkpoint(folder)
-    perm = rope_permutation(cfg.head_dim, cfg.rope_dim)
-    heads = {"q": cfg.num_attention_heads, "k": cfg.num_key_value_heads, "head": -1}   # -1: as many as it holds
+    views = cfg.layer_configs()
     types = {}
     if mix is not None:
         from .formats import quants
         matrices = {}
         for i in range(cfg.num_hidden_layers):
-            for t in schema.layer_tensors(cfg, cfg.layer_kind(i)):
+            for t in schema.layer_tensors(views[i], cfg.layer_kind(i)):
                 if t.matrix:
-                    matrices[schema.hf_name(t, cfg, i)] = schema.hf_shape(t, cfg)
-        for t in (schema.EMBED, schema.LM_HEAD):
+                    matrices[schema.hf_name(t, cfg, i)] = schema.hf_shape(t, views[i])
+        for t in (schema.EMBED, schema.LM_HEAD) + model_tensors(cfg):
             name = schema.hf_name(t, cfg)
             if name in ck:
                 matrices[name] = schema.hf_shape(t, cfg)
@@ -117,7 +121,10 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False, mix: str | None =
         return (_core.rows if embed else _core.pack)(arr, dtype=qtype, K=arr.shape[1] if qtype == "f16" else
                                                      _row_length(arr, qtype))
 
-    def get(t: schema.Tensor, name: str):
+    def get(t: schema.Tensor, name: str, lc: ModelConfig = cfg):
+        """Tensor t (of a layer whose view of the config is lc) as the run loop reads it."""
+        perm = rope_permutation(lc.head_dim, lc.rope_dim)
+        heads = {"q": lc.num_attention_heads, "k": lc.num_key_value_heads, "head": -1}   # -1: as many as it holds
         f = ck.file_of(name)
 
         def check_finite(arr):
@@ -126,7 +133,7 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False, mix: str | None =
                                              f"(in the file, or after conversion to the compute dtype); "
                                              f"such weights only give garbage: re-download or re-convert it")
 
-        shape = schema.hf_shape(t, cfg)
+        shape = schema.hf_shape(t, lc)
         if f.shape(name) != shape:
             raise ModelFileError(f.path, f"tensor {name!r} has shape {list(f.shape(name))}, "
                                          f"config.json implies {list(shape)}")
@@ -135,7 +142,7 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False, mix: str | None =
             fused = _as_compute_dtype(f, name, bf16)
             check_finite(fused)
             out = {}
-            for field, rows in schema.split_rows(t, fused, cfg).items():
+            for field, rows in schema.split_rows(t, fused, lc).items():
                 part = schema.BY_FIELD[field]
                 if part.rope:
                     rows = _permuted_heads(rows, perm, heads[part.rope])
@@ -143,27 +150,27 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False, mix: str | None =
             return out
         if t.field == "wq" and cfg.attn_output_gate:
             # q_proj holds [q_h | gate_h] for each head h: split, then permute q.
-            qd, h = t.shape(cfg)
-            both = _as_compute_dtype(f, name, bf16).reshape(heads["q"], 2, cfg.head_dim, h)
+            qd, h = t.shape(lc)
+            both = _as_compute_dtype(f, name, bf16).reshape(heads["q"], 2, lc.head_dim, h)
             check_finite(both)
             q = packed(np.ascontiguousarray(both[:, 0][:, perm]).reshape(qd, h), name, False)
             gate = packed(np.ascontiguousarray(both[:, 1]).reshape(qd, h), name, False)
             return {"wq": q, "w_attn_gate": gate}
         arr = _as_compute_dtype(f, name, bf16 and t.matrix, perm if t.rope else None, heads.get(t.rope))
         if not t.matrix:
-            arr = _vector(t, arr, cfg)
+            arr = _vector(t, arr, lc)
         check_finite(arr)
         if t.matrix:
-            arr = packed(arr, name, t is schema.EMBED)
+            arr = packed(arr, name, t in (schema.EMBED, schema.PER_LAYER_MODEL[0]))
         return {t.field: arr}
 
     layers = []
     for i in range(cfg.num_hidden_layers):
         kind = cfg.layer_kind(i)
         layer = {"kind": kind}
-        for t in schema.file_tensors(cfg, kind):
+        for t in schema.file_tensors(views[i], kind):
             if t.field not in layer:   # w_attn_gate comes with wq
-                layer.update(get(t, schema.hf_name(t, cfg, i)))
+                layer.update(get(t, schema.hf_name(t, cfg, i), views[i]))
         layers.append(layer)
     # transformers ties the head to the embedding when asked to, except in
     # families that keep an lm_head the file does carry.
@@ -173,6 +180,8 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False, mix: str | None =
         raise ModelFileError(folder, "lm_head.weight is missing and tie_word_embeddings is false")
     embed_name = schema.hf_name(schema.EMBED, cfg)
     out = get(schema.NORM, schema.hf_name(schema.NORM, cfg))
+    for t in model_tensors(cfg):
+        out.update(get(t, schema.hf_name(t, cfg)))
     if tied:
         # One copy serves both: the packed head, whose rows the C loop reads
         # for the embedding lookup.
