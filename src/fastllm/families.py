@@ -168,7 +168,7 @@ FAMILIES = {
         _GEMMA, norm_plus_one=False, query_pre_attn_scalar=False,
         refuse=dict(_GEMMA["refuse"], enable_moe_block=MIXTURE_OF_EXPERTS_REFUSAL,
                     attention_bias="biases are not supported for gemma4_text")),
-        qk_norm=True, local_rope=True, gemma4_layers=True, defaults=_GEMMA4_DEFAULTS),
+        qk_norm=True, local_rope=True, gemma4_layers=True, defaults=_GEMMA4_DEFAULTS, gguf="gemma4"),
     "gemma4": Family("Gemma4ForConditionalGeneration", text_config="gemma4_text",
                      weight_prefix="model.language_model."),
     # Ministral 3: Mistral with YaRN and queries scaled by position. Its

@@ -241,14 +241,15 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
     planned = gguf_tensors.plan_tensors(tensors, gguf_tensors.tensor_shapes(contents.tensors), cfg, path,
                                         n_mtp=int(contents.metadata.get(f"{arch}.nextn_predict_layers", 0)),
                                         notify=True)
-    by_hf = {hf: g for hf, g, _ in planned}
-    perm = rope_permutation(cfg.head_dim, cfg.rope_dim)
-    heads = {"q": cfg.num_attention_heads, "k": cfg.num_key_value_heads}
+    by_hf = {hf: g for hf, g, _, _ in planned}
+    views = {hf: lc for hf, _, _, lc in planned}   # the config each tensor's layer sees
     interleaved = cfg.family.gguf_qk_interleaved
     types, dequantized, reordered = Counter(), set(), Counter()
 
-    def rows_in_order(arr: np.ndarray, t: schema.Tensor, dtype: str) -> np.ndarray:
+    def rows_in_order(arr: np.ndarray, t: schema.Tensor, dtype: str, lc: ModelConfig) -> np.ndarray:
         """Rows (or vector entries, or a matrix's columns of dtype) in the order the run loop reads."""
+        perm = rope_permutation(lc.head_dim, lc.rope_dim)
+        heads = {"q": lc.num_attention_heads, "k": lc.num_key_value_heads}
         index = gguf_tensors.v_head_index(t, cfg)
         if index is not None and t.v_heads == "columns":
             n = 1 if dtype in ("f32", "f16", "bf16") else _core.block_size(dtype)[0]
@@ -300,7 +301,7 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
         K = by_hf[hf].shape[-1]
         types[dtype] += arr.shape[0] * K
         try:
-            if t is schema.EMBED:
+            if t in (schema.EMBED, schema.PER_LAYER_MODEL[0]):
                 return _core.rows(arr, dtype=dtype, K=K)
             return _core.pack(arr, dtype=dtype, K=K)
         except (TypeError, ValueError) as e:
@@ -308,10 +309,10 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
 
     def get(t: schema.Tensor, hf: str):
         arr, dtype = read(t, hf)
-        arr = rows_in_order(arr, t, dtype)
+        arr = rows_in_order(arr, t, dtype, views[hf])
         if not t.matrix:
             gguf_tensors.check_decay(arr, t, by_hf[hf].name, path)
-            return _vector(t, arr.reshape(t.shape(cfg)), cfg, gguf=True)
+            return _vector(t, arr.reshape(t.shape(views[hf])), cfg, gguf=True)
         return pack(arr, dtype, t, hf)
 
     def get_fused(t: schema.Tensor, hf: str) -> dict:
@@ -319,22 +320,22 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
         blocks), each in the file's type."""
         arr, dtype = read(t, hf)
         parts = schema.split_rows(t, arr, cfg).items()
-        return {field: pack(rows_in_order(rows, schema.BY_FIELD[field], dtype), dtype, t, hf)
+        return {field: pack(rows_in_order(rows, schema.BY_FIELD[field], dtype, views[hf]), dtype, t, hf)
                 for field, rows in parts}
 
     def query_and_gate(t: schema.Tensor, hf: str) -> dict:
         """attn_q holds [q_h | gate_h] for each head h, as HF's q_proj does: split by rows."""
         both, dtype = read(t, hf)
-        rows = both.reshape(heads["q"], 2, cfg.head_dim, *both.shape[1:])
-        q = rows_in_order(np.ascontiguousarray(rows[:, 0]).reshape(-1, *both.shape[1:]), t, dtype)
+        rows = both.reshape(cfg.num_attention_heads, 2, cfg.head_dim, *both.shape[1:])
+        q = rows_in_order(np.ascontiguousarray(rows[:, 0]).reshape(-1, *both.shape[1:]), t, dtype, views[hf])
         gate = np.ascontiguousarray(rows[:, 1]).reshape(-1, *both.shape[1:])
         return {"wq": pack(q, dtype, t, hf), "w_attn_gate": pack(gate, dtype, t, hf)}
 
     layers = []
-    for i in range(cfg.num_hidden_layers):
+    for i, lc in enumerate(cfg.layer_configs()):
         kind = cfg.layer_kind(i)
         layer = {"kind": kind}
-        for t in schema.file_tensors(cfg, kind):
+        for t in schema.file_tensors(lc, kind):
             if t.parts:
                 layer.update(get_fused(t, schema.hf_name(t, cfg, i)))
             elif t.field == "wq" and cfg.attn_output_gate:
@@ -343,6 +344,7 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
                 layer[t.field] = get(t, schema.hf_name(t, cfg, i))
         layers.append(layer)
     out = {"layers": layers, "norm": get(schema.NORM, schema.hf_name(schema.NORM, cfg))}
+    out.update({t.field: get(t, schema.hf_name(t, cfg)) for t in model_tensors(cfg)})
     embed_hf = schema.hf_name(schema.EMBED, cfg)
     head_hf = schema.hf_name(schema.LM_HEAD, cfg)
     if head_hf in by_hf:

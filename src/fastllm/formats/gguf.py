@@ -351,7 +351,7 @@ def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DT
 
     n_heads, n_kv = config["num_attention_heads"], config["num_key_value_heads"]
     st_dtype = "BF16" if dtype == "bf16" else "F32"
-    entries = [(hf, st_dtype, schema.hf_shape(t, cfg)) for hf, _, t in order]
+    entries = [(hf, st_dtype, schema.hf_shape(t, lc)) for hf, _, t, lc in order]
     report = progress_fn(progress, f"Converting {path.name}")
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -376,8 +376,8 @@ def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DT
         if report:
             report(0, total)
         heads = {"q": n_heads, "k": n_kv} if cfg.family.gguf_qk_interleaved else {}
-        for i, (hf, g, t) in enumerate(order):
-            writer.write(hf, slices_to_write(g, path, heads.get(t.rope), dtype, t, cfg))
+        for i, (hf, g, t, lc) in enumerate(order):
+            writer.write(hf, slices_to_write(g, path, heads.get(t.rope), dtype, t, lc))
             if report:
                 report(i + 1, total)
         if writer is not None:
