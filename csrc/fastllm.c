@@ -637,7 +637,8 @@ static void add_residual(const FlmConfig *c, float *x, float *o, const float *po
 }
 
 /* Part of row `token` of an embedding table of plain rows of width n:
- * count values from start (whole blocks of a quantized table). */
+ * count values from start (a quantized table's blocks that hold them are
+ * dequantized one at a time). */
 static void table_part(float *out, const FlmMatrix *table, int token, int n, int start, int count) {
     const int type = table->type;
     if (type == FLM_BF16 || type == FLM_F32 || type == FLM_F16) {
@@ -648,8 +649,14 @@ static void table_part(float *out, const FlmMatrix *table, int token, int n, int
                    : flm_f16_to_f32(((const uint16_t *)table->data)[at + i]);
     } else {
         const FlmQuantType *q = flm_quant_type(type);
-        const char *row = (const char *)table->data + (size_t)token * (n / q->ggml_block) * q->ggml_bytes;
-        flm_quant_dequant_row(out, row + (size_t)start / q->ggml_block * q->ggml_bytes, count, type);
+        const int bs = q->ggml_block;
+        const char *row = (const char *)table->data + (size_t)token * (n / bs) * q->ggml_bytes;
+        float block[256];   /* the largest GGML block */
+        for (int b = start / bs; b * bs < start + count; b++) {
+            flm_quant_dequant_row(block, row + (size_t)b * q->ggml_bytes, bs, type);
+            const int lo = imax(start, b * bs), hi = imin(start + count, (b + 1) * bs);
+            memcpy(out + lo - start, block + lo - b * bs, sizeof(float) * (hi - lo));
+        }
     }
 }
 
