@@ -158,15 +158,17 @@ SHAPES["gemma4-wrapper"] = dict(_GEMMA4_TEXT, model_type="gemma4", hidden_size=4
 
 def _make_gemma4_wrapper(spec: dict, init_scale: float):
     """Gemma 4's multimodal wrapper: the text model beside a tiny vision
-    tower that fastllm ignores."""
+    tower that fastllm ignores. The image, video and audio placeholders lie
+    outside the vocabulary: transformers' wrapper embeds a placeholder in a
+    prompt as padding even without an image, which a text model does not."""
     from transformers import Gemma4Config, Gemma4ForConditionalGeneration
     text = {k: v for k, v in spec.items() if k != "model_type"}
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                   num_key_value_heads=2, head_dim=16, global_head_dim=16)
     config = Gemma4Config(text_config=dict(text, initializer_range=init_scale, max_position_embeddings=512),
                           vision_config=vision, audio_config=None, initializer_range=init_scale,
-                          boi_token_id=3, eoi_token_id=4, image_token_id=5, video_token_id=6,
-                          boa_token_id=7, eoa_token_index=8, audio_token_id=9)
+                          boi_token_id=3, eoi_token_id=4, image_token_id=1000, video_token_id=1001,
+                          boa_token_id=7, eoa_token_index=8, audio_token_id=1002)
     return Gemma4ForConditionalGeneration(config)
 
 
