@@ -179,10 +179,10 @@ def test_gguf_switches_are_the_folders(fastllm_home):
     cfg = Model.from_pretrained(DATA / "gemma4.gguf").config
     views = cfg.layer_configs()
     assert [(v.head_dim, v.num_key_value_heads, v.intermediate_size) for v in views] == (
-        [(16, 2, 96), (16, 2, 96), (32, 1, 96), (16, 2, 96), (16, 2, 192), (32, 1, 192)])
-    assert [cfg.kv_layer(i) for i in range(6)] == [0, 1, 2, 3, 3, 2]
+        [(16, 2, 96), (32, 1, 96)] * 2 + [(16, 2, 192), (32, 1, 192)])
+    assert [cfg.kv_layer(i) for i in range(6)] == [0, 1, 2, 3, 2, 3]   # as llama.cpp shares them
     assert (cfg.attention_k_eq_v, cfg.hidden_size_per_layer_input, cfg.final_logit_softcapping) == (True, 16, 4.0)
-    assert views[2].rope_scaling == {"rope_type": "proportional", "partial_rotary_factor": 0.25}
+    assert views[1].rope_scaling == {"rope_type": "proportional", "partial_rotary_factor": 0.25}
 
 
 def test_converted_folder_runs_in_transformers(tmp_path):

@@ -351,6 +351,15 @@ def _gemma4_keys(md: dict, arch: str, shapes: dict, rope_freqs, path: Path) -> t
     if not 0 <= shared < n_layers:
         raise ConversionError(path, f"{arch}.attention.shared_kv_layers is {shared} of {n_layers} layers")
 
+    first_shared = n_layers - shared
+    if shared and (first_shared < 2 or sliding[first_shared - 2:first_shared] != [True, False]):
+        # llama.cpp's gemma4 has layers from there on read the cache of the
+        # last layer before them for the global ones and of the one before
+        # that for the sliding ones; transformers' the last of each type.
+        raise ConversionError(path, f"{arch}: the layers sharing caches start at {first_shared}, after layers "
+                                    "that are not a sliding one then a global one: llama.cpp would run "
+                                    "them with other layers' caches than transformers")
+
     def per_layer(key, default=None):
         v = md.get(f"{arch}.{key}", default)
         v = v if isinstance(v, list) else [v] * n_layers

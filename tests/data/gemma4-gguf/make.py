@@ -10,7 +10,8 @@ that are their keys, the last layers attending to earlier layers' caches
 with a double-wide MLP, the global layers' proportional RoPE, a window
 shorter than the prompts and a reached final soft-cap.
 
-* gemma4.gguf (F32) of oracles/tiny_models.py's "gemma4-text" shape, and
+* gemma4.gguf (F32) of oracles/tiny_models.py's "gemma4-text" shape (its
+  layers alternating as llama.cpp's cache sharing needs), and
   gemma4.npz: transformers' float64 logits on the folder it was made from
   for a fixed prompt (ids, logits);
 * gemma4-256-Q4_K_M.gguf of a 256-wide version (so that most matrices take
@@ -41,7 +42,10 @@ from oracles.hf_reference import hf_logits, load_hf  # noqa: E402
 from oracles.tiny_models import SHAPES, make_tiny_model  # noqa: E402
 
 VOCAB = spm_vocabs.DEFAULT_VOCAB_SIZE
-TEXT = dict(SHAPES["gemma4-text"], vocab_size=VOCAB, vocab_size_per_layer_input=VOCAB)
+# llama.cpp's layers that share caches read those of the last two layers
+# before them, which must then be a sliding one and a global one.
+TEXT = dict(SHAPES["gemma4-text"], vocab_size=VOCAB, vocab_size_per_layer_input=VOCAB,
+            layer_types=["sliding_attention", "full_attention"] * 3)
 WIDE = dict(TEXT, hidden_size=256, intermediate_size=256, num_hidden_layers=4, num_attention_heads=2,
             num_key_value_heads=1, head_dim=128, global_head_dim=256, hidden_size_per_layer_input=64,
             layer_types=["sliding_attention", "full_attention"] * 2)
@@ -52,11 +56,11 @@ def prompt(vocab: int) -> list:
     return np.random.default_rng(24).integers(0, vocab, 40).tolist()
 
 
-def folder_of(kind: str, spec: dict, work: Path, llama_cpp: Path) -> Path:
+def folder_of(kind: str, spec: dict, work: Path, llama_cpp: Path, init_scale: float = 0.2) -> Path:
     """The tiny checkpoint with a Gemma vocabulary (<pad> <eos> <bos> <unk>
     at 0..3, no dummy prefix) and Gemma 4's chat template."""
     SHAPES[kind] = spec
-    folder = make_tiny_model(kind, work / kind)
+    folder = make_tiny_model(kind, work / kind, init_scale=init_scale)
     settings = dict(spm_vocabs.VOCABS["gemma-bpe-bf"][0])
     model = spm_vocabs.train(vocab_size=VOCAB, out_dir=work / "vocab", **settings)
     for path in spm_vocabs.hf_folder(model, work / "vocab", "gemma").iterdir():
