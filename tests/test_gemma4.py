@@ -220,6 +220,23 @@ def test_gguf_tokenizer_is_the_converted_folders(tmp_path, fastllm_home):
         assert ours.encode(text) == theirs.encode(text), text
 
 
+@pytest.mark.parametrize("changes, message", [
+    ({"attention.sliding_window_pattern": [True, False, False, True, True, False]},
+     "llama.cpp would run them with other layers' caches than transformers"),
+    ({"feed_forward_length": [96, 96, 128, 96, 192, 192]}, "differ otherwise than between sliding and global"),
+    ({"rope.dimension_count_swa": 8}, "partial RoPE other than the global layers' proportional one"),
+])
+def test_gguf_metadata_llama_cpp_would_run_otherwise_is_refused(changes, message):
+    from fastllm.formats.gguf_config import model_config
+    from fastllm.formats.gguf_tensors import read_contents, tensor_shapes
+    contents = read_contents(DATA / "gemma4.gguf")
+    md = dict(contents.metadata, **{f"gemma4.{k}": v for k, v in changes.items()})
+    freqs = np.array([1.0] * 4 + [1e30] * 12, np.float32)
+    model_config(contents.metadata, tensor_shapes(contents.tensors), DATA / "gemma4.gguf", "f32", freqs)
+    with pytest.raises(ConversionError, match=message):
+        model_config(md, tensor_shapes(contents.tensors), DATA / "gemma4.gguf", "f32", freqs)
+
+
 def test_fastllm_does_not_write_gemma4_gguf(tiny_model_dir, tmp_path):
     with pytest.raises(ConversionError, match="cannot be written to GGUF by fastllm yet"):
         export_gguf(tiny_model_dir("gemma4-text"), tmp_path / "x.gguf", "f32")
