@@ -192,7 +192,7 @@ static void matmul_panels(float *out, int ldo, const MatInput *in, int t0, const
         else
             flm_kernels->gemm_bf16(out, ldo, in->x + (size_t)t0 * in->ldx, in->ldx, w->data, K, T, p0, np, N);
     } else if (takes_int8(w, in->float_acts)) {
-        flm_qgemm(out, ldo, in->xa + (size_t)t0 * in->lda, in->lda, w->data, K, T, p0, np, N, w->type);
+        flm_kernels->qgemm(out, ldo, in->xa + (size_t)t0 * in->lda, in->lda, w->data, K, T, p0, np, N, w->type);
     } else {
         /* fp32 activations: each panel dequantized whole, then the fp32
          * kernel, so the products are those of the dequantized fp32 matrix
@@ -251,7 +251,7 @@ static MatInput matmul_input(const FlmState *s, const float *x, int T, int K, co
 #pragma omp for schedule(static)
     for (int t = 0; t < T; t++) {
         if (bf16) flm_kernels->to_bf16(s->xq + (size_t)t * in.ldb * 2, x + (size_t)t * K, K);
-        if (int8) flm_quantize_q8((FlmQ8 *)s->xa + (size_t)t * in.lda, x + (size_t)t * K, K);
+        if (int8) flm_kernels->quantize_q8((FlmQ8 *)s->xa + (size_t)t * in.lda, x + (size_t)t * K, K);
     }
     return in;
 }
@@ -592,8 +592,11 @@ static void linear_attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
 #pragma omp for schedule(static)
     for (int i = 0; i < n_seqs * hk; i++) {
         const int k = i / hk, kh = i % hk;
-        float *S0 = DELTA_STATE(k) + (size_t)kh * group * dk * dv;
-        if (seqs[k].pos == 0) memset(S0, 0, sizeof(float) * group * dk * dv);
+        float *S0 = DELTA_STATE(k);
+        /* This key head's first value head, and the stride to its next. */
+        const int h0 = c->lin_v_tiled ? kh : kh * group, step = c->lin_v_tiled ? hk : 1;
+        for (int j = 0; j < group && seqs[k].pos == 0; j++)
+            memset(S0 + (size_t)(h0 + j * step) * dk * dv, 0, sizeof(float) * dk * dv);
         int t0 = 0;
         for (int j = 0; j < k; j++) t0 += seqs[j].n;
         for (int t = t0; t < t0 + seqs[k].n; t++) {
@@ -601,12 +604,12 @@ static void linear_attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
             const float qs = l2_scale(q, dk), ks = l2_scale(k, dk), scale = 1.0f / sqrtf((float)dk);
             for (int d = 0; d < dk; d++) q[d] = (q[d] * qs) * scale;
             for (int d = 0; d < dk; d++) k[d] *= ks;
-            for (int h = kh * group; h < (kh + 1) * group; h++) {
+            for (int h = h0; h < h0 + group * step; h += step) {
                 const float *v = row + 2 * kd + h * dv;
                 float beta = sigmoid(row[cd + h]);
                 float decay = expf(L->lin_A[h] * softplus(row[cd + hv + h] + L->dt_bias[h]));
                 float *o = s->xb + (size_t)t * vd + h * dv;
-                flm_kernels->delta_rule(S0 + (size_t)(h - kh * group) * dk * dv, q, k, v, beta, decay, dk, dv, o);
+                flm_kernels->delta_rule(S0 + (size_t)h * dk * dv, q, k, v, beta, decay, dk, dv, o);
                 /* Gated RMSNorm: silu(z) * (w * norm(o)), left in z's place. */
                 float *z = s->gate + (size_t)t * vd + h * dv;
                 rmsnorm(o, o, L->lin_norm, dv, c->norm_eps);
@@ -840,5 +843,5 @@ int flm_set_simd_path(const char *name) {
 
 const char *flm_int8_name(void) {
     if (!kernels_ready) { flm_kernels_init(); kernels_ready = 1; }
-    return flm_int8_path();
+    return flm_kernels->int8_name;
 }

@@ -1,5 +1,5 @@
 /* Attention, softmax, delta-rule and elementwise (SiLU, GeLU, tanh soft-cap) kernels for each path:
- * generic C, AVX2+FMA, AVX-512; the dispatch table (matmul kernels: gemm.c). */
+ * generic C, AVX2+FMA, AVX-512; the dispatch table (matmul kernels: gemm.c, int8 ones: quant.c). */
 #include "kernels.h"
 #include "quant.h"
 #include "simd.h"
@@ -123,6 +123,7 @@ static float softcap_max_generic(float *x, int n, float cap) {
 
 static const FlmKernels kernels_generic = {
     "generic", flm_gemm_f32_generic, flm_gemm_bf16_generic, NULL,
+    "generic", flm_qgemm_generic, flm_quantize_q8_generic,
     key_scores_generic, exp_sum_generic, NULL, NULL, scale_max_generic, scale_generic,
     weighted_sum_generic, delta_rule_generic, conv_silu_generic, rmsnorm_generic, silu_mul_generic,
     gelu_tanh_mul_generic, softcap_max_generic,
@@ -280,7 +281,9 @@ static AVX2 float softcap_max_avx2(float *x, int n, float cap) {
 }
 
 static const FlmKernels kernels_avx2 = {
-    "avx2", flm_gemm_f32_avx2, flm_gemm_bf16_avx2, NULL, key_scores_avx2,
+    "avx2", flm_gemm_f32_avx2, flm_gemm_bf16_avx2, NULL,
+    "avx2", flm_qgemm_avx2, flm_quantize_q8_generic,
+    key_scores_avx2,
     exp_sum_generic, NULL, NULL, scale_max_generic, scale_generic, weighted_sum_avx2,
     delta_rule_generic, conv_silu_generic, rmsnorm_generic, silu_mul_generic, gelu_tanh_mul_avx2, softcap_max_avx2,
     60,
@@ -645,7 +648,9 @@ static AVX512 float softcap_max_avx512(float *x, int n, float cap) {
 }
 
 static const FlmKernels kernels_avx512 = {
-    "avx512", flm_gemm_f32_avx512, flm_gemm_bf16_avx512, NULL, key_scores_avx512,
+    "avx512", flm_gemm_f32_avx512, flm_gemm_bf16_avx512, NULL,
+    "avx512_vnni", flm_qgemm_avx512_vnni, flm_quantize_q8_avx512,
+    key_scores_avx512,
     exp_sum_avx512, key_scores2_avx512, weighted_sum2_avx512, scale_max_avx512, scale_avx512,
     weighted_sum_avx512, delta_rule_avx512, conv_silu_avx512, rmsnorm_avx512, silu_mul_avx512,
     gelu_tanh_mul_avx512, softcap_max_avx512,
@@ -656,6 +661,7 @@ static const FlmKernels kernels_avx512 = {
  * the multiplies per instruction at the cost of rounding the activations. */
 static const FlmKernels kernels_avx512_bf16 = {
     "avx512_bf16", flm_gemm_f32_avx512, flm_gemm_bf16_dp_avx512, flm_to_bf16_avx512,
+    "avx512_vnni", flm_qgemm_avx512_vnni, flm_quantize_q8_avx512,
     key_scores_avx512, exp_sum_avx512, key_scores2_avx512, weighted_sum2_avx512, scale_max_avx512,
     scale_avx512, weighted_sum_avx512, delta_rule_avx512, conv_silu_avx512, rmsnorm_avx512, silu_mul_avx512,
     gelu_tanh_mul_avx512, softcap_max_avx512,
@@ -673,6 +679,7 @@ static int has_f16c(void) {
 /* The same, with the bf16 matmuls on AMX tiles. */
 static const FlmKernels kernels_amx_bf16 = {
     "amx_bf16", flm_gemm_f32_avx512, flm_gemm_bf16_amx, flm_to_bf16_avx512,
+    "avx512_vnni", flm_qgemm_avx512_vnni, flm_quantize_q8_avx512,
     key_scores_avx512, exp_sum_avx512, key_scores2_avx512, weighted_sum2_avx512, scale_max_avx512,
     scale_avx512, weighted_sum_avx512, delta_rule_avx512, conv_silu_avx512, rmsnorm_avx512, silu_mul_avx512,
     gelu_tanh_mul_avx512, softcap_max_avx512,
@@ -696,6 +703,21 @@ static int amx_usable(void) {
 /* -------------------------------------------------------------- dispatch */
 
 const FlmKernels *flm_kernels = &kernels_generic;
+
+/* The chosen path's table. AVX-512 CPUs without VNNI (Skylake-X) run the
+ * avx512 paths' int8 matmul on AVX2's kernel instead. */
+static FlmKernels chosen;
+
+static void choose(const FlmKernels *k) {
+    chosen = *k;
+#ifdef FLM_X86
+    if (chosen.qgemm == flm_qgemm_avx512_vnni && !__builtin_cpu_supports("avx512vnni")) {
+        chosen.qgemm = flm_qgemm_avx2;
+        chosen.int8_name = "avx2";
+    }
+#endif
+    flm_kernels = &chosen;
+}
 
 static int supported(const FlmKernels *k) {
     if (k == &kernels_generic) return 1;
@@ -731,8 +753,7 @@ static const FlmKernels *const all_paths[] = {
 void flm_kernels_init(void) {
     for (size_t i = 0; i < sizeof all_paths / sizeof all_paths[0]; i++)
         if (all_paths[i]->to_bf16 == NULL && supported(all_paths[i])) {
-            flm_kernels = all_paths[i];
-            flm_int8_select(flm_kernels->name);
+            choose(all_paths[i]);
             return;
         }
 }
@@ -740,8 +761,7 @@ void flm_kernels_init(void) {
 int flm_kernels_select(const char *name) {
     for (size_t i = 0; i < sizeof all_paths / sizeof all_paths[0]; i++)
         if (strcmp(all_paths[i]->name, name) == 0 && supported(all_paths[i])) {
-            flm_kernels = all_paths[i];
-            flm_int8_select(flm_kernels->name);
+            choose(all_paths[i]);
             return 0;
         }
     return -1;

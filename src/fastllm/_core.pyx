@@ -220,30 +220,42 @@ cdef _check_ids_at_boundary(const int32_t[::1] ids, int vocab_size):
         raise ValueError(f"token id {ids[bad]} is outside the vocabulary (0..{vocab_size - 1})")
 
 
+def weight_types():
+    """The C core's table of weight types (quant.h's FlmQuantType), in the
+    order of its enum: for each, its name, its enum value (type), the values
+    of one GGML block and that block's bytes, the values a row's scales come
+    in (superblock; a row's length must be a multiple), its bits per value,
+    and whether its weights multiply int8 activations (quantized)."""
+    cdef const flm.FlmQuantType *q
+    out = []
+    for t in range(flm.FLM_TYPES):
+        q = flm.flm_quant_type(t)
+        out.append({"name": q.name.decode(), "type": t, "block": q.ggml_block, "block_bytes": q.ggml_bytes,
+                    "superblock": q.sb, "bits": q.bits, "quantized": bool(flm.flm_is_quantized(t))})
+    return out
+
+
 # Weight storage types by name: the C enum, and how numpy holds the values
 # of a row before packing (absent: GGML blocks, as bytes).
-TYPES = {"f32": flm.FLM_F32, "bf16": flm.FLM_BF16, "f16": flm.FLM_F16, "q8_0": flm.FLM_Q8_0,
-         "q4_0": flm.FLM_Q4_0, "q4_1": flm.FLM_Q4_1, "q5_0": flm.FLM_Q5_0, "q5_1": flm.FLM_Q5_1,
-         "q4_k": flm.FLM_Q4_K, "q5_k": flm.FLM_Q5_K, "q6_k": flm.FLM_Q6_K}
+TYPES = {t["name"]: t["type"] for t in weight_types()}
 _ROW_DTYPES = {"f32": np.float32, "bf16": np.uint16, "f16": np.float16}
+
+
+cdef const flm.FlmQuantType *_weight_type(str dtype) except NULL:
+    if dtype not in TYPES:
+        raise ValueError(f"unknown weight type {dtype!r}; known: {', '.join(TYPES)}")
+    return flm.flm_quant_type(TYPES[dtype])
 
 
 def block_size(str dtype):
     """(values, bytes) of one block of a weight type: (1, 4) for f32."""
-    if dtype not in TYPES:
-        raise ValueError(f"unknown weight type {dtype!r}; known: {', '.join(TYPES)}")
-    if dtype in ("f32", "bf16"):
-        return 1, 4 if dtype == "f32" else 2
-    cdef const flm.FlmQuantType *q = flm.flm_quant_type(TYPES[dtype])
+    cdef const flm.FlmQuantType *q = _weight_type(dtype)
     return q.ggml_block, q.ggml_bytes
 
 
 def superblock(str dtype):
     """Values of a row that a type's scales come in: K must be a multiple."""
-    block_size(dtype)
-    if dtype in ("f32", "bf16"):
-        return 1
-    return flm.flm_quant_type(TYPES[dtype]).sb
+    return _weight_type(dtype).sb
 
 
 def row_bytes(str dtype, long long K):
@@ -372,9 +384,12 @@ cdef class Weights:
     every State made from it. config is a ModelConfig (already checked);
     weights the dict of weights.load_weights: matrices as Matrix objects
     (packed, see pack; the embedding as rows, or None where tied), vectors
-    in float32. The context holds n_ctx positions. With float_acts,
-    quantized weights multiply fp32 activations (their exact dequantized
-    values) rather than int8 blocks of them."""
+    in float32; with "v_heads_tiled" true, the Gated DeltaNet tensors hold
+    their value heads in llama.cpp's tiled order, not HF's grouped one
+    (weights.load_gguf_weights says when). The context holds n_ctx
+    positions. With float_acts, quantized weights multiply fp32
+    activations (their exact dequantized values) rather than int8 blocks
+    of them."""
     cdef flm.FlmConfig cfg
     cdef flm.FlmWeights w
     cdef flm.FlmLayer *layers
@@ -408,6 +423,7 @@ cdef class Weights:
         c.lin_k_heads, c.lin_v_heads = config.linear_num_key_heads, config.linear_num_value_heads
         c.lin_k_dim, c.lin_v_dim = config.linear_key_head_dim, config.linear_value_head_dim
         c.conv_kernel = config.linear_conv_kernel_dim
+        c.lin_v_tiled = bool(weights.get("v_heads_tiled", False))
         c.embed_scale, c.residual_scale = config.embedding_multiplier, config.residual_multiplier
         c.logits_div, c.qk_norm_whole = config.logits_scaling, config.qk_norm_whole
         c.activation = flm.FLM_GELU_TANH if config.hidden_act == "gelu_pytorch_tanh" else flm.FLM_SILU

@@ -41,6 +41,7 @@ cdef extern from "fastllm.h" nogil:
         int lin_k_dim
         int lin_v_dim
         int conv_kernel
+        int lin_v_tiled
         float embed_scale
         float residual_scale
         float logits_div
@@ -122,6 +123,7 @@ cdef extern from "quant.h" nogil:
         int ggml_block
         int ggml_bytes
     const FlmQuantType *flm_quant_type(int type)
+    int flm_is_quantized(int type)
     void flm_quant_dequant_row(float *out, const void *row, int K, int type)
 
 cdef extern from "gemm.h" nogil:
