@@ -170,6 +170,8 @@ int main(int argc, char **argv) {
     /* llama.cpp counts attn_v and attn_qkv matrices together for more_bits. */
     for (int l = 0, n_v = 0; l < c.n_layers; l++) {
         FlmLayer *L = &layers[l];
+        L->head_dim = c.head_dim; L->n_kv_heads = c.n_kv_heads; L->rope_dim = c.rope_dim;
+        L->hidden_dim = c.hidden_dim; L->kv_layer = l;
         unsigned seed = 16 * (unsigned)l;
         const int v_type = q4_k_m && more_bits(n_v++, c.n_layers) ? FLM_Q6_K : wtype;
         if (qwen35 && l % 4 != 3) {

@@ -225,6 +225,8 @@ static void test_model(int wtype, int qk_norm, int bias, int gate, int linear, i
     for (int l = 0; l < c.n_layers; l++) {
         FlmLayer *L = &layers[l];
         memset(L, 0, sizeof *L);
+        L->head_dim = c.head_dim; L->n_kv_heads = c.n_kv_heads; L->rope_dim = c.rope_dim;
+        L->hidden_dim = c.hidden_dim; L->kv_layer = l;
         L->w_gate = mat(c.hidden_dim, c.dim, wtype, 0.3f);
         L->w_up = mat(c.hidden_dim, c.dim, wtype, 0.3f);
         L->w_down = mat(c.dim, c.hidden_dim, wtype, 0.3f);

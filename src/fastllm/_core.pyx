@@ -30,7 +30,8 @@ cnp.import_array()
 from fastllm cimport cfastllm as flm
 from fastllm import schema
 
-# FlmLayer is kind, window and the RoPE tables, then one pointer per schema.LAYER tensor, in that order.
+# FlmLayer is kind, sizes, window, the RoPE tables and v_norm, then one pointer per schema.LAYER tensor, in
+# that order.
 cdef flm.FlmLayer _probe
 cdef size_t _FIRST = <size_t>(<char *>&_probe.wq - <char *>&_probe)
 if (sizeof(flm.FlmLayer) - _FIRST) // sizeof(void *) != len(schema.LAYER):
@@ -439,9 +440,11 @@ cdef class Weights:
         self.config = config
         self.n_threads = n_threads
         cdef flm.FlmConfig *c = &self.cfg
-        c.dim, c.hidden_dim = config.hidden_size, config.intermediate_size
+        # Buffers and the cache are sized by the widest layer.
+        views = config.layer_configs()
+        c.dim, c.hidden_dim = config.hidden_size, config.max_size("intermediate_size")
         c.n_layers, c.n_heads = config.num_hidden_layers, config.num_attention_heads
-        c.n_kv_heads, c.head_dim = config.num_key_value_heads, config.head_dim
+        c.n_kv_heads, c.head_dim = config.max_size("num_key_value_heads"), config.max_size("head_dim")
         c.vocab_size, c.seq_len, c.rope_dim = config.vocab_size, n_ctx, config.rope_dim
         c.float_acts = float_acts
         kv_types = {"f32": flm.FLM_F32, "bf16": flm.FLM_BF16, "f16": flm.FLM_F16}
@@ -461,30 +464,38 @@ cdef class Weights:
         c.n_experts, c.n_experts_used = config.num_experts, config.num_experts_per_tok
         c.expert_dim, c.norm_topk_prob = config.moe_intermediate_size, config.norm_topk_prob
         c.shared_dim = config.shared_expert_intermediate_size
+        c.per_layer_dim = config.hidden_size_per_layer_input
 
         self.layers = <flm.FlmLayer *>calloc(c.n_layers, sizeof(flm.FlmLayer))
         if self.layers == NULL:
             raise MemoryError()
+        value_norms = {}
         for i, d in enumerate(layers):
             kind = d.get("kind", schema.ATTENTION)
             if kind not in (schema.ATTENTION, schema.LINEAR):
                 raise ValueError(f"layer {i}: unknown kind {kind!r}")
+            lc = views[i]
             self.layers[i].kind = flm.FLM_LINEAR_ATTENTION if kind == schema.LINEAR else flm.FLM_ATTENTION
+            self.layers[i].head_dim, self.layers[i].n_kv_heads = lc.head_dim, lc.num_key_value_heads
+            self.layers[i].rope_dim, self.layers[i].hidden_dim = lc.rope_dim, lc.intermediate_size
+            self.layers[i].kv_layer = config.kv_layer(i)
             self.layers[i].window = config.attention_window(i)
-            expected = {t.field: t for t in schema.layer_tensors(config, kind, config.layer_ffn(i))}
+            if config.gemma4_layers:   # values RMS-normed without a weight of their own
+                ones = value_norms.setdefault(lc.head_dim, np.ones(lc.head_dim, np.float32))
+                self.layers[i].v_norm = <const float *>_ptr(ones, np.float32, (lc.head_dim,), "value norm")
+            expected = {t.field: t for t in schema.layer_tensors(lc, kind, config.layer_ffn(i))}
             missing, unknown = sorted(expected.keys() - d.keys()), sorted(d.keys() - expected.keys() - {"kind"})
             if missing or unknown:
                 raise ValueError(f"layer {i}: " + "; ".join(
                     f"{what} weights {names}" for what, names in (("missing", missing), ("unknown", unknown))
                     if names))
             for name, t in expected.items():
-                _set_field(&self.layers[i], name, _array_ptr(d[name], t, config, f"layer {i} {name}"))
+                _set_field(&self.layers[i], name, _array_ptr(d[name], t, lc, f"layer {i} {name}"))
         self.w.layers = self.layers
         # One set of tables per distinct RoPE (Gemma 3's sliding layers have
         # their own); a NoPE layer's stay NULL.
         tables = {}
         self.long_rope = False
-        shape = (n_ctx, c.rope_dim // 2)
         q_scales = config.query_position_scales(n_ctx)
         for i in range(c.n_layers):
             if q_scales is not None:
@@ -492,8 +503,9 @@ cdef class Weights:
                                                                  "query position scales")
             if not config.layer_rope(i):
                 continue
-            rc = config.rope_config(i)
-            key = (rc.rope_theta, repr(rc.rope_scaling))
+            rc = views[i]
+            shape = (n_ctx, rc.rope_dim // 2)
+            key = (rc.rope_theta, repr(rc.rope_scaling), rc.rope_dim)
             if key not in tables:
                 tables[key] = (*rc.rope_tables(n_ctx), rc.rope_tables_long(n_ctx))
             cos, sin, long_tables = tables[key]
@@ -513,9 +525,21 @@ cdef class Weights:
             embed, schema.EMBED, config, "embedding")
         self.w.lm_head = <const flm.FlmMatrix *>_array_ptr(weights["lm_head"], schema.LM_HEAD, config, "lm_head")
         self.w.norm = <const float *>_array_ptr(weights["norm"], schema.NORM, config, "final norm")
+        if config.per_layer_inputs:
+            ple = {t.field: t for t in schema.PER_LAYER_MODEL}
+            table = weights["embed_per_layer"]
+            if isinstance(table, np.ndarray):
+                table = rows(table)
+                weights = dict(weights, embed_per_layer=table)
+            self.w.embed_per_layer = <const flm.FlmMatrix *>_matrix_ptr(
+                table, ple["embed_per_layer"].shape(config), False, "per-layer embedding")
+            self.w.per_layer_proj = <const flm.FlmMatrix *>_array_ptr(
+                weights["per_layer_proj"], ple["per_layer_proj"], config, "per-layer projection")
+            self.w.per_layer_norm = <const float *>_array_ptr(
+                weights["per_layer_norm"], ple["per_layer_norm"], config, "per-layer projection norm")
         # Copies of the containers: the arrays stay alive whatever the caller
         # later does with its dict and lists.
-        self._keep = (dict(weights, embed=embed, layers=[dict(d) for d in layers]), tables, q_scales)
+        self._keep = (dict(weights, embed=embed, layers=[dict(d) for d in layers]), tables, q_scales, value_norms)
 
     def __dealloc__(self):
         free(self.layers)
@@ -551,13 +575,14 @@ cdef class Weights:
     @property
     def nbytes(self):
         """Bytes of every weight array C reads."""
-        arrays = [self._keep[0]["norm"]] + [a for d in self._keep[0]["layers"] for k, a in d.items()
+        arrays = [self._keep[0]["norm"]] + [self._keep[0][k] for k in ("per_layer_norm",) if k in self._keep[0]] + [a for d in self._keep[0]["layers"] for k, a in d.items()
                                             if k != "kind" and not isinstance(a, Matrix)]
         return sum(m.nbytes for m in self._matrices()) + sum(a.nbytes for a in arrays)
 
     def _matrices(self):
         w = self._keep[0]
         found = [w["lm_head"]] + ([w["embed"]] if w["embed"] is not None else [])
+        found += [w[name] for name in ("embed_per_layer", "per_layer_proj") if name in w]
         return found + [a for d in w["layers"] for a in d.values() if isinstance(a, Matrix)]
 
     @property
