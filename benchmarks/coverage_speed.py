@@ -233,9 +233,8 @@ def prepare(work: Path, llama_cpp: Path, name: str) -> Path:
 def kv_cache_bytes(path: Path, n_ctx: int, element: int = 4) -> int:
     """fastllm's KV cache for the file at n_ctx positions: keys and values
     of every layer's KV heads (f32 unless told)."""
-    import gguf
-    fields = gguf.GGUFReader(str(path)).fields
-    md = {k: fields[k].contents() for k in fields if not k.startswith("tokenizer.")}
+    from fastllm.formats.gguf_tensors import read_contents
+    md = read_contents(path, string_arrays=False).metadata   # not the vocabulary's strings: quick
     arch = md["general.architecture"]
     n_head_kv = md[f"{arch}.attention.head_count_kv"]
     k = md.get(f"{arch}.attention.key_length") or md[f"{arch}.embedding_length"] // md[f"{arch}.attention.head_count"]
