@@ -67,7 +67,8 @@ PHI4_MINI = dict(
 # Gemma 4's smallest dense size, E2B-style: per-layer inputs of 256 from a
 # second 262k embedding, 35 layers of which the last 20 reuse earlier layers'
 # KV cache and have double-wide MLPs, 4 sliding layers (head 256) to 1 full
-# (head 512, a quarter rotated).
+# (head 512, a quarter rotated). llama.cpp's converter needs more than 18 GB
+# of memory for its 262,144 x 8,960 per-layer embedding.
 GEMMA4_E2B = dict(
     architectures=["Gemma4ForCausalLM"], model_type="gemma4_text", vocab_size=262144, hidden_size=1536,
     intermediate_size=6144, num_hidden_layers=35, num_attention_heads=8, num_key_value_heads=1, head_dim=256,
