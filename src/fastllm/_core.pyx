@@ -375,6 +375,32 @@ def pack_experts(expert, int n_experts, str dtype, int N, int K, int n_threads=0
     return Matrix(dst, dtype, N, K, True, n_experts)
 
 
+def pack_in_chunks(read_rows, int N, int K, str dtype, int chunk_rows, int n_threads=0):
+    """pack for a matrix too big to hold twice: its N rows of GGML blocks
+    (or float32, bf16, f16 values) come from read_rows(first, n), chunk_rows
+    at a time (a multiple of the panel height, so that each chunk fills
+    whole panels: a contiguous slice of the packed bytes)."""
+    if chunk_rows < 1 or chunk_rows % flm.FLM_PANEL:
+        raise ValueError(f"chunk_rows must be a positive multiple of {flm.FLM_PANEL}, got {chunk_rows}")
+    if N < 1:
+        raise ValueError(f"a matrix has at least one row, got N = {N}")
+    cdef int wtype = TYPES[dtype]
+    cdef cnp.ndarray dst = np.empty(flm.flm_packed_bytes(N, K, wtype), np.uint8)
+    cdef int nt = n_threads if n_threads > 0 else (os.cpu_count() or 1)
+    cdef PackArgs job
+    cdef int first, n
+    for first in range(0, N, chunk_rows):
+        n = min(chunk_rows, N - first)
+        src, got = _check_rows(read_rows(first, n), dtype, K)
+        if got != n:
+            raise ValueError(f"read_rows({first}, {n}) gave {got} rows")
+        job.dst = <char *>cnp.PyArray_DATA(dst) + flm.flm_packed_bytes(first, K, wtype)
+        job.src = cnp.PyArray_DATA(<cnp.ndarray>src)
+        job.N, job.K, job.wtype, job.n_threads = n, K, wtype, nt
+        _run_job(_pack_job, &job)
+    return Matrix(dst, dtype, N, K, True)
+
+
 def rows(matrix, str dtype=None, int K=0):
     """An embedding table as plain rows (float32, bf16 bits as uint16, or
     GGML blocks as uint8 with dtype and K): a Matrix read one row per token."""

@@ -133,4 +133,6 @@ cdef extern from "quant.h" nogil:
     void flm_quant_dequant_row(float *out, const void *row, int K, int type)
 
 cdef extern from "gemm.h" nogil:
+    enum:
+        FLM_PANEL
     void flm_packed_row(float *out, const void *wp, int r, int K, int wtype)

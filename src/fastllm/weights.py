@@ -241,6 +241,10 @@ def _finite_blocks(blocks: np.ndarray, dtype: str) -> bool:
     return True
 
 
+# The LM head of a GGUF file is read and packed this many bytes of rows at a time.
+_HEAD_CHUNK_BYTES = 16 << 20
+
+
 def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
     """The arrays for fastllm._core.Weights from a GGUF file's own tensors,
     each matrix in its own type (quantized ones stay quantized; types
@@ -343,7 +347,37 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
         except (TypeError, ValueError) as e:
             raise ModelFileError(path, f"tensor {by_hf[hf].name!r}: {e}") from None
 
+    def head_in_chunks(hf: str):
+        """The LM head in the file's quantized type, read and packed a chunk
+        of rows at a time: with a vocabulary of 200k-262k rows it is the
+        largest matrix (300-500 MB at Q8_0/Q6_K), which read whole would
+        be in memory twice while packed. None where its type is not one of
+        those, or its rows are not read in the file's order."""
+        g = by_hf[hf]
+        dtype = NATIVE_GGML_TYPES.get(getattr(g.tensor_type, "name", str(g.tensor_type)))
+        if (dtype in (None, "f32", "f16", "bf16") or schema.LM_HEAD.rope is not None
+                or gguf_tensors.v_head_index(schema.LM_HEAD, cfg) is not None):
+            return None
+        N, K = g.shape
+        row = g.n_bytes // N
+
+        def read_rows(first: int, n: int) -> np.ndarray:
+            blocks = read_tensor_bytes(path, g, first * row, n * row).reshape(n, row)
+            if not _finite_blocks(blocks, dtype):
+                raise ModelFileError(path, f"tensor {g.name!r} holds NaN or infinite values; such weights only "
+                                           f"give garbage: re-download or re-convert it")
+            return blocks
+
+        types[dtype] += N * K
+        chunk_rows = max(16, (_HEAD_CHUNK_BYTES // row) // 16 * 16)
+        try:
+            return _core.pack_in_chunks(read_rows, N, K, dtype, chunk_rows)
+        except (TypeError, ValueError) as e:
+            raise ModelFileError(path, f"tensor {g.name!r}: {e}") from None
+
     def get(t: schema.Tensor, hf: str):
+        if t is schema.LM_HEAD and (packed := head_in_chunks(hf)) is not None:
+            return packed
         arr, dtype = read(t, hf)
         arr = rows_in_order(arr, t, dtype, views[hf])
         if not t.matrix:
