@@ -7,6 +7,7 @@
 #include "kernels.h"
 #include "quant.h"
 #include "simd.h"
+#include "simd_arm64.h"
 
 #define PANEL FLM_PANEL
 
@@ -769,6 +770,24 @@ void flm_int8_select(const char *simd_path) {
         if (__builtin_cpu_supports("avx512vnni")) {
             qgemm_impl = flm_qgemm_avx512_vnni;
             int8_name = "avx512_vnni";
+        }
+    }
+#endif
+#ifdef FLM_ARM64
+    /* Every aarch64 path but the portable one: the widest int8 kernels the
+     * path's CPU level has (neon_bf16: the CPU's best). */
+    if (strcmp(simd_path, "generic") != 0) {
+        const int f = flm_arm64_features(), all = strcmp(simd_path, "neon_bf16") == 0;
+        quantize_impl = flm_quantize_q8_neon;
+        qgemm_impl = flm_qgemm_neon;
+        int8_name = "neon";
+        if ((f & FLM_ARM_DOTPROD) && (all || strcmp(simd_path, "neon") != 0)) {
+            qgemm_impl = flm_qgemm_dotprod;
+            int8_name = "dotprod";
+        }
+        if ((f & FLM_ARM_DOTPROD) && (f & FLM_ARM_I8MM) && (all || strcmp(simd_path, "i8mm") == 0)) {
+            qgemm_impl = flm_qgemm_i8mm;
+            int8_name = "i8mm";
         }
     }
 #endif
