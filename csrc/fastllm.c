@@ -187,7 +187,7 @@ static void matmul_panels(float *out, int ldo, const MatInput *in, int t0, const
         else
             flm_kernels->gemm_bf16(out, ldo, in->x + (size_t)t0 * in->ldx, in->ldx, w->data, K, T, p0, np, N);
     } else if (takes_int8(w, in->float_acts)) {
-        flm_qgemm(out, ldo, in->xa + (size_t)t0 * in->lda, in->lda, w->data, K, T, p0, np, N, w->type);
+        flm_kernels->qgemm(out, ldo, in->xa + (size_t)t0 * in->lda, in->lda, w->data, K, T, p0, np, N, w->type);
     } else {
         /* fp32 activations: each panel dequantized whole, then the fp32
          * kernel, so the products are those of the dequantized fp32 matrix
@@ -246,7 +246,7 @@ static MatInput matmul_input(const FlmState *s, const float *x, int T, int K, co
 #pragma omp for schedule(static)
     for (int t = 0; t < T; t++) {
         if (bf16) flm_kernels->to_bf16(s->xq + (size_t)t * in.ldb * 2, x + (size_t)t * K, K);
-        if (int8) flm_quantize_q8((FlmQ8 *)s->xa + (size_t)t * in.lda, x + (size_t)t * K, K);
+        if (int8) flm_kernels->quantize_q8((FlmQ8 *)s->xa + (size_t)t * in.lda, x + (size_t)t * K, K);
     }
     return in;
 }
@@ -736,5 +736,5 @@ int flm_set_simd_path(const char *name) {
 
 const char *flm_int8_name(void) {
     if (!kernels_ready) { flm_kernels_init(); kernels_ready = 1; }
-    return flm_int8_path();
+    return flm_kernels->int8_name;
 }

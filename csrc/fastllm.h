@@ -18,18 +18,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "gemm.h"   /* flm_pack */
+#include "types.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Storage types of weights (and, the first three, of the KV cache). The
- * quantized ones are GGML's block formats (quant.h). */
-enum {
-    FLM_F32 = 0, FLM_BF16 = 1, FLM_F16 = 2,
-    FLM_Q8_0 = 3, FLM_Q4_0 = 4, FLM_Q4_1 = 5, FLM_Q5_0 = 6, FLM_Q5_1 = 7,
-    FLM_Q4_K = 8, FLM_Q5_K = 9, FLM_Q6_K = 10,
-    FLM_TYPES
-};
 enum { FLM_ATTENTION = 0, FLM_LINEAR_ATTENTION = 1 };
 /* The MLP's gate activation: act(x @ w_gate^T) * (x @ w_up^T). */
 enum { FLM_SILU = 0, FLM_GELU_TANH = 1 };
@@ -66,13 +61,6 @@ typedef struct {
     float attn_softcap;   /* > 0: attention scores (scaled) become cap * tanh(score / cap) */
     float logit_softcap;  /* > 0: the logits likewise */
 } FlmConfig;
-
-/* A weight matrix (N, K): its storage type, and its data packed by flm_pack
- * (an embedding table: plain rows, of GGML blocks where quantized). */
-typedef struct {
-    const void *data;
-    int type;             /* FLM_F32 .. FLM_Q6_K */
-} FlmMatrix;
 
 typedef struct {
     int kind;             /* FLM_ATTENTION or FLM_LINEAR_ATTENTION */
@@ -184,12 +172,6 @@ enum {
     FLM_PHASES
 };
 
-/* Bytes of an (N, K) matrix of a type packed in panels, and the packing
- * itself, from rows of fp32, bf16 or f16 values or of GGML blocks. Quantized
- * types need K to be a whole number of their superblocks (32 or 256). */
-size_t flm_packed_bytes(int N, int K, int type);
-void flm_pack(void *dst, const void *src, int N, int K, int type, int n_threads);
-
 /* Floats needed by the run state's work buffers (everything but the KV
  * cache), and by the KV cache (keys and values together). */
 size_t flm_state_work_floats(const FlmConfig *c, int max_batch, int max_threads);
@@ -250,7 +232,7 @@ const char *flm_simd_path(void);
 /* Force a path by name (for tests); returns 0 on success, -1 if unsupported. */
 int flm_set_simd_path(const char *name);
 /* Name of the int8 kernels that quantized weights run on under that path
- * ("avx512_vnni", "generic"). */
+ * ("avx512_vnni", "avx2", "generic"): its table's int8_name. */
 const char *flm_int8_name(void);
 
 #ifdef __cplusplus

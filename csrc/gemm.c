@@ -6,10 +6,10 @@
  * bit, and the rounding error grows with KBLOCK + K/KBLOCK rather than K. */
 #include <string.h>
 
-#include "fastllm.h"
 #include "gemm.h"
 #include "quant.h"
 #include "simd.h"
+#include "types.h"
 
 #define PANEL FLM_PANEL
 #define KBLOCK 32

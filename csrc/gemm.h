@@ -1,5 +1,5 @@
 /* Weight matrices packed in panels of FLM_PANEL rows, and the matmul
- * kernels over them (gemm.c); packing itself is declared in fastllm.h.
+ * kernels over them (gemm.c).
  *
  * A panel holds, for each k, the weights W[p*16 + i][k] of its 16 rows side
  * by side (bf16: pairs of k, [k/2][16][2]), so one 64-byte load brings 16
@@ -11,6 +11,12 @@
 #include <stdint.h>
 
 #define FLM_PANEL 16
+
+/* Bytes of an (N, K) matrix of a type packed in panels, and the packing
+ * itself, from rows of fp32, bf16 or f16 values or of GGML blocks. Quantized
+ * types need K to be a whole number of their superblocks (32 or 256). */
+size_t flm_packed_bytes(int N, int K, int type);
+void flm_pack(void *dst, const void *src, int N, int K, int type, int n_threads);
 
 /* out[t*ldo + r] = sum_k x[t*ldx + k] * W[r][k] for t < T and the rows r of
  * panels p0 .. p0+np-1 that are below N; W packed by flm_pack. Every path

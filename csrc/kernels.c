@@ -1,5 +1,5 @@
 /* Attention, softmax, delta-rule and elementwise (SiLU, GeLU, tanh soft-cap) kernels for each path:
- * generic C, AVX2+FMA, AVX-512; the dispatch table (matmul kernels: gemm.c). */
+ * generic C, AVX2+FMA, AVX-512; the dispatch table (matmul kernels: gemm.c, int8 ones: quant.c). */
 #include "kernels.h"
 #include "quant.h"
 #include "simd.h"
@@ -124,6 +124,7 @@ static float softcap_max_generic(float *x, int n, float cap) {
 
 static const FlmKernels kernels_generic = {
     "generic", flm_gemm_f32_generic, flm_gemm_bf16_generic, NULL,
+    "generic", flm_qgemm_generic, flm_quantize_q8_generic,
     key_scores_generic, exp_sum_generic, NULL, NULL, scale_max_generic, scale_generic,
     weighted_sum_generic, delta_rule_generic, conv_silu_generic, rmsnorm_generic, silu_mul_generic,
     gelu_tanh_mul_generic, softcap_max_generic,
@@ -281,7 +282,9 @@ static AVX2 float softcap_max_avx2(float *x, int n, float cap) {
 }
 
 static const FlmKernels kernels_avx2 = {
-    "avx2", flm_gemm_f32_avx2, flm_gemm_bf16_avx2, NULL, key_scores_avx2,
+    "avx2", flm_gemm_f32_avx2, flm_gemm_bf16_avx2, NULL,
+    "avx2", flm_qgemm_avx2, flm_quantize_q8_generic,
+    key_scores_avx2,
     exp_sum_generic, NULL, NULL, scale_max_generic, scale_generic, weighted_sum_avx2,
     delta_rule_generic, conv_silu_generic, rmsnorm_generic, silu_mul_generic, gelu_tanh_mul_avx2, softcap_max_avx2,
     60,
@@ -646,7 +649,9 @@ static AVX512 float softcap_max_avx512(float *x, int n, float cap) {
 }
 
 static const FlmKernels kernels_avx512 = {
-    "avx512", flm_gemm_f32_avx512, flm_gemm_bf16_avx512, NULL, key_scores_avx512,
+    "avx512", flm_gemm_f32_avx512, flm_gemm_bf16_avx512, NULL,
+    "avx512_vnni", flm_qgemm_avx512_vnni, flm_quantize_q8_avx512,
+    key_scores_avx512,
     exp_sum_avx512, key_scores2_avx512, weighted_sum2_avx512, scale_max_avx512, scale_avx512,
     weighted_sum_avx512, delta_rule_avx512, conv_silu_avx512, rmsnorm_avx512, silu_mul_avx512,
     gelu_tanh_mul_avx512, softcap_max_avx512,
@@ -657,6 +662,7 @@ static const FlmKernels kernels_avx512 = {
  * the multiplies per instruction at the cost of rounding the activations. */
 static const FlmKernels kernels_avx512_bf16 = {
     "avx512_bf16", flm_gemm_f32_avx512, flm_gemm_bf16_dp_avx512, flm_to_bf16_avx512,
+    "avx512_vnni", flm_qgemm_avx512_vnni, flm_quantize_q8_avx512,
     key_scores_avx512, exp_sum_avx512, key_scores2_avx512, weighted_sum2_avx512, scale_max_avx512,
     scale_avx512, weighted_sum_avx512, delta_rule_avx512, conv_silu_avx512, rmsnorm_avx512, silu_mul_avx512,
     gelu_tanh_mul_avx512, softcap_max_avx512,
@@ -674,6 +680,7 @@ static int has_f16c(void) {
 /* The same, with the bf16 matmuls on AMX tiles. */
 static const FlmKernels kernels_amx_bf16 = {
     "amx_bf16", flm_gemm_f32_avx512, flm_gemm_bf16_amx, flm_to_bf16_avx512,
+    "avx512_vnni", flm_qgemm_avx512_vnni, flm_quantize_q8_avx512,
     key_scores_avx512, exp_sum_avx512, key_scores2_avx512, weighted_sum2_avx512, scale_max_avx512,
     scale_avx512, weighted_sum_avx512, delta_rule_avx512, conv_silu_avx512, rmsnorm_avx512, silu_mul_avx512,
     gelu_tanh_mul_avx512, softcap_max_avx512,
@@ -706,17 +713,45 @@ static int amx_usable(void) {
         delta_rule_generic, conv_silu_generic, rmsnorm_generic, silu_mul_generic, gelu_tanh_mul_generic,     \
         softcap_max_generic, 60
 
-static const FlmKernels kernels_neon = {"neon", flm_gemm_f32_neon, flm_gemm_bf16_neon, NULL, ARM_FLOAT_KERNELS};
-static const FlmKernels kernels_dotprod = {"dotprod", flm_gemm_f32_neon, flm_gemm_bf16_neon, NULL, ARM_FLOAT_KERNELS};
-static const FlmKernels kernels_i8mm = {"i8mm", flm_gemm_f32_neon, flm_gemm_bf16_neon, NULL, ARM_FLOAT_KERNELS};
-/* BF16 dot products: bf16 weights take bf16 activations, as avx512_bf16. */
-static const FlmKernels kernels_neon_bf16 = {"neon_bf16", flm_gemm_f32_neon, flm_gemm_bf16_bfdot, flm_to_bf16_neon,
-                                             ARM_FLOAT_KERNELS};
+static const FlmKernels kernels_neon = {
+    "neon", flm_gemm_f32_neon, flm_gemm_bf16_neon, NULL,
+    "neon", flm_qgemm_neon, flm_quantize_q8_neon, ARM_FLOAT_KERNELS,
+};
+static const FlmKernels kernels_dotprod = {
+    "dotprod", flm_gemm_f32_neon, flm_gemm_bf16_neon, NULL,
+    "dotprod", flm_qgemm_dotprod, flm_quantize_q8_neon, ARM_FLOAT_KERNELS,
+};
+static const FlmKernels kernels_i8mm = {
+    "i8mm", flm_gemm_f32_neon, flm_gemm_bf16_neon, NULL,
+    "i8mm", flm_qgemm_i8mm, flm_quantize_q8_neon, ARM_FLOAT_KERNELS,
+};
+/* BF16 dot products: bf16 weights take bf16 activations, as avx512_bf16.
+ * Every CPU with BF16 so far (Armv8.6: Graviton 3, Neoverse V1 and N2,
+ * Apple M2) has i8mm too, and the path asks for both. */
+static const FlmKernels kernels_neon_bf16 = {
+    "neon_bf16", flm_gemm_f32_neon, flm_gemm_bf16_bfdot, flm_to_bf16_neon,
+    "i8mm", flm_qgemm_i8mm, flm_quantize_q8_neon, ARM_FLOAT_KERNELS,
+};
 #endif
 
 /* -------------------------------------------------------------- dispatch */
 
 const FlmKernels *flm_kernels = &kernels_generic;
+
+/* The chosen path's table. AVX-512 CPUs without VNNI (Skylake-X) run the
+ * avx512 paths' int8 matmul on AVX2's kernel instead. */
+static FlmKernels chosen;
+
+static void choose(const FlmKernels *k) {
+    chosen = *k;
+#ifdef FLM_X86
+    if (chosen.qgemm == flm_qgemm_avx512_vnni && !__builtin_cpu_supports("avx512vnni")) {
+        chosen.qgemm = flm_qgemm_avx2;
+        chosen.int8_name = "avx2";
+    }
+#endif
+    flm_kernels = &chosen;
+}
 
 static int supported(const FlmKernels *k) {
     if (k == &kernels_generic) return 1;
@@ -738,7 +773,7 @@ static int supported(const FlmKernels *k) {
     if (k == &kernels_neon) return 1;
     if (k == &kernels_dotprod) return (f & FLM_ARM_DOTPROD) != 0;
     if (k == &kernels_i8mm) return (f & FLM_ARM_DOTPROD) && (f & FLM_ARM_I8MM);
-    if (k == &kernels_neon_bf16) return (f & FLM_ARM_BF16) != 0;
+    if (k == &kernels_neon_bf16) return (f & FLM_ARM_DOTPROD) && (f & FLM_ARM_I8MM) && (f & FLM_ARM_BF16);
 #endif
     return 0;
 }
@@ -762,8 +797,7 @@ static const FlmKernels *const all_paths[] = {
 void flm_kernels_init(void) {
     for (size_t i = 0; i < sizeof all_paths / sizeof all_paths[0]; i++)
         if (all_paths[i]->to_bf16 == NULL && supported(all_paths[i])) {
-            flm_kernels = all_paths[i];
-            flm_int8_select(flm_kernels->name);
+            choose(all_paths[i]);
             return;
         }
 }
@@ -771,8 +805,7 @@ void flm_kernels_init(void) {
 int flm_kernels_select(const char *name) {
     for (size_t i = 0; i < sizeof all_paths / sizeof all_paths[0]; i++)
         if (strcmp(all_paths[i]->name, name) == 0 && supported(all_paths[i])) {
-            flm_kernels = all_paths[i];
-            flm_int8_select(flm_kernels->name);
+            choose(all_paths[i]);
             return 0;
         }
     return -1;

@@ -6,13 +6,12 @@
 #ifndef FASTLLM_KERNELS_H
 #define FASTLLM_KERNELS_H
 
-#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <string.h>
 
-#include "fastllm.h"
 #include "gemm.h"
+#include "quant.h"
+#include "types.h"
 
 typedef struct {
     const char *name;
@@ -23,6 +22,11 @@ typedef struct {
      * nearest-even, zero-padded to even n), and gemm_bf16 then reads x as
      * pairs of bf16, with ldx counted in pairs. */
     void (*to_bf16)(uint16_t *dst, const float *src, int n);
+    /* Quantized weights multiply int8 activations (quant.h): quantize_q8
+     * makes the blocks, qgemm multiplies them; int8_name names the pair. */
+    const char *int8_name;
+    flm_qgemm_fn qgemm;
+    void (*quantize_q8)(FlmQ8 *dst, const float *x, int K);
     /* att[j] = q . key j for j < n, keys in blocks of 16 ((hd, 16) each),
      * stored as kv (FLM_F32, FLM_BF16, FLM_F16); att must have room for n
      * rounded up to 16. */
@@ -70,59 +74,6 @@ typedef struct {
 } FlmKernels;
 
 extern const FlmKernels *flm_kernels;
-
-/* Scalar conversions of the 16-bit formats, rounding to nearest-even. */
-static inline float flm_bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint16_t flm_f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7FFFFFFF) > 0x7F800000) return (uint16_t)((u >> 16) | 0x40);  /* NaN stays NaN */
-    return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
-}
-
-static inline float flm_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, u;
-    float f;
-    if (exp == 0x1F) {
-        u = sign | 0x7F800000 | (man << 13);
-    } else if (exp) {
-        u = sign | ((exp + 112) << 23) | (man << 13);
-    } else {  /* zero or subnormal: man * 2^-24, exact in fp32 */
-        f = (float)man * 5.9604644775390625e-8f;
-        memcpy(&u, &f, 4);
-        u |= sign;
-    }
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint16_t flm_f32_to_f16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
-    u &= 0x7FFFFFFF;
-    if (u > 0x7F800000) return sign | 0x7E00;              /* NaN */
-    if (u >= 0x477FF000) return sign | 0x7C00;             /* rounds past 65504: infinity */
-    if (u < 0x38800000) {                                  /* below 2^-14: subnormal */
-        float a;
-        memcpy(&a, &u, 4);
-        return sign | (uint16_t)lrintf(a * 16777216.0f);   /* in units of 2^-24 */
-    }
-    return sign | (uint16_t)((u + 0xFFF + ((u >> 13) & 1) - 0x38000000) >> 13);
-}
-
-/* Element i of a KV cache array stored as kv. */
-static inline float flm_kv_at(const void *p, size_t i, int kv) {
-    if (kv == FLM_F32) return ((const float *)p)[i];
-    uint16_t h = ((const uint16_t *)p)[i];
-    return kv == FLM_BF16 ? flm_bf16_to_f32(h) : flm_f16_to_f32(h);
-}
 
 void flm_kernels_init(void);
 int flm_kernels_select(const char *name);

@@ -4,14 +4,15 @@
 #include <math.h>
 #include <string.h>
 
-#include "kernels.h"
+#include "gemm.h"
 #include "quant.h"
 #include "simd.h"
-#include "simd_arm64.h"
 
 #define PANEL FLM_PANEL
 
 static const FlmQuantType types[FLM_TYPES] = {
+    [FLM_F32] = {"f32", 1, 0, 0, 32, 0, 1, 4},   /* panels of gemm.c, not quant.c */
+    [FLM_BF16] = {"bf16", 1, 0, 0, 16, 0, 1, 2},
     [FLM_F16] = {"f16", 1, 0, 32, 16, 0, 1, 2},   /* [k][16] halves, any K */
     [FLM_Q8_0] = {"q8_0", 32, 32, 512, 8, 128, 32, 34},
     [FLM_Q4_0] = {"q4_0", 32, 32, 256, 4, 8, 32, 18},
@@ -24,7 +25,7 @@ static const FlmQuantType types[FLM_TYPES] = {
 };
 
 const FlmQuantType *flm_quant_type(int type) {
-    return type >= FLM_F16 && type < FLM_TYPES ? &types[type] : NULL;
+    return type >= 0 && type < FLM_TYPES ? &types[type] : NULL;
 }
 
 int flm_is_quantized(int type) { return type >= FLM_Q8_0 && type < FLM_TYPES; }
@@ -748,56 +749,3 @@ AVX512 void flm_quantize_q8_avx512(FlmQ8 *dst, const float *x, int K) {
     }
 }
 #endif
-
-/* ------------------------------------------------------------ dispatch */
-
-static flm_qgemm_fn qgemm_impl = flm_qgemm_generic;
-static void (*quantize_impl)(FlmQ8 *, const float *, int) = flm_quantize_q8_generic;
-static const char *int8_name = "generic";
-
-void flm_int8_select(const char *simd_path) {
-    qgemm_impl = flm_qgemm_generic;
-    quantize_impl = flm_quantize_q8_generic;
-    int8_name = "generic";
-#ifdef FLM_X86
-    __builtin_cpu_init();
-    if (strcmp(simd_path, "generic") != 0) {
-        qgemm_impl = flm_qgemm_avx2;
-        int8_name = "avx2";
-    }
-    if (strncmp(simd_path, "avx512", 6) == 0 || strcmp(simd_path, "amx_bf16") == 0) {
-        quantize_impl = flm_quantize_q8_avx512;
-        if (__builtin_cpu_supports("avx512vnni")) {
-            qgemm_impl = flm_qgemm_avx512_vnni;
-            int8_name = "avx512_vnni";
-        }
-    }
-#endif
-#ifdef FLM_ARM64
-    /* Every aarch64 path but the portable one: the widest int8 kernels the
-     * path's CPU level has (neon_bf16: the CPU's best). */
-    if (strcmp(simd_path, "generic") != 0) {
-        const int f = flm_arm64_features(), all = strcmp(simd_path, "neon_bf16") == 0;
-        quantize_impl = flm_quantize_q8_neon;
-        qgemm_impl = flm_qgemm_neon;
-        int8_name = "neon";
-        if ((f & FLM_ARM_DOTPROD) && (all || strcmp(simd_path, "neon") != 0)) {
-            qgemm_impl = flm_qgemm_dotprod;
-            int8_name = "dotprod";
-        }
-        if ((f & FLM_ARM_DOTPROD) && (f & FLM_ARM_I8MM) && (all || strcmp(simd_path, "i8mm") == 0)) {
-            qgemm_impl = flm_qgemm_i8mm;
-            int8_name = "i8mm";
-        }
-    }
-#endif
-}
-
-const char *flm_int8_path(void) { return int8_name; }
-
-void flm_qgemm(float *out, int ldo, const FlmQ8 *x, int lda, const void *wp, int K, int T, int p0, int np, int N,
-               int type) {
-    qgemm_impl(out, ldo, x, lda, wp, K, T, p0, np, N, type);
-}
-
-void flm_quantize_q8(FlmQ8 *dst, const float *x, int K) { quantize_impl(dst, x, K); }

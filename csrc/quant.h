@@ -24,7 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "fastllm.h"
+#include "types.h"
 
 /* 32 activations quantized to int8: x[k] ~ d * q[k]; s[h] is the sum of
  * q[16h .. 16h+15]. */
@@ -39,13 +39,16 @@ typedef struct {
     int sb;          /* k per superblock of scales: 32 or 256 (F16: 1) */
     int header;      /* bytes of a panel superblock's scales */
     int data;        /* bytes per 32 k of a panel: quants and bit planes */
-    int bits;        /* bits per quant (16: F16, float only) */
+    int bits;        /* bits per quant (16, 32: the float types) */
     int offset;      /* subtracted from every quant, or 0 where a min is added */
     int ggml_block;  /* values per GGML block, and its bytes */
     int ggml_bytes;
 } FlmQuantType;
 
-/* The layout of a quantized type (FLM_F16 .. FLM_Q6_K), NULL for others. */
+/* What fastllm knows of a weight type (FLM_F32 .. FLM_Q6_K), NULL for
+ * others: the one table of names and block sizes, which Python reads too.
+ * The panel fields (header, data, offset) describe quant.c's panels, of
+ * FLM_F16 and up; f32 and bf16 are packed by gemm.c. */
 const FlmQuantType *flm_quant_type(int type);
 int flm_is_quantized(int type);
 
@@ -73,13 +76,5 @@ void flm_qgemm_generic(float *, int, const FlmQ8 *, int, const void *, int, int,
 void flm_qgemm_avx512_vnni(float *, int, const FlmQ8 *, int, const void *, int, int, int, int, int, int);
 void flm_qgemm_avx2(float *, int, const FlmQ8 *, int, const void *, int, int, int, int, int, int);
 void flm_quantize_q8_avx512(FlmQ8 *dst, const float *x, int K);
-
-/* The int8 kernels of the chosen SIMD path (flm_int8_select, called
- * whenever the path is chosen), and its name. */
-void flm_int8_select(const char *simd_path);
-const char *flm_int8_path(void);
-void flm_qgemm(float *out, int ldo, const FlmQ8 *x, int lda, const void *wp, int K, int T, int p0, int np, int N,
-               int type);
-void flm_quantize_q8(FlmQ8 *dst, const float *x, int K);
 
 #endif

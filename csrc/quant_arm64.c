@@ -17,9 +17,6 @@
 
 #define PANEL FLM_PANEL
 
-ARM_INLINE int q_bits(int t) {
-    return t == FLM_Q8_0 ? 8 : t == FLM_Q5_0 || t == FLM_Q5_1 || t == FLM_Q5_K ? 5 : t == FLM_Q6_K ? 6 : 4;
-}
 ARM_INLINE size_t sb_bytes(const FlmQuantType *L) { return (size_t)L->header + (size_t)L->sb / 32 * L->data; }
 
 /* v[m]: rows 4q .. 4q+3 of a record's quants for k = 4m .. 4m+3, as signed bytes. */

@@ -43,7 +43,7 @@ ARM_INLINE TARGET int32x4_t FN(dots)(const int8x16_t v[8], int8x16_t x0, int8x16
 /* Rows 4q .. 4q+3 of one panel for NT tokens. */
 ARM_INLINE TARGET void FN(qrows)(float *out, int ldo, const FlmQ8 *x, int lda, const uint8_t *pp, int K,
                                  const int type, const int NT, int q, int rows, const FlmQuantType *L) {
-    const int bits = q_bits(type), off = bits == 8 ? 0 : L->offset;   /* 8-bit quants come back signed */
+    const int bits = L->bits, off = bits == 8 ? 0 : L->offset;   /* 8-bit quants come back signed */
     const size_t sbb = sb_bytes(L);
     float32x4_t acc[NT];
     for (int t = 0; t < NT; t++) acc[t] = vdupq_n_f32(0.0f);

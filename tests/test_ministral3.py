@@ -34,6 +34,7 @@ from oracles.gguf_files import arch_fields_and_tensors
 from oracles.hf_reference import (compare_greedy, hf_greedy, hf_logits, load_hf, logits_against_transformers,
                                   random_prompt as prompt, within)
 from oracles.splits import assert_same_bits_for_thread_counts, assert_same_bits_however_split
+from oracles.tiny_chat_models import MINISTRAL3_LIKE_TEMPLATE
 from oracles.tiny_models import with_config
 
 KINDS = ["ministral3", "mistral3-wrapper"]
@@ -329,3 +330,44 @@ def test_a_wrapper_config_reads_as_transformers_reads_it(top):
     assert (ours.rope_scaling["factor"], ours.query_scale_beta, ours.query_scale_period) == (
         t.rope_parameters["factor"], t.rope_parameters["llama_4_scaling_beta"],
         t.rope_parameters["original_max_position_embeddings"])
+
+
+# ------------------------------------------------------------ chat template
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Météo d'une ville",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+CALL = {"role": "assistant", "tool_calls": [
+    {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Zürich"}}},
+    {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}
+MINISTRAL_CHATS = [
+    [{"role": "user", "content": "What is 2+2?"}],
+    [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Hi"},
+     {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Weather?"}],
+    [{"role": "system", "content": [{"type": "text", "text": "Think first. "},
+                                    {"type": "thinking", "thinking": "plan, then answer"}]},
+     {"role": "user", "content": "Why?"}],
+    [{"role": "user", "content": "Weather in Zürich and Paris?"}, CALL,
+     {"role": "tool", "content": "12°C"}, {"role": "tool", "content": 15}],
+    [{"role": "system", "content": [{"type": "image"}]}, {"role": "user", "content": "x"}],
+    [{"role": "user", "content": "x"}, {"role": "moderator", "content": "y"}],
+]
+
+
+@pytest.mark.parametrize("tools", [None, [WEATHER_TOOL]])
+@pytest.mark.parametrize("messages", MINISTRAL_CHATS)
+def test_chat_template_renders_as_transformers(messages, tools):
+    from tokenizers import Tokenizer, models
+    from fastllm.chat_template import TemplateError, render_chat
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE()), bos_token="<s>", eos_token="</s>")
+    tok.chat_template = MINISTRAL3_LIKE_TEMPLATE
+    specials = {"bos_token": "<s>", "eos_token": "</s>"}
+    try:
+        want = tok.apply_chat_template(messages, tools=tools, tokenize=False)
+    except Exception as e:   # transformers' TemplateError: ours must refuse alike
+        with pytest.raises(TemplateError, match=re.escape(str(e))):
+            render_chat(MINISTRAL3_LIKE_TEMPLATE, messages, tools=tools, special_tokens_map=specials)
+        return
+    got = render_chat(MINISTRAL3_LIKE_TEMPLATE, messages, tools=tools, special_tokens_map=specials)
+    assert got == want
+    assert got.startswith("<s>[SYSTEM_PROMPT]")

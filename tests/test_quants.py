@@ -29,6 +29,20 @@ def rel_rmse(a, b) -> float:
     return float(np.sqrt(np.mean((a - b) ** 2)) / np.sqrt(np.mean(b ** 2)))
 
 
+def test_the_c_cores_block_sizes_are_ggmls():
+    """The C core's table, which Python reads its block sizes from, agrees
+    with the gguf package's, type for type."""
+    import gguf
+    from fastllm import _core
+    types = _core.weight_types()
+    assert [t["type"] for t in types] == list(range(len(types)))
+    for t in types:
+        ggml = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[t["name"].upper()]]
+        assert (t["block"], t["block_bytes"]) == ggml, t
+        assert t["superblock"] == (ggml[0] if t["quantized"] else 1), t
+    assert set(quants.QTYPES) == {t["name"] for t in types if t["quantized"]}
+
+
 @pytest.mark.parametrize("qtype", list(quants.QTYPES))
 def test_round_trip_through_gguf_dequantizer(qtype):
     import gguf

@@ -202,3 +202,52 @@ def test_concurrent_clients_each_get_their_reply_alone(model, server):
     for (messages, sampling, fmt), reply in zip(jobs, replies):
         alone = model.chat(messages, 40, response_format=fmt, top_p=1, **sampling)
         assert reply == alone
+
+
+@pytest.fixture(scope="module")
+def mistral_server(tmp_path_factory):
+    from oracles.tiny_chat_models import make_tiny_mistral_chat_model
+    folder = make_tiny_mistral_chat_model(tmp_path_factory.mktemp("mistral_chat"))
+    with running(Model.from_pretrained(folder, n_ctx=512, threads=2), parallel=2) as (url, engine):
+        yield url, engine
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_a_tool_calling_loop_in_mistrals_format(mistral_server, choice):
+    # The template renders [AVAILABLE_TOOLS], the [TOOL_CALLS]name[ARGS]
+    # call and [TOOL_RESULTS] itself; the reply's markers are special tokens,
+    # which the grammar asks for by id and the reply is decoded with.
+    first, last = tool_loop(mistral_server[0], "Weather in Oslo?", choice, max_tokens=40,
+                            parallel_tool_calls=False)
+    assert last.choices[0].finish_reason in ("stop", "length")
+
+
+def test_streamed_mistral_tool_calls_equal_the_whole_reply(mistral_server):
+    c = client(mistral_server[0])
+    kw = dict(model="m", messages=ask("Weather in Rome and in Oslo?"), tools=TOOLS, tool_choice="required",
+              temperature=0, max_tokens=60)
+    whole = c.chat.completions.create(**kw).choices[0]
+    calls = {}
+    for chunk in c.chat.completions.create(stream=True, **kw):
+        for ch in chunk.choices:
+            assert not ch.delta.content
+            for d in ch.delta.tool_calls or []:
+                entry = calls.setdefault(d.index, {"name": "", "arguments": ""})
+                entry["name"] += d.function.name or ""
+                entry["arguments"] += d.function.arguments or ""
+    assert whole.finish_reason == "tool_calls" and whole.message.tool_calls
+    assert [(v["name"], v["arguments"]) for _, v in sorted(calls.items())] == \
+        [(t.function.name, t.function.arguments) for t in whole.message.tool_calls]
+
+
+def test_mistral_markers_are_decoded_only_for_tool_calls(mistral_server):
+    from fastllm.textstream import TextStream
+    tok = mistral_server[1].model.tokenizer
+    ids = tok.encode('[TOOL_CALLS]get_weather[ARGS]{"city": "Rome"}', add_special_tokens=False)
+    assert tok.id_to_token(ids[0]) == "[TOOL_CALLS]"
+
+    def text_of(**kw):
+        stream = TextStream(tok, **kw)
+        return "".join(stream.feed(t) for t in ids + [None])
+    assert text_of() == 'get_weather{"city": "Rome"}'
+    assert text_of(keep=("[TOOL_CALLS]", "[ARGS]")) == '[TOOL_CALLS]get_weather[ARGS]{"city": "Rome"}'

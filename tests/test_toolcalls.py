@@ -6,8 +6,8 @@ import random
 import pytest
 
 from fastllm.chat_template import render_chat
-from fastllm.toolcalls import (LLAMA3_JSON, QWEN, ReplyStream, check_tool_choice, check_tools, gather,
-                               messages_for_template, parse_reply, reasoning_mode, tool_format)
+from fastllm.toolcalls import (LLAMA3_JSON, MISTRAL, MISTRAL_LIST, QWEN, ReplyStream, check_tool_choice, check_tools,
+                               gather, messages_for_template, parse_reply, reasoning_mode, tool_format)
 from oracles.qwen_tokenizers import QWEN3_CHAT_TEMPLATE, QWEN35_CHAT_TEMPLATE
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
@@ -126,6 +126,47 @@ def test_llama3_plain_text_streams_at_once():
     assert [d.text for d in stream.feed("It is")] == ["It is"]
 
 
+MISTRAL_CASES = [
+    # Ministral 3's: [TOOL_CALLS]name[ARGS]arguments, once per call
+    ('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}', "", [call("get_weather", {"city": "Paris"})]),
+    ('Checking.[TOOL_CALLS]get_weather[ARGS]{"city": "Zürich"}[TOOL_CALLS]now[ARGS] {}',
+     "Checking.", [{"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Zürich"}'}},
+                   call("now", {})]),
+    ('[TOOL_CALLS]now[ARGS]{} and then text', " and then text", [call("now", {})]),
+    # not a call of a tool, a name that cannot be one, arguments that never end: content
+    ('[TOOL_CALLS]launch[ARGS]{}', '[TOOL_CALLS]launch[ARGS]{}', []),
+    ('a [TOOL_CALLS]hello world', 'a [TOOL_CALLS]hello world', []),
+    ('[TOOL_CALLS]get_weather[ARGS]{"city": "Par', '[TOOL_CALLS]get_weather[ARGS]{"city": "Par', []),
+    ('[TOOL_CALLS]get_weather', '[TOOL_CALLS]get_weather', []),
+    ("[TOOL_CALL", "[TOOL_CALL", []),
+]
+MISTRAL_LIST_CASES = [
+    # Mistral 7B v0.3's: [TOOL_CALLS] and a JSON list of calls
+    ('[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Rome"}}, {"name": "now", "arguments": {}}]',
+     "", [call("get_weather", {"city": "Rome"}), call("now", {})]),
+    ('[TOOL_CALLS] [{"name": "launch", "arguments": {}}]', '[TOOL_CALLS] [{"name": "launch", "arguments": {}}]', []),
+    ("[TOOL_CALLS] hi", "[TOOL_CALLS] hi", []),
+    ("[TOOL_CALLS] []", "[TOOL_CALLS] []", []),
+]
+
+
+@pytest.mark.parametrize("fmt, text, content, calls", [(MISTRAL, *c) for c in MISTRAL_CASES] +
+                         [(MISTRAL_LIST, *c) for c in MISTRAL_LIST_CASES])
+def test_mistral_tool_calls_whole_and_streamed(fmt, text, content, calls):
+    want = (content, None, calls)
+    assert plain(parse_reply(text, tools=NAMES, fmt=fmt)) == want
+    for pieces in (1, 3, 11, len(text)):
+        assert plain(streamed(text, pieces, tools=NAMES, fmt=fmt)) == want, pieces
+
+
+def test_a_mistral_call_goes_out_as_soon_as_its_arguments_close():
+    stream = ReplyStream(tools=NAMES, fmt=MISTRAL)
+    assert stream.feed("[TOOL_CALLS]get_weather[ARGS]") == []
+    assert stream.feed('{"city": "Oslo"') == []
+    deltas = stream.feed("}")
+    assert [d.kind for d in deltas] == ["tool_call"] and deltas[0].call["function"]["name"] == "get_weather"
+
+
 REASONING_CASES = [
     # (text, mode, content, reasoning)
     ("<think>\nThe user greets.\n</think>\n\nHello!", "optional", "Hello!", "The user greets.\n"),
@@ -171,6 +212,10 @@ def test_tool_format_follows_the_template():
     assert tool_format(SMOLLM2_TEMPLATE) is QWEN
     assert tool_format(LLAMA31_SNIPPET) is LLAMA3_JSON
     assert tool_format({"default": SMOLLM2_TEMPLATE, "tool_use": LLAMA31_SNIPPET}) is LLAMA3_JSON
+    assert tool_format("{{ '[TOOL_CALLS]' + name + '[ARGS]' + arguments }}") is MISTRAL
+    assert tool_format('{{ "[TOOL_CALLS] [" }}{{ calls | tojson }}') is MISTRAL_LIST
+    assert MISTRAL.markers == ("[TOOL_CALLS]", "[ARGS]") and QWEN.markers == ("<tool_call>", "</tool_call>")
+    assert LLAMA3_JSON.markers == ()
 
 
 @pytest.mark.parametrize("tools, message", [

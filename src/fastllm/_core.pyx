@@ -219,30 +219,42 @@ cdef _check_ids_at_boundary(const int32_t[::1] ids, int vocab_size):
         raise ValueError(f"token id {ids[bad]} is outside the vocabulary (0..{vocab_size - 1})")
 
 
+def weight_types():
+    """The C core's table of weight types (quant.h's FlmQuantType), in the
+    order of its enum: for each, its name, its enum value (type), the values
+    of one GGML block and that block's bytes, the values a row's scales come
+    in (superblock; a row's length must be a multiple), its bits per value,
+    and whether its weights multiply int8 activations (quantized)."""
+    cdef const flm.FlmQuantType *q
+    out = []
+    for t in range(flm.FLM_TYPES):
+        q = flm.flm_quant_type(t)
+        out.append({"name": q.name.decode(), "type": t, "block": q.ggml_block, "block_bytes": q.ggml_bytes,
+                    "superblock": q.sb, "bits": q.bits, "quantized": bool(flm.flm_is_quantized(t))})
+    return out
+
+
 # Weight storage types by name: the C enum, and how numpy holds the values
 # of a row before packing (absent: GGML blocks, as bytes).
-TYPES = {"f32": flm.FLM_F32, "bf16": flm.FLM_BF16, "f16": flm.FLM_F16, "q8_0": flm.FLM_Q8_0,
-         "q4_0": flm.FLM_Q4_0, "q4_1": flm.FLM_Q4_1, "q5_0": flm.FLM_Q5_0, "q5_1": flm.FLM_Q5_1,
-         "q4_k": flm.FLM_Q4_K, "q5_k": flm.FLM_Q5_K, "q6_k": flm.FLM_Q6_K}
+TYPES = {t["name"]: t["type"] for t in weight_types()}
 _ROW_DTYPES = {"f32": np.float32, "bf16": np.uint16, "f16": np.float16}
+
+
+cdef const flm.FlmQuantType *_weight_type(str dtype) except NULL:
+    if dtype not in TYPES:
+        raise ValueError(f"unknown weight type {dtype!r}; known: {', '.join(TYPES)}")
+    return flm.flm_quant_type(TYPES[dtype])
 
 
 def block_size(str dtype):
     """(values, bytes) of one block of a weight type: (1, 4) for f32."""
-    if dtype not in TYPES:
-        raise ValueError(f"unknown weight type {dtype!r}; known: {', '.join(TYPES)}")
-    if dtype in ("f32", "bf16"):
-        return 1, 4 if dtype == "f32" else 2
-    cdef const flm.FlmQuantType *q = flm.flm_quant_type(TYPES[dtype])
+    cdef const flm.FlmQuantType *q = _weight_type(dtype)
     return q.ggml_block, q.ggml_bytes
 
 
 def superblock(str dtype):
     """Values of a row that a type's scales come in: K must be a multiple."""
-    block_size(dtype)
-    if dtype in ("f32", "bf16"):
-        return 1
-    return flm.flm_quant_type(TYPES[dtype]).sb
+    return _weight_type(dtype).sb
 
 
 def row_bytes(str dtype, long long K):

@@ -112,6 +112,7 @@ cdef extern from "quant.h" nogil:
         int ggml_block
         int ggml_bytes
     const FlmQuantType *flm_quant_type(int type)
+    int flm_is_quantized(int type)
     void flm_quant_dequant_row(float *out, const void *row, int K, int type)
 
 cdef extern from "gemm.h" nogil:

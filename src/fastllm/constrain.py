@@ -201,15 +201,33 @@ def _closed(params: dict) -> dict:
     return params
 
 
-def _calls_rule(fmt: ToolFormat, tools: dict, parallel: bool) -> str:
+def _marker(tokenizer, text: str) -> str:
+    """A call marker in the grammar: the special token itself where text is
+    one (Mistral's [TOOL_CALLS]), else the text."""
+    token = tokenizer.token_to_id(text)
+    if token is not None and token in tokenizer.special_token_ids:
+        return f"<[{token}]>"
+    return json.dumps(text)
+
+
+def _calls_rule(fmt: ToolFormat, tools: dict, parallel: bool, tokenizer) -> str:
     """Lark rules for tool calls of tools ({name: parameters schema})."""
+    more = parallel and fmt.parallel
+    if fmt.name_end:   # begin name name_end arguments, per call
+        begin, name_end = _marker(tokenizer, fmt.begin), _marker(tokenizer, fmt.name_end)
+        options = " | ".join(f"{json.dumps(name)} {name_end} {_json_rule(_closed(params), COMPACT_JSON)}"
+                             for name, params in tools.items())
+        return f"calls: call{'+' if more else ''}\ncall: {begin} ({options})\n"
     options = [{"type": "object", "properties": {"name": {"const": name}, fmt.arguments_key: _closed(params)},
                 "required": ["name", fmt.arguments_key], "additionalProperties": False}
                for name, params in tools.items()]
     call = _json_rule({"anyOf": options} if len(options) > 1 else options[0], COMPACT_JSON)
     if not fmt.begin:
         return f"calls: {call}\n"
-    more = ' ("\\n" call)*' if parallel and fmt.parallel else ""
+    if not fmt.end:   # begin, then a JSON list of calls
+        listed = ' (", " call)*' if more else ""
+        return f'calls: {_marker(tokenizer, fmt.begin)} " [" call{listed} "]"\ncall: {call}\n'
+    more = ' ("\\n" call)*' if more else ""
     return (f"calls: call{more}\n"
             f"call: {json.dumps(fmt.begin + chr(10))} {call} {json.dumps(chr(10) + fmt.end)}\n")
 
@@ -242,10 +260,10 @@ def reply_grammar(model, *, response_format=None, tools: dict | None = None, too
     rules, bodies = "", []
     if forced:
         chosen = tools if tool_choice == "required" else {tool_choice: tools[tool_choice]}
-        rules += _calls_rule(fmt, chosen, parallel and tool_choice == "required")
+        rules += _calls_rule(fmt, chosen, parallel and tool_choice == "required", model.tokenizer)
         bodies.append("calls")
     elif found is not None and tools and tool_choice == "auto":
-        rules += _calls_rule(fmt, tools, parallel)
+        rules += _calls_rule(fmt, tools, parallel, model.tokenizer)
         bodies.append("calls")
     if found is not None and not forced:
         schema, strict = found

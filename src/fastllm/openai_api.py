@@ -495,6 +495,14 @@ def finish_with_calls(reason: str, called: bool) -> str:
     return "tool_calls" if called and reason == "stop" else reason
 
 
+def kept_specials(g: Generation) -> tuple:
+    """Special tokens a reply is decoded with: the markers of the tool
+    calls it is read for (Mistral's are special tokens)."""
+    if not g.chat or g.reply is None or not g.reply["tools"]:
+        return ()
+    return g.reply["fmt"].markers
+
+
 def reply_stream(g: Generation):
     """A choice's toolcalls.ReplyStream, or None where the text goes out as it is."""
     return toolcalls.ReplyStream(**g.reply) if g.chat and g.reply is not None else None

@@ -182,7 +182,7 @@ class Completions:
     async def _pieces(self, g, index, request, out: asyncio.Queue, state: dict):
         """Put (index, text, [(token, logprob entry)]) on out as tokens come,
         then (index, None, error or None)."""
-        text = TextStream(self.model.tokenizer, g.stops)
+        text = TextStream(self.model.tokenizer, g.stops, keep=api.kept_specials(g))
         got, error = 0, None
         try:
             async for token in _then_none(request):

@@ -17,8 +17,10 @@ class TextStream:
     now. stopped turns True once a stop string appears (the text before it
     is all that is returned); flush() returns what is held at the end."""
 
-    def __init__(self, tokenizer, stops=()):
-        self._decoder = tokenizer.incremental_decoder(skip_special_tokens=True)
+    def __init__(self, tokenizer, stops=(), keep=()):
+        # keep: special tokens shown all the same (a tool call's markers,
+        # which the reply is read by)
+        self._decoder = tokenizer.incremental_decoder(skip_special_tokens=True, keep=keep)
         # Callers refuse empty stop strings (model._stop_strings): "" would
         # match before any text.
         self.stops = [stops] if isinstance(stops, str) else list(stops or ())

@@ -4,7 +4,10 @@ A model writes a tool call as text in its family's format: Qwen2.5/3/3.5
 (and Hermes-style templates) put `{"name": ..., "arguments": ...}` between
 `<tool_call>` and `</tool_call>`; Llama 3.1+ replies with one JSON object
 `{"name": ..., "parameters": ...}` (after `<|python_tag|>`, a special token
-that decoding drops). Reasoning models (Qwen3, Qwen3.5) think between
+that decoding drops); Mistral's later models (Ministral 3, Mistral Small
+3.2, Magistral) write `[TOOL_CALLS]name[ARGS]{...}` per call, and Mistral
+7B v0.3's generation `[TOOL_CALLS] [{"name": ..., "arguments": ...}, ...]`,
+with markers that are special tokens, decoded for this (ToolFormat.markers). Reasoning models (Qwen3, Qwen3.5) think between
 `<think>` and `</think>` first; the prompt may already have opened the
 `<think>`, so the reply starts inside the reasoning.
 
@@ -30,10 +33,22 @@ class ToolFormat:
     end: str              # closes it
     arguments_key: str    # the key of the arguments in the call's JSON
     parallel: bool        # whether the format holds several calls in one reply
+    # Where set, a call is begin + name + name_end + the arguments' JSON
+    # object, and ends with it (Mistral's [ARGS]); where not and end is "",
+    # begin is followed by a JSON list of calls.
+    name_end: str = ""
+
+    @property
+    def markers(self) -> tuple:
+        """The texts that mark a call (special tokens that decoding must
+        keep for the reply to be read)."""
+        return tuple(m for m in (self.begin, self.name_end, self.end) if m)
 
 
 QWEN = ToolFormat("qwen", "<tool_call>", "</tool_call>", "arguments", parallel=True)
 LLAMA3_JSON = ToolFormat("llama3_json", "", "", "parameters", parallel=False)
+MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", "", "arguments", parallel=True, name_end="[ARGS]")
+MISTRAL_LIST = ToolFormat("mistral_list", "[TOOL_CALLS]", "", "arguments", parallel=True)
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
@@ -58,10 +73,13 @@ def template_text(template) -> str:
 
 def tool_format(template) -> ToolFormat:
     """The tool-call format of the model whose chat template is template:
-    Llama 3's JSON form where the template is Llama 3's, else the
+    Mistral's where the template writes [TOOL_CALLS] (name then [ARGS], or
+    a list), Llama 3's JSON form where the template is Llama 3's, else the
     <tool_call> form (Qwen's, and what fastllm asks of a template that
     does not describe tools itself)."""
     text = template_text(template)
+    if MISTRAL.begin in text:
+        return MISTRAL if MISTRAL.name_end in text else MISTRAL_LIST
     if "<tool_call>" not in text and ("<|python_tag|>" in text or "<|start_header_id|>" in text):
         return LLAMA3_JSON
     return QWEN
@@ -305,6 +323,17 @@ class ReplyStream:
         self._held = text
         fmt = self._fmt
         while True:
+            if self._in_call and not fmt.end:
+                calls = self._open_ended_call(final)
+                if calls is None:
+                    return out
+                self._in_call = False
+                if calls:
+                    self._space = ""
+                    out += [self._call_delta(c) for c in calls]
+                else:   # not a call: the marker is content, and what follows is read on
+                    out += self._text(fmt.begin)
+                continue
             if self._in_call:
                 end = self._held.find(fmt.end)
                 if end < 0 and not final:
@@ -330,6 +359,39 @@ class ReplyStream:
             if final:
                 out += self._end_text()
             return out
+
+    def _open_ended_call(self, final: bool):
+        """The calls of a format without an end marker (Mistral's), whose
+        text after begin is held: a list of calls once their JSON is whole
+        (held text then starts after it), [] when the text is not a call,
+        or None while more text may complete it."""
+        fmt, body = self._fmt, self._held
+        decoder = json.JSONDecoder()
+        if fmt.name_end:
+            cut = body.find(fmt.name_end)
+            name = body[:cut] if cut >= 0 else body[:len(body) - _held_prefix(body, fmt.name_end)]
+            if name and not _NAME.fullmatch(name):
+                return []
+            if cut < 0:
+                return None if not final else []
+            after = cut + len(fmt.name_end)
+            start = len(body) - len(body[after:].lstrip())
+        else:
+            start = len(body) - len(body.lstrip())
+            if start < len(body) and body[start] != "[":
+                return []
+        try:
+            found, end = decoder.raw_decode(body, start)
+        except ValueError:
+            return None if not final else []
+        if fmt.name_end:
+            calls = [self._call_of({"name": name, fmt.arguments_key: found})]
+        else:
+            calls = [self._call_of(c) for c in found] if isinstance(found, list) and found else [None]
+        if None in calls:
+            return []
+        self._held = body[end:]
+        return calls
 
     def _text(self, text: str) -> list:
         """Content text; whitespace at its end waits to see what follows

@@ -182,10 +182,9 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False, mix: str | None =
     return dict(out, layers=layers)
 
 
-# GGML tensor types the run loop multiplies as they are (gguf's type names).
-NATIVE_GGML_TYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "q4_0",
-                     "Q4_1": "q4_1", "Q5_0": "q5_0", "Q5_1": "q5_1", "Q4_K": "q4_k", "Q5_K": "q5_k",
-                     "Q6_K": "q6_k"}
+# GGML tensor types the run loop multiplies as they are: gguf's type names
+# are the upper-case names of the C core's types.
+NATIVE_GGML_TYPES = {name.upper(): name for name in _core.TYPES}
 # Byte offsets of the f16 scales in one GGML block of each quantized type.
 _F16_SCALES = {"q8_0": (0,), "q4_0": (0,), "q5_0": (0,), "q4_1": (0, 2), "q5_1": (0, 2),
                "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,)}
@@ -242,7 +241,7 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
         """Rows (or vector entries, or a matrix's columns of dtype) in the order the run loop reads."""
         index = gguf_tensors.v_head_index(t, cfg)
         if index is not None and t.v_heads == "columns":
-            n = 1 if dtype in ("f32", "f16", "bf16") else _core.block_size(dtype)[0]
+            n = _core.block_size(dtype)[0]
             blocks = arr.reshape(arr.shape[0], len(index) // n, -1)
             arr = blocks[:, index[::n] // n].reshape(arr.shape)
         elif index is not None:

@@ -17,24 +17,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import _core
+
 __all__ = ["QTYPES", "FLOAT_TYPES", "block_size", "row_bytes", "ggml_type", "quantize", "dequantize"]
 
 F32 = np.float32
-QK_K = 256
 _GROUP_MAX_EPS = F32(1e-15)
 
-# name -> (elements per block, bytes per block)
-QTYPES = {
-    "q8_0": (32, 34),
-    "q4_0": (32, 18),
-    "q4_1": (32, 20),
-    "q5_0": (32, 22),
-    "q5_1": (32, 24),
-    "q4_k": (256, 144),
-    "q5_k": (256, 176),
-    "q6_k": (256, 210),
-}
-FLOAT_TYPES = {"f32": (1, 4), "f16": (1, 2), "bf16": (1, 2)}
+# name -> (elements per block, bytes per block), as the C core's table has them
+QTYPES = {t["name"]: (t["block"], t["block_bytes"]) for t in _core.weight_types() if t["quantized"]}
+FLOAT_TYPES = {t["name"]: (t["block"], t["block_bytes"]) for t in _core.weight_types() if not t["quantized"]}
+QK_K = QTYPES["q4_k"][0]   # the K-quants' super-block
 _SIZES = {**QTYPES, **FLOAT_TYPES}
 
 # Rows quantized at once: bounds the temporaries to some tens of MB.

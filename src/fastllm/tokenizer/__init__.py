@@ -634,7 +634,9 @@ class Tokenizer:
 
     # ---- decoding -----------------------------------------------------
 
-    def _tokens_for_decode(self, ids, skip_special_tokens):
+    def _tokens_for_decode(self, ids, skip_special_tokens, keep=()):
+        """The token texts decode() joins; with skip_special_tokens, the
+        special tokens whose texts are in keep are kept all the same."""
         out = []
         added = self._added_by_id
         vocab_r = self.model.vocab_r
@@ -644,7 +646,7 @@ class Tokenizer:
             s = t.text if t is not None else vocab_r.get(i)
             if s is None:
                 continue   # unknown ids are dropped, as tokenizers does
-            if skip_special_tokens and s in specials:
+            if skip_special_tokens and s in specials and s not in keep:
                 continue
             out.append(s)
         return out
@@ -657,7 +659,9 @@ class Tokenizer:
         if bad is not None:
             raise TypeError(f"token ids must be integers, got {bad!r}")
         ids = [int(i) for i in ids]   # unknown ids, negative ones too, are dropped below
-        tokens = self._tokens_for_decode(ids, skip_special_tokens)
+        return self._join_tokens(self._tokens_for_decode(ids, skip_special_tokens))
+
+    def _join_tokens(self, tokens):
         if self.decoder is None:
             return " ".join(tokens)
         return "".join(self.decoder.decode_chain(tokens))
@@ -665,9 +669,11 @@ class Tokenizer:
     def decode_batch(self, seqs, skip_special_tokens=False):
         return [self.decode(s, skip_special_tokens) for s in seqs]
 
-    def incremental_decoder(self, skip_special_tokens=True):
-        """A streaming decoder: .add(token_id) returns newly completed text."""
-        return IncrementalDecoder(self, skip_special_tokens)
+    def incremental_decoder(self, skip_special_tokens=True, keep=()):
+        """A streaming decoder: .add(token_id) returns newly completed text.
+        keep: texts of special tokens decoded even when the others are
+        skipped (the markers of a tool call)."""
+        return IncrementalDecoder(self, skip_special_tokens, keep)
 
     # ---- chat templates -----------------------------------------------
 

@@ -59,9 +59,10 @@ class IncrementalDecoder:
     never be valid, each of its bytes is one U+FFFD, released as it comes.
     """
 
-    def __init__(self, tokenizer, skip_special_tokens=True):
+    def __init__(self, tokenizer, skip_special_tokens=True, keep=()):
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
+        self.keep = frozenset(keep)
         decoder = tokenizer.decoder
         self._token_steps = decoders.byte_level_token_steps(decoder)
         self._utf8 = _utf8_decoder("replace") if self._token_steps is not None else None
@@ -90,13 +91,16 @@ class IncrementalDecoder:
         if self._utf8 is not None:
             self._utf8.reset()
 
+    def _tokens(self, ids):
+        return self.tokenizer._tokens_for_decode(ids, self.skip_special_tokens, self.keep)
+
     def _decode(self, ids):
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+        return self.tokenizer._join_tokens(self._tokens(ids))
 
     def add(self, token_id):
         """Feed one id; returns the newly completed text (possibly "")."""
         token_id = int(token_id)
-        tokens = self.tokenizer._tokens_for_decode([token_id], self.skip_special_tokens)
+        tokens = self._tokens([token_id])
         if not tokens:
             return ""   # an id decode() drops: unknown, or a skipped special token
         if self._utf8 is not None:
@@ -145,7 +149,7 @@ class IncrementalDecoder:
         return new
 
     def _byte_level_input(self, ids):
-        tokens = self.tokenizer._tokens_for_decode(ids, self.skip_special_tokens)
+        tokens = self._tokens(ids)
         return decoders.byte_level_input(self.tokenizer.decoder, tokens)
 
     def _ends_mid_character(self, ids):
