@@ -14,6 +14,9 @@
 
 #if defined(__linux__)
 #include <sys/auxv.h>
+#ifndef AT_HWCAP2   /* glibc before 2.18 */
+#define AT_HWCAP2 26
+#endif
 #elif defined(__APPLE__)
 #include <sys/sysctl.h>
 #endif
