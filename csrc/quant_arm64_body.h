@@ -54,14 +54,17 @@ ARM_INLINE TARGET void FN(qrows)(float *out, int ldo, const FlmQ8 *x, int lda, c
         unpack4(v, h + L->header + (size_t)i * L->data, bits, q);
         RowScales s = row_scales(h, type, i, q);
 #if MODE == 2
-        /* Pairs of tokens: SMMLA multiplies 2 tokens x 8 k by 2 rows x 8 k. */
+        /* Pairs of tokens: SMMLA multiplies 2 tokens x 8 k by 2 rows x 8 k.
+         * Zipping the panels' 4-k groups into its 8-k rows costs about what
+         * it saves for one pair (benchmarks/arm64_block_instructions.py),
+         * so tiles of 2 tokens take SDOT, and tiles of 4 share the zips. */
         int8x16_t w01[4], w23[4];
         for (int j = 0; j < 4; j++) {
             w01[j] = vreinterpretq_s8_s32(vzip1q_s32(vreinterpretq_s32_s8(v[2 * j]), vreinterpretq_s32_s8(v[2 * j + 1])));
             w23[j] = vreinterpretq_s8_s32(vzip2q_s32(vreinterpretq_s32_s8(v[2 * j]), vreinterpretq_s32_s8(v[2 * j + 1])));
         }
         int t = 0;
-        for (; t + 2 <= NT; t += 2) {
+        for (; NT >= 4 && t + 2 <= NT; t += 2) {
             const FlmQ8 *xa = x + (size_t)t * lda + b, *xb = xa + lda;
             int32x4_t r01[2], r23[2];
             for (int half = 0; half < 2; half++) {
