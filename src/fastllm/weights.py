@@ -76,9 +76,7 @@ def _vector(t: schema.Tensor, arr: np.ndarray, cfg: ModelConfig, gguf: bool = Fa
         arr = (np.float32(1.0) + arr).astype(np.float32)
     elif t.field == "lin_A":
         arr = (-np.exp(arr)).astype(np.float32)
-    elif t.field == "conv_w":
-        arr = arr.reshape(t.shape(cfg))
-    return np.ascontiguousarray(arr)
+    return np.ascontiguousarray(arr.reshape(t.shape(cfg)))
 
 
 def load_weights(cfg: ModelConfig, folder, bf16: bool = False, mix: str | None = None) -> dict:
@@ -95,9 +93,9 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False, mix: str | None =
         from .formats import quants
         matrices = {}
         for i in range(cfg.num_hidden_layers):
-            for t in schema.layer_tensors(cfg, cfg.layer_kind(i)):
-                if t.matrix:
-                    matrices[schema.hf_name(t, cfg, i)] = schema.hf_shape(t, cfg)
+            for t in schema.layer_tensors(cfg, cfg.layer_kind(i), cfg.layer_ffn(i)):
+                if t.matrix and t.field != "w_router":   # llama.cpp keeps the router in float
+                    matrices.update(schema.hf_entries(t, cfg, i))
         for t in (schema.EMBED, schema.LM_HEAD):
             name = schema.hf_name(t, cfg)
             if name in ck:
@@ -157,12 +155,39 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False, mix: str | None =
             arr = packed(arr, name, t is schema.EMBED)
         return {t.field: arr}
 
+    def get_experts(t: schema.Tensor, layer: int) -> dict:
+        """A mixture's expert matrices, one expert's tensor read at a time."""
+        E, N, K = t.shape(cfg)
+        names = [name for name, _ in schema.hf_entries(t, cfg, layer)]
+        for name in names:
+            f = ck.file_of(name)
+            if f.shape(name) != (N, K):
+                raise ModelFileError(f.path, f"tensor {name!r} has shape {list(f.shape(name))}, "
+                                             f"config.json implies {[N, K]}")
+        qtype = types.get(names[0], "bf16" if bf16 else "f32")
+
+        def expert(e):
+            f = ck.file_of(names[e])
+            arr = _as_compute_dtype(f, names[e], qtype == "bf16")
+            if not _all_finite(arr):
+                raise ModelFileError(f.path, f"tensor {names[e]!r} holds NaN or infinite values; such weights "
+                                             f"only give garbage: re-download or re-convert it")
+            if qtype == "f16":
+                return arr.astype(np.float16)
+            if qtype not in ("f32", "bf16"):
+                from .formats import quants
+                return quants.quantize(np.ascontiguousarray(arr, np.float32), qtype)
+            return arr
+        return {t.field: _core.pack_experts(expert, E, qtype, N, K)}
+
     layers = []
     for i in range(cfg.num_hidden_layers):
         kind = cfg.layer_kind(i)
         layer = {"kind": kind}
-        for t in schema.file_tensors(cfg, kind):
-            if t.field not in layer:   # w_attn_gate comes with wq
+        for t in schema.file_tensors(cfg, kind, cfg.layer_ffn(i)):
+            if t.experts:
+                layer.update(get_experts(t, i))
+            elif t.field not in layer:   # w_attn_gate comes with wq
                 layer.update(get(t, schema.hf_name(t, cfg, i)))
         layers.append(layer)
     # transformers ties the head to the embedding when asked to, except in
@@ -212,10 +237,11 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
     each matrix in its own type (quantized ones stay quantized; types
     without native kernels are dequantized to float32, with one warning per
     file), and a count of the matrices' parameters by type. Rows are put in
-    the run loop's order, Qwen3.5's value heads in HF's (whole blocks at a
-    time: an ssm_out whose heads split its blocks is dequantized, with a
-    warning); vectors are read as stored, llama.cpp's converter having
-    formed (1 + w) and -exp(A_log) already."""
+    the run loop's order; Qwen3.5's value heads in HF's, whole blocks at a
+    time, or where an ssm_out's heads split its blocks, all left in
+    llama.cpp's order, which "v_heads_tiled" then tells the run loop.
+    Vectors are read as stored, llama.cpp's converter having formed (1 + w)
+    and -exp(A_log) already."""
     import warnings
     from collections import Counter
 
@@ -235,11 +261,33 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
     perm = rope_permutation(cfg.head_dim, cfg.rope_dim)
     heads = {"q": cfg.num_attention_heads, "k": cfg.num_key_value_heads}
     interleaved = cfg.family.gguf_qk_interleaved
-    types, dequantized, reordered = Counter(), set(), Counter()
+    types, dequantized = Counter(), set()
+
+    def native_type(hf: str) -> str | None:
+        """The type fastllm runs the file's tensor for hf in, or None: dequantized."""
+        g = by_hf[hf]
+        return NATIVE_GGML_TYPES.get(getattr(g.tensor_type, "name", str(g.tensor_type)))
+
+    def splits_blocks(t: schema.Tensor, hf: str) -> bool:
+        """Whether t's columns hold value heads in llama.cpp's order that
+        split blocks of its type, so cannot be put in HF's order in it."""
+        dtype = native_type(hf)
+        return (t.v_heads == "columns" and gguf_tensors.v_head_index(t, cfg) is not None
+                and dtype not in (None, "f32", "f16", "bf16")
+                and cfg.linear_value_head_dim % _core.block_size(dtype)[0] != 0)
+
+    # Where some ssm_out's value heads split its blocks (K-quants, heads of
+    # 128), every Gated DeltaNet tensor stays in llama.cpp's order and the
+    # run loop pairs the heads as llama.cpp does: the same math, nothing
+    # dequantized. Elsewhere they are put in HF's order, which sums ssm_out's
+    # columns in the order a folder's model does.
+    linear = [i for i in range(cfg.num_hidden_layers) if cfg.layer_kind(i) == schema.LINEAR]
+    tiled = any(splits_blocks(t, schema.hf_name(t, cfg, i))
+                for i in linear for t in schema.file_tensors(cfg, schema.LINEAR))
 
     def rows_in_order(arr: np.ndarray, t: schema.Tensor, dtype: str) -> np.ndarray:
         """Rows (or vector entries, or a matrix's columns of dtype) in the order the run loop reads."""
-        index = gguf_tensors.v_head_index(t, cfg)
+        index = None if tiled else gguf_tensors.v_head_index(t, cfg)
         if index is not None and t.v_heads == "columns":
             n = _core.block_size(dtype)[0]
             blocks = arr.reshape(arr.shape[0], len(index) // n, -1)
@@ -254,23 +302,12 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
             arr = np.take(arr.reshape(-1, len(perm)), perm, axis=1).reshape(arr.shape)
         return np.ascontiguousarray(arr)
 
-    def movable(t: schema.Tensor, dtype: str) -> bool:
-        """Whether the value heads of t's columns can be put in HF's order
-        block by block (each head a whole number of dtype's blocks)."""
-        if t.v_heads != "columns" or gguf_tensors.v_head_index(t, cfg) is None or dtype in ("f32", "f16", "bf16"):
-            return True
-        return cfg.linear_value_head_dim % _core.block_size(dtype)[0] == 0
-
     def read(t: schema.Tensor, hf: str) -> tuple:
         """(rows as stored, in their own type where the run loop has kernels for it, that dtype)."""
         g = by_hf[hf]
-        kind = getattr(g.tensor_type, "name", str(g.tensor_type))
-        dtype = NATIVE_GGML_TYPES.get(kind) if t.matrix else None
-        if dtype is not None and not movable(t, dtype):
-            reordered[kind] += 1
-            dtype = None
-        elif dtype is None and t.matrix:
-            dequantized.add(kind)
+        dtype = native_type(hf) if t.matrix else None
+        if dtype is None and t.matrix:
+            dequantized.add(getattr(g.tensor_type, "name", str(g.tensor_type)))
         if dtype is None:
             arr = gguf_tensors.dequantize(g, path)
             dtype = "f32"
@@ -320,31 +357,61 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
         gate = np.ascontiguousarray(rows[:, 1]).reshape(-1, *both.shape[1:])
         return {"wq": pack(q, dtype, t, hf), "w_attn_gate": pack(gate, dtype, t, hf)}
 
+    def experts(t: schema.Tensor, hf: str) -> dict:
+        """A merged expert tensor, each expert's rows packed in turn (a fused
+        one split into gate and up rows); only the file's tensor is held
+        beside the packed experts."""
+        g = by_hf[hf]
+        kind = getattr(g.tensor_type, "name", str(g.tensor_type))
+        dtype = NATIVE_GGML_TYPES.get(kind)
+        E, N, K = g.shape
+        if dtype is None:
+            dequantized.add(kind)
+            arr, dtype = gguf_tensors.dequantize(g, path), "f32"
+        else:
+            raw = read_tensor_bytes(path, g)
+            arr = {"f32": lambda: raw.view("<f4"), "f16": lambda: raw.view("<f2"),
+                   "bf16": lambda: raw.view("<u2")}.get(dtype, lambda: raw)().reshape(E, N, -1)
+        rows = arr.reshape(E * N, -1)
+        finite = _finite_blocks(rows, dtype) if dtype not in ("f32", "f16", "bf16") else _all_finite(
+            rows.astype(np.float32) if dtype == "f16" else rows)
+        if not finite:
+            raise ModelFileError(path, f"tensor {g.name!r} holds NaN or infinite values; such weights only "
+                                       f"give garbage: re-download or re-convert it")
+        types[dtype] += E * N * K
+        parts = t.parts or (t.field,)
+        n = N // len(parts)
+        try:
+            return {field: _core.pack_experts(lambda e: arr[e, j * n:(j + 1) * n], E, dtype, n, K)
+                    for j, field in enumerate(parts)}
+        except (TypeError, ValueError) as e:
+            raise ModelFileError(path, f"tensor {g.name!r}: {e}") from None
+
     layers = []
     for i in range(cfg.num_hidden_layers):
         kind = cfg.layer_kind(i)
         layer = {"kind": kind}
-        for t in schema.file_tensors(cfg, kind):
-            if t.parts:
+        fused_experts = schema.hf_name(schema.FUSED_GATE_UP_EXPERTS, cfg, i)
+        for t in schema.file_tensors(cfg, kind, cfg.layer_ffn(i)):
+            if t.field in schema.FUSED_GATE_UP_EXPERTS.parts and fused_experts in by_hf:
+                if t.field not in layer:
+                    layer.update(experts(schema.FUSED_GATE_UP_EXPERTS, fused_experts))
+            elif t.experts:
+                layer.update(experts(t, schema.hf_name(t, cfg, i)))
+            elif t.parts:
                 layer.update(get_fused(t, schema.hf_name(t, cfg, i)))
             elif t.field == "wq" and cfg.attn_output_gate:
                 layer.update(query_and_gate(t, schema.hf_name(t, cfg, i)))
             elif t.field not in layer:
                 layer[t.field] = get(t, schema.hf_name(t, cfg, i))
         layers.append(layer)
-    out = {"layers": layers, "norm": get(schema.NORM, schema.hf_name(schema.NORM, cfg))}
+    out = {"layers": layers, "norm": get(schema.NORM, schema.hf_name(schema.NORM, cfg)), "v_heads_tiled": tiled}
     embed_hf = schema.hf_name(schema.EMBED, cfg)
     head_hf = schema.hf_name(schema.LM_HEAD, cfg)
     if head_hf in by_hf:
         out.update(embed=get(schema.EMBED, embed_hf), lm_head=get(schema.LM_HEAD, head_hf))
     else:   # tied: the packed head's rows serve as the embedding
         out.update(embed=None, lm_head=get(schema.LM_HEAD, embed_hf))
-    if reordered:
-        warnings.warn(f"{path.name}: {sum(reordered.values())} ssm_out tensors of type "
-                      f"{', '.join(sorted(reordered))} were dequantized to float32: their value heads of "
-                      f"{cfg.linear_value_head_dim} values, which llama.cpp orders otherwise than fastllm, "
-                      f"do not fill whole blocks of that type, so they cannot be reordered in it",
-                      DequantizedTypeWarning, stacklevel=3)
     if dequantized:
         warnings.warn(f"{path.name}: tensors of type {', '.join(sorted(dequantized))} have no native kernels "
                       f"in fastllm and were dequantized to float32", DequantizedTypeWarning, stacklevel=3)
