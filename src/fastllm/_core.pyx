@@ -165,16 +165,17 @@ def _path_from_environment():
     name = os.environ.get("FASTLLM_SIMD")
     if name and flm.flm_set_simd_path(name.encode()) != 0:
         raise ImportError(f"FASTLLM_SIMD={name!r}: no such SIMD path on this CPU "
-                          "(generic, avx2, avx512, avx512_bf16, amx_bf16)")
+                          "(generic; x86-64: avx2, avx512, avx512_bf16, amx_bf16; "
+                          "aarch64: neon, dotprod, i8mm, neon_bf16)")
 
 
 def simd_path():
-    """The SIMD path this CPU runs: 'avx512', 'avx2' or 'generic'."""
+    """The SIMD path this CPU runs: 'avx512', 'avx2', 'i8mm', 'dotprod', 'neon' or 'generic'."""
     return flm.flm_simd_path().decode()
 
 
 def int8_path():
-    """The int8 kernels quantized weights run on: 'avx512_vnni' or 'generic'."""
+    """The int8 kernels quantized weights run on: 'avx512_vnni', 'avx2', 'i8mm', 'dotprod', 'neon' or 'generic'."""
     return flm.flm_int8_name().decode()
 
 
