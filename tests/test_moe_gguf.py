@@ -80,6 +80,19 @@ def test_quantized_file_matches_transformers_on_its_dequantized_folder(quant, tm
     assert_matches(model, load_hf(folder), quant, seed=3)
 
 
+def test_a_quantized_qwen35moe_file_reads_the_shared_gate_as_a_vector(tmp_path):
+    """llama-quantize writes the shared expert's gate, (1, dim) as the
+    converter stores it, as a vector of dim: both are read."""
+    from fastllm.formats.gguf_tensors import read_contents
+    path = DATA / "qwen35moe-Q8_0.gguf"
+    shapes = {t.name: tuple(int(d) for d in t.shape) for t in read_contents(path).tensors}
+    assert len(shapes["blk.0.ffn_gate_inp_shexp.weight"]) == 1
+    folder = convert_gguf(path, tmp_path / "folder", dtype="f32", progress=False)
+    model = Model.from_pretrained(path, threads=2, activations="f32")
+    assert "q8_0" in model.weight_types
+    assert_matches(model, load_hf(folder), "qwen35moe Q8_0", seed=4)
+
+
 @pytest.mark.parametrize("quant", ["Q8_0", "Q4_K_M"])
 def test_quantized_experts_give_the_same_bits_however_split(quant):
     assert_same_bits_however_split(DATA / f"wide-{quant}.gguf", dict(threads=2))

@@ -402,31 +402,37 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
         return {"wq": pack(q, dtype, t, hf), "w_attn_gate": pack(gate, dtype, t, hf)}
 
     def experts(t: schema.Tensor, hf: str) -> dict:
-        """A merged expert tensor, each expert's rows packed in turn (a fused
-        one split into gate and up rows); only the file's tensor is held
-        beside the packed experts."""
+        """A merged expert tensor, each expert's rows read and packed in
+        turn (a fused one split into gate and up rows): one expert's rows of
+        the file are held beside the packed experts, not the whole tensor."""
         g = by_hf[hf]
         kind = getattr(g.tensor_type, "name", str(g.tensor_type))
         dtype = NATIVE_GGML_TYPES.get(kind)
         E, N, K = g.shape
-        if dtype is None:
+        native = dtype is not None
+        if not native:
             dequantized.add(kind)
-            arr, dtype = gguf_tensors.dequantize(g, path), "f32"
-        else:
-            raw = read_tensor_bytes(path, g)
-            arr = {"f32": lambda: raw.view("<f4"), "f16": lambda: raw.view("<f2"),
-                   "bf16": lambda: raw.view("<u2")}.get(dtype, lambda: raw)().reshape(E, N, -1)
-        rows = arr.reshape(E * N, -1)
-        finite = _finite_blocks(rows, dtype) if dtype not in ("f32", "f16", "bf16") else _all_finite(
-            rows.astype(np.float32) if dtype == "f16" else rows)
-        if not finite:
-            raise ModelFileError(path, f"tensor {g.name!r} holds NaN or infinite values; such weights only "
-                                       f"give garbage: re-download or re-convert it")
+            whole, dtype = gguf_tensors.dequantize(g, path).reshape(E, N, K), "f32"
+        view = {"f32": "<f4", "f16": "<f2", "bf16": "<u2"}.get(dtype)
+
+        def expert_rows(e: int) -> np.ndarray:
+            if not native:
+                return whole[e]
+            per = g.n_bytes // E
+            raw = read_tensor_bytes(path, g, e * per, per)
+            rows = (raw.view(view) if view else raw).reshape(N, -1)
+            finite = _all_finite(rows.astype(np.float32) if dtype == "f16" else rows) if view else \
+                _finite_blocks(rows, dtype)
+            if not finite:
+                raise ModelFileError(path, f"tensor {g.name!r} holds NaN or infinite values; such weights only "
+                                           f"give garbage: re-download or re-convert it")
+            return rows
+
         types[dtype] += E * N * K
         parts = t.parts or (t.field,)
         n = N // len(parts)
         try:
-            return {field: _core.pack_experts(lambda e: arr[e, j * n:(j + 1) * n], E, dtype, n, K)
+            return {field: _core.pack_experts(lambda e: expert_rows(e)[j * n:(j + 1) * n], E, dtype, n, K)
                     for j, field in enumerate(parts)}
         except (TypeError, ValueError) as e:
             raise ModelFileError(path, f"tensor {g.name!r}: {e}") from None

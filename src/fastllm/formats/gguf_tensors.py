@@ -290,7 +290,10 @@ def plan_tensors(tensors: dict, shapes: dict, cfg: ModelConfig, path: Path, n_mt
                 ([f"unexpected {', '.join(unexpected[:6])}"] if unexpected else [])
         raise ConversionError(path, f"tensors do not fit the {cfg.model_type} architecture: {'; '.join(parts)}")
     for name, (_, t, lc) in planned.items():
-        if shapes[name] != schema.gguf_shape(t, lc):
+        want = schema.gguf_shape(t, lc)
+        # A leading dimension of 1 (Qwen3.5-MoE's shared-expert gate, (1, dim))
+        # is dropped by ggml when llama-quantize writes the file again.
+        if shapes[name] != want and not (len(want) > 1 and want[0] == 1 and shapes[name] == want[1:]):
             raise ConversionError(path, f"tensor {name} has shape {list(shapes[name])}, "
                                         f"the metadata implies {list(schema.gguf_shape(t, lc))}")
     # The embedding first, then the layers, then the final norm and the head.

@@ -14,7 +14,8 @@ converted to F32 in a scratch folder and quantized with llama-quantize to
 Q8_0 and Q4_K_M; only those files are kept, to keep the data small (the
 tests compare them with the folder fastllm's importer makes of them). The
 Qwen3.5-MoE is also converted with --fuse-gate-up-exps, which stores gate
-and up as one ffn_gate_up_exps tensor.
+and up as one ffn_gate_up_exps tensor, and its F32 file quantized to Q8_0
+(llama-quantize writes the shared expert's (1, dim) gate as a vector).
 
 The tokenizer is the real Qwen3.5 one cut to its first ranks (see
 tests/data/qwen35-gguf/make.py, whose helpers this reuses); the
@@ -94,6 +95,7 @@ def main(llama: Path) -> None:
         make_folder(name, spec, HERE / name, SEEDS[name])
         convert(llama, HERE / name, HERE / f"{name}-F32.gguf", *(["--no-mtp"] if name == "qwen35moe" else []))
     convert(llama, HERE / "qwen35moe", HERE / "qwen35moe-fused-F32.gguf", "--no-mtp", "--fuse-gate-up-exps")
+    quantize(llama, HERE / "qwen35moe-F32.gguf", HERE / "qwen35moe-Q8_0.gguf", "Q8_0")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "wide"
         make_folder("qwen3moe-wide", WIDE, folder, seed=33)
