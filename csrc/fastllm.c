@@ -74,11 +74,23 @@ static size_t lin_state_floats(const FlmConfig *c) {
          + (size_t)c->lin_v_heads * c->lin_k_dim * c->lin_v_dim;
 }
 static int mixer_dim(const FlmConfig *c) { return imax(c->dim, imax(q_dim(c), lin_value_dim(c))); }
+/* Width of the dense MLP's (or the shared expert's) hidden buffers. */
+static int mlp_dim(const FlmConfig *c) { return imax(c->hidden_dim, c->shared_dim); }
+/* Rows of the work buffers a matmul input may fill: a token per expert it chose. */
+static size_t max_rows(const FlmConfig *c, int max_batch) { return (size_t)max_batch * imax(1, c->n_experts_used); }
 #define PANEL_FLOATS(c) ((size_t)FLM_PANEL * max_input(c))
-static int max_input(const FlmConfig *c) { return imax(mixer_dim(c), c->hidden_dim); }
+static int max_input(const FlmConfig *c) { return imax(mixer_dim(c), imax(mlp_dim(c), c->expert_dim)); }
 /* Widest matmul input, rounded up to whole bf16 pairs, and in int8 blocks. */
 static int max_input_pairs(const FlmConfig *c) { return (max_input(c) + 1) / 2; }
 static size_t max_input_blocks(const FlmConfig *c) { return (size_t)(max_input(c) + 31) / 32; }
+
+/* The mixture of experts' buffers (FlmState.router .. moe_h2). */
+static size_t moe_floats(const FlmConfig *c, int max_batch) {
+    if (!c->n_experts) return 0;
+    const size_t b = (size_t)max_batch, k = (size_t)c->n_experts_used, rows = b * k;
+    return b * c->n_experts + 3 * b * k + 3 * ((size_t)c->n_experts + 1)
+         + rows * c->dim + 2 * rows * c->expert_dim;
+}
 
 size_t flm_state_work_floats(const FlmConfig *c, int max_batch, int max_threads) {
     size_t b = (size_t)max_batch;
@@ -86,13 +98,14 @@ size_t flm_state_work_floats(const FlmConfig *c, int max_batch, int max_threads)
          + b * mixer_dim(c)                   /* xb */
          + b * c->dim                         /* xb2 */
          + b * q_dim(c) + 2 * b * kv_dim(c)   /* q, k, v */
-         + 2 * b * c->hidden_dim              /* hb, hb2 */
+         + 2 * b * mlp_dim(c)                 /* hb, hb2 */
          + b * imax(q_dim(c), lin_value_dim(c)) /* gate */
          + b * (conv_dim(c) + 2 * (size_t)c->lin_v_heads) /* lin */
-         + b * max_input_pairs(c)             /* xq (two bf16 per float) */
-         + b * max_input_blocks(c) * (sizeof(FlmQ8) / 4) /* xa */
+         + max_rows(c, max_batch) * max_input_pairs(c) /* xq (two bf16 per float) */
+         + max_rows(c, max_batch) * max_input_blocks(c) * (sizeof(FlmQ8) / 4) /* xa */
          + (size_t)max_threads * PANEL_FLOATS(c) /* wide */
          + 2 * b                              /* row_seq, row_pos */
+         + moe_floats(c, max_batch)
          + 2 * (size_t)max_threads * seq_cap(c); /* att: two rows per thread */
 }
 
@@ -119,15 +132,29 @@ void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, int max_thre
     s->q = work;    work += b * q_dim(c);
     s->k = work;    work += b * kv_dim(c);
     s->v = work;    work += b * kv_dim(c);
-    s->hb = work;   work += b * c->hidden_dim;
-    s->hb2 = work;  work += b * c->hidden_dim;
+    s->hb = work;   work += b * mlp_dim(c);
+    s->hb2 = work;  work += b * mlp_dim(c);
     s->gate = work; work += b * imax(q_dim(c), lin_value_dim(c));
     s->lin = work;  work += b * (conv_dim(c) + 2 * (size_t)c->lin_v_heads);
-    s->xq = (uint16_t *)work; work += b * max_input_pairs(c);
-    s->xa = work;   work += b * max_input_blocks(c) * (sizeof(FlmQ8) / 4);
+    s->xq = (uint16_t *)work; work += max_rows(c, max_batch) * max_input_pairs(c);
+    s->xa = work;   work += max_rows(c, max_batch) * max_input_blocks(c) * (sizeof(FlmQ8) / 4);
     s->wide = work; work += (size_t)max_threads * PANEL_FLOATS(c);
     s->row_seq = (int32_t *)work; work += b;
     s->row_pos = (int32_t *)work; work += b;
+    s->router = s->chosen_w = s->moe_x = s->moe_h = s->moe_h2 = NULL;
+    s->chosen = s->slot_row = s->expert_row = s->item_start = NULL;
+    if (c->n_experts) {
+        const size_t k = (size_t)c->n_experts_used, rows = b * k;
+        s->router = work;                 work += b * c->n_experts;
+        s->chosen = (int32_t *)work;      work += b * k;
+        s->chosen_w = work;               work += b * k;
+        s->slot_row = (int32_t *)work;    work += b * k;
+        s->expert_row = (int32_t *)work;  work += (size_t)c->n_experts + 1;
+        s->item_start = (int32_t *)work;  work += 2 * ((size_t)c->n_experts + 1);
+        s->moe_x = work;                  work += rows * c->dim;
+        s->moe_h = work;                  work += rows * c->expert_dim;
+        s->moe_h2 = work;                 work += rows * c->expert_dim;
+    }
     s->att = work;
     s->trace = NULL;
     s->trace_tokens = s->trace_offset = 0;
@@ -303,16 +330,20 @@ static void rope(float *h, const float *cos_row, const float *sin_row, int rope_
     }
 }
 
-/* hb = act(xb @ w_gate^T) * (xb @ w_up^T), group of rows by group of rows,
- * so the gate and up values are combined while still in cache. */
-static void gate_up(const FlmConfig *c, const FlmLayer *L, FlmState *s, int T) {
-    const int hidden = c->hidden_dim, dim = c->dim;
+static void (*act_mul_of(const FlmConfig *c))(float *, const float *, int) {
+    return c->activation == FLM_GELU_TANH ? flm_kernels->gelu_tanh_mul : flm_kernels->silu_mul;
+}
+
+/* hb = act(xb @ w_gate^T) * (xb @ w_up^T), hidden wide, group of rows by
+ * group of rows, so the gate and up values are combined while still in cache. */
+static void gate_up(const FlmConfig *c, FlmState *s, int T, const FlmMatrix *w_gate, const FlmMatrix *w_up,
+                    const float *b_gate, const float *b_up, int hidden) {
+    const int dim = c->dim;
     const int per = item_panels(T), tb = token_blocks(T);
     const int panels = (hidden + FLM_PANEL - 1) / FLM_PANEL, groups = (panels + per - 1) / per;
-    MatJob jobs[2] = {{s->hb, L->w_gate, L->b_gate, hidden, hidden}, {s->hb2, L->w_up, L->b_up, hidden, hidden}};
+    MatJob jobs[2] = {{s->hb, w_gate, b_gate, hidden, hidden}, {s->hb2, w_up, b_up, hidden, hidden}};
     const MatInput in = matmul_input(s, s->xb, T, dim, jobs, 2, c->float_acts);
-    void (*act_mul)(float *, const float *, int) =
-        c->activation == FLM_GELU_TANH ? flm_kernels->gelu_tanh_mul : flm_kernels->silu_mul;
+    void (*act_mul)(float *, const float *, int) = act_mul_of(c);
 #pragma omp for schedule(static)
     for (int g = 0; g < groups * tb; g++) {
         int p0 = g / tb * per, np = imin(per, panels - p0);
@@ -589,6 +620,313 @@ static void linear_attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
     mark(s, FLM_PHASE_OUT_PROJ);
 }
 
+/* ---------------------------------------------------- mixture of experts
+ *
+ * Each token's router logits (fp32) go through a softmax, and the top
+ * n_experts_used probabilities choose its experts (ties as torch.topk
+ * breaks them: see top_k), their weights divided by their sum with
+ * norm_topk_prob. The tokens of a pass are then grouped by expert (in
+ * token order within one), so each chosen expert's matrices are read once
+ * per pass: one
+ * product per expert over all its tokens, the work items split over
+ * experts, panels and token blocks alike. Each token's output is the sum
+ * of its experts' outputs times their weights in rank order (highest
+ * weight first), then the shared expert's times its sigmoid gate: the
+ * same bits whatever the threads, the split of a prompt or the batch. */
+
+size_t flm_expert_bytes(int N, int K, int type) { return (flm_packed_bytes(N, K, type) + 63) / 64 * 64; }
+
+static FlmMatrix expert_matrix(const FlmMatrix *m, int e, int N, int K) {
+    FlmMatrix out = {(const char *)m->data + (size_t)e * flm_expert_bytes(N, K, m->type), m->type};
+    return out;
+}
+
+/* The top k of the router's probabilities, chosen and ordered exactly as
+ * torch.topk chooses them on a CPU, ties included: it runs libstdc++'s
+ * nth_element then sort over (value, index) pairs compared by value alone
+ * (partial_sort where k * 64 <= n), so a tie falls to whichever element
+ * those algorithms leave in front. What follows mirrors them step by step. */
+typedef struct { float v; int i; } Ranked;
+
+static int ranks_before(Ranked a, Ranked b) { return (isnan(a.v) && !isnan(b.v)) || a.v > b.v; }
+static void swap_ranked(Ranked *a, Ranked *b) { Ranked t = *a; *a = *b; *b = t; }
+static int floor_log2(int n) { int l = 0; while (n >>= 1) l++; return l; }
+
+static void insertion_sort(Ranked *q, int f, int l) {
+    if (f == l) return;
+    for (int i = f + 1; i < l; i++) {
+        Ranked v = q[i];
+        if (ranks_before(v, q[f])) {
+            memmove(q + f + 1, q + f, sizeof(Ranked) * (i - f));
+            q[f] = v;
+        } else {
+            int j = i;
+            while (ranks_before(v, q[j - 1])) { q[j] = q[j - 1]; j--; }
+            q[j] = v;
+        }
+    }
+}
+
+static int partition_pivot(Ranked *q, int f, int l) {
+    const int a = f + 1, b = f + (l - f) / 2, c = l - 1;
+    int m;   /* the median of a, b, c moves to f */
+    if (ranks_before(q[a], q[b])) m = ranks_before(q[b], q[c]) ? b : ranks_before(q[a], q[c]) ? c : a;
+    else m = ranks_before(q[a], q[c]) ? a : ranks_before(q[b], q[c]) ? c : b;
+    swap_ranked(&q[f], &q[m]);
+    int lo = f + 1, hi = l;
+    for (;;) {
+        while (ranks_before(q[lo], q[f])) lo++;
+        hi--;
+        while (ranks_before(q[f], q[hi])) hi--;
+        if (!(lo < hi)) return lo;
+        swap_ranked(&q[lo], &q[hi]);
+        lo++;
+    }
+}
+
+static void sift(Ranked *q, int f, int hole, int len, Ranked v) {
+    const int top = hole;
+    int child = hole;
+    while (child < (len - 1) / 2) {
+        child = 2 * (child + 1);
+        if (ranks_before(q[f + child], q[f + child - 1])) child--;
+        q[f + hole] = q[f + child];
+        hole = child;
+    }
+    if ((len & 1) == 0 && child == (len - 2) / 2) {
+        child = 2 * (child + 1);
+        q[f + hole] = q[f + child - 1];
+        hole = child - 1;
+    }
+    int parent = (hole - 1) / 2;
+    while (hole > top && ranks_before(q[f + parent], v)) {
+        q[f + hole] = q[f + parent];
+        hole = parent;
+        parent = (hole - 1) / 2;
+    }
+    q[f + hole] = v;
+}
+
+static void pop_heap_to(Ranked *q, int f, int l, int r) {
+    Ranked v = q[r];
+    q[r] = q[f];
+    sift(q, f, 0, l - f, v);
+}
+
+/* partial_sort(f, m, l): heap_select then sort_heap. */
+static void partial_sort(Ranked *q, int f, int m, int l) {
+    const int len = m - f;
+    for (int parent = (len - 2) / 2; len >= 2 && parent >= 0; parent--) sift(q, f, parent, len, q[f + parent]);
+    for (int i = m; i < l; i++)
+        if (ranks_before(q[i], q[f])) pop_heap_to(q, f, m, i);
+    for (int e = m; e - f > 1;) {
+        e--;
+        pop_heap_to(q, f, e, e);
+    }
+}
+
+static void introselect(Ranked *q, int f, int nth, int l, int depth) {
+    while (l - f > 3) {
+        if (depth == 0) {
+            const int len = nth + 1 - f;   /* heap_select(f, nth + 1, l), then nth to the front */
+            for (int parent = (len - 2) / 2; len >= 2 && parent >= 0; parent--)
+                sift(q, f, parent, len, q[f + parent]);
+            for (int i = nth + 1; i < l; i++)
+                if (ranks_before(q[i], q[f])) pop_heap_to(q, f, nth + 1, i);
+            swap_ranked(&q[f], &q[nth]);
+            return;
+        }
+        depth--;
+        const int cut = partition_pivot(q, f, l);
+        if (cut <= nth) f = cut;
+        else l = cut;
+    }
+    insertion_sort(q, f, l);
+}
+
+static void introsort(Ranked *q, int f, int l, int depth) {
+    while (l - f > 16) {
+        if (depth == 0) {
+            partial_sort(q, f, l, l);
+            return;
+        }
+        depth--;
+        const int cut = partition_pivot(q, f, l);
+        introsort(q, cut, l, depth);
+        l = cut;
+    }
+}
+
+static void sort_ranked(Ranked *q, int f, int l) {
+    if (f == l) return;
+    introsort(q, f, l, 2 * floor_log2(l - f));
+    if (l - f > 16) {
+        insertion_sort(q, f, f + 16);
+        for (int i = f + 16; i < l; i++) {
+            Ranked v = q[i];
+            int j = i;
+            while (ranks_before(v, q[j - 1])) { q[j] = q[j - 1]; j--; }
+            q[j] = v;
+        }
+    } else {
+        insertion_sort(q, f, l);
+    }
+}
+
+static void top_k(Ranked *q, int n, int k) {
+    if ((long)k * 64 <= n) {
+        partial_sort(q, 0, k, n);
+        return;
+    }
+    if (k - 1 != n) introselect(q, 0, k - 1, n, 2 * floor_log2(n));
+    sort_ranked(q, 0, k - 1);
+}
+
+/* One token's router logits p (overwritten by its probabilities) -> its
+ * chosen experts and their weights, by rank. */
+static void route(const FlmConfig *c, float *p, int32_t *chosen, float *weight) {
+    const int E = c->n_experts, k = c->n_experts_used;
+    float max = p[0], sum = 0.0f;
+    for (int e = 1; e < E; e++) max = p[e] > max ? p[e] : max;
+    for (int e = 0; e < E; e++) {
+        p[e] = expf(p[e] - max);
+        sum += p[e];
+    }
+    Ranked q[E];
+    for (int e = 0; e < E; e++) {
+        p[e] /= sum;
+        q[e].v = p[e];
+        q[e].i = e;
+    }
+    top_k(q, E, k);
+    float total = 0.0f;
+    for (int r = 0; r < k; r++) {
+        chosen[r] = q[r].i;
+        weight[r] = q[r].v;
+        total += q[r].v;
+    }
+    if (c->norm_topk_prob)
+        for (int r = 0; r < k; r++) weight[r] /= total;
+}
+
+/* Work items of one expert's product with an (N, .) matrix over its n rows. */
+static int expert_items(int n, int N) {
+    if (n == 0) return 0;
+    const int per = item_panels(n), panels = (N + FLM_PANEL - 1) / FLM_PANEL;
+    return (panels + per - 1) / per * token_blocks(n);
+}
+
+/* The expert whose items hold item g (starts ascending, E + 1 of them). */
+static int expert_of_item(const int32_t *starts, int E, int g) {
+    int lo = 0, hi = E - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (starts[mid] <= g) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+/* Item g of the experts' products with mats (one or two of the same shape,
+ * (N, K) each): expert e, its rows rows0 .. of in, panels p0 .. p0+np-1. */
+typedef struct { int e, row, nt, p0, np; } ExpertItem;
+
+static ExpertItem expert_item(const FlmState *s, const int32_t *starts, int E, int g, int N) {
+    ExpertItem it;
+    it.e = expert_of_item(starts, E, g);
+    const int local = g - starts[it.e], n = s->expert_row[it.e + 1] - s->expert_row[it.e];
+    const int per = item_panels(n), tb = token_blocks(n), panels = (N + FLM_PANEL - 1) / FLM_PANEL;
+    it.p0 = local / tb * per;
+    it.np = imin(per, panels - it.p0);
+    const int t0 = local % tb * token_block();
+    it.nt = imin(token_block(), n - t0);
+    it.row = s->expert_row[it.e] + t0;
+    return it;
+}
+
+static void moe_ffn(const FlmConfig *c, const FlmLayer *L, FlmState *s, int T) {
+    const int dim = c->dim, E = c->n_experts, k = c->n_experts_used, ed = c->expert_dim;
+    const int R = T * k;
+    int32_t *up_items = s->item_start, *down_items = s->item_start + E + 1;
+    if (L->w_shexp_gate) {
+        gate_up(c, s, T, L->w_shexp_gate, L->w_shexp_up, NULL, NULL, c->shared_dim);
+        mark(s, FLM_PHASE_MLP_UP);
+        matmul(c, s, s->xb2, s->hb, L->w_shexp_down, NULL, T, c->shared_dim, dim);
+        mark(s, FLM_PHASE_MLP_DOWN);
+    }
+    matmul(c, s, s->router, s->xb, L->w_router, NULL, T, dim, E);
+#pragma omp for schedule(static)
+    for (int t = 0; t < T; t++)
+        route(c, s->router + (size_t)t * E, s->chosen + (size_t)t * k, s->chosen_w + (size_t)t * k);
+#pragma omp single
+    {
+        int32_t *next = s->expert_row;   /* each expert's next free row, then its first */
+        memset(next, 0, sizeof(int32_t) * (E + 1));
+        for (int i = 0; i < R; i++) next[s->chosen[i] + 1]++;
+        for (int e = 0; e < E; e++) next[e + 1] += next[e];
+        for (int i = 0; i < R; i++) s->slot_row[i] = next[s->chosen[i]]++;
+        for (int e = E; e > 0; e--) next[e] = next[e - 1];
+        next[0] = 0;
+        up_items[0] = down_items[0] = 0;
+        for (int e = 0; e < E; e++) {
+            const int n = s->expert_row[e + 1] - s->expert_row[e];
+            up_items[e + 1] = up_items[e] + expert_items(n, ed);
+            down_items[e + 1] = down_items[e] + expert_items(n, dim);
+        }
+    }
+#pragma omp for schedule(static)
+    for (int i = 0; i < R; i++)
+        memcpy(s->moe_x + (size_t)s->slot_row[i] * dim, s->xb + (size_t)(i / k) * dim, sizeof(float) * dim);
+    mark(s, FLM_PHASE_ROUTER);
+
+    /* Gate and up, combined while in cache, expert by expert. */
+    MatJob ups[2] = {{s->moe_h, L->w_exp_gate, NULL, ed, ed}, {s->moe_h2, L->w_exp_up, NULL, ed, ed}};
+    const MatInput in = matmul_input(s, s->moe_x, R, dim, ups, 2, c->float_acts);
+    void (*act_mul)(float *, const float *, int) = act_mul_of(c);
+#pragma omp for schedule(static)
+    for (int g = 0; g < up_items[E]; g++) {
+        const ExpertItem it = expert_item(s, up_items, E, g, ed);
+        const FlmMatrix wg = expert_matrix(L->w_exp_gate, it.e, ed, dim);
+        const FlmMatrix wu = expert_matrix(L->w_exp_up, it.e, ed, dim);
+        matmul_panels(s->moe_h + (size_t)it.row * ed, ed, &in, it.row, &wg, NULL, it.nt, dim, ed, it.p0, it.np);
+        matmul_panels(s->moe_h2 + (size_t)it.row * ed, ed, &in, it.row, &wu, NULL, it.nt, dim, ed, it.p0, it.np);
+        const int r0 = it.p0 * FLM_PANEL, nr = imin(it.np * FLM_PANEL, ed - r0);
+        for (int t = it.row; t < it.row + it.nt; t++)
+            act_mul(s->moe_h + (size_t)t * ed + r0, s->moe_h2 + (size_t)t * ed + r0, nr);
+    }
+    mark(s, FLM_PHASE_MLP_UP);
+
+    /* Down, into moe_x (its inputs are spent). */
+    MatJob down = {s->moe_x, L->w_exp_down, NULL, dim, dim};
+    const MatInput hin = matmul_input(s, s->moe_h, R, ed, &down, 1, c->float_acts);
+#pragma omp for schedule(static)
+    for (int g = 0; g < down_items[E]; g++) {
+        const ExpertItem it = expert_item(s, down_items, E, g, dim);
+        const FlmMatrix wd = expert_matrix(L->w_exp_down, it.e, dim, ed);
+        matmul_panels(s->moe_x + (size_t)it.row * dim, dim, &hin, it.row, &wd, NULL, it.nt, ed, dim, it.p0, it.np);
+    }
+    mark(s, FLM_PHASE_MLP_DOWN);
+
+#pragma omp for schedule(static)
+    for (int t = 0; t < T; t++) {
+        float *out = s->xb2 + (size_t)t * dim;
+        float shared = 0.0f;
+        if (L->w_shexp_gate) {
+            float g = 0.0f;
+            const float *x = s->xb + (size_t)t * dim;
+            for (int i = 0; i < dim; i++) g += x[i] * L->shexp_gate[i];
+            shared = sigmoid(g);
+        }
+        for (int i = 0; i < dim; i++) {
+            float acc = 0.0f;
+            for (int r = 0; r < k; r++)
+                acc += s->chosen_w[(size_t)t * k + r] * s->moe_x[(size_t)s->slot_row[(size_t)t * k + r] * dim + i];
+            out[i] = L->w_shexp_gate ? acc + shared * out[i] : acc;
+        }
+    }
+    mark(s, FLM_PHASE_ROUTER);
+}
+
 /* ---------------------------------------------------------------- forward */
 
 /* out = RMSNorm(x) with weight, or a copy of x where the layer has no such norm. */
@@ -650,10 +988,14 @@ static void forward_rows(const FlmConfig *c, const FlmWeights *w, FlmState *s, c
             }
             mark(s, FLM_PHASE_NORMS);
 
-            gate_up(c, L, s, T);
-            mark(s, FLM_PHASE_MLP_UP);
-            matmul(c, s, s->xb2, s->hb, L->w_down, L->b_down, T, hidden, dim);
-            mark(s, FLM_PHASE_MLP_DOWN);
+            if (L->w_router) {
+                moe_ffn(c, L, s, T);
+            } else {
+                gate_up(c, s, T, L->w_gate, L->w_up, L->b_gate, L->b_up, hidden);
+                mark(s, FLM_PHASE_MLP_UP);
+                matmul(c, s, s->xb2, s->hb, L->w_down, L->b_down, T, hidden, dim);
+                mark(s, FLM_PHASE_MLP_DOWN);
+            }
 #pragma omp for schedule(static)
             for (int t = 0; t < T; t++) {
                 float *x = s->x + (size_t)t * dim;

@@ -60,6 +60,12 @@ typedef struct {
     int activation;       /* FLM_SILU or FLM_GELU_TANH (GeLU's tanh approximation) */
     float attn_softcap;   /* > 0: attention scores (scaled) become cap * tanh(score / cap) */
     float logit_softcap;  /* > 0: the logits likewise */
+    /* Mixture of experts; all 0 where a model has none. A layer with a
+     * router (FlmLayer.w_router) replaces its MLP by n_experts SwiGLU
+     * experts of expert_dim, n_experts_used of them per token, and a shared
+     * expert of shared_dim where it has one. */
+    int n_experts, n_experts_used, expert_dim, shared_dim;
+    int norm_topk_prob;   /* the chosen experts' weights are divided by their sum */
 } FlmConfig;
 
 typedef struct {
@@ -103,6 +109,17 @@ typedef struct {
     const FlmMatrix *w_up;     /* (hidden_dim, dim) */
     const FlmMatrix *w_down;   /* (dim, hidden_dim) */
     const float *b_gate, *b_up, *b_down; /* MLP biases, or NULL */
+    /* Mixture of experts, in place of w_gate, w_up and w_down (which are
+     * then NULL). Each expert matrix is n_experts matrices of the same type,
+     * each packed alone, expert e's at data + e * flm_expert_bytes(N, K, type). */
+    const FlmMatrix *w_router;      /* (n_experts, dim): router logits */
+    const FlmMatrix *w_exp_gate;    /* n_experts x (expert_dim, dim) */
+    const FlmMatrix *w_exp_up;      /* n_experts x (expert_dim, dim) */
+    const FlmMatrix *w_exp_down;    /* n_experts x (dim, expert_dim) */
+    const FlmMatrix *w_shexp_gate;  /* (shared_dim, dim) the shared expert, or NULL */
+    const FlmMatrix *w_shexp_up;    /* (shared_dim, dim) */
+    const FlmMatrix *w_shexp_down;  /* (dim, shared_dim) */
+    const float *shexp_gate;        /* (dim) the shared expert's output *= sigmoid(x . it), or NULL */
 } FlmLayer;
 
 typedef struct {
@@ -157,6 +174,20 @@ typedef struct {
      * each phase of every pass are added to profile[FLM_PHASE_...]. */
     double *profile;
     double profile_mark;
+    /* Mixture of experts: each token's router probabilities, its chosen
+     * experts (by rank) and their weights, the rows of the expert buffers
+     * they go to, each expert's first row there, and the expert buffers:
+     * rows grouped by expert (tokens in order within one), as inputs then
+     * outputs (moe_x), and the gate and up values (moe_h, moe_h2). */
+    float *router;      /* (max_batch, n_experts) */
+    int32_t *chosen;    /* (max_batch, n_experts_used) */
+    float *chosen_w;    /* (max_batch, n_experts_used) */
+    int32_t *slot_row;  /* (max_batch, n_experts_used) */
+    int32_t *expert_row;/* (n_experts + 1) */
+    int32_t *item_start;/* (n_experts + 1) work items of each expert's matmuls */
+    float *moe_x;       /* (max_batch * n_experts_used, dim) */
+    float *moe_h;       /* (max_batch * n_experts_used, expert_dim) */
+    float *moe_h2;      /* (max_batch * n_experts_used, expert_dim) */
 } FlmState;
 
 /* Phases of a forward pass, as FlmState.profile counts them. */
@@ -169,8 +200,13 @@ enum {
     FLM_PHASE_MLP_UP,      /* gate and up projections, SiLU */
     FLM_PHASE_MLP_DOWN,
     FLM_PHASE_LM_HEAD,
+    FLM_PHASE_ROUTER,      /* mixture of experts: router, top-k, grouping by expert, weighted sum */
     FLM_PHASES
 };
+
+/* Bytes from one expert's packed (N, K) matrix to the next's (rounded up
+ * to whole cache lines). */
+size_t flm_expert_bytes(int N, int K, int type);
 
 /* Floats needed by the run state's work buffers (everything but the KV
  * cache), and by the KV cache (keys and values together). */

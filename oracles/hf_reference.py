@@ -23,7 +23,9 @@ def load_hf(folder, dtype="float64"):
     # Multimodal wrappers that AutoModelForCausalLM does not take (mistral3).
     auto = AutoModelForImageTextToText if AutoConfig.from_pretrained(folder).model_type == "mistral3" \
         else AutoModelForCausalLM
-    model = auto.from_pretrained(folder, dtype=getattr(torch, dtype))
+    # Mixtures of experts run their experts one by one ("eager"): the
+    # grouped kernels take no float64.
+    model = auto.from_pretrained(folder, dtype=getattr(torch, dtype), experts_implementation="eager")
     model.eval()
     return model
 

@@ -157,9 +157,10 @@ def _make_qwen35(spec: dict, seed: int, scale: float):
     which would leave those paths untested."""
     import torch
     from transformers import (Qwen3_5Config, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration,
-                              Qwen3_5TextConfig)
+                              Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3_5TextConfig)
     spec = dict(spec)
-    wrapper = spec.pop("model_type") == "qwen3_5"
+    model_type = spec.pop("model_type")
+    wrapper = model_type == "qwen3_5"
     tie = spec.pop("tie_word_embeddings")
     spec.setdefault("rms_norm_eps", 1e-6)
     spec["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
@@ -171,6 +172,8 @@ def _make_qwen35(spec: dict, seed: int, scale: float):
                       num_position_embeddings=16)
         model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(
             text_config=dict(spec, tie_word_embeddings=tie), vision_config=vision, tie_word_embeddings=tie))
+    elif model_type == "qwen3_5_moe_text":
+        model = Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**spec, tie_word_embeddings=tie))
     else:
         model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**spec, tie_word_embeddings=tie))
     g = torch.Generator().manual_seed(seed)
@@ -263,6 +266,23 @@ SHAPES["mistral3-wrapper"] = dict(
     rope_parameters=dict(_YARN, factor=4.0, mscale=1.3, mscale_all_dim=0.7, beta_fast=16.0,
                          original_max_position_embeddings=20, llama_4_scaling_beta=0.4),
     tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+# Mixtures of experts, several experts per token: Qwen3-MoE with a dense
+# layer among routed ones (mlp_only_layers and decoder_sparse_step) and
+# its weights renormalised, or not; Mixtral (always renormalised); Qwen3.5-MoE
+# with its shared expert. Expert sizes are whole int8 blocks (32).
+SHAPES["qwen3_moe"] = dict(model_type="qwen3_moe", hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=300,
+                           num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32, norm_topk_prob=True,
+                           mlp_only_layers=[2], decoder_sparse_step=1, tie_word_embeddings=False)
+SHAPES["qwen3_moe-unnormed"] = dict(SHAPES["qwen3_moe"], norm_topk_prob=False, mlp_only_layers=[],
+                                    decoder_sparse_step=2, num_experts=6, num_experts_per_tok=2,
+                                    tie_word_embeddings=True)
+SHAPES["mixtral"] = dict(model_type="mixtral", hidden_size=64, intermediate_size=64, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=300, num_local_experts=6,
+                         num_experts_per_tok=2, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+SHAPES["qwen3_5_moe"] = dict(SHAPES["qwen3_5-text"], model_type="qwen3_5_moe_text", num_experts=8,
+                             num_experts_per_tok=3, moe_intermediate_size=32, shared_expert_intermediate_size=64)
 
 
 def _make_mistral3_wrapper(spec: dict, init_scale: float):

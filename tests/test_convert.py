@@ -968,24 +968,3 @@ def test_concurrent_conversions_agree(tiny_gguf, tmp_path):
     assert is_complete_model_dir(result)
     assert sorted(p.name for p in home.iterdir()) == [result.name]
     AutoModelForCausalLM.from_pretrained(result)
-
-
-@pytest.mark.parametrize("expert", ["blk.0.ffn_gate_inp.weight", "blk.0.ffn_up_exps.weight",
-                                    "blk.0.ffn_up.3.weight"])
-def test_a_mixture_of_experts_in_a_llama_file_is_refused_by_name(tmp_path, expert):
-    path = tmp_path / "mixtral.gguf"
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(1)
-    w.add_tokenizer_model("gpt2")
-    w.add_token_list(["a", "b"])
-    w.add_tensor("token_embd.weight", np.zeros((2, 32), np.float32))
-    w.add_tensor(expert, np.zeros((4, 32) if "inp" in expert else (2, 8, 32), np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    with pytest.raises(ConversionError, match=rf"mixtral.gguf.*{re.escape(expert)} is a router or an expert "
-                                              rf"\(as in Mixtral\): mixture-of-experts models are not supported yet"):
-        convert_gguf(path, tmp_path / "out")
-    with pytest.raises(ConversionError, match="mixture-of-experts models are not supported yet"):
-        Model.from_pretrained(path)

@@ -285,25 +285,19 @@ def test_mistral_v03_template_with_tools_renders_as_transformers():
 
 
 # --------------------------------------------------------------------------
-# Mixtral: refused until mixture-of-experts lands
+# Mixtral: a llama file with expert tensors
 # --------------------------------------------------------------------------
 
-def test_mixtral_gguf_is_refused_by_name():
-    with pytest.raises(ConversionError, match=r"mixtral.gguf: tensor blk.0.ffn_gate_exps.weight is a router or "
-                                              r"an expert \(as in Mixtral\): mixture-of-experts models are not "
-                                              r"supported yet"):
-        Model.from_pretrained(gguf_path("mixtral"))
-
-
-def test_mixtral_folder_is_refused_by_name(tmp_path):
-    from transformers import AutoConfig, AutoModelForCausalLM
-    config = AutoConfig.for_model("mixtral", hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                  num_attention_heads=2, num_key_value_heads=1, vocab_size=64,
-                                  num_local_experts=4, num_experts_per_tok=2)
-    folder = tmp_path / "mixtral"
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    with pytest.raises(ModelFileError, match="model_type 'mixtral': mixture-of-experts models are not supported"):
-        Model.from_pretrained(folder)
+def test_mixtral_gguf_runs_as_its_dequantized_folder(tmp_path):
+    """The converter's Q8_0 Mixtral, its experts in their own types, with f32
+    activations: the logits of the folder the importer dequantizes it into."""
+    path = gguf_path("mixtral")
+    native = Model.from_pretrained(path, threads=1, activations="f32")
+    assert native.config.model_type == "mixtral" and native.config.num_experts == 4
+    folder = Model.from_pretrained(convert_gguf(path, tmp_path / "folder", dtype="f32", progress=False), threads=1)
+    ids = prompt(30, seed=4)
+    ok, err, _ = within(native.logits(ids), folder.logits(ids))
+    assert ok, f"max |err| {err:.3g}"
 
 
 # --------------------------------------------------------------------------

@@ -271,15 +271,23 @@ cdef class Matrix:
     cdef readonly str dtype
     cdef readonly int N, K
     cdef readonly bint packed
+    cdef readonly int experts   # a mixture's expert matrices: this many (N, K) ones; else 0
 
-    def __cinit__(self, cnp.ndarray data, str dtype, int N, int K, bint packed):
+    def __cinit__(self, cnp.ndarray data, str dtype, int N, int K, bint packed, int experts=0):
         self.data, self.dtype, self.N, self.K, self.packed = data, dtype, N, K, packed
+        self.experts = experts
         self.m.data = cnp.PyArray_DATA(data)
         self.m.type = TYPES[dtype]
 
     @property
     def shape(self):
+        if self.experts:
+            return (self.experts, self.N, self.K)
         return (self.N, self.K)
+
+    @property
+    def params(self):
+        return max(self.experts, 1) * self.N * self.K
 
     @property
     def nbytes(self):
@@ -287,7 +295,7 @@ cdef class Matrix:
 
     def row(self, int r):
         """Row r as float32 values, as the run loop sees them."""
-        if not 0 <= r < self.N:
+        if not 0 <= r < self.N or self.experts:
             raise IndexError(r)
         cdef cnp.ndarray out = np.empty(self.K, np.float32)
         cdef const char *base = <const char *>self.m.data
@@ -340,6 +348,30 @@ def pack(matrix, int n_threads=0, str dtype=None, int K=0):
     job.N, job.K, job.wtype, job.n_threads = n, k, wtype, nt
     _run_job(_pack_job, &job)
     return Matrix(dst, dtype, N, K, True)
+
+
+def pack_experts(expert, int n_experts, str dtype, int N, int K, int n_threads=0):
+    """Pack n_experts (N, K) matrices of one type, expert e's rows given by
+    expert(e) (as pack takes them), each into its own slice of one buffer:
+    a Matrix of shape (n_experts, N, K). One expert's rows at a time are
+    in memory beside the packed buffer."""
+    if dtype not in TYPES:
+        raise ValueError(f"unknown weight type {dtype!r}; known: {', '.join(TYPES)}")
+    cdef int wtype = TYPES[dtype]
+    cdef size_t stride = flm.flm_expert_bytes(N, K, wtype)
+    cdef cnp.ndarray dst = np.empty(stride * n_experts, np.uint8)
+    cdef int nt = n_threads if n_threads > 0 else (os.cpu_count() or 1)
+    cdef PackArgs job
+    for e in range(n_experts):
+        src, n = _check_rows(expert(e), dtype, K)
+        if n != N:
+            raise ValueError(f"expert {e} has {n} rows, expected {N}")
+        job.dst = <void *>(<char *>cnp.PyArray_DATA(dst) + stride * <size_t>e)
+        job.src = cnp.PyArray_DATA(<cnp.ndarray>src)
+        job.N, job.K, job.wtype, job.n_threads = N, K, wtype, nt
+        _run_job(_pack_job, &job)
+        src = None   # this expert's rows, before the next is read
+    return Matrix(dst, dtype, N, K, True, n_experts)
 
 
 def rows(matrix, str dtype=None, int K=0):
@@ -422,6 +454,9 @@ cdef class Weights:
         c.activation = flm.FLM_GELU_TANH if config.hidden_act == "gelu_pytorch_tanh" else flm.FLM_SILU
         c.attn_softcap = config.attn_logit_softcapping or 0.0
         c.logit_softcap = config.final_logit_softcapping or 0.0
+        c.n_experts, c.n_experts_used = config.num_experts, config.num_experts_per_tok
+        c.expert_dim, c.norm_topk_prob = config.moe_intermediate_size, config.norm_topk_prob
+        c.shared_dim = config.shared_expert_intermediate_size
 
         self.layers = <flm.FlmLayer *>calloc(c.n_layers, sizeof(flm.FlmLayer))
         if self.layers == NULL:
@@ -432,7 +467,7 @@ cdef class Weights:
                 raise ValueError(f"layer {i}: unknown kind {kind!r}")
             self.layers[i].kind = flm.FLM_LINEAR_ATTENTION if kind == schema.LINEAR else flm.FLM_ATTENTION
             self.layers[i].window = config.attention_window(i)
-            expected = {t.field: t for t in schema.layer_tensors(config, kind)}
+            expected = {t.field: t for t in schema.layer_tensors(config, kind, config.layer_ffn(i))}
             missing, unknown = sorted(expected.keys() - d.keys()), sorted(d.keys() - expected.keys() - {"kind"})
             if missing or unknown:
                 raise ValueError(f"layer {i}: " + "; ".join(
@@ -506,7 +541,7 @@ cdef class Weights:
         """Parameters of the matrices by weight type, e.g. {"q4_k": ..., "q6_k": ...}."""
         counts = {}
         for m in self._matrices():
-            counts[m.dtype] = counts.get(m.dtype, 0) + m.N * m.K
+            counts[m.dtype] = counts.get(m.dtype, 0) + m.params
         return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
     @property

@@ -48,6 +48,11 @@ cdef extern from "fastllm.h" nogil:
         int activation
         float attn_softcap
         float logit_softcap
+        int n_experts
+        int n_experts_used
+        int expert_dim
+        int shared_dim
+        int norm_topk_prob
 
     ctypedef struct FlmMatrix:
         const void *data
@@ -85,6 +90,7 @@ cdef extern from "fastllm.h" nogil:
         int pos
 
     size_t flm_packed_bytes(int N, int K, int wtype)
+    size_t flm_expert_bytes(int N, int K, int wtype)
     void flm_pack(void *dst, const void *src, int N, int K, int wtype, int n_threads)
     size_t flm_state_work_floats(const FlmConfig *c, int max_batch, int max_threads)
     size_t flm_state_cache_floats(const FlmConfig *c)

@@ -265,6 +265,36 @@ def no_rope_layers(raw: dict, n_layers: int, path) -> list:
     return [int(v) for v in flags]
 
 
+def experts_config(raw: dict, fam: Family, n_layers: int, path) -> dict:
+    """The mixture of experts' sizes and switches, read from config.json as
+    transformers reads them for the family, and which layers have experts
+    (moe_layers: 1 where a layer routes, 0 where it has a dense MLP)."""
+    key = next((k for k in fam.experts_keys if raw.get(k) is not None), fam.experts_keys[0])
+
+    def positive(name):
+        v = raw.get(name)
+        if not _positive_int(v):
+            raise ModelFileError(path, f"{name} must be a positive integer, got {v!r}")
+        return v
+    n, k = positive(key), positive("num_experts_per_tok")
+    if k > n:
+        raise ModelFileError(path, f"num_experts_per_tok ({k}) is more than the {n} experts")
+    norm = fam.switch("norm_topk_prob", raw)
+    layers = [1] * n_layers
+    if fam.sparse_layer_keys:
+        only, step = raw.get("mlp_only_layers") or [], raw.get("decoder_sparse_step", 1)
+        if not isinstance(only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in only):
+            raise ModelFileError(path, f"mlp_only_layers must be a list of layer indices, got {only!r}"[:200])
+        if not _positive_int(step):
+            raise ModelFileError(path, f"decoder_sparse_step must be a positive integer, got {step!r}")
+        layers = [int(i not in only and (i + 1) % step == 0) for i in range(n_layers)]
+    out = dict(num_experts=n, num_experts_per_tok=k, moe_intermediate_size=positive(fam.expert_size_key),
+               norm_topk_prob=norm, moe_layers=layers)
+    if fam.shared_expert:
+        out.update(shared_expert=True, shared_expert_intermediate_size=positive("shared_expert_intermediate_size"))
+    return out
+
+
 # transformers' GraniteConfig defaults (the attention's too is 1, not 1/sqrt(head_dim)).
 MULTIPLIERS = {"embedding_multiplier": 1.0, "residual_multiplier": 1.0, "attention_multiplier": 1.0,
                "logits_scaling": 1.0}
@@ -334,6 +364,14 @@ class ModelConfig:
     local_rope_scaling: dict | None = None  # ... and scaling; with None theta they share the others'
     query_scale_beta: float = 0.0        # Ministral 3: queries at positions past each multiple of
     query_scale_period: int = 0          # query_scale_period scaled (query_position_scales)
+    # Mixture of experts (0 and None where dense): see experts_config.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    moe_layers: list | None = None       # per layer, 1 where it routes to experts, 0 where its MLP is dense
+    shared_expert: bool = False
+    shared_expert_intermediate_size: int = 0
     weight_prefix: str = "model."
     head_prefix: str = ""
     path: Path | None = None
@@ -347,6 +385,10 @@ class ModelConfig:
         if self.layer_types is None:
             return "attention"
         return "linear_attention" if self.layer_types[i] == "linear_attention" else "attention"
+
+    def layer_ffn(self, i: int) -> str:
+        """'experts' or 'dense' for layer i's MLP."""
+        return "experts" if self.moe_layers and self.moe_layers[i] else "dense"
 
     def attention_window(self, i: int) -> int:
         """Positions layer i's attention sees (a query the keys after its
@@ -482,6 +524,12 @@ class ModelConfig:
         softcaps = {key: _optional_positive(raw, key, path) for key in (
             "attn_logit_softcapping", "final_logit_softcapping")} if fam.softcapping else {}
 
+        experts = experts_config(raw, fam, need("num_hidden_layers"), path) if fam.experts_keys else {}
+        if experts and all(experts["moe_layers"]) and raw.get("intermediate_size") is None:
+            intermediate = experts["moe_intermediate_size"]   # no dense MLP needs one
+        else:
+            intermediate = need("intermediate_size")
+
         eos = raw.get("eos_token_id")
         eos = [] if eos is None else list(eos) if isinstance(eos, list) else [eos]
         if not all(_token_id(i) for i in eos):
@@ -523,7 +571,7 @@ class ModelConfig:
         cfg = cls(
             model_type=model_type,
             hidden_size=hidden,
-            intermediate_size=need("intermediate_size"),
+            intermediate_size=intermediate,
             num_hidden_layers=need("num_hidden_layers"),
             num_attention_heads=heads,
             num_key_value_heads=kv_heads,
@@ -558,6 +606,7 @@ class ModelConfig:
             head_prefix=head_prefix,
             path=Path(path) if path else None,
             **linear,
+            **experts,
         )
         return cfg
 

@@ -10,9 +10,14 @@ from dataclasses import dataclass, field
 
 from .errors import ModelFileError
 
-# model_types of mixture-of-experts models, refused by name until fastllm runs them.
-MIXTURE_OF_EXPERTS = ("mixtral", "qwen2_moe", "qwen3_moe", "qwen3_5_moe", "qwen3_5_moe_text")
-MIXTURE_OF_EXPERTS_REFUSAL = "mixture-of-experts models are not supported yet"
+# model_types fastllm knows and refuses: why.
+REFUSED = {
+    "qwen2_moe": "Qwen2-MoE (mixture of experts with a shared expert per layer) is not supported",
+    "gpt_oss": "gpt-oss is not supported (its MXFP4 experts and attention sinks are not implemented)",
+    "deepseek_v2": "DeepSeek-V2 is not supported (multi-head latent attention is not implemented)",
+    "deepseek_v3": "DeepSeek-V3 is not supported (multi-head latent attention is not implemented)",
+    "kimi_k2": "Kimi K2 is not supported (DeepSeek's multi-head latent attention is not implemented)",
+}
 
 # Which layers attend through a sliding window (Family.sliding_window).
 EVERY_LAYER = "every_layer"            # all of them, when config.json's sliding_window is set (Mistral)
@@ -51,6 +56,7 @@ class Family:
     untie_with_head: bool = False        # an lm_head the file carries is used even when tied
     gguf: bool | str = False             # importable from llama.cpp's GGUF: True (its arch name is the
                                          # model_type) or llama.cpp's name for the architecture
+    gguf_experts: str | None = None      # the model_type of this architecture's GGUF files that have experts
     gguf_export: str | None = None       # written to GGUF as this llama.cpp architecture, which imports
                                          # as another model_type (a Mistral is a llama there)
     gguf_qk_interleaved: bool = False    # llama.cpp stores each Q/K head's rotary halves interleaved
@@ -74,6 +80,15 @@ class Family:
     text_models: tuple = ()              # ... or of these, where its text_config's model_type says
     weight_prefix: str = "model."        # of the text model's tensors in the checkpoint
     head_prefix: str = ""                # of its lm_head
+    # Mixture of experts: the config.json keys of the expert count (the
+    # first present) and of an expert's intermediate size; None: dense.
+    experts_keys: tuple | None = None
+    expert_size_key: str = "moe_intermediate_size"
+    norm_topk_prob: bool | str = True    # the chosen experts' weights are renormalised (or the key that says)
+    sparse_layer_keys: bool = False      # config.json's mlp_only_layers and decoder_sparse_step say
+                                         # which layers have experts (else every layer)
+    shared_expert: bool = False          # a shared expert with a sigmoid gate beside the routed ones
+    hf_names: dict = field(default_factory=dict)   # schema field -> HF name where the family's differs
 
     def switch(self, name: str, raw: dict) -> bool:
         """The value of an optional-tensor switch for config.json raw."""
@@ -107,9 +122,16 @@ _GEMMA = dict(attention_bias="attention_bias", o_bias="attention_bias", norm_plu
               query_pre_attn_scalar=True, softcapping=True,
               refuse={"use_bidirectional_attention": "bidirectional attention is not supported"})
 
+_MIXTRAL_NAMES = {"w_router": "block_sparse_moe.gate.weight",
+                  "w_exp_gate": "block_sparse_moe.experts.{e}.w1.weight",
+                  "w_exp_up": "block_sparse_moe.experts.{e}.w3.weight",
+                  "w_exp_down": "block_sparse_moe.experts.{e}.w2.weight"}
+_QWEN35 = dict(qk_norm=True, norm_plus_one=True, attn_output_gate=True, linear_attention=True,
+               partial_rotary_factor=0.25, untie_with_head=True)
+
 FAMILIES = {
     "llama": Family("LlamaForCausalLM", attention_bias="attention_bias", o_bias="attention_bias",
-                    mlp_bias="mlp_bias", gguf=True, gguf_qk_interleaved=True),
+                    mlp_bias="mlp_bias", gguf=True, gguf_qk_interleaved=True, gguf_experts="mixtral"),
     # llama.cpp's GGUF of a Mistral is arch llama, without the sliding window.
     "mistral": Family("MistralForCausalLM", sliding_window=EVERY_LAYER, gguf_export="llama",
                       gguf_qk_interleaved=True),
@@ -117,10 +139,21 @@ FAMILIES = {
                     gguf=True, gguf_head_dim=False),
     "qwen3": Family("Qwen3ForCausalLM", attention_bias="attention_bias", o_bias="attention_bias",
                     qk_norm=True, sliding_window=USE_SLIDING_WINDOW, gguf=True),
-    "qwen3_5_text": Family("Qwen3_5ForCausalLM", qk_norm=True, norm_plus_one=True, attn_output_gate=True,
-                           linear_attention=True, partial_rotary_factor=0.25, untie_with_head=True,
+    "qwen3_5_text": Family("Qwen3_5ForCausalLM", **_QWEN35,
                            refuse={"attention_bias": "biases are not supported for qwen3_5_text"},
                            gguf="qwen35"),
+    # Mixtures of experts: Qwen3's layers, or Qwen3.5's with a shared expert.
+    "qwen3_moe": Family("Qwen3MoeForCausalLM", attention_bias="attention_bias", o_bias="attention_bias",
+                        qk_norm=True, sliding_window=USE_SLIDING_WINDOW, gguf="qwen3moe",
+                        experts_keys=("num_experts", "num_local_experts"), norm_topk_prob="norm_topk_prob",
+                        sparse_layer_keys=True),
+    "qwen3_5_moe_text": Family("Qwen3_5MoeForCausalLM", **_QWEN35,
+                               refuse={"attention_bias": "biases are not supported for qwen3_5_moe_text"},
+                               gguf="qwen35moe", experts_keys=("num_experts",), shared_expert=True),
+    "qwen3_5_moe": Family("Qwen3_5MoeForConditionalGeneration", text_config="qwen3_5_moe_text",
+                          weight_prefix="model.language_model."),
+    "mixtral": Family("MixtralForCausalLM", sliding_window=EVERY_LAYER, experts_keys=("num_local_experts",),
+                      expert_size_key="intermediate_size", hf_names=_MIXTRAL_NAMES, gguf_qk_interleaved=True),
     "qwen3_5": Family("Qwen3_5ForConditionalGeneration", text_config="qwen3_5_text",
                       weight_prefix="model.language_model."),
     # Phi-3/3.5-mini and Phi-4-mini: LongRoPE and partial rotary come from config.json.
@@ -159,14 +192,14 @@ FAMILIES = {
 # llama.cpp's architecture name -> the model_type it is imported as.
 GGUF_ARCHITECTURES = {(name if f.gguf is True else f.gguf): name for name, f in FAMILIES.items() if f.gguf}
 # Architectures llama.cpp writes that fastllm knows and refuses: why.
-GGUF_REFUSED = {"qwen35moe": "Qwen3.5 mixture-of-experts models are not supported yet "
-                             "(fastllm runs the dense Qwen3.5 models, arch 'qwen35')"}
+GGUF_REFUSED = {"gpt-oss": REFUSED["gpt_oss"], "deepseek2": REFUSED["deepseek_v3"],
+                "qwen2moe": REFUSED["qwen2_moe"]}
 
 
 def family(model_type, path=None) -> Family:
     """The family of a model_type, or a ModelFileError naming the file."""
-    if model_type in MIXTURE_OF_EXPERTS:
-        raise ModelFileError(path, f"model_type {model_type!r}: {MIXTURE_OF_EXPERTS_REFUSAL}")
+    if model_type in REFUSED:
+        raise ModelFileError(path, f"model_type {model_type!r}: {REFUSED[model_type]}")
     if not isinstance(model_type, str) or model_type not in FAMILIES:
         raise ModelFileError(path, f"model_type {model_type!r} is not supported "
                                    f"(supported: {', '.join(FAMILIES)})")

@@ -88,18 +88,19 @@ def check_sizes(config: ModelConfig, folder: Path):
     from .formats.safetensors import Checkpoint
 
     ck = Checkpoint(folder)
-    wanted = [(schema.EMBED, schema.hf_name(schema.EMBED, config))]
+    wanted = [(schema.hf_name(schema.EMBED, config), schema.hf_shape(schema.EMBED, config))]
     for i in range(config.num_hidden_layers):
-        wanted += [(t, schema.hf_name(t, config, i)) for t in schema.file_tensors(config, config.layer_kind(i))]
+        wanted += [entry for t in schema.file_tensors(config, config.layer_kind(i), config.layer_ffn(i))
+                   for entry in schema.hf_entries(t, config, i)]
     seen = set()
-    for t, name in wanted:
+    for name, shape in wanted:
         if name in seen:   # the attention gate is read from q_proj, checked with it
             continue
         seen.add(name)
         f = ck.file_of(name)
-        if f.shape(name) != schema.hf_shape(t, config):
+        if f.shape(name) != shape:
             raise ModelFileError(f.path, f"tensor {name!r} has shape {list(f.shape(name))}, "
-                                         f"config.json implies {list(schema.hf_shape(t, config))}")
+                                         f"config.json implies {list(shape)}")
 
 
 def context_size(config: ModelConfig, n_ctx, kv_dtype: str, threads: int) -> int:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 ATTENTION, LINEAR, BOTH = "attention", "linear_attention", "both"
+# A layer's MLP: a dense SwiGLU one, or a mixture of experts.
+DENSE, EXPERTS = "dense", "experts"
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,8 @@ class Tensor:
     parts: tuple = ()          # a fused tensor: the LAYER fields its rows hold, in order
     gguf_shape: Callable | None = None  # the GGUF file's shape where it differs from the HF one
     v_heads: str | None = None  # Gated DeltaNet value heads along its "rows", "columns" or "rows after q, k"
+    ffn: str | None = None     # the MLP kind that has it: DENSE, EXPERTS, or None: both
+    experts: bool = False      # n_experts matrices, shape[0] of them (HF: one tensor per expert)
 
 
 def _q(c): return c.num_attention_heads * c.head_dim
@@ -98,12 +102,36 @@ LAYER = (
        lambda c: (c.hidden_size,), False, switch="post_norms", norm=True),
     _t("post_ffn_norm", "post_feedforward_layernorm.weight", "post_ffw_norm.weight", lambda c: (c.hidden_size,),
        False, switch="post_norms", norm=True),
-    _t("w_gate", "mlp.gate_proj.weight", "ffn_gate.weight", lambda c: (c.intermediate_size, c.hidden_size), True),
-    _t("w_up", "mlp.up_proj.weight", "ffn_up.weight", lambda c: (c.intermediate_size, c.hidden_size), True),
-    _t("w_down", "mlp.down_proj.weight", "ffn_down.weight", lambda c: (c.hidden_size, c.intermediate_size), True),
-    _t("b_gate", "mlp.gate_proj.bias", "ffn_gate.bias", lambda c: (c.intermediate_size,), False, switch="mlp_bias"),
-    _t("b_up", "mlp.up_proj.bias", "ffn_up.bias", lambda c: (c.intermediate_size,), False, switch="mlp_bias"),
-    _t("b_down", "mlp.down_proj.bias", "ffn_down.bias", lambda c: (c.hidden_size,), False, switch="mlp_bias"),
+    _t("w_gate", "mlp.gate_proj.weight", "ffn_gate.weight", lambda c: (c.intermediate_size, c.hidden_size), True,
+       ffn=DENSE),
+    _t("w_up", "mlp.up_proj.weight", "ffn_up.weight", lambda c: (c.intermediate_size, c.hidden_size), True,
+       ffn=DENSE),
+    _t("w_down", "mlp.down_proj.weight", "ffn_down.weight", lambda c: (c.hidden_size, c.intermediate_size), True,
+       ffn=DENSE),
+    _t("b_gate", "mlp.gate_proj.bias", "ffn_gate.bias", lambda c: (c.intermediate_size,), False, switch="mlp_bias",
+       ffn=DENSE),
+    _t("b_up", "mlp.up_proj.bias", "ffn_up.bias", lambda c: (c.intermediate_size,), False, switch="mlp_bias",
+       ffn=DENSE),
+    _t("b_down", "mlp.down_proj.bias", "ffn_down.bias", lambda c: (c.hidden_size,), False, switch="mlp_bias",
+       ffn=DENSE),
+    # Mixture of experts. HF names are Qwen's (others: Family.hf_names); an
+    # expert tensor's HF name has {e} for the expert, GGUF merges them in one.
+    _t("w_router", "mlp.gate.weight", "ffn_gate_inp.weight", lambda c: (c.num_experts, c.hidden_size), True,
+       ffn=EXPERTS),
+    _t("w_exp_gate", "mlp.experts.{e}.gate_proj.weight", "ffn_gate_exps.weight",
+       lambda c: (c.num_experts, c.moe_intermediate_size, c.hidden_size), True, ffn=EXPERTS, experts=True),
+    _t("w_exp_up", "mlp.experts.{e}.up_proj.weight", "ffn_up_exps.weight",
+       lambda c: (c.num_experts, c.moe_intermediate_size, c.hidden_size), True, ffn=EXPERTS, experts=True),
+    _t("w_exp_down", "mlp.experts.{e}.down_proj.weight", "ffn_down_exps.weight",
+       lambda c: (c.num_experts, c.hidden_size, c.moe_intermediate_size), True, ffn=EXPERTS, experts=True),
+    _t("w_shexp_gate", "mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight",
+       lambda c: (c.shared_expert_intermediate_size, c.hidden_size), True, switch="shared_expert", ffn=EXPERTS),
+    _t("w_shexp_up", "mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight",
+       lambda c: (c.shared_expert_intermediate_size, c.hidden_size), True, switch="shared_expert", ffn=EXPERTS),
+    _t("w_shexp_down", "mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight",
+       lambda c: (c.hidden_size, c.shared_expert_intermediate_size), True, switch="shared_expert", ffn=EXPERTS),
+    _t("shexp_gate", "mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight", lambda c: (c.hidden_size,),
+       False, switch="shared_expert", ffn=EXPERTS, hf_shape=lambda c: (1, c.hidden_size)),
 )
 # The model's own tensors. The embedding and the final norm sit under the
 # config's weight_prefix, lm_head at the top.
@@ -118,25 +146,32 @@ FUSED = (
     _t("qkv", "self_attn.qkv_proj.weight", "attn_qkv.weight", lambda c: (_q(c) + 2 * _kv(c), c.hidden_size),
        True, A, "fused_qkv", parts=("wq", "wk", "wv")),
     _t("gate_up", "mlp.gate_up_proj.weight", "ffn_up.weight", lambda c: (2 * c.intermediate_size, c.hidden_size),
-       True, switch="fused_gate_up", parts=("w_gate", "w_up")),
+       True, switch="fused_gate_up", parts=("w_gate", "w_up"), ffn=DENSE),
 )
+# llama.cpp's converter may store each expert's gate and up rows as one
+# tensor (--fuse-gate-up-exps); it is split at load.
+FUSED_GATE_UP_EXPERTS = _t("gate_up_exps", "mlp.experts.{e}.gate_up_proj.weight", "ffn_gate_up_exps.weight",
+                           lambda c: (c.num_experts, 2 * c.moe_intermediate_size, c.hidden_size), True,
+                           ffn=EXPERTS, experts=True, parts=("w_exp_gate", "w_exp_up"))
 BY_FIELD = {t.field: t for t in LAYER + MODEL}
 # Where an architecture's GGUF files name a tensor otherwise, by model_type.
-GGUF_RENAMED = {"qwen3_5_text": {"ffn_norm": "post_attention_norm.weight"}}
+GGUF_RENAMED = {"qwen3_5_text": {"ffn_norm": "post_attention_norm.weight"},
+                "qwen3_5_moe_text": {"ffn_norm": "post_attention_norm.weight"}}
 
 
-def layer_tensors(cfg, kind: str) -> list:
-    """The tensors a layer of this kind has under cfg, in FlmLayer order."""
-    return [t for t in LAYER if t.kind in (kind, BOTH) and (t.switch is None or getattr(cfg, t.switch))]
+def layer_tensors(cfg, kind: str, ffn: str = DENSE) -> list:
+    """The tensors a layer of this kind (and MLP kind) has under cfg, in FlmLayer order."""
+    return [t for t in LAYER if t.kind in (kind, BOTH) and t.ffn in (ffn, None)
+            and (t.switch is None or getattr(cfg, t.switch))]
 
 
-def file_tensors(cfg, kind: str) -> list:
+def file_tensors(cfg, kind: str, ffn: str = DENSE) -> list:
     """The tensors a layer of this kind has in the checkpoint: those of
     layer_tensors, fused ones in place of their parts where cfg says so."""
-    fused = [t for t in FUSED if t.kind in (kind, BOTH) and getattr(cfg, t.switch)]
+    fused = [t for t in FUSED if t.kind in (kind, BOTH) and t.ffn in (ffn, None) and getattr(cfg, t.switch)]
     covered = {part: t for t in fused for part in t.parts}
     out = []
-    for t in layer_tensors(cfg, kind):
+    for t in layer_tensors(cfg, kind, ffn):
         t = covered.get(t.field, t)
         if t not in out:
             out.append(t)
@@ -161,8 +196,18 @@ SANDWICH_HF = {"ffn_norm": "pre_feedforward_layernorm.weight"}
 def hf_name(t: Tensor, cfg, layer: int | None = None) -> str:
     if layer is not None:
         hf = SANDWICH_HF.get(t.field, t.hf) if cfg.pre_norms and cfg.post_norms else t.hf
+        hf = cfg.family.hf_names.get(t.field, hf)
         return f"{cfg.weight_prefix}layers.{layer}.{hf}"
     return cfg.head_prefix + t.hf if t is LM_HEAD else cfg.weight_prefix + t.hf
+
+
+def hf_entries(t: Tensor, cfg, layer: int) -> list:
+    """(HF name, HF shape) of a layer's tensor: one per expert for a
+    mixture's expert matrices, which HF stores one tensor each."""
+    name, shape = hf_name(t, cfg, layer), hf_shape(t, cfg)
+    if not t.experts:
+        return [(name, shape)]
+    return [(name.format(e=e), shape[1:]) for e in range(shape[0])]
 
 
 def hf_shape(t: Tensor, cfg) -> tuple:
@@ -181,6 +226,6 @@ def gguf_shape(t: Tensor, cfg) -> tuple:
 def n_params(cfg) -> int:
     """Parameters of the checkpoint the config describes, a tied head counted once."""
     total = sum(math.prod(t.shape(cfg)) for i in range(cfg.num_hidden_layers)
-                for t in layer_tensors(cfg, cfg.layer_kind(i)))
+                for t in layer_tensors(cfg, cfg.layer_kind(i), cfg.layer_ffn(i)))
     heads = (EMBED, NORM) if cfg.tie_word_embeddings else MODEL
     return total + sum(math.prod(t.shape(cfg)) for t in heads)

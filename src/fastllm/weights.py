@@ -76,9 +76,7 @@ def _vector(t: schema.Tensor, arr: np.ndarray, cfg: ModelConfig, gguf: bool = Fa
         arr = (np.float32(1.0) + arr).astype(np.float32)
     elif t.field == "lin_A":
         arr = (-np.exp(arr)).astype(np.float32)
-    elif t.field == "conv_w":
-        arr = arr.reshape(t.shape(cfg))
-    return np.ascontiguousarray(arr)
+    return np.ascontiguousarray(arr.reshape(t.shape(cfg)))
 
 
 def load_weights(cfg: ModelConfig, folder, bf16: bool = False, mix: str | None = None) -> dict:
@@ -95,9 +93,9 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False, mix: str | None =
         from .formats import quants
         matrices = {}
         for i in range(cfg.num_hidden_layers):
-            for t in schema.layer_tensors(cfg, cfg.layer_kind(i)):
-                if t.matrix:
-                    matrices[schema.hf_name(t, cfg, i)] = schema.hf_shape(t, cfg)
+            for t in schema.layer_tensors(cfg, cfg.layer_kind(i), cfg.layer_ffn(i)):
+                if t.matrix and t.field != "w_router":   # llama.cpp keeps the router in float
+                    matrices.update(schema.hf_entries(t, cfg, i))
         for t in (schema.EMBED, schema.LM_HEAD):
             name = schema.hf_name(t, cfg)
             if name in ck:
@@ -157,12 +155,39 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False, mix: str | None =
             arr = packed(arr, name, t is schema.EMBED)
         return {t.field: arr}
 
+    def get_experts(t: schema.Tensor, layer: int) -> dict:
+        """A mixture's expert matrices, one expert's tensor read at a time."""
+        E, N, K = t.shape(cfg)
+        names = [name for name, _ in schema.hf_entries(t, cfg, layer)]
+        for name in names:
+            f = ck.file_of(name)
+            if f.shape(name) != (N, K):
+                raise ModelFileError(f.path, f"tensor {name!r} has shape {list(f.shape(name))}, "
+                                             f"config.json implies {[N, K]}")
+        qtype = types.get(names[0], "bf16" if bf16 else "f32")
+
+        def expert(e):
+            f = ck.file_of(names[e])
+            arr = _as_compute_dtype(f, names[e], qtype == "bf16")
+            if not _all_finite(arr):
+                raise ModelFileError(f.path, f"tensor {names[e]!r} holds NaN or infinite values; such weights "
+                                             f"only give garbage: re-download or re-convert it")
+            if qtype == "f16":
+                return arr.astype(np.float16)
+            if qtype not in ("f32", "bf16"):
+                from .formats import quants
+                return quants.quantize(np.ascontiguousarray(arr, np.float32), qtype)
+            return arr
+        return {t.field: _core.pack_experts(expert, E, qtype, N, K)}
+
     layers = []
     for i in range(cfg.num_hidden_layers):
         kind = cfg.layer_kind(i)
         layer = {"kind": kind}
-        for t in schema.file_tensors(cfg, kind):
-            if t.field not in layer:   # w_attn_gate comes with wq
+        for t in schema.file_tensors(cfg, kind, cfg.layer_ffn(i)):
+            if t.experts:
+                layer.update(get_experts(t, i))
+            elif t.field not in layer:   # w_attn_gate comes with wq
                 layer.update(get(t, schema.hf_name(t, cfg, i)))
         layers.append(layer)
     # transformers ties the head to the embedding when asked to, except in
@@ -320,12 +345,48 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
         gate = np.ascontiguousarray(rows[:, 1]).reshape(-1, *both.shape[1:])
         return {"wq": pack(q, dtype, t, hf), "w_attn_gate": pack(gate, dtype, t, hf)}
 
+    def experts(t: schema.Tensor, hf: str) -> dict:
+        """A merged expert tensor, each expert's rows packed in turn (a fused
+        one split into gate and up rows); only the file's tensor is held
+        beside the packed experts."""
+        g = by_hf[hf]
+        kind = getattr(g.tensor_type, "name", str(g.tensor_type))
+        dtype = NATIVE_GGML_TYPES.get(kind)
+        E, N, K = g.shape
+        if dtype is None:
+            dequantized.add(kind)
+            arr, dtype = gguf_tensors.dequantize(g, path), "f32"
+        else:
+            raw = read_tensor_bytes(path, g)
+            arr = {"f32": lambda: raw.view("<f4"), "f16": lambda: raw.view("<f2"),
+                   "bf16": lambda: raw.view("<u2")}.get(dtype, lambda: raw)().reshape(E, N, -1)
+        rows = arr.reshape(E * N, -1)
+        finite = _finite_blocks(rows, dtype) if dtype not in ("f32", "f16", "bf16") else _all_finite(
+            rows.astype(np.float32) if dtype == "f16" else rows)
+        if not finite:
+            raise ModelFileError(path, f"tensor {g.name!r} holds NaN or infinite values; such weights only "
+                                       f"give garbage: re-download or re-convert it")
+        types[dtype] += E * N * K
+        parts = t.parts or (t.field,)
+        n = N // len(parts)
+        try:
+            return {field: _core.pack_experts(lambda e: arr[e, j * n:(j + 1) * n], E, dtype, n, K)
+                    for j, field in enumerate(parts)}
+        except (TypeError, ValueError) as e:
+            raise ModelFileError(path, f"tensor {g.name!r}: {e}") from None
+
     layers = []
     for i in range(cfg.num_hidden_layers):
         kind = cfg.layer_kind(i)
         layer = {"kind": kind}
-        for t in schema.file_tensors(cfg, kind):
-            if t.parts:
+        fused_experts = schema.hf_name(schema.FUSED_GATE_UP_EXPERTS, cfg, i)
+        for t in schema.file_tensors(cfg, kind, cfg.layer_ffn(i)):
+            if t.field in schema.FUSED_GATE_UP_EXPERTS.parts and fused_experts in by_hf:
+                if t.field not in layer:
+                    layer.update(experts(schema.FUSED_GATE_UP_EXPERTS, fused_experts))
+            elif t.experts:
+                layer.update(experts(t, schema.hf_name(t, cfg, i)))
+            elif t.parts:
                 layer.update(get_fused(t, schema.hf_name(t, cfg, i)))
             elif t.field == "wq" and cfg.attn_output_gate:
                 layer.update(query_and_gate(t, schema.hf_name(t, cfg, i)))

@@ -31,10 +31,11 @@ import numpy as np
 from ..config import ModelConfig
 from ..errors import FastLLMError, ModelFileError
 from .. import schema
-from ..families import GGUF_ARCHITECTURES, GGUF_REFUSED, MIXTURE_OF_EXPERTS_REFUSAL
+from ..families import GGUF_ARCHITECTURES, GGUF_REFUSED
 from .gguf_config import check_metadata_types, generation_config, model_config
 from .gguf_file import ConversionError
-from .gguf_tensors import dequantize, plan_tensors, read_contents, slices_to_write, tensor_shapes
+from .gguf_tensors import (dequantize, expert_tensors_to_write, hf_entries_of, plan_tensors, read_contents,
+                           slices_to_write, tensor_shapes)
 from .gguf_tokenizer import SUPPORTED_PRE_TOKENIZERS, tokenizer_files
 
 __all__ = [
@@ -274,15 +275,6 @@ def _write_json(path: Path, obj) -> None:
 DEFAULT_DTYPE = "f32"
 
 
-def _is_expert_tensor(name: str) -> bool:
-    """A router or expert tensor: blk.N.ffn_gate_inp, blk.N.ffn_up_exps, or
-    the experts of older files one by one (blk.N.ffn_up.E.weight)."""
-    parts = name.split(".")
-    return (len(parts) >= 3 and parts[0] == "blk" and
-            (parts[2].startswith("ffn_gate_inp") or parts[2].endswith("_exps") or
-             (len(parts) == 5 and parts[3].isdigit())))
-
-
 def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DTYPE,
                  progress: Union[None, bool, ProgressFn] = None, *, overwrite: bool = False,
                  extra_files: Optional[dict] = None) -> Path:
@@ -325,11 +317,6 @@ def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DT
     if int(md.get("split.count", 1)) > 1:
         raise ConversionError(path, "split GGUF files are not supported; merge the parts first "
                               "(llama-gguf-split --merge)")
-    experts = next((t.name for t in contents.tensors if _is_expert_tensor(t.name)), None)
-    if experts is not None:
-        # Mixtral is a llama file with a router and experts in each layer.
-        raise ConversionError(path, f"tensor {experts} is a router or an expert (as in Mixtral): "
-                                    f"{MIXTURE_OF_EXPERTS_REFUSAL}")
     shapes = tensor_shapes(contents.tensors)
     tensors = {t.name: t for t in contents.tensors}
     rope_freqs = tensors.pop("rope_freqs.weight", None)
@@ -351,7 +338,7 @@ def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DT
 
     n_heads, n_kv = config["num_attention_heads"], config["num_key_value_heads"]
     st_dtype = "BF16" if dtype == "bf16" else "F32"
-    entries = [(hf, st_dtype, schema.hf_shape(t, cfg)) for hf, _, t in order]
+    entries = [(name, st_dtype, shape) for hf, _, t in order for name, shape in hf_entries_of(hf, t, cfg)]
     report = progress_fn(progress, f"Converting {path.name}")
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -377,7 +364,11 @@ def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DT
             report(0, total)
         heads = {"q": n_heads, "k": n_kv} if cfg.family.gguf_qk_interleaved else {}
         for i, (hf, g, t) in enumerate(order):
-            writer.write(hf, slices_to_write(g, path, heads.get(t.rope), dtype, t, cfg))
+            if t.experts:
+                for name, values in expert_tensors_to_write(g, path, dtype, hf, t, cfg):
+                    writer.write(name, [values])
+            else:
+                writer.write(hf, slices_to_write(g, path, heads.get(t.rope), dtype, t, cfg))
             if report:
                 report(i + 1, total)
         if writer is not None:

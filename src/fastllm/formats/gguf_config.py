@@ -69,7 +69,11 @@ _ARCH_KEYS = {
     "rope.scaling.yarn_beta_fast": "number", "rope.scaling.yarn_beta_slow": "number",
     "rope.scaling.yarn_log_multiplier": "number", "rope.scaling.yarn_ext_factor": "number",
     "attention.temperature_scale": "number",
+    "expert_count": "int", "expert_used_count": "int", "expert_feed_forward_length": "int",
+    "expert_shared_feed_forward_length": "int", "expert_gating_func": "int", "expert_weights_norm": "bool",
 }
+# llama.cpp's expert_gating_func for a softmax router (the only one the families here have).
+GGUF_SOFTMAX_GATING = 1
 # llama.cpp's smollm3 skips RoPE in every fourth layer; its GGUF files say nothing of it.
 GGUF_NO_ROPE_INTERVAL = 4
 # What llama.cpp's gemma2 and gemma3 take where a file says nothing: the
@@ -329,9 +333,40 @@ def _gemma_keys(md: dict, arch: str, n_layers: int, hidden: int, n_heads: int, h
     return keys
 
 
+def _experts_keys(md: dict, arch: str, family, a, path: Path) -> dict:
+    """config.json keys of a mixture of experts, as llama.cpp runs the file:
+    every layer routes, through a softmax, and the chosen experts' weights
+    are always renormalised (llama.cpp reads no norm_topk_prob); a shared
+    expert's size defaults to the MLP's."""
+    gating = md.get(f"{arch}.expert_gating_func", GGUF_SOFTMAX_GATING)
+    if gating != GGUF_SOFTMAX_GATING:
+        raise ConversionError(path, f"{arch}.expert_gating_func is {gating}; only a softmax router "
+                                    f"({GGUF_SOFTMAX_GATING}) is supported")
+    n, used = int(a("expert_count")), int(a("expert_used_count"))
+    if not 0 < used <= n:
+        raise ConversionError(path, f"{arch}.expert_used_count is {used}; it must be from 1 to expert_count ({n})")
+    keys = {family.experts_keys[0]: n, "num_experts_per_tok": used}
+    if family.expert_size_key != "intermediate_size":
+        keys[family.expert_size_key] = int(a("expert_feed_forward_length"))
+    if isinstance(family.norm_topk_prob, str):
+        keys[family.norm_topk_prob] = True
+    if family.sparse_layer_keys:
+        keys.update(mlp_only_layers=[], decoder_sparse_step=1)
+    if family.shared_expert:
+        keys["shared_expert_intermediate_size"] = int(md.get(f"{arch}.expert_shared_feed_forward_length",
+                                                             md.get(f"{arch}.feed_forward_length", 0)))
+    return keys
+
+
 def model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=None, rope_factors=None) -> dict:
     arch = md["general.architecture"]
-    family = FAMILIES[GGUF_ARCHITECTURES[arch]]
+    model_type = GGUF_ARCHITECTURES[arch]
+    family = FAMILIES[model_type]
+    if md.get(f"{arch}.expert_count") and not family.experts_keys:
+        if not family.gguf_experts:
+            raise ConversionError(path, f"{arch} files with experts are not supported")
+        model_type = family.gguf_experts   # Mixtral: a llama file with experts
+        family = FAMILIES[model_type]
 
     def a(key):
         value = require(md, f"{arch}.{key}", path)
@@ -384,14 +419,18 @@ def model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=None
     tied = schema.LM_HEAD.gguf not in shapes
     theta = float(md.get(f"{arch}.rope.freq_base", 10000.0))
 
+    experts = _experts_keys(md, arch, family, a, path) if family.experts_keys else {}
     cfg = {
         "architectures": [family.hf_class],
-        "model_type": GGUF_ARCHITECTURES[arch],
+        "model_type": model_type,
         "hidden_size": int(hidden),
-        "intermediate_size": int(a("feed_forward_length")),
+        # Where every layer routes, the MLP size only matters to a shared expert.
+        "intermediate_size": int(md.get(f"{arch}.feed_forward_length", 0) if experts else a("feed_forward_length"))
+        or experts.get("moe_intermediate_size", 0),
         "num_hidden_layers": n_layers,
         "num_attention_heads": n_heads,
         "num_key_value_heads": n_kv,
+        **experts,
     }
     # transformers' own GGUF loader always sets head_dim where the config
     # has the field (llama, qwen3); qwen2's has none.

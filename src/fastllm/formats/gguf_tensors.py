@@ -203,18 +203,49 @@ def slices_to_write(tensor: GGUFTensor, path: Path, n_heads: Optional[int], dtyp
         yield f32_to_bf16(w) if dtype == "bf16" else w
 
 
-def gguf_names(cfg: ModelConfig) -> dict:
+def gguf_names(cfg: ModelConfig, fused_experts=frozenset()) -> dict:
     """GGUF name -> (HF name, schema.Tensor) of every tensor cfg implies
-    (w_attn_gate has none: it comes inside attn_q)."""
+    (w_attn_gate has none: it comes inside attn_q); the layers in
+    fused_experts hold their experts' gate and up rows as one tensor."""
     names = {}
     for t in schema.MODEL:
         if t is not schema.LM_HEAD or not cfg.tie_word_embeddings:
             names[t.gguf] = (schema.hf_name(t, cfg), t)
     for i in range(cfg.num_hidden_layers):
-        for t in schema.file_tensors(cfg, cfg.layer_kind(i)):
+        tensors = schema.file_tensors(cfg, cfg.layer_kind(i), cfg.layer_ffn(i))
+        if i in fused_experts:
+            fused = schema.FUSED_GATE_UP_EXPERTS
+            tensors = [fused if t.field == "w_exp_gate" else t for t in tensors if t.field != "w_exp_up"]
+        for t in tensors:
             if schema.gguf_name(t, cfg):
                 names[f"blk.{i}.{schema.gguf_name(t, cfg)}"] = (schema.hf_name(t, cfg, i), t)
     return names
+
+
+def hf_entries_of(hf: str, t: schema.Tensor, cfg: ModelConfig) -> list:
+    """(name, shape) of the HF tensors a planned tensor becomes: itself, or
+    one per expert (gate then up of each where they come fused)."""
+    if not t.experts:
+        return [(hf, schema.hf_shape(t, cfg))]
+    shape = schema.hf_shape(t, cfg)[1:]
+    if not t.parts:
+        return [(hf.format(e=e), shape) for e in range(cfg.num_experts)]
+    part = (shape[0] // 2, shape[1])
+    return [(hf.replace(t.hf, schema.BY_FIELD[field].hf).format(e=e), part)
+            for e in range(cfg.num_experts) for field in t.parts]
+
+
+def expert_tensors_to_write(tensor: GGUFTensor, path: Path, dtype: str, hf: str, t: schema.Tensor,
+                            cfg: ModelConfig):
+    """(name, values) of each expert's HF tensor(s) from a merged GGUF one,
+    in hf_entries_of's order, read a slice of whole experts at a time."""
+    names = iter(hf_entries_of(hf, t, cfg))
+    for part in dequantized_slices(tensor, path):
+        for expert in part:
+            pieces = np.split(expert, len(t.parts)) if t.parts else [expert]
+            for values in pieces:
+                values = np.ascontiguousarray(values)
+                yield next(names)[0], f32_to_bf16(values) if dtype == "bf16" else values
 
 
 class IgnoredTensorsWarning(UserWarning):
@@ -248,7 +279,9 @@ def plan_tensors(tensors: dict, shapes: dict, cfg: ModelConfig, path: Path, n_mt
     them (which are left out, with a warning where notify)."""
     if n_mtp:
         tensors = drop_mtp_layers(tensors, cfg, path, notify)
-    planned = gguf_names(cfg)
+    fused = {i for i in range(cfg.num_hidden_layers)
+             if f"blk.{i}.{schema.FUSED_GATE_UP_EXPERTS.gguf}" in tensors}
+    planned = gguf_names(cfg, fused)
     missing = [name for name in planned if name not in tensors]
     unexpected = [name for name in tensors if name not in planned]
     if missing or unexpected:
