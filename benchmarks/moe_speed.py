@@ -29,14 +29,17 @@ functions: scale_worker.py for fastllm on the GGUF file at its own types,
 `llama-bench -r 1` for llama.cpp); medians, their ratios, and fastllm's
 peak RSS against the file size plus its KV cache plus 300 MB.
 
-Load: the time from the start of loading a file until the logits of a
-one-token prompt are ready, in a process of its own, the file already in
-the page cache: fastllm's Model.from_pretrained, new_session and one step;
-llama.cpp's llama_model_load_from_file, llama_init_from_model and one
+Load: the seconds from the start of loading a file, already in the page
+cache, to the end of loading, and to the logits of a one-token prompt.
+llama.cpp: llama_model_load_from_file, llama_init_from_model and one
 llama_decode, the calls llama-cli makes (llama_load.c, built against
-DIR/build/bin/libllama.so), with mmap on and with it off (load mode
-none: the file is read into allocated memory). Each is also split into
-loading alone and the rest.
+DIR/build/bin/libllama.so), with mmap (load mode mmap, where the weights
+are mostly read by the first pass) and without (none: the file is read into
+allocated memory), --load-reps runs of each at --load-threads. fastllm
+reads and packs every weight in Model.from_pretrained (with every core,
+whatever its thread count), so the speed runs' load times are its figures
+(with --no-speed, runs of from_pretrained, new_session and one step).
+The total wall and CPU time of the runs close the report.
 """
 from __future__ import annotations
 
@@ -177,17 +180,14 @@ def load_fastllm(path: str, threads: int) -> None:
     print(json.dumps({"load_s": t1 - t0, "first_token_s": t2 - t0, "peak_rss_mib": round(peak, 1)}))
 
 
-def load_times(exe: Path, path: Path, threads: int) -> dict:
-    """{engine: {load_s, first_token_s}} for one file, each engine a process."""
+def llama_load_times(exe: Path, path: Path, threads: int) -> dict:
+    """{"llama.cpp mmap" and "llama.cpp no mmap": {load_s, first_token_s}} of one file, each a process."""
     got = {}
-    r = subprocess.run([sys.executable, __file__, "load-fastllm", str(path), str(threads)],
-                       capture_output=True, text=True, check=True)
-    got["fastllm"] = json.loads(r.stdout.strip().splitlines()[-1])
-    for mode in ("mmap", "none"):
+    for mode, name in (("mmap", "llama.cpp mmap"), ("none", "llama.cpp no mmap")):
         r = subprocess.run([str(exe), str(path), mode, str(threads)], capture_output=True, text=True)
         if r.returncode:
             raise SystemExit(f"llama_load failed on {path} ({mode}):\n{r.stderr[-2000:]}")
-        got[f"llama.cpp {'mmap' if mode == 'mmap' else 'no mmap'}"] = json.loads(r.stdout.strip().splitlines()[-1])
+        got[name] = json.loads(r.stdout.strip().splitlines()[-1])
     return got
 
 
@@ -229,15 +229,20 @@ def main(argv=None) -> int:
     os.environ["LD_LIBRARY_PATH"] = str(bench.parent)
     print(f"command: {' '.join(sys.argv)}\nCPU cores {os.cpu_count()}, load average {os.getloadavg()[0]:.1f}",
           flush=True)
-    runs = {}
+    runs, loads = {}, {}
     for rep in range(0 if args.no_speed else args.reps):
         engines = engine_list if rep % 2 == 0 else engine_list[::-1]
         for (m, q), path in files.items():
             for t in threads:
                 for engine in engines:
                     if engine == "fastllm":
-                        f, rss = gguf_speed.fastllm_run(path, t, args.pp, args.tg)
-                        runs.setdefault((m, q, t, "rss"), []).append(rss)
+                        out = gguf_speed.fastllm_output(path, t, args.pp, args.tg)
+                        f = {row["test"]: row["tok_s"] for row in out["results"]}
+                        runs.setdefault((m, q, t, "rss"), []).append(out["peak_rss_mib"])
+                        # fastllm reads and packs every weight at load, so its
+                        # speed runs give its load time too.
+                        loads.setdefault((path, "fastllm"), []).append(
+                            {"load_s": out["load_s"], "peak_rss_mib": out["peak_rss_mib"]})
                     else:
                         f = gguf_speed.llama_run(str(bench), path, t, args.pp, args.tg)
                     runs.setdefault((m, q, t, engine), []).append(f)
@@ -264,13 +269,18 @@ def main(argv=None) -> int:
                 print(f"| {path.name} | {t} | " + " | ".join(cells) + f" | {rss} |")
     if not args.no_load and args.load_reps > 0:
         exe = build_llama_load(args.llama_cpp, args.work)
-        loads = {}
         for rep in range(args.load_reps):
             for path in files.values():
-                for engine, r in load_times(exe, path, args.load_threads).items():
+                if args.no_speed:
+                    r = subprocess.run([sys.executable, __file__, "load-fastllm", str(path), str(args.load_threads)],
+                                       capture_output=True, text=True, check=True)
+                    loads.setdefault((path, "fastllm"), []).append(json.loads(r.stdout.strip().splitlines()[-1]))
+                for engine, r in llama_load_times(exe, path, args.load_threads).items():
                     loads.setdefault((path, engine), []).append(r)
-        print(f"\nload, file in the page cache, {args.load_threads} threads, medians of {args.load_reps}: "
-              "seconds to load / to the logits of a one-token prompt (load, context, one decode)")
+        print(f"\nload, the file in the page cache, medians: seconds to load / to the logits of a one-token "
+              f"prompt (load, context, one decode). llama.cpp: {args.load_reps} runs at {args.load_threads} "
+              "threads; fastllm: " + (f"{args.load_reps} runs" if args.no_speed else
+                                       "Model.from_pretrained of every speed run (it packs with every core)"))
         names = ["fastllm", "llama.cpp mmap", "llama.cpp no mmap"]
         print("| file | size MiB | " + " | ".join(names) + " | fastllm peak RSS MiB |")
         print("|---|---|---|---|---|---|")
@@ -278,11 +288,14 @@ def main(argv=None) -> int:
             cells = []
             for e in names:
                 rs = loads[(path, e)]
-                cells.append(f"{statistics.median(r['load_s'] for r in rs):.2f} / "
-                             f"{statistics.median(r['first_token_s'] for r in rs):.2f}")
+                first = [r["first_token_s"] for r in rs if "first_token_s" in r]
+                cells.append(f"{statistics.median(r['load_s'] for r in rs):.2f}"
+                             + (f" / {statistics.median(first):.2f}" if first else ""))
             rss = max(r["peak_rss_mib"] for r in loads[(path, "fastllm")])
             print(f"| {path.name} | {path.stat().st_size / 2**20:.0f} | " + " | ".join(cells) + f" | {rss:.0f} |")
-    print(f"\n{time.time() - started:.0f} s in all", flush=True)
+    import resource
+    cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
+    print(f"\n{time.time() - started:.0f} s in all; the runs' CPU time {cpu.ru_utime + cpu.ru_stime:.0f} s", flush=True)
     return 0
 
 
