@@ -1,5 +1,6 @@
 /* The forward pass: embedding, n_layers x (RMSNorm, attention with RoPE over a
- * KV cache, RMSNorm, SwiGLU MLP), final RMSNorm, LM head. The families differ
+ * KV cache, RMSNorm, SwiGLU MLP or mixture of SwiGLU experts), final RMSNorm,
+ * LM head. The families differ
  * only in switches of this one layer (FlmConfig's multipliers, FlmLayer's
  * optional tensors and RoPE tables), never in a path of their own.
  *
@@ -591,8 +592,11 @@ static void linear_attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
 #pragma omp for schedule(static)
     for (int i = 0; i < n_seqs * hk; i++) {
         const int k = i / hk, kh = i % hk;
-        float *S0 = DELTA_STATE(k) + (size_t)kh * group * dk * dv;
-        if (seqs[k].pos == 0) memset(S0, 0, sizeof(float) * group * dk * dv);
+        float *S0 = DELTA_STATE(k);
+        /* This key head's first value head, and the stride to its next. */
+        const int h0 = c->lin_v_tiled ? kh : kh * group, step = c->lin_v_tiled ? hk : 1;
+        for (int j = 0; j < group && seqs[k].pos == 0; j++)
+            memset(S0 + (size_t)(h0 + j * step) * dk * dv, 0, sizeof(float) * dk * dv);
         int t0 = 0;
         for (int j = 0; j < k; j++) t0 += seqs[j].n;
         for (int t = t0; t < t0 + seqs[k].n; t++) {
@@ -600,12 +604,12 @@ static void linear_attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
             const float qs = l2_scale(q, dk), ks = l2_scale(k, dk), scale = 1.0f / sqrtf((float)dk);
             for (int d = 0; d < dk; d++) q[d] = (q[d] * qs) * scale;
             for (int d = 0; d < dk; d++) k[d] *= ks;
-            for (int h = kh * group; h < (kh + 1) * group; h++) {
+            for (int h = h0; h < h0 + group * step; h += step) {
                 const float *v = row + 2 * kd + h * dv;
                 float beta = sigmoid(row[cd + h]);
                 float decay = expf(L->lin_A[h] * softplus(row[cd + hv + h] + L->dt_bias[h]));
                 float *o = s->xb + (size_t)t * vd + h * dv;
-                flm_kernels->delta_rule(S0 + (size_t)(h - kh * group) * dk * dv, q, k, v, beta, decay, dk, dv, o);
+                flm_kernels->delta_rule(S0 + (size_t)h * dk * dv, q, k, v, beta, decay, dk, dv, o);
                 /* Gated RMSNorm: silu(z) * (w * norm(o)), left in z's place. */
                 float *z = s->gate + (size_t)t * vd + h * dv;
                 rmsnorm(o, o, L->lin_norm, dv, c->norm_eps);
@@ -827,8 +831,8 @@ static int expert_of_item(const int32_t *starts, int E, int g) {
     return lo;
 }
 
-/* Item g of the experts' products with mats (one or two of the same shape,
- * (N, K) each): expert e, its rows rows0 .. of in, panels p0 .. p0+np-1. */
+/* Work item g of the experts' products with (N, .) matrices: expert e,
+ * nt of its rows from row (of the expert buffers), panels p0 .. p0+np-1. */
 typedef struct { int e, row, nt, p0, np; } ExpertItem;
 
 static ExpertItem expert_item(const FlmState *s, const int32_t *starts, int E, int g, int N) {

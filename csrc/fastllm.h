@@ -46,10 +46,13 @@ typedef struct {
     float norm_eps;   /* RMSNorm epsilon */
     float attn_scale; /* softmax scale, usually 1/sqrt(head_dim) */
     /* Gated DeltaNet (linear attention) layers, as in Qwen3.5; all 0 when
-     * the model has none. Value head h reads key head h / (lin_v_heads / lin_k_heads). */
+     * the model has none. Value head h reads key head h / (lin_v_heads / lin_k_heads)
+     * (HF's order: heads grouped by key head), or with lin_v_tiled key head
+     * h % lin_k_heads (llama.cpp's: the first head of every group, then the second ...). */
     int lin_k_heads, lin_v_heads;  /* Hk, Hv */
     int lin_k_dim, lin_v_dim;      /* dk, dv */
     int conv_kernel;               /* K of the causal depthwise conv */
+    int lin_v_tiled;               /* the value heads of every linear layer's tensors are tiled */
     /* Switches of the layer (Granite's multipliers, OLMo 2's q/k norms);
      * 1, 1, 1 and 0 where a model has none. */
     float embed_scale;    /* the embeddings are multiplied by it */
@@ -184,7 +187,8 @@ typedef struct {
     float *chosen_w;    /* (max_batch, n_experts_used) */
     int32_t *slot_row;  /* (max_batch, n_experts_used) */
     int32_t *expert_row;/* (n_experts + 1) */
-    int32_t *item_start;/* (n_experts + 1) work items of each expert's matmuls */
+    int32_t *item_start;/* (2, n_experts + 1) each expert's first work item in the gate/up and
+                           the down products */
     float *moe_x;       /* (max_batch * n_experts_used, dim) */
     float *moe_h;       /* (max_batch * n_experts_used, expert_dim) */
     float *moe_h2;      /* (max_batch * n_experts_used, expert_dim) */
@@ -204,8 +208,8 @@ enum {
     FLM_PHASES
 };
 
-/* Bytes from one expert's packed (N, K) matrix to the next's (rounded up
- * to whole cache lines). */
+/* Bytes from one expert's matrix (N, K), packed by flm_pack, to the
+ * next's: its packed bytes rounded up to whole cache lines. */
 size_t flm_expert_bytes(int N, int K, int type);
 
 /* Floats needed by the run state's work buffers (everything but the KV

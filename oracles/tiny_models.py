@@ -157,10 +157,11 @@ def _make_qwen35(spec: dict, seed: int, scale: float):
     which would leave those paths untested."""
     import torch
     from transformers import (Qwen3_5Config, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration,
-                              Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3_5TextConfig)
+                              Qwen3_5MoeConfig, Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration,
+                              Qwen3_5MoeTextConfig, Qwen3_5TextConfig)
     spec = dict(spec)
     model_type = spec.pop("model_type")
-    wrapper = model_type == "qwen3_5"
+    wrapper = model_type in ("qwen3_5", "qwen3_5_moe")
     tie = spec.pop("tie_word_embeddings")
     spec.setdefault("rms_norm_eps", 1e-6)
     spec["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
@@ -170,7 +171,10 @@ def _make_qwen35(spec: dict, seed: int, scale: float):
         vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=4,
                       spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=spec["hidden_size"],
                       num_position_embeddings=16)
-        model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(
+        classes = {"qwen3_5": (Qwen3_5ForConditionalGeneration, Qwen3_5Config),
+                   "qwen3_5_moe": (Qwen3_5MoeForConditionalGeneration, Qwen3_5MoeConfig)}
+        model_class, config_class = classes[model_type]
+        model = model_class(config_class(
             text_config=dict(spec, tie_word_embeddings=tie), vision_config=vision, tie_word_embeddings=tie))
     elif model_type == "qwen3_5_moe_text":
         model = Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**spec, tie_word_embeddings=tie))
@@ -278,11 +282,18 @@ SHAPES["qwen3_moe"] = dict(model_type="qwen3_moe", hidden_size=64, intermediate_
 SHAPES["qwen3_moe-unnormed"] = dict(SHAPES["qwen3_moe"], norm_topk_prob=False, mlp_only_layers=[],
                                     decoder_sparse_step=2, num_experts=6, num_experts_per_tok=2,
                                     tie_word_embeddings=True)
+# Many experts, one per token: torch.topk takes its partial_sort path (k * 64 <= n).
+SHAPES["qwen3_moe-64"] = dict(SHAPES["qwen3_moe"], num_hidden_layers=2, num_experts=64, num_experts_per_tok=1,
+                              mlp_only_layers=[])
 SHAPES["mixtral"] = dict(model_type="mixtral", hidden_size=64, intermediate_size=64, num_hidden_layers=3,
                          num_attention_heads=4, num_key_value_heads=2, vocab_size=300, num_local_experts=6,
                          num_experts_per_tok=2, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
 SHAPES["qwen3_5_moe"] = dict(SHAPES["qwen3_5-text"], model_type="qwen3_5_moe_text", num_experts=8,
                              num_experts_per_tok=3, moe_intermediate_size=32, shared_expert_intermediate_size=64)
+# Its multimodal wrapper, tied, another layer order.
+SHAPES["qwen3_5_moe-wrapper"] = dict(SHAPES["qwen3_5-wrapper"], model_type="qwen3_5_moe", num_experts=6,
+                                     num_experts_per_tok=2, moe_intermediate_size=32,
+                                     shared_expert_intermediate_size=32)
 
 
 def _make_mistral3_wrapper(spec: dict, init_scale: float):

@@ -3,7 +3,8 @@
 The tiny random checkpoints are oracles/tiny_models.py's: several experts
 per token, a dense layer among routed ones (Qwen3-MoE's mlp_only_layers and
 decoder_sparse_step), renormalised weights or not, and Qwen3.5-MoE's shared
-expert with its sigmoid gate. Transformers runs them in float64 with its
+expert with its sigmoid gate (and its multimodal wrapper, whose text model
+fastllm runs). Transformers runs them in float64 with its
 experts one by one; the bounds are those of oracles/hf_reference.py.
 """
 import numpy as np
@@ -11,7 +12,10 @@ import pytest
 import torch
 
 from fastllm import Model
+from fastllm.cli import main
 from fastllm.errors import ModelFileError
+from fastllm.formats.gguf import ConversionError
+from fastllm.formats.gguf_writer import export_gguf
 from oracles.hf_reference import (compare_greedy, hf_greedy, hf_logits, load_hf, logits_against_transformers,
                                   random_prompt as prompt, within)
 from oracles.splits import assert_same_bits_for_thread_counts, assert_same_bits_however_split
@@ -35,7 +39,7 @@ def test_which_layers_route_is_read_from_config(tiny_model_dir):
 
 
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS + ["qwen3_5_moe-wrapper"])
 def test_logits_and_greedy_match_transformers(kind, path, tiny_model_dir, simd_path):
     simd_path(path)
     folder = tiny_model_dir(kind)
@@ -68,17 +72,22 @@ def test_missing_experts_are_refused(tiny_model_dir, tmp_path):
         Model.from_pretrained(folder)
 
 
-@pytest.mark.parametrize("tied", [(1, 4), (0, 7), (2, 3), (5, 6)])
-def test_router_ties_are_broken_as_transformers_breaks_them(tied, tiny_model_dir, tmp_path):
-    """Two experts with the same router row tie for every token; torch.topk
-    keeps one or the other by its sorting algorithm, not by index, and so
-    must fastllm (their experts differ, so the wrong one shows)."""
-    model = load_hf(tiny_model_dir("qwen3_moe"), "float32")
-    a, b = tied
+@pytest.mark.parametrize("kind, tied", [
+    ("qwen3_moe", [(1, 4)]), ("qwen3_moe", [(0, 7)]), ("qwen3_moe", [(2, 3)]), ("qwen3_moe", [(5, 6)]),
+    ("qwen3_moe", [(0, 3), (0, 5), (1, 6)]), ("qwen3_moe", [(2, e) for e in range(8)]),
+    ("qwen3_moe-64", [(e % 5, e) for e in range(5, 64)]),
+])
+def test_router_ties_are_broken_as_transformers_breaks_them(kind, tied, tiny_model_dir, tmp_path):
+    """Experts with the same router row tie for every token; torch.topk
+    keeps one or another by its sorting algorithm, not by index, and so
+    must fastllm (their experts differ, so the wrong one shows). (a, b):
+    expert b gets expert a's row."""
+    model = load_hf(tiny_model_dir(kind), "float32")
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("mlp.gate.weight"):
-                p[b] = p[a]
+                for a, b in tied:
+                    p[b] = p[a]
     model.save_pretrained(tmp_path / "tie")
     ref, ours = load_hf(tmp_path / "tie"), Model.from_pretrained(tmp_path / "tie", threads=2)
     for seed in range(3):
@@ -111,3 +120,26 @@ def test_out_of_scope_families_are_refused_clearly(model_type, message, tiny_mod
     folder = with_config(tiny_model_dir("qwen3_moe"), tmp_path / model_type, model_type=model_type)
     with pytest.raises(ModelFileError, match=message):
         Model.from_pretrained(folder)
+
+
+def test_info_shows_the_experts(tiny_model_dir, capsys):
+    assert main(["info", "--model", str(tiny_model_dir("qwen3_5_moe")), "--threads", "1"]) == 0
+    assert "3 of 8 per token, 32 wide, renormalised, in 4 of 4 layers, a shared expert 64 wide" in \
+        capsys.readouterr().out
+
+
+def test_export_to_gguf_is_refused_clearly(tiny_model_dir, tmp_path):
+    with pytest.raises(ConversionError, match="writing a mixture of experts to GGUF is not supported"):
+        export_gguf(tiny_model_dir("mixtral"), tmp_path / "out.gguf")
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(num_experts_per_tok=9), r"num_experts_per_tok \(9\) is more than the 8 experts"),
+    (dict(num_experts=5000, num_local_experts=5000), "more than 4096 experts are not supported"),
+    (dict(num_experts_per_tok=0), "num_experts_per_tok must be a positive integer"),
+    (dict(mlp_only_layers="2"), "mlp_only_layers must be a list of layer indices"),
+    (dict(decoder_sparse_step=0), "decoder_sparse_step must be a positive integer"),
+])
+def test_bad_expert_settings_are_refused(changes, message, tiny_model_dir, tmp_path):
+    with pytest.raises(ModelFileError, match=message):
+        Model.from_pretrained(with_config(tiny_model_dir("qwen3_moe"), tmp_path / "bad", **changes))

@@ -23,6 +23,7 @@ from fastllm.formats.gguf import ConversionError, convert_gguf  # noqa: E402
 from fastllm.formats.gguf_tensors import IgnoredTensorsWarning  # noqa: E402
 from fastllm.formats.gguf_writer import export_gguf  # noqa: E402
 from oracles.hf_reference import compare_greedy, hf_greedy, hf_logits, load_hf, within  # noqa: E402
+from oracles.splits import assert_same_bits_for_thread_counts, assert_same_bits_however_split  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data" / "qwen35-gguf"
 # checkpoint: what it exercises (make.py has the shapes)
@@ -96,15 +97,25 @@ def test_quantized_file_matches_transformers_on_its_dequantized_folder(quant, tm
     """llama-quantize's output, run in its own types with f32 activations,
     against transformers on the folder the importer dequantizes it into.
     Its value heads are ordered differently from HF's (Hv != Hk > 1): Q8_0
-    reorders them block by block, Q4_K's 256-wide blocks span two heads."""
+    reorders them block by block; Q4_K's 256-wide blocks span two heads, so
+    the run loop reads them in llama.cpp's order. Every matrix stays in its
+    own type."""
     path = DATA / f"wide-{quant}.gguf"
     folder = convert_gguf(path, tmp_path / "folder", dtype="f32", progress=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model = Model.from_pretrained(path, threads=2, activations="f32")
-    dequantized = [w for w in caught if "ssm_out tensors of type Q4_K were dequantized" in str(w.message)]
-    assert bool(dequantized) == (quant == "Q4_K_M"), [str(w.message) for w in caught]
+    assert [str(w.message) for w in caught] == []
+    assert "f32" not in model.weight_types, model.weight_types
     assert_matches(model, load_hf(folder), quant, seed=3)
+
+
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_K_M"])
+def test_quantized_files_give_the_same_bits_however_split_or_threaded(quant):
+    """Value heads in HF's order (Q8_0) and in llama.cpp's (Q4_K_M)."""
+    path = DATA / f"wide-{quant}.gguf"
+    assert_same_bits_however_split(path, dict(threads=2))
+    assert_same_bits_for_thread_counts(path, 37)
 
 
 def test_mtp_layers_are_ignored_with_one_notice():

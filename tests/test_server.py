@@ -107,6 +107,23 @@ def test_sixteen_concurrent_clients_each_get_their_reply_alone(model, server):
     assert got == want
 
 
+def test_a_mixture_of_experts_answers_each_client_as_alone(fastllm_home):
+    """Concurrent requests to a mixture of experts (tokens of several
+    sequences grouped by expert in each batched step) get the model's
+    replies alone."""
+    from pathlib import Path
+    moe = Model.from_pretrained(Path(__file__).parent / "data" / "moe-gguf" / "qwen3moe-F32.gguf", threads=2)
+    prompts = [f"Item {i}: the sea holds {i * 7} fish and" for i in range(6)]
+    want = [moe.generate(p, 14, sampling=GREEDY) for p in prompts]
+    with running(moe, parallel=3) as (url, _):
+        def ask(p):
+            return client(url).completions.create(model="smollm2", prompt=p, max_tokens=14,
+                                                  temperature=0).choices[0].text
+        with ThreadPoolExecutor(6) as pool:
+            got = list(pool.map(ask, prompts))
+    assert got == want
+
+
 def test_logprobs(server):
     r = client(server[0]).chat.completions.create(model="smollm2", messages=messages(2), max_tokens=8,
                                                    temperature=0, logprobs=True, top_logprobs=3)

@@ -22,7 +22,7 @@ def _wait(cond, timeout=30.0):
         time.sleep(0.002)
 
 
-@pytest.mark.parametrize("kind", ["llama-gqa", "qwen3_5-text"])
+@pytest.mark.parametrize("kind", ["llama-gqa", "qwen3_5-text", "qwen3_moe", "qwen3_5_moe"])
 def test_requests_equal_alone_whatever_runs_beside_them(kind, tiny_model_dir):
     model = Model.from_pretrained(tiny_model_dir(kind), threads=2)
     prompts = _prompts(model, 7)

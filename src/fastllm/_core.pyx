@@ -415,9 +415,12 @@ cdef class Weights:
     every State made from it. config is a ModelConfig (already checked);
     weights the dict of weights.load_weights: matrices as Matrix objects
     (packed, see pack; the embedding as rows, or None where tied), vectors
-    in float32. The context holds n_ctx positions. With float_acts,
-    quantized weights multiply fp32 activations (their exact dequantized
-    values) rather than int8 blocks of them."""
+    in float32; with "v_heads_tiled" true, the Gated DeltaNet tensors hold
+    their value heads in llama.cpp's tiled order, not HF's grouped one
+    (weights.load_gguf_weights says when). The context holds n_ctx
+    positions. With float_acts, quantized weights multiply fp32
+    activations (their exact dequantized values) rather than int8 blocks
+    of them."""
     cdef flm.FlmConfig cfg
     cdef flm.FlmWeights w
     cdef flm.FlmLayer *layers
@@ -449,6 +452,7 @@ cdef class Weights:
         c.lin_k_heads, c.lin_v_heads = config.linear_num_key_heads, config.linear_num_value_heads
         c.lin_k_dim, c.lin_v_dim = config.linear_key_head_dim, config.linear_value_head_dim
         c.conv_kernel = config.linear_conv_kernel_dim
+        c.lin_v_tiled = bool(weights.get("v_heads_tiled", False))
         c.embed_scale, c.residual_scale = config.embedding_multiplier, config.residual_multiplier
         c.logits_div, c.qk_norm_whole = config.logits_scaling, config.qk_norm_whole
         c.activation = flm.FLM_GELU_TANH if config.hidden_act == "gelu_pytorch_tanh" else flm.FLM_SILU

@@ -41,6 +41,7 @@ cdef extern from "fastllm.h" nogil:
         int lin_k_dim
         int lin_v_dim
         int conv_kernel
+        int lin_v_tiled
         float embed_scale
         float residual_scale
         float logits_div

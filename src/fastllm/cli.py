@@ -711,6 +711,11 @@ def cmd_info(args) -> int:
         *([("multipliers", f"embedding {c.embedding_multiplier}, residual {c.residual_multiplier}, "
                            f"attention {c.attention_multiplier}, logits / {c.logits_scaling}")]
           if c.family.multipliers else []),
+        *([("experts", f"{c.num_experts_per_tok} of {c.num_experts} per token, {c.moe_intermediate_size} wide"
+                       f"{', renormalised' if c.norm_topk_prob else ''}, in {sum(c.moe_layers)} of "
+                       f"{c.num_hidden_layers} layers"
+                       + (f", a shared expert {c.shared_expert_intermediate_size} wide" if c.shared_expert else ""))]
+          if c.num_experts else []),
         *([("MLP activation", c.hidden_act)] if c.hidden_act != "silu" else []),
         *([("soft-caps", f"attention scores {c.attn_logit_softcapping}, logits {c.final_logit_softcapping}")]
           if c.attn_logit_softcapping or c.final_logit_softcapping else []),

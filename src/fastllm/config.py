@@ -265,6 +265,11 @@ def no_rope_layers(raw: dict, n_layers: int, path) -> list:
     return [int(v) for v in flags]
 
 
+# Experts a router may choose from (the largest models have 512): each
+# token's probabilities are ranked on the stack.
+MAX_EXPERTS = 4096
+
+
 def experts_config(raw: dict, fam: Family, n_layers: int, path) -> dict:
     """The mixture of experts' sizes and switches, read from config.json as
     transformers reads them for the family, and which layers have experts
@@ -277,6 +282,8 @@ def experts_config(raw: dict, fam: Family, n_layers: int, path) -> dict:
             raise ModelFileError(path, f"{name} must be a positive integer, got {v!r}")
         return v
     n, k = positive(key), positive("num_experts_per_tok")
+    if n > MAX_EXPERTS:
+        raise ModelFileError(path, f"{key} is {n}; more than {MAX_EXPERTS} experts are not supported")
     if k > n:
         raise ModelFileError(path, f"num_experts_per_tok ({k}) is more than the {n} experts")
     norm = fam.switch("norm_topk_prob", raw)

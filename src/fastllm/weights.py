@@ -237,10 +237,11 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
     each matrix in its own type (quantized ones stay quantized; types
     without native kernels are dequantized to float32, with one warning per
     file), and a count of the matrices' parameters by type. Rows are put in
-    the run loop's order, Qwen3.5's value heads in HF's (whole blocks at a
-    time: an ssm_out whose heads split its blocks is dequantized, with a
-    warning); vectors are read as stored, llama.cpp's converter having
-    formed (1 + w) and -exp(A_log) already."""
+    the run loop's order; Qwen3.5's value heads in HF's, whole blocks at a
+    time, or where an ssm_out's heads split its blocks, all left in
+    llama.cpp's order, which "v_heads_tiled" then tells the run loop.
+    Vectors are read as stored, llama.cpp's converter having formed (1 + w)
+    and -exp(A_log) already."""
     import warnings
     from collections import Counter
 
@@ -260,11 +261,33 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
     perm = rope_permutation(cfg.head_dim, cfg.rope_dim)
     heads = {"q": cfg.num_attention_heads, "k": cfg.num_key_value_heads}
     interleaved = cfg.family.gguf_qk_interleaved
-    types, dequantized, reordered = Counter(), set(), Counter()
+    types, dequantized = Counter(), set()
+
+    def native_type(hf: str) -> str | None:
+        """The type fastllm runs the file's tensor for hf in, or None: dequantized."""
+        g = by_hf[hf]
+        return NATIVE_GGML_TYPES.get(getattr(g.tensor_type, "name", str(g.tensor_type)))
+
+    def splits_blocks(t: schema.Tensor, hf: str) -> bool:
+        """Whether t's columns hold value heads in llama.cpp's order that
+        split blocks of its type, so cannot be put in HF's order in it."""
+        if t.v_heads != "columns" or gguf_tensors.v_head_index(t, cfg) is None:
+            return False
+        dtype = native_type(hf)
+        return dtype not in (None, "f32", "f16", "bf16") and cfg.linear_value_head_dim % _core.block_size(dtype)[0] != 0
+
+    # Where some ssm_out's value heads split its blocks (K-quants, heads of
+    # 128), every Gated DeltaNet tensor stays in llama.cpp's order and the
+    # run loop pairs the heads as llama.cpp does: the same math, nothing
+    # dequantized. Elsewhere they are put in HF's order, which sums ssm_out's
+    # columns in the order a folder's model does.
+    linear = [i for i in range(cfg.num_hidden_layers) if cfg.layer_kind(i) == schema.LINEAR]
+    tiled = any(splits_blocks(t, schema.hf_name(t, cfg, i))
+                for i in linear for t in schema.file_tensors(cfg, schema.LINEAR, cfg.layer_ffn(i)))
 
     def rows_in_order(arr: np.ndarray, t: schema.Tensor, dtype: str) -> np.ndarray:
         """Rows (or vector entries, or a matrix's columns of dtype) in the order the run loop reads."""
-        index = gguf_tensors.v_head_index(t, cfg)
+        index = None if tiled else gguf_tensors.v_head_index(t, cfg)
         if index is not None and t.v_heads == "columns":
             n = _core.block_size(dtype)[0]
             blocks = arr.reshape(arr.shape[0], len(index) // n, -1)
@@ -279,23 +302,12 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
             arr = np.take(arr.reshape(-1, len(perm)), perm, axis=1).reshape(arr.shape)
         return np.ascontiguousarray(arr)
 
-    def movable(t: schema.Tensor, dtype: str) -> bool:
-        """Whether the value heads of t's columns can be put in HF's order
-        block by block (each head a whole number of dtype's blocks)."""
-        if t.v_heads != "columns" or gguf_tensors.v_head_index(t, cfg) is None or dtype in ("f32", "f16", "bf16"):
-            return True
-        return cfg.linear_value_head_dim % _core.block_size(dtype)[0] == 0
-
     def read(t: schema.Tensor, hf: str) -> tuple:
         """(rows as stored, in their own type where the run loop has kernels for it, that dtype)."""
         g = by_hf[hf]
-        kind = getattr(g.tensor_type, "name", str(g.tensor_type))
-        dtype = NATIVE_GGML_TYPES.get(kind) if t.matrix else None
-        if dtype is not None and not movable(t, dtype):
-            reordered[kind] += 1
-            dtype = None
-        elif dtype is None and t.matrix:
-            dequantized.add(kind)
+        dtype = native_type(hf) if t.matrix else None
+        if dtype is None and t.matrix:
+            dequantized.add(getattr(g.tensor_type, "name", str(g.tensor_type)))
         if dtype is None:
             arr = gguf_tensors.dequantize(g, path)
             dtype = "f32"
@@ -393,19 +405,13 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
             elif t.field not in layer:
                 layer[t.field] = get(t, schema.hf_name(t, cfg, i))
         layers.append(layer)
-    out = {"layers": layers, "norm": get(schema.NORM, schema.hf_name(schema.NORM, cfg))}
+    out = {"layers": layers, "norm": get(schema.NORM, schema.hf_name(schema.NORM, cfg)), "v_heads_tiled": tiled}
     embed_hf = schema.hf_name(schema.EMBED, cfg)
     head_hf = schema.hf_name(schema.LM_HEAD, cfg)
     if head_hf in by_hf:
         out.update(embed=get(schema.EMBED, embed_hf), lm_head=get(schema.LM_HEAD, head_hf))
     else:   # tied: the packed head's rows serve as the embedding
         out.update(embed=None, lm_head=get(schema.LM_HEAD, embed_hf))
-    if reordered:
-        warnings.warn(f"{path.name}: {sum(reordered.values())} ssm_out tensors of type "
-                      f"{', '.join(sorted(reordered))} were dequantized to float32: their value heads of "
-                      f"{cfg.linear_value_head_dim} values, which llama.cpp orders otherwise than fastllm, "
-                      f"do not fill whole blocks of that type, so they cannot be reordered in it",
-                      DequantizedTypeWarning, stacklevel=3)
     if dequantized:
         warnings.warn(f"{path.name}: tensors of type {', '.join(sorted(dequantized))} have no native kernels "
                       f"in fastllm and were dequantized to float32", DequantizedTypeWarning, stacklevel=3)

@@ -467,6 +467,10 @@ def export_gguf(folder: PathLike, out_path: PathLike, mix: str = "f32",
     if out_path.exists() and not overwrite:
         raise OutputExistsError(f"{out_path} already exists (pass overwrite=True to replace it)")
     cfg = ModelConfig.from_file(folder / "config.json")
+    if cfg.num_experts:
+        raise ConversionError(folder / "config.json", f"model_type {cfg.model_type!r}: writing a mixture of "
+                                                      f"experts to GGUF is not supported (llama.cpp's converter "
+                                                      f"writes such files)")
     arch = cfg.family.gguf_export or next(
         (a for a, model_type in GGUF_ARCHITECTURES.items() if model_type == cfg.model_type), None)
     if arch is None:
