@@ -271,7 +271,7 @@ def main(argv=None) -> int:
         exe = build_llama_load(args.llama_cpp, args.work)
         for rep in range(args.load_reps):
             for path in files.values():
-                if args.no_speed:
+                if args.no_speed and "fastllm" in engine_list:
                     r = subprocess.run([sys.executable, __file__, "load-fastllm", str(path), str(args.load_threads)],
                                        capture_output=True, text=True, check=True)
                     loads.setdefault((path, "fastllm"), []).append(json.loads(r.stdout.strip().splitlines()[-1]))
@@ -287,12 +287,13 @@ def main(argv=None) -> int:
         for path in files.values():
             cells = []
             for e in names:
-                rs = loads[(path, e)]
+                rs = loads.get((path, e), [])
                 first = [r["first_token_s"] for r in rs if "first_token_s" in r]
-                cells.append(f"{statistics.median(r['load_s'] for r in rs):.2f}"
+                cells.append("-" if not rs else f"{statistics.median(r['load_s'] for r in rs):.2f}"
                              + (f" / {statistics.median(first):.2f}" if first else ""))
-            rss = max(r["peak_rss_mib"] for r in loads[(path, "fastllm")])
-            print(f"| {path.name} | {path.stat().st_size / 2**20:.0f} | " + " | ".join(cells) + f" | {rss:.0f} |")
+            fl = loads.get((path, "fastllm"))
+            rss = f"{max(r['peak_rss_mib'] for r in fl):.0f}" if fl else "-"
+            print(f"| {path.name} | {path.stat().st_size / 2**20:.0f} | " + " | ".join(cells) + f" | {rss} |")
     import resource
     cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
     print(f"\n{time.time() - started:.0f} s in all; the runs' CPU time {cpu.ru_utime + cpu.ru_stime:.0f} s", flush=True)
