@@ -57,6 +57,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 import gguf_speed  # noqa: E402
+from qwen35_speed import run, tensor_types  # noqa: E402
 
 QWEN3_MOE = dict(
     architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=151936, hidden_size=2048,
@@ -79,14 +80,6 @@ QWEN35_MOE = dict(
 MODELS = {"qwen3moe": (QWEN3_MOE, "qwen3"), "qwen35moe": (QWEN35_MOE, "qwen3.5")}
 QUANTS = {"q4_k_m": "Q4_K_M", "q8_0": "Q8_0"}
 RSS_SLACK_MIB = 300
-
-
-def run(cmd, log: Path, env=None) -> None:
-    print("+", " ".join(map(str, cmd)), file=sys.stderr, flush=True)
-    with open(log, "w") as f:
-        r = subprocess.run([str(c) for c in cmd], stdout=f, stderr=subprocess.STDOUT, env=env)
-    if r.returncode:
-        raise SystemExit(f"failed ({r.returncode}), see {log}")
 
 
 def prepare(work: Path, llama_cpp: Path, model: str, quants: list) -> dict:
@@ -125,18 +118,6 @@ def prepare(work: Path, llama_cpp: Path, model: str, quants: list) -> dict:
     if all((work / f"{model}-{Q}.gguf").exists() for Q in QUANTS.values()):
         bf16.unlink()
     return files
-
-
-def tensor_types(path: Path) -> dict:
-    """{GGML type: [tensor name patterns]} of a GGUF file, layer numbers folded."""
-    import re
-
-    import gguf
-    got = {}
-    for t in gguf.GGUFReader(str(path)).tensors:
-        name = re.sub(r"blk\.\d+\.", "blk.N.", t.name)
-        got.setdefault(t.tensor_type.name, set()).add(name)
-    return {k: sorted(v) for k, v in got.items()}
 
 
 def cache_mib(model: str, n_ctx: int) -> float:
