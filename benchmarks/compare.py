@@ -414,7 +414,7 @@ def verify_gguf(gguf_path: Path, folder: Path, dtype: str) -> str:
         if t.name not in names:
             skipped.append(t.name)  # e.g. rope_freqs: baked into config.json
             continue
-        hf, tensor = names[t.name]
+        hf, tensor, _ = names[t.name]
         if hf not in ck:
             raise ValueError(f"{gguf_path.name}: {t.name} has no counterpart {hf} in {folder}")
         ref = ck.file_of(hf).float32(hf)

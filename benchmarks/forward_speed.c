@@ -7,9 +7,10 @@
  *      benchmarks/forward_speed.c -lm -o /tmp/forward_speed
  *   /tmp/forward_speed SHAPE f32|bf16 THREADS [PP [TG [PATH [KV]]]]
  *
- * SHAPE: 135m, 360m, 1.7b (SmolLM2), 7b (Llama-2) or qwen3.5-2b (Gated
+ * SHAPE: 135m, 360m, 1.7b (SmolLM2), 7b (Llama-2), qwen3.5-2b (Gated
  * DeltaNet layers, three to each gated full-attention layer, a tied LM head
- * of 248,320 rows); the weight type may also be the mix q4_k_m, which gives
+ * of 248,320 rows) or phi4-mini (heads of 128, three quarters rotated, a
+ * head of 200,064 rows); the weight type may also be the mix q4_k_m, which gives
  * each matrix the type llama-quantize's Q4_K_M gives it (Q6_K for the LM
  * head, and for ffn_down and attn_qkv/attn_v in the layers llama.cpp gives
  * more bits; Q4_K elsewhere). PP prompt tokens
@@ -133,13 +134,16 @@ int main(int argc, char **argv) {
     } else if (!strcmp(argv[1], "qwen3.5-2b")) {
         c.dim = 2048; c.hidden_dim = 6144; c.n_layers = 24; c.n_heads = 8; c.n_kv_heads = 2;
         c.lin_k_heads = c.lin_v_heads = 16; c.lin_k_dim = c.lin_v_dim = 128; c.conv_kernel = 4;
+    } else if (!strcmp(argv[1], "phi4-mini")) {
+        c.dim = 3072; c.hidden_dim = 8192; c.n_layers = 32; c.n_heads = 24; c.n_kv_heads = 8;
     } else {
         fprintf(stderr, "unknown shape %s\n", argv[1]);
         return 2;
     }
     const int qwen35 = c.conv_kernel > 0;
     c.head_dim = qwen35 ? 256 : c.dim / c.n_heads;
-    c.vocab_size = !strcmp(argv[1], "7b") ? 32000 : qwen35 ? 248320 : 49152;
+    const int phi4 = !strcmp(argv[1], "phi4-mini");
+    c.vocab_size = !strcmp(argv[1], "7b") ? 32000 : qwen35 ? 248320 : phi4 ? 200064 : 49152;
     const int q4_k_m = !strcmp(argv[2], "q4_k_m");
     const int wtype = q4_k_m ? FLM_Q4_K : type_by_name(argv[2]);
     if (wtype < 0) {
@@ -160,7 +164,7 @@ int main(int argc, char **argv) {
     }
     c.kv_type = argc > 7 ? (!strcmp(argv[7], "bf16") ? FLM_BF16 : !strcmp(argv[7], "f16") ? FLM_F16 : FLM_F32) : FLM_F32;
     c.seq_len = (pp > tg ? pp : tg) + 1;
-    c.rope_dim = qwen35 ? c.head_dim / 4 : c.head_dim;
+    c.rope_dim = qwen35 ? c.head_dim / 4 : phi4 ? c.head_dim * 3 / 4 : c.head_dim;
     c.norm_eps = 1e-5f;
     c.attn_scale = 1.0f / sqrtf((float)c.head_dim);
     c.embed_scale = c.residual_scale = c.logits_div = 1.0f;
@@ -170,6 +174,8 @@ int main(int argc, char **argv) {
     /* llama.cpp counts attn_v and attn_qkv matrices together for more_bits. */
     for (int l = 0, n_v = 0; l < c.n_layers; l++) {
         FlmLayer *L = &layers[l];
+        L->head_dim = c.head_dim; L->n_kv_heads = c.n_kv_heads; L->rope_dim = c.rope_dim;
+        L->hidden_dim = c.hidden_dim; L->kv_layer = l;
         unsigned seed = 16 * (unsigned)l;
         const int v_type = q4_k_m && more_bits(n_v++, c.n_layers) ? FLM_Q6_K : wtype;
         if (qwen35 && l % 4 != 3) {

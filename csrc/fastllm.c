@@ -80,7 +80,12 @@ static int mlp_dim(const FlmConfig *c) { return imax(c->hidden_dim, c->shared_di
 /* Rows of the work buffers a matmul input may fill: a token per expert it chose. */
 static size_t max_rows(const FlmConfig *c, int max_batch) { return (size_t)max_batch * imax(1, c->n_experts_used); }
 #define PANEL_FLOATS(c) ((size_t)FLM_PANEL * max_input(c))
-static int max_input(const FlmConfig *c) { return imax(mixer_dim(c), imax(mlp_dim(c), c->expert_dim)); }
+static int max_input(const FlmConfig *c) {
+    return imax(mixer_dim(c), imax(imax(mlp_dim(c), c->expert_dim), c->per_layer_dim));
+}
+/* Rows of hb and hb2: the MLP's (or the shared expert's) hidden values, or a per-layer input's gate. */
+static int hidden_buf(const FlmConfig *c) { return imax(mlp_dim(c), c->per_layer_dim); }
+static size_t ple_floats(const FlmConfig *c) { return (size_t)c->n_layers * c->per_layer_dim; }
 /* Widest matmul input, rounded up to whole bf16 pairs, and in int8 blocks. */
 static int max_input_pairs(const FlmConfig *c) { return (max_input(c) + 1) / 2; }
 static size_t max_input_blocks(const FlmConfig *c) { return (size_t)(max_input(c) + 31) / 32; }
@@ -99,7 +104,8 @@ size_t flm_state_work_floats(const FlmConfig *c, int max_batch, int max_threads)
          + b * mixer_dim(c)                   /* xb */
          + b * c->dim                         /* xb2 */
          + b * q_dim(c) + 2 * b * kv_dim(c)   /* q, k, v */
-         + 2 * b * mlp_dim(c)                 /* hb, hb2 */
+         + 2 * b * hidden_buf(c)              /* hb, hb2 */
+         + b * ple_floats(c)                  /* ple */
          + b * imax(q_dim(c), lin_value_dim(c)) /* gate */
          + b * (conv_dim(c) + 2 * (size_t)c->lin_v_heads) /* lin */
          + max_rows(c, max_batch) * max_input_pairs(c) /* xq (two bf16 per float) */
@@ -133,8 +139,9 @@ void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, int max_thre
     s->q = work;    work += b * q_dim(c);
     s->k = work;    work += b * kv_dim(c);
     s->v = work;    work += b * kv_dim(c);
-    s->hb = work;   work += b * mlp_dim(c);
-    s->hb2 = work;  work += b * mlp_dim(c);
+    s->hb = work;   work += b * hidden_buf(c);
+    s->hb2 = work;  work += b * hidden_buf(c);
+    s->ple = work;  work += b * ple_floats(c);
     s->gate = work; work += b * imax(q_dim(c), lin_value_dim(c));
     s->lin = work;  work += b * (conv_dim(c) + 2 * (size_t)c->lin_v_heads);
     s->xq = (uint16_t *)work; work += max_rows(c, max_batch) * max_input_pairs(c);
@@ -286,7 +293,7 @@ static void matmul_multi(const FlmState *s, const float *x, int T, int K, const 
                          int float_acts) {
     const MatInput in = matmul_input(s, x, T, K, jobs, njobs, float_acts);
     const int per = item_panels(T), tb = token_blocks(T);
-    int items[8], total = 0;
+    int items[8] = {0}, total = 0;
     for (int i = 0; i < njobs; i++) {
         items[i] = ((jobs[i].N + FLM_PANEL - 1) / FLM_PANEL + per - 1) / per * tb;
         total += items[i];
@@ -358,22 +365,26 @@ static void gate_up(const FlmConfig *c, FlmState *s, int T, const FlmMatrix *w_g
     }
 }
 
-static void embed_row(float *out, const FlmWeights *w, int token, int dim) {
-    if (!w->embed) {  /* tied: the rows live in the packed LM head */
-        flm_packed_row(out, w->lm_head->data, token, dim, w->lm_head->type);
-        return;
-    }
-    const int type = w->embed->type;
+/* Row `token` of an embedding table of plain rows of width dim. */
+static void table_row(float *out, const FlmMatrix *table, int token, int dim) {
+    const int type = table->type;
     if (type == FLM_BF16) {
-        const uint16_t *row = (const uint16_t *)w->embed->data + (size_t)token * dim;
+        const uint16_t *row = (const uint16_t *)table->data + (size_t)token * dim;
         for (int i = 0; i < dim; i++) out[i] = flm_bf16_to_f32(row[i]);
     } else if (type == FLM_F32) {
-        memcpy(out, (const float *)w->embed->data + (size_t)token * dim, sizeof(float) * dim);
+        memcpy(out, (const float *)table->data + (size_t)token * dim, sizeof(float) * dim);
     } else {
         const FlmQuantType *q = flm_quant_type(type);
         const size_t row_bytes = (size_t)dim / q->ggml_block * q->ggml_bytes;
-        flm_quant_dequant_row(out, (const char *)w->embed->data + (size_t)token * row_bytes, dim, type);
+        flm_quant_dequant_row(out, (const char *)table->data + (size_t)token * row_bytes, dim, type);
     }
+}
+
+static void embed_row(float *out, const FlmWeights *w, int token, int dim) {
+    if (!w->embed)  /* tied: the rows live in the packed LM head */
+        flm_packed_row(out, w->lm_head->data, token, dim, w->lm_head->type);
+    else
+        table_row(out, w->embed, token, dim);
 }
 
 /* One query head of one token against its cached keys/values (up to pos). Keys
@@ -404,9 +415,9 @@ static int first_key(int pos, int window) { return window > 0 ? imax(0, pos - wi
 static int key_block(int first) { return first / 16 * 16; }
 
 static void attend(const FlmConfig *c, float *out, const float *q, void *kblocks, void *vc, float *att,
-                   int pos, int window) {
+                   int pos, int window, int hd) {
     const int first = first_key(pos, window), base = key_block(first), n = pos + 1 - first;
-    const int hd = c->head_dim, kvd = kv_dim(c);
+    const int kvd = kv_dim(c);
     flm_kernels->key_scores(att, q, kv_elem(c, kblocks, (size_t)base * hd), pos + 1 - base, hd, c->kv_type);
     softmax(c, att + first - base, n);
     flm_kernels->weighted_sum(out, att + first - base, kv_elem(c, vc, (size_t)first * kvd), n, kvd, hd,
@@ -418,9 +429,9 @@ static void attend(const FlmConfig *c, float *out, const float *q, void *kblocks
  * from the same first key (a sliding window moves the second's on by
  * one); each output is what attend gives it, bit for bit. */
 static void attend2(const FlmConfig *c, float *out0, float *out1, const float *q0, const float *q1,
-                    void *kblocks, void *vc, float *att0, float *att1, int pos, int window) {
+                    void *kblocks, void *vc, float *att0, float *att1, int pos, int window, int hd) {
     const int first0 = first_key(pos, window), first1 = first_key(pos + 1, window), base = key_block(first0);
-    const int n0 = pos + 1 - first0, n1 = pos + 2 - first1, hd = c->head_dim, kvd = kv_dim(c);
+    const int n0 = pos + 1 - first0, n1 = pos + 2 - first1, kvd = kv_dim(c);
     float *p0 = att0 + first0 - base, *p1 = att1 + first1 - base;
     flm_kernels->key_scores2(att0, att1, q0, q1, kv_elem(c, kblocks, (size_t)base * hd), pos + 2 - base, hd,
                              c->kv_type);
@@ -449,29 +460,50 @@ static void kv_store(const FlmConfig *c, void *cache, size_t i, size_t stride, c
 
 static float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
+/* A head of values that are its keys as projected (Gemma 4's k_eq_v): the
+ * key rows come permuted for RoPE (2i and 2i+1 holding HF's i and
+ * i + rope_dim/2), the values are wanted in HF's order. */
+static void values_of_keys(float *v, const float *k, int hd, int rope_dim) {
+    const int half = rope_dim / 2;
+    for (int i = 0; i < half; i++) {
+        v[i] = k[2 * i];
+        v[i + half] = k[2 * i + 1];
+    }
+    memcpy(v + rope_dim, k + rope_dim, sizeof(float) * (hd - rope_dim));
+}
+
 /* Softmax attention over the KV cache, with optional q/k norms (per head, or
- * over the whole projection), the layer's RoPE (none in a NoPE layer) and an
- * output gate (Qwen3.5). Reads xb, leaves the layer's output in xb2. */
+ * over the whole projection), the layer's RoPE (none in a NoPE layer), value
+ * norms and an output gate (Qwen3.5), in the layer's own sizes. A layer that
+ * shares an earlier layer's cache projects queries only. Reads xb, leaves
+ * the layer's output in xb2. */
 static void attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
                       const FlmSeq *seqs, int l, int T) {
-    const int dim = c->dim, hd = c->head_dim, qd = q_dim(c), kvd = kv_dim(c);
-    const int nh = c->n_heads, nkv = c->n_kv_heads, group = nh / nkv, half = c->rope_dim / 2;
-    const size_t head_keys = seq_cap(c) * hd;
-    /* Layer l's keys (nkv, seq_cap/16, hd, 16) and values (seq_cap, nkv*hd)
-     * in the cache of row t's sequence. */
-#define KCACHE(t) kv_elem(c, seqs[s->row_seq[t]].state->key_cache, l * layer_kv(c))
-#define VCACHE(t) kv_elem(c, seqs[s->row_seq[t]].state->value_cache, l * layer_kv(c))
+    const int dim = c->dim, hd = L->head_dim, nh = c->n_heads, nkv = L->n_kv_heads;
+    const int qd = nh * hd, kvd = nkv * hd, group = nh / nkv, half = L->rope_dim / 2;
+    const int own_kv = L->kv_layer == l, heads = nh + (own_kv ? nkv : 0);
+    /* The cache's strides are the config's (the widest layer's): key head h
+     * at h * head_keys, the values of position p at p * kv_dim(c). */
+    const size_t head_keys = seq_cap(c) * c->head_dim, value_row = kv_dim(c);
+    /* The keys (nkv, seq_cap/16, hd, 16) and values (seq_cap, nkv*hd) this
+     * layer attends to, in the cache of row t's sequence. */
+#define KCACHE(t) kv_elem(c, seqs[s->row_seq[t]].state->key_cache, L->kv_layer * layer_kv(c))
+#define VCACHE(t) kv_elem(c, seqs[s->row_seq[t]].state->value_cache, L->kv_layer * layer_kv(c))
 
-    MatJob jobs[4] = {{s->q, L->wq, L->bq, qd, qd}, {s->k, L->wk, L->bk, kvd, kvd},
-                      {s->v, L->wv, L->bv, kvd, kvd}, {s->gate, L->w_attn_gate, NULL, qd, qd}};
-    matmul_multi(s, s->xb, T, dim, jobs, L->w_attn_gate ? 4 : 3, c->float_acts);
+    MatJob jobs[4];
+    int njobs = 0;
+    jobs[njobs++] = (MatJob){s->q, L->wq, L->bq, qd, qd};
+    if (own_kv) jobs[njobs++] = (MatJob){s->k, L->wk, L->bk, kvd, kvd};
+    if (own_kv && L->wv) jobs[njobs++] = (MatJob){s->v, L->wv, L->bv, kvd, kvd};
+    if (L->w_attn_gate) jobs[njobs++] = (MatJob){s->gate, L->w_attn_gate, NULL, qd, qd};
+    matmul_multi(s, s->xb, T, dim, jobs, njobs, c->float_acts);
     mark(s, FLM_PHASE_QKV);
 
     /* q/k norms over the whole projection (OLMo 2), before the heads part. */
     const int head_norms = L->q_norm && !c->qk_norm_whole;
     if (L->q_norm && c->qk_norm_whole) {
 #pragma omp for schedule(static)
-        for (int i = 0; i < 2 * T; i++) {
+        for (int i = 0; i < (own_kv ? 2 : 1) * T; i++) {
             if (i < T) rmsnorm(s->q + (size_t)i * qd, s->q + (size_t)i * qd, L->q_norm, qd, c->norm_eps);
             else rmsnorm(s->k + (size_t)(i - T) * kvd, s->k + (size_t)(i - T) * kvd, L->k_norm, kvd, c->norm_eps);
         }
@@ -479,8 +511,8 @@ static void attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
 
     /* Per-head norm and RoPE; keys and values go into the cache. */
 #pragma omp for schedule(static)
-    for (int i = 0; i < T * (nh + nkv); i++) {
-        int t = i / (nh + nkv), h = i % (nh + nkv), p = s->row_pos[t];
+    for (int i = 0; i < T * heads; i++) {
+        int t = i / heads, h = i % heads, p = s->row_pos[t];
         const int long_rope = seqs[s->row_seq[t]].state->rope_long;
         const float *cos_table = long_rope ? L->rope_cos_long : L->rope_cos;
         const float *sin_table = long_rope ? L->rope_sin_long : L->rope_sin;
@@ -489,18 +521,20 @@ static void attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
         if (h < nh) {
             float *qh = s->q + (size_t)t * qd + h * hd;
             if (head_norms) rmsnorm(qh, qh, L->q_norm, hd, c->norm_eps);
-            if (cr) rope(qh, cr, sr, c->rope_dim);
+            if (cr) rope(qh, cr, sr, L->rope_dim);
             if (L->q_pos_scale) {
                 const float f = L->q_pos_scale[p];
                 for (int j = 0; j < hd; j++) qh[j] *= f;
             }
         } else {
             int kh = h - nh;
-            float *kh_src = s->k + (size_t)t * kvd + kh * hd;
+            float *kh_src = s->k + (size_t)t * kvd + kh * hd, *vh = s->v + (size_t)t * kvd + kh * hd;
+            if (!L->wv) values_of_keys(vh, kh_src, hd, L->rope_dim);
+            if (L->v_norm) rmsnorm(vh, vh, L->v_norm, hd, c->norm_eps);
             if (head_norms) rmsnorm(kh_src, kh_src, L->k_norm, hd, c->norm_eps);
-            if (cr) rope(kh_src, cr, sr, c->rope_dim);
+            if (cr) rope(kh_src, cr, sr, L->rope_dim);
             kv_store(c, KCACHE(t), kh * head_keys + (size_t)(p / 16) * hd * 16 + p % 16, 16, kh_src, hd);
-            kv_store(c, VCACHE(t), (size_t)p * kvd + kh * hd, 1, s->v + (size_t)t * kvd + kh * hd, hd);
+            kv_store(c, VCACHE(t), (size_t)p * value_row + kh * hd, 1, vh, hd);
         }
     }
 
@@ -524,9 +558,9 @@ static void attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
             const int pair = flm_kernels->key_scores2 && t + 1 < end && s->row_seq[t + 1] == s->row_seq[t] &&
                              s->row_pos[t + 1] == s->row_pos[t] + 1;
             if (pair)
-                attend2(c, out, out + qd, q, q + qd, kb, vc, att, att + seq_cap(c), s->row_pos[t], L->window);
+                attend2(c, out, out + qd, q, q + qd, kb, vc, att, att + seq_cap(c), s->row_pos[t], L->window, hd);
             else
-                attend(c, out, q, kb, vc, att, s->row_pos[t], L->window);
+                attend(c, out, q, kb, vc, att, s->row_pos[t], L->window, hd);
             for (int u = t; u <= t + pair && L->w_attn_gate; u++) {
                 float *o = s->xb + (size_t)u * qd + h * hd;
                 const float *g = s->gate + (size_t)u * qd + h * hd;
@@ -946,12 +980,85 @@ static void add_residual(const FlmConfig *c, float *x, float *o, const float *po
     for (int i = 0; i < c->dim; i++) x[i] += o[i] * c->residual_scale;
 }
 
+/* Part of row `token` of an embedding table of plain rows of width n:
+ * count values from start (a quantized table's blocks that hold them are
+ * dequantized one at a time). */
+static void table_part(float *out, const FlmMatrix *table, int token, int n, int start, int count) {
+    const int type = table->type;
+    if (type == FLM_BF16 || type == FLM_F32 || type == FLM_F16) {
+        const size_t at = (size_t)token * n + start;
+        for (int i = 0; i < count; i++)
+            out[i] = type == FLM_F32 ? ((const float *)table->data)[at + i]
+                   : type == FLM_BF16 ? flm_bf16_to_f32(((const uint16_t *)table->data)[at + i])
+                   : flm_f16_to_f32(((const uint16_t *)table->data)[at + i]);
+    } else {
+        const FlmQuantType *q = flm_quant_type(type);
+        const int bs = q->ggml_block;
+        const char *row = (const char *)table->data + (size_t)token * (n / bs) * q->ggml_bytes;
+        float block[256];   /* the largest GGML block */
+        for (int b = start / bs; b * bs < start + count; b++) {
+            flm_quant_dequant_row(block, row + (size_t)b * q->ggml_bytes, bs, type);
+            const int lo = imax(start, b * bs), hi = imin(start + count, (b + 1) * bs);
+            memcpy(out + lo - start, block + lo - b * bs, sizeof(float) * (hi - lo));
+        }
+    }
+}
+
+/* Every row's per-layer inputs (FlmWeights.embed_per_layer) into s->ple,
+ * from the scaled embeddings in s->x. */
+static void per_layer_inputs(const FlmConfig *c, const FlmWeights *w, FlmState *s, const FlmSeq *seqs, int T) {
+    const int P = c->per_layer_dim, n = (int)ple_floats(c);
+    matmul(c, s, s->ple, s->x, w->per_layer_proj, NULL, T, c->dim, n);
+    const float proj_scale = 1.0f / sqrtf((float)c->dim), embed_scale = sqrtf((float)P);
+    const float mix = 1.0f / sqrtf(2.0f);
+#pragma omp for schedule(static)
+    for (int t = 0; t < T; t++) {
+        const FlmSeq *q = &seqs[s->row_seq[t]];
+        const int token = q->tokens[s->row_pos[t] - q->pos];
+        float *own = s->hb + (size_t)t * hidden_buf(c);
+        for (int l = 0; l < c->n_layers; l++) {
+            float *slice = s->ple + (size_t)t * n + (size_t)l * P;
+            for (int i = 0; i < P; i++) slice[i] *= proj_scale;
+            rmsnorm(slice, slice, w->per_layer_norm, P, c->norm_eps);
+            table_part(own, w->embed_per_layer, token, n, l * P, P);
+            for (int i = 0; i < P; i++) slice[i] = (slice[i] + own[i] * embed_scale) * mix;
+        }
+    }
+}
+
+/* The layer's output multiplied by its scalar, and copied to the trace. */
+static void finish_row(const FlmConfig *c, const FlmLayer *L, FlmState *s, int l, int t) {
+    float *x = s->x + (size_t)t * c->dim;
+    if (L->layer_scalar)
+        for (int i = 0; i < c->dim; i++) x[i] *= L->layer_scalar[0];
+    if (s->trace)
+        memcpy(s->trace + ((size_t)l * s->trace_tokens + s->trace_offset + t) * c->dim, x, sizeof(float) * c->dim);
+}
+
+/* Gemma 4's per-layer input of layer l: x += norm(act(x @ w_ple_gate^T) *
+ * ple_l) @ w_ple_proj^T), then the layer's end. */
+static void per_layer_input(const FlmConfig *c, const FlmLayer *L, FlmState *s, int l, int T) {
+    const int P = c->per_layer_dim, dim = c->dim;
+    const size_t n = ple_floats(c);
+    void (*act_mul)(float *, const float *, int) =
+        c->activation == FLM_GELU_TANH ? flm_kernels->gelu_tanh_mul : flm_kernels->silu_mul;
+    matmul(c, s, s->hb, s->x, L->w_ple_gate, NULL, T, dim, P);
+#pragma omp for schedule(static)
+    for (int t = 0; t < T; t++) act_mul(s->hb + (size_t)t * P, s->ple + (size_t)t * n + (size_t)l * P, P);
+    matmul(c, s, s->xb2, s->hb, L->w_ple_proj, NULL, T, P, dim);
+#pragma omp for schedule(static)
+    for (int t = 0; t < T; t++) {
+        add_residual(c, s->x + (size_t)t * dim, s->xb2 + (size_t)t * dim, L->ple_norm);
+        finish_row(c, L, s, l, t);
+    }
+}
+
 /* One pass over the weights for the tokens of n_seqs sequences, row after
  * row in s's work buffers. logits (when not NULL) gets the logits of each
  * sequence's last token, or with all_logits (one sequence) of every token. */
 static void forward_rows(const FlmConfig *c, const FlmWeights *w, FlmState *s, const FlmSeq *seqs,
                          int n_seqs, float *logits, int all_logits, int n_threads) {
-    const int dim = c->dim, hidden = c->hidden_dim;
+    const int dim = c->dim;
     int T = 0;
     for (int k = 0; k < n_seqs; k++)
         for (int i = 0; i < seqs[k].n; i++, T++) {
@@ -970,6 +1077,7 @@ static void forward_rows(const FlmConfig *c, const FlmWeights *w, FlmState *s, c
             if (c->embed_scale != 1.0f)
                 for (int i = 0; i < dim; i++) x[i] *= c->embed_scale;
         }
+        if (c->per_layer_dim) per_layer_inputs(c, w, s, seqs, T);
 
         for (int l = 0; l < c->n_layers; l++) {
             const FlmLayer *L = &w->layers[l];
@@ -995,19 +1103,17 @@ static void forward_rows(const FlmConfig *c, const FlmWeights *w, FlmState *s, c
             if (L->w_router) {
                 moe_ffn(c, L, s, T);
             } else {
-                gate_up(c, s, T, L->w_gate, L->w_up, L->b_gate, L->b_up, hidden);
+                gate_up(c, s, T, L->w_gate, L->w_up, L->b_gate, L->b_up, L->hidden_dim);
                 mark(s, FLM_PHASE_MLP_UP);
-                matmul(c, s, s->xb2, s->hb, L->w_down, L->b_down, T, hidden, dim);
+                matmul(c, s, s->xb2, s->hb, L->w_down, L->b_down, T, L->hidden_dim, dim);
                 mark(s, FLM_PHASE_MLP_DOWN);
             }
 #pragma omp for schedule(static)
             for (int t = 0; t < T; t++) {
-                float *x = s->x + (size_t)t * dim;
-                add_residual(c, x, s->xb2 + (size_t)t * dim, L->post_ffn_norm);
-                if (s->trace)
-                    memcpy(s->trace + ((size_t)l * s->trace_tokens + s->trace_offset + t) * dim, x,
-                           sizeof(float) * dim);
+                add_residual(c, s->x + (size_t)t * dim, s->xb2 + (size_t)t * dim, L->post_ffn_norm);
+                if (!c->per_layer_dim) finish_row(c, L, s, l, t);
             }
+            if (c->per_layer_dim) per_layer_input(c, L, s, l, T);
             mark(s, FLM_PHASE_NORMS);
         }
 

@@ -69,10 +69,20 @@ typedef struct {
      * expert of shared_dim where it has one. */
     int n_experts, n_experts_used, expert_dim, shared_dim;
     int norm_topk_prob;   /* the chosen experts' weights are divided by their sum */
+    /* Gemma 4's per-layer inputs: each layer l adds to its output a gated
+     * projection of a per_layer_dim slice of its own (FlmWeights.embed_per_layer
+     * and per_layer_proj); 0 where a model has none. */
+    int per_layer_dim;
 } FlmConfig;
 
 typedef struct {
     int kind;             /* FLM_ATTENTION or FLM_LINEAR_ATTENTION */
+    /* This layer's sizes: at most the config's, which size the buffers and
+     * the cache (Gemma 4's global layers have wider heads, fewer KV heads
+     * and, where they share a cache, a wider MLP). */
+    int head_dim, n_kv_heads, rope_dim, hidden_dim;
+    int kv_layer;         /* the layer whose keys and values it attends to: its own index, or an
+                             earlier layer's (then it has no k/v projections and writes no cache) */
     int window;           /* attention: a query at position p sees the keys at
                              positions > p - window (sliding window), or with
                              0 every position up to p */
@@ -84,10 +94,14 @@ typedef struct {
     /* (seq_len) a factor of the rotated query at each position (Ministral 3's
      * scaling of far positions), or NULL: none. */
     const float *q_pos_scale;
+    /* (head_dim) RMSNorm weight of each value head (Gemma 4's, all ones), or NULL */
+    const float *v_norm;
     /* attention */
     const FlmMatrix *wq;       /* (n_heads*head_dim, dim)      */
     const FlmMatrix *wk;       /* (n_kv_heads*head_dim, dim)   */
-    const FlmMatrix *wv;       /* (n_kv_heads*head_dim, dim)   */
+    const FlmMatrix *wv;       /* (n_kv_heads*head_dim, dim), or NULL: the values are the keys
+                                  as projected (in HF's order, before their norm and RoPE:
+                                  Gemma 4's k_eq_v) */
     const FlmMatrix *wo;       /* (dim, n_heads*head_dim)      */
     const float *bq, *bk, *bv, *bo;   /* biases, or NULL   */
     const float *q_norm, *k_norm;     /* (head_dim) per-head RMSNorm (Qwen3), or with qk_norm_whole
@@ -123,6 +137,12 @@ typedef struct {
     const FlmMatrix *w_shexp_up;    /* (shared_dim, dim) */
     const FlmMatrix *w_shexp_down;  /* (dim, shared_dim) */
     const float *shexp_gate;        /* (dim) the shared expert's output *= sigmoid(x . it), or NULL */
+    /* Gemma 4: the per-layer input (per_layer_dim) gates act(x @ w_ple_gate^T),
+     * projected back by w_ple_proj, normed by ple_norm and added to x. */
+    const FlmMatrix *w_ple_gate;      /* (per_layer_dim, dim) */
+    const FlmMatrix *w_ple_proj;      /* (dim, per_layer_dim) */
+    const float *ple_norm;            /* (dim) */
+    const float *layer_scalar;        /* (1) the layer's output is multiplied by it, or NULL */
 } FlmLayer;
 
 typedef struct {
@@ -130,6 +150,12 @@ typedef struct {
     const FlmLayer *layers;   /* n_layers of them */
     const float *norm;        /* (dim) final RMSNorm */
     const FlmMatrix *lm_head; /* (vocab_size, dim), packed */
+    /* Per-layer inputs (per_layer_dim > 0): token t's input to layer l is
+     * (norm(x_t @ per_layer_proj^T / sqrt(dim)) + embed_per_layer[t] * sqrt(P))
+     * / sqrt(2), slice l of P = per_layer_dim, x_t the scaled embedding. */
+    const FlmMatrix *embed_per_layer; /* (vocab_size, n_layers*P) plain rows */
+    const FlmMatrix *per_layer_proj;  /* (n_layers*P, dim), packed */
+    const float *per_layer_norm;      /* (P) */
 } FlmWeights;
 
 typedef struct {
@@ -147,6 +173,7 @@ typedef struct {
                          seq_cap = seq_len rounded up to a multiple of 16 */
     float *gate;      /* (max_batch, max(q_dim, Hv*dv)) attention gate or z */
     float *lin;       /* (max_batch, conv_dim + 2*Hv) projections of a linear layer */
+    float *ple;       /* (max_batch, n_layers*per_layer_dim) the per-layer inputs */
     uint16_t *xq;     /* (max_batch, max matmul input, even) matmul input as bf16,
                          where bf16 weights take bf16 activations */
     void *xa;         /* (max_batch, max matmul input / 32) FlmQ8 blocks: the matmul
@@ -159,6 +186,9 @@ typedef struct {
     /* In kv_type: */
     void *key_cache;    /* (n_layers, n_kv_heads, seq_cap/16, head_dim, 16): blocks of 16 keys */
     void *value_cache;  /* (n_layers, seq_cap, n_kv_heads*head_dim) */
+                        /* (a layer of smaller sizes uses the start of each head's and each
+                           position's slot: its head h at h*seq_cap*head_dim, its blocks of
+                           16 keys its own head_dim apart) */
     /* Optional, for oracles: when not NULL, each layer's output (the
      * residual stream) of the n tokens of a flm_forward call is copied to
      * trace[(layer*trace_tokens + i) * dim], i = 0..n-1 (trace_tokens = n). */

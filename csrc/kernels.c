@@ -3,6 +3,7 @@
 #include "kernels.h"
 #include "quant.h"
 #include "simd.h"
+#include "simd_arm64.h"
 
 #include <math.h>
 #include <string.h>
@@ -700,6 +701,39 @@ static int amx_usable(void) {
 #endif
 #endif /* x86 */
 
+/* --------------------------------------------------------------- aarch64 */
+#ifdef FLM_ARM64
+/* The paths differ in their int8 kernels (quant_arm64.c) and in how bf16
+ * weights multiply; the float kernels are shared (kernels_arm64.c).
+ * RMSNorm stays portable: a NEON sum of squares, rounded differently,
+ * moved int8 activations by whole steps (Q6_K beside a Gated DeltaNet
+ * layer in test_core.c) for a kernel that costs little anyway. */
+#define ARM_FLOAT_KERNELS                                                                                   \
+    flm_key_scores_neon, exp_sum_generic, NULL, NULL, scale_max_generic, flm_scale_neon, flm_weighted_sum_neon, \
+        delta_rule_generic, conv_silu_generic, rmsnorm_generic, silu_mul_generic, gelu_tanh_mul_generic,     \
+        softcap_max_generic, 60
+
+static const FlmKernels kernels_neon = {
+    "neon", flm_gemm_f32_neon, flm_gemm_bf16_neon, NULL,
+    "neon", flm_qgemm_neon, flm_quantize_q8_neon, ARM_FLOAT_KERNELS,
+};
+static const FlmKernels kernels_dotprod = {
+    "dotprod", flm_gemm_f32_neon, flm_gemm_bf16_neon, NULL,
+    "dotprod", flm_qgemm_dotprod, flm_quantize_q8_neon, ARM_FLOAT_KERNELS,
+};
+static const FlmKernels kernels_i8mm = {
+    "i8mm", flm_gemm_f32_neon, flm_gemm_bf16_neon, NULL,
+    "i8mm", flm_qgemm_i8mm, flm_quantize_q8_neon, ARM_FLOAT_KERNELS,
+};
+/* BF16 dot products: bf16 weights take bf16 activations, as avx512_bf16.
+ * Every CPU with BF16 so far (Armv8.6: Graviton 3, Neoverse V1 and N2,
+ * Apple M2) has i8mm too, and the path asks for both. */
+static const FlmKernels kernels_neon_bf16 = {
+    "neon_bf16", flm_gemm_f32_neon, flm_gemm_bf16_bfdot, flm_to_bf16_neon,
+    "i8mm", flm_qgemm_i8mm, flm_quantize_q8_neon, ARM_FLOAT_KERNELS,
+};
+#endif
+
 /* -------------------------------------------------------------- dispatch */
 
 const FlmKernels *flm_kernels = &kernels_generic;
@@ -734,6 +768,13 @@ static int supported(const FlmKernels *k) {
     if (k == &kernels_amx_bf16) return avx512 && __builtin_cpu_supports("avx512bf16") && amx_usable();
 #endif
 #endif
+#ifdef FLM_ARM64
+    const int f = flm_arm64_features();
+    if (k == &kernels_neon) return 1;
+    if (k == &kernels_dotprod) return (f & FLM_ARM_DOTPROD) != 0;
+    if (k == &kernels_i8mm) return (f & FLM_ARM_DOTPROD) && (f & FLM_ARM_I8MM);
+    if (k == &kernels_neon_bf16) return (f & FLM_ARM_DOTPROD) && (f & FLM_ARM_I8MM) && (f & FLM_ARM_BF16);
+#endif
     return 0;
 }
 
@@ -744,12 +785,15 @@ static const FlmKernels *const all_paths[] = {
 #endif
     &kernels_avx512_bf16, &kernels_avx512, &kernels_avx2,
 #endif
+#ifdef FLM_ARM64
+    &kernels_neon_bf16, &kernels_i8mm, &kernels_dotprod, &kernels_neon,
+#endif
     &kernels_generic,
 };
 
 /* The widest path whose results stay within fp32 rounding of the reference.
- * avx512_bf16 and amx_bf16 round activations to bf16 and are only used when
- * asked for. */
+ * avx512_bf16, amx_bf16 and neon_bf16 round activations to bf16 and are only
+ * used when asked for. */
 void flm_kernels_init(void) {
     for (size_t i = 0; i < sizeof all_paths / sizeof all_paths[0]; i++)
         if (all_paths[i]->to_bf16 == NULL && supported(all_paths[i])) {

@@ -136,6 +136,40 @@ SHAPES["gemma3-wrapper"] = dict(model_type="gemma3", hidden_size=48, intermediat
                                 sliding_window=19, sliding_window_pattern=2, rope_local_base_freq=1000.0,
                                 vocab_size=256,
                                 bos_token_id=2, eos_token_id=1, pad_token_id=0)
+# Gemma 4: per-layer inputs, global layers with wider heads, one KV head
+# and values that are their keys, the last two layers attending to earlier
+# layers' caches with a double-wide MLP, partial (proportional) RoPE on the
+# global layers, a reached final soft-cap; the window shorter than the prompts.
+_GEMMA4_TEXT = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
+                    attention_k_eq_v=True, num_kv_shared_layers=2, use_double_wide_mlp=True,
+                    hidden_size_per_layer_input=16, vocab_size=320, vocab_size_per_layer_input=320,
+                    sliding_window=7, final_logit_softcapping=4.0,
+                    layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+                    rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                                     "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                        "rope_theta": 10000.0}},
+                    bos_token_id=2, eos_token_id=1, pad_token_id=0)
+SHAPES["gemma4-text"] = dict(_GEMMA4_TEXT, model_type="gemma4_text")
+SHAPES["gemma4-wrapper"] = dict(_GEMMA4_TEXT, model_type="gemma4", hidden_size=48, num_kv_shared_layers=0,
+                                attention_k_eq_v=False, use_double_wide_mlp=False, sliding_window=19,
+                                vocab_size=256, vocab_size_per_layer_input=256)
+
+
+def _make_gemma4_wrapper(spec: dict, init_scale: float):
+    """Gemma 4's multimodal wrapper: the text model beside a tiny vision
+    tower that fastllm ignores. The image, video and audio placeholders lie
+    outside the vocabulary: transformers' wrapper embeds a placeholder in a
+    prompt as padding even without an image, which a text model does not."""
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
+    text = {k: v for k, v in spec.items() if k != "model_type"}
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=2, head_dim=16, global_head_dim=16)
+    config = Gemma4Config(text_config=dict(text, initializer_range=init_scale, max_position_embeddings=512),
+                          vision_config=vision, audio_config=None, initializer_range=init_scale,
+                          boi_token_id=3, eoi_token_id=4, image_token_id=1000, video_token_id=1001,
+                          boa_token_id=7, eoa_token_index=8, audio_token_id=1002)
+    return Gemma4ForConditionalGeneration(config)
 
 
 def _make_gemma3_wrapper(spec: dict, init_scale: float):
@@ -219,6 +253,8 @@ def make_tiny_model(kind: str, folder, seed: int = 0, init_scale: float = 0.2,
     torch.manual_seed(seed)
     if model_type == "gemma3":
         model = _make_gemma3_wrapper(spec, init_scale)
+    elif model_type == "gemma4":
+        model = _make_gemma4_wrapper(spec, init_scale)
     elif model_type == "mistral3":
         model = _make_mistral3_wrapper(spec, init_scale)
     else:
@@ -232,6 +268,9 @@ def make_tiny_model(kind: str, folder, seed: int = 0, init_scale: float = 0.2,
                 p.add_(0.1 * torch.randn_like(p))
             elif name.endswith("bias"):
                 p.copy_(0.1 * torch.randn_like(p))
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):   # Gemma 4's: ones would leave it untested
+                b.copy_(1.0 + 0.3 * torch.randn_like(b))
     model = model.to(getattr(torch, {"float32": "float32", "bf16": "bfloat16"}.get(dtype, dtype)))
     folder = Path(folder)
     model.save_pretrained(folder, safe_serialization=True)

@@ -21,7 +21,7 @@ SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-poin
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 
 echo "== C test under ASan+UBSan+LSan"
-$CC $SAN -g -O1 -fopenmp csrc/fastllm.c csrc/kernels.c csrc/gemm.c csrc/quant.c csrc/test_core.c -lm -o "$WORK/test_core"
+$CC $SAN -g -O1 -fopenmp csrc/fastllm.c csrc/kernels.c csrc/gemm.c csrc/quant.c csrc/kernels_arm64.c csrc/quant_arm64.c csrc/test_core.c -lm -o "$WORK/test_core"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 "$WORK/test_core" | tail -n 1
 
 echo "== extension under ASan+UBSan"

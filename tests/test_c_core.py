@@ -15,7 +15,7 @@ def test_c_core_alone(tmp_path):
     exe = tmp_path / "test_core"
     build = subprocess.run([cc, "-O2", "-std=gnu11", "-Wall", "-Werror", "-fopenmp", f"-I{CSRC}",
                             str(CSRC / "fastllm.c"), str(CSRC / "kernels.c"), str(CSRC / "gemm.c"),
-                            str(CSRC / "quant.c"),
+                            str(CSRC / "quant.c"), str(CSRC / "kernels_arm64.c"), str(CSRC / "quant_arm64.c"),
                             str(CSRC / "test_core.c"),
                             "-lm", "-o", str(exe)], capture_output=True, text=True)
     assert build.returncode == 0, build.stderr

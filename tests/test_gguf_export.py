@@ -126,8 +126,8 @@ def _through_plan(folder: Path, mix: str, out: Path) -> Path:
     cfg = ModelConfig.from_file(folder / "config.json")
     names = gguf_names(cfg)
     weights = load_file(folder / "model.safetensors")
-    plan = quants.plan({g: weights[hf].shape for g, (hf, _) in names.items()}, mix)
-    for g, (hf, _) in names.items():
+    plan = quants.plan({g: weights[hf].shape for g, (hf, _, _) in names.items()}, mix)
+    for g, (hf, _, _) in names.items():
         w = weights[hf].astype(np.float32)
         rows = w.reshape(-1, w.shape[-1])
         weights[hf] = quants.dequantize(quants.quantize(rows, plan[g]), plan[g], w.shape[-1]).reshape(w.shape)
@@ -162,7 +162,7 @@ def test_quantized_export_reads_back(kind, mix, hf_folder, tmp_path, fastllm_hom
 
     types = {t.name: t.tensor_type.name.lower() for t in gguf.GGUFReader(out).tensors}
     cfg = ModelConfig.from_file(folder / "config.json")
-    shapes = {g: tuple(t.shape(cfg)) for g, (_, t) in gguf_names(cfg).items()}
+    shapes = {g: tuple(t.shape(lc)) for g, (_, t, lc) in gguf_names(cfg).items()}
     assert types == {**quants.plan(shapes, mix), **({"rope_freqs.weight": "f32"} if "rope_freqs.weight" in types
                                                     else {})}
     if kind == "llama-wide" and mix == "q4_k_m":

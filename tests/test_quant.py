@@ -211,3 +211,38 @@ def test_default_model_batch_and_threads_invariant(default_models):
         assert np.array_equal(last, whole[-1])
     finally:
         native.threads = 2
+
+
+@pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q4_K, QT.Q6_K], ids=lambda q: q.name)
+def test_packing_in_chunks_is_packing_whole(qtype):
+    from fastllm import _core
+    blocks = random_blocks(100, 512, qtype, seed=3)    # 100 rows: the last panel is partial
+    whole = _core.pack(blocks, dtype=qtype.name.lower(), K=512)
+    chunked = _core.pack_in_chunks(lambda first, n: blocks[first:first + n], 100, 512, qtype.name.lower(), 32)
+    assert np.array_equal(chunked.data, whole.data)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        _core.pack_in_chunks(lambda first, n: blocks[first:first + n], 100, 512, qtype.name.lower(), 24)
+
+
+def test_lm_head_read_in_chunks_gives_the_same_logits(tmp_path, tiny_model_dir, monkeypatch):
+    """The LM head is read and packed a chunk of rows at a time (here 16
+    rows, a panel, as small as chunks go): same logits; a NaN scale in a
+    later chunk is still refused."""
+    import fastllm.weights
+    folder = k_quant_checkpoint(tmp_path, tiny_model_dir)
+    write_gguf(tmp_path / "m.gguf", folder, synthetic_vocab(300),
+               quantize=lambda name, data: (random_blocks(*data.shape, QT.Q6_K, 4, 1e-2), QT.Q6_K))
+    ids = [3, 1, 4, 1, 5, 9, 2, 6]
+    whole = Model.from_pretrained(tmp_path / "m.gguf", threads=2).logits(ids)
+    monkeypatch.setattr(fastllm.weights, "_HEAD_CHUNK_BYTES", 1)
+    assert np.array_equal(Model.from_pretrained(tmp_path / "m.gguf", threads=2).logits(ids), whole)
+
+    def poisoned(name, data):
+        blocks = random_blocks(*data.shape, QT.Q6_K, 4, 1e-2)
+        if name == "output.weight":
+            blocks[250, 208:210] = np.array([np.inf], np.float16).view(np.uint8)
+        return blocks, QT.Q6_K
+
+    write_gguf(tmp_path / "bad.gguf", folder, synthetic_vocab(300), quantize=poisoned)
+    with pytest.raises(ModelFileError, match="output.weight.*NaN or infinite"):
+        Model.from_pretrained(tmp_path / "bad.gguf", threads=2)

@@ -21,23 +21,24 @@ def test_schema_lists_flmlayer_fields_in_struct_order():
     body = re.search(r"typedef struct \{((?:(?!typedef).)*?)\} FlmLayer;", header, re.S).group(1)
     body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
     fields = [name for decl in body.split(";") if "*" in decl for name in re.findall(r"\*\s*(\w+)", decl)]
-    # The layer's RoPE tables (and LongRoPE's long ones) and its per-position
-    # query scale come first; then one pointer per tensor.
-    assert fields[:5] == ["rope_cos", "rope_sin", "rope_cos_long", "rope_sin_long", "q_pos_scale"]
-    assert fields[5:] == [t.field for t in schema.LAYER]
+    # The layer's RoPE tables (and LongRoPE's long ones), its per-position
+    # query scale and its value norm come first; then one pointer per tensor.
+    assert fields[:6] == ["rope_cos", "rope_sin", "rope_cos_long", "rope_sin_long", "q_pos_scale", "v_norm"]
+    assert fields[6:] == [t.field for t in schema.LAYER]
 
 
 @pytest.mark.parametrize("kind", ["llama-headdim-bias", "qwen2", "qwen3-untied", "qwen3_5-text",
-                                  "qwen3_5-interval", "smollm3", "granite", "olmo2", "gemma2", "gemma3-text"])
+                                  "qwen3_5-interval", "smollm3", "granite", "olmo2", "gemma2", "gemma3-text",
+                                  "gemma4-text"])
 def test_schema_names_and_shapes_are_the_checkpoints(kind, tiny_model_dir):
     folder = tiny_model_dir(kind)
     cfg = ModelConfig.from_file(folder / "config.json")
     f = SafetensorsFile(folder / "model.safetensors")
     want = {}
-    for i in range(cfg.num_hidden_layers):
-        for t in schema.layer_tensors(cfg, cfg.layer_kind(i)):
-            want.setdefault(schema.hf_name(t, cfg, i), schema.hf_shape(t, cfg))  # the gate is in q_proj
-    for t in schema.MODEL:
+    for i, lc in enumerate(cfg.layer_configs()):   # each layer's own sizes
+        for t in schema.layer_tensors(lc, cfg.layer_kind(i)):
+            want.setdefault(schema.hf_name(t, cfg, i), schema.hf_shape(t, lc))  # the gate is in q_proj
+    for t in schema.MODEL + schema.PER_LAYER_MODEL[:len(schema.PER_LAYER_MODEL) * cfg.per_layer_inputs]:
         if t is not schema.LM_HEAD or not cfg.tie_word_embeddings:
             want[schema.hf_name(t, cfg)] = t.shape(cfg)
     assert {name: tuple(f.shape(name)) for name in f.keys()} == want

@@ -30,7 +30,8 @@ cnp.import_array()
 from fastllm cimport cfastllm as flm
 from fastllm import schema
 
-# FlmLayer is kind, window and the RoPE tables, then one pointer per schema.LAYER tensor, in that order.
+# FlmLayer is kind, sizes, window, the RoPE tables and v_norm, then one pointer per schema.LAYER tensor, in
+# that order.
 cdef flm.FlmLayer _probe
 cdef size_t _FIRST = <size_t>(<char *>&_probe.wq - <char *>&_probe)
 if (sizeof(flm.FlmLayer) - _FIRST) // sizeof(void *) != len(schema.LAYER):
@@ -164,16 +165,17 @@ def _path_from_environment():
     name = os.environ.get("FASTLLM_SIMD")
     if name and flm.flm_set_simd_path(name.encode()) != 0:
         raise ImportError(f"FASTLLM_SIMD={name!r}: no such SIMD path on this CPU "
-                          "(generic, avx2, avx512, avx512_bf16, amx_bf16)")
+                          "(generic; x86-64: avx2, avx512, avx512_bf16, amx_bf16; "
+                          "aarch64: neon, dotprod, i8mm, neon_bf16)")
 
 
 def simd_path():
-    """The SIMD path this CPU runs: 'avx512', 'avx2' or 'generic'."""
+    """The SIMD path this CPU runs: 'avx512', 'avx2', 'i8mm', 'dotprod', 'neon' or 'generic'."""
     return flm.flm_simd_path().decode()
 
 
 def int8_path():
-    """The int8 kernels quantized weights run on: 'avx512_vnni' or 'generic'."""
+    """The int8 kernels quantized weights run on: 'avx512_vnni', 'avx2', 'i8mm', 'dotprod', 'neon' or 'generic'."""
     return flm.flm_int8_name().decode()
 
 
@@ -374,6 +376,32 @@ def pack_experts(expert, int n_experts, str dtype, int N, int K, int n_threads=0
     return Matrix(dst, dtype, N, K, True, n_experts)
 
 
+def pack_in_chunks(read_rows, int N, int K, str dtype, int chunk_rows, int n_threads=0):
+    """pack for a matrix too big to hold twice: its N rows of GGML blocks
+    (or float32, bf16, f16 values) come from read_rows(first, n), chunk_rows
+    at a time (a multiple of the panel height, so that each chunk fills
+    whole panels: a contiguous slice of the packed bytes)."""
+    if chunk_rows < 1 or chunk_rows % flm.FLM_PANEL:
+        raise ValueError(f"chunk_rows must be a positive multiple of {flm.FLM_PANEL}, got {chunk_rows}")
+    if N < 1:
+        raise ValueError(f"a matrix has at least one row, got N = {N}")
+    cdef int wtype = TYPES[dtype]
+    cdef cnp.ndarray dst = np.empty(flm.flm_packed_bytes(N, K, wtype), np.uint8)
+    cdef int nt = n_threads if n_threads > 0 else (os.cpu_count() or 1)
+    cdef PackArgs job
+    cdef int first, n
+    for first in range(0, N, chunk_rows):
+        n = min(chunk_rows, N - first)
+        src, got = _check_rows(read_rows(first, n), dtype, K)
+        if got != n:
+            raise ValueError(f"read_rows({first}, {n}) gave {got} rows")
+        job.dst = <char *>cnp.PyArray_DATA(dst) + flm.flm_packed_bytes(first, K, wtype)
+        job.src = cnp.PyArray_DATA(<cnp.ndarray>src)
+        job.N, job.K, job.wtype, job.n_threads = n, K, wtype, nt
+        _run_job(_pack_job, &job)
+    return Matrix(dst, dtype, N, K, True)
+
+
 def rows(matrix, str dtype=None, int K=0):
     """An embedding table as plain rows (float32, bf16 bits as uint16, or
     GGML blocks as uint8 with dtype and K): a Matrix read one row per token."""
@@ -439,9 +467,11 @@ cdef class Weights:
         self.config = config
         self.n_threads = n_threads
         cdef flm.FlmConfig *c = &self.cfg
-        c.dim, c.hidden_dim = config.hidden_size, config.intermediate_size
+        # Buffers and the cache are sized by the widest layer.
+        views = config.layer_configs()
+        c.dim, c.hidden_dim = config.hidden_size, config.max_size("intermediate_size")
         c.n_layers, c.n_heads = config.num_hidden_layers, config.num_attention_heads
-        c.n_kv_heads, c.head_dim = config.num_key_value_heads, config.head_dim
+        c.n_kv_heads, c.head_dim = config.max_size("num_key_value_heads"), config.max_size("head_dim")
         c.vocab_size, c.seq_len, c.rope_dim = config.vocab_size, n_ctx, config.rope_dim
         c.float_acts = float_acts
         kv_types = {"f32": flm.FLM_F32, "bf16": flm.FLM_BF16, "f16": flm.FLM_F16}
@@ -461,30 +491,38 @@ cdef class Weights:
         c.n_experts, c.n_experts_used = config.num_experts, config.num_experts_per_tok
         c.expert_dim, c.norm_topk_prob = config.moe_intermediate_size, config.norm_topk_prob
         c.shared_dim = config.shared_expert_intermediate_size
+        c.per_layer_dim = config.hidden_size_per_layer_input
 
         self.layers = <flm.FlmLayer *>calloc(c.n_layers, sizeof(flm.FlmLayer))
         if self.layers == NULL:
             raise MemoryError()
+        value_norms = {}
         for i, d in enumerate(layers):
             kind = d.get("kind", schema.ATTENTION)
             if kind not in (schema.ATTENTION, schema.LINEAR):
                 raise ValueError(f"layer {i}: unknown kind {kind!r}")
+            lc = views[i]
             self.layers[i].kind = flm.FLM_LINEAR_ATTENTION if kind == schema.LINEAR else flm.FLM_ATTENTION
+            self.layers[i].head_dim, self.layers[i].n_kv_heads = lc.head_dim, lc.num_key_value_heads
+            self.layers[i].rope_dim, self.layers[i].hidden_dim = lc.rope_dim, lc.intermediate_size
+            self.layers[i].kv_layer = config.kv_layer(i)
             self.layers[i].window = config.attention_window(i)
-            expected = {t.field: t for t in schema.layer_tensors(config, kind, config.layer_ffn(i))}
+            if config.gemma4_layers:   # values RMS-normed without a weight of their own
+                ones = value_norms.setdefault(lc.head_dim, np.ones(lc.head_dim, np.float32))
+                self.layers[i].v_norm = <const float *>_ptr(ones, np.float32, (lc.head_dim,), "value norm")
+            expected = {t.field: t for t in schema.layer_tensors(lc, kind, config.layer_ffn(i))}
             missing, unknown = sorted(expected.keys() - d.keys()), sorted(d.keys() - expected.keys() - {"kind"})
             if missing or unknown:
                 raise ValueError(f"layer {i}: " + "; ".join(
                     f"{what} weights {names}" for what, names in (("missing", missing), ("unknown", unknown))
                     if names))
             for name, t in expected.items():
-                _set_field(&self.layers[i], name, _array_ptr(d[name], t, config, f"layer {i} {name}"))
+                _set_field(&self.layers[i], name, _array_ptr(d[name], t, lc, f"layer {i} {name}"))
         self.w.layers = self.layers
         # One set of tables per distinct RoPE (Gemma 3's sliding layers have
         # their own); a NoPE layer's stay NULL.
         tables = {}
         self.long_rope = False
-        shape = (n_ctx, c.rope_dim // 2)
         q_scales = config.query_position_scales(n_ctx)
         for i in range(c.n_layers):
             if q_scales is not None:
@@ -492,8 +530,9 @@ cdef class Weights:
                                                                  "query position scales")
             if not config.layer_rope(i):
                 continue
-            rc = config.rope_config(i)
-            key = (rc.rope_theta, repr(rc.rope_scaling))
+            rc = views[i]
+            shape = (n_ctx, rc.rope_dim // 2)
+            key = (rc.rope_theta, repr(rc.rope_scaling), rc.rope_dim)
             if key not in tables:
                 tables[key] = (*rc.rope_tables(n_ctx), rc.rope_tables_long(n_ctx))
             cos, sin, long_tables = tables[key]
@@ -513,9 +552,21 @@ cdef class Weights:
             embed, schema.EMBED, config, "embedding")
         self.w.lm_head = <const flm.FlmMatrix *>_array_ptr(weights["lm_head"], schema.LM_HEAD, config, "lm_head")
         self.w.norm = <const float *>_array_ptr(weights["norm"], schema.NORM, config, "final norm")
+        if config.per_layer_inputs:
+            ple = {t.field: t for t in schema.PER_LAYER_MODEL}
+            table = weights["embed_per_layer"]
+            if isinstance(table, np.ndarray):
+                table = rows(table)
+                weights = dict(weights, embed_per_layer=table)
+            self.w.embed_per_layer = <const flm.FlmMatrix *>_matrix_ptr(
+                table, ple["embed_per_layer"].shape(config), False, "per-layer embedding")
+            self.w.per_layer_proj = <const flm.FlmMatrix *>_array_ptr(
+                weights["per_layer_proj"], ple["per_layer_proj"], config, "per-layer projection")
+            self.w.per_layer_norm = <const float *>_array_ptr(
+                weights["per_layer_norm"], ple["per_layer_norm"], config, "per-layer projection norm")
         # Copies of the containers: the arrays stay alive whatever the caller
         # later does with its dict and lists.
-        self._keep = (dict(weights, embed=embed, layers=[dict(d) for d in layers]), tables, q_scales)
+        self._keep = (dict(weights, embed=embed, layers=[dict(d) for d in layers]), tables, q_scales, value_norms)
 
     def __dealloc__(self):
         free(self.layers)
@@ -551,13 +602,14 @@ cdef class Weights:
     @property
     def nbytes(self):
         """Bytes of every weight array C reads."""
-        arrays = [self._keep[0]["norm"]] + [a for d in self._keep[0]["layers"] for k, a in d.items()
+        arrays = [self._keep[0]["norm"]] + [self._keep[0][k] for k in ("per_layer_norm",) if k in self._keep[0]] + [a for d in self._keep[0]["layers"] for k, a in d.items()
                                             if k != "kind" and not isinstance(a, Matrix)]
         return sum(m.nbytes for m in self._matrices()) + sum(a.nbytes for a in arrays)
 
     def _matrices(self):
         w = self._keep[0]
         found = [w["lm_head"]] + ([w["embed"]] if w["embed"] is not None else [])
+        found += [w[name] for name in ("embed_per_layer", "per_layer_proj") if name in w]
         return found + [a for d in w["layers"] for a in d.values() if isinstance(a, Matrix)]
 
     @property

@@ -54,21 +54,28 @@ cdef extern from "fastllm.h" nogil:
         int expert_dim
         int shared_dim
         int norm_topk_prob
+        int per_layer_dim
 
     ctypedef struct FlmMatrix:
         const void *data
         int type
 
-    # The pointer fields follow kind, window and the RoPE tables in the order of
+    # The pointer fields follow kind, the sizes, window, the RoPE tables and v_norm in the order of
     # fastllm.schema.LAYER; _core sets them by index from wq on.
     ctypedef struct FlmLayer:
         int kind
+        int head_dim
+        int n_kv_heads
+        int rope_dim
+        int hidden_dim
+        int kv_layer
         int window
         const float *rope_cos
         const float *rope_sin
         const float *rope_cos_long
         const float *rope_sin_long
         const float *q_pos_scale
+        const float *v_norm
         const void *wq
 
     ctypedef struct FlmWeights:
@@ -76,6 +83,9 @@ cdef extern from "fastllm.h" nogil:
         const FlmLayer *layers
         const float *norm
         const FlmMatrix *lm_head
+        const FlmMatrix *embed_per_layer
+        const FlmMatrix *per_layer_proj
+        const float *per_layer_norm
 
     ctypedef struct FlmState:
         int max_batch
@@ -123,4 +133,6 @@ cdef extern from "quant.h" nogil:
     void flm_quant_dequant_row(float *out, const void *row, int K, int type)
 
 cdef extern from "gemm.h" nogil:
+    enum:
+        FLM_PANEL
     void flm_packed_row(float *out, const void *wp, int r, int K, int wtype)

@@ -45,8 +45,8 @@ def _token_id(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**31
 
 
-ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope", "su")   # su: LongRoPE's old name
-SUPPORTED_ROPE = "(supported: linear, dynamic, llama3, yarn, longrope)"
+ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope", "su", "proportional")   # su: LongRoPE's old name
+SUPPORTED_ROPE = "(supported: linear, dynamic, llama3, yarn, longrope, proportional)"
 
 
 def check_rope_scaling(scaling, path):
@@ -61,6 +61,14 @@ def check_rope_scaling(scaling, path):
         raise ModelFileError(path, f"rope_scaling type {kind!r} is not supported "
                                    + SUPPORTED_ROPE)
     if kind == "default":
+        return
+    if kind == "proportional":
+        # Gemma 4: the whole head rotated, the frequencies past partial_rotary_factor's share zero.
+        for key in ("factor", "partial_rotary_factor"):
+            v = scaling.get(key, 1.0)
+            if not (_number(v) and v > 0) or (key == "partial_rotary_factor" and v > 1):
+                raise ModelFileError(path, f"rope_scaling {key!r} must be a positive number (at most 1 for "
+                                           f"partial_rotary_factor) for proportional scaling, got {v!r}")
         return
     if kind in ("longrope", "su"):
         for key in ("short_factor", "long_factor"):
@@ -241,6 +249,73 @@ def layer_type_ropes(raw: dict, path) -> tuple:
             _rope_of({"rope_theta": raw.get("rope_local_base_freq")}, None, path, "sliding_attention"))
 
 
+def gemma4_layers(raw: dict, n_layers: int, heads: int, layer_types: list, path) -> dict:
+    """Gemma 4's per-layer switches from config.json, checked (see
+    ModelConfig.layer_config for what they do)."""
+    def count(key, default, minimum=0):
+        v = raw.get(key, default)
+        if not (isinstance(v, int) and not isinstance(v, bool) and minimum <= v < 2**31):
+            raise ModelFileError(path, f"{key} must be an integer of at least {minimum}, got {v!r}")
+        return v
+
+    def flag(key):
+        v = raw.get(key, False)
+        if not isinstance(v, bool):
+            raise ModelFileError(path, f"{key} must be true or false, got {v!r}")
+        return v
+    out = dict(hidden_size_per_layer_input=count("hidden_size_per_layer_input", 0),
+               attention_k_eq_v=flag("attention_k_eq_v"), num_kv_shared_layers=count("num_kv_shared_layers", 0),
+               use_double_wide_mlp=flag("use_double_wide_mlp"))
+    if out["hidden_size_per_layer_input"] and raw.get("vocab_size_per_layer_input") != raw.get("vocab_size"):
+        raise ModelFileError(path, "vocab_size_per_layer_input must equal vocab_size (per-layer inputs of "
+                                   f"another vocabulary are not supported), got "
+                                   f"{raw.get('vocab_size_per_layer_input')!r}")
+    out["layer_sizes"] = layer_sizes(raw, n_layers, heads, layer_types, out["attention_k_eq_v"], path)
+    shared = out["num_kv_shared_layers"]
+    if shared > n_layers:
+        raise ModelFileError(path, f"num_kv_shared_layers ({shared}) exceeds num_hidden_layers ({n_layers})")
+    if shared and shared < n_layers and set(layer_types[:n_layers - shared]) != set(layer_types):
+        raise ModelFileError(path, "num_kv_shared_layers: every layer type sharing a cache needs an earlier "
+                                   "layer of its type with a cache of its own")
+    if shared == n_layers:
+        raise ModelFileError(path, "num_kv_shared_layers equal to num_hidden_layers leaves no layer "
+                                   "with a cache of its own")
+    return out
+
+
+def layer_sizes(raw: dict, n_layers: int, heads: int, layer_types: list, k_eq_v: bool, path) -> dict:
+    """{layer: {"head_dim": .., "num_key_value_heads": ..}} of the layers
+    whose sizes differ from the config's, as transformers' Gemma4TextConfig
+    reads them: per_layer_config as it saves it, else the full-attention
+    layers with global_head_dim (and num_global_key_value_heads, where
+    attention_k_eq_v) as published configs give them."""
+    given = raw.get("per_layer_config")
+    if given is None:
+        sizes = {"head_dim": raw.get("global_head_dim", 512)}
+        if k_eq_v and raw.get("num_global_key_value_heads") is not None:
+            sizes["num_key_value_heads"] = raw["num_global_key_value_heads"]
+        given = {i: sizes for i, t in enumerate(layer_types) if t == "full_attention"}
+    if not isinstance(given, dict):
+        raise ModelFileError(path, f"per_layer_config must be an object, got {given!r}"[:200])
+    out = {}
+    for key, sizes in given.items():
+        layer = int(key) if isinstance(key, str) and key.isdigit() else key
+        if not (isinstance(layer, int) and 0 <= layer < n_layers) or not isinstance(sizes, dict):
+            raise ModelFileError(path, f"per_layer_config: {key!r} is not a layer index with an object of sizes")
+        unknown = sizes.keys() - {"head_dim", "num_key_value_heads"}
+        if unknown:
+            raise ModelFileError(path, f"per_layer_config of layer {layer}: {sorted(unknown)} are not supported "
+                                       "(only head_dim and num_key_value_heads)")
+        head_dim, kv = sizes.get("head_dim"), sizes.get("num_key_value_heads")
+        if head_dim is not None and not (_positive_int(head_dim) and head_dim % 2 == 0):
+            raise ModelFileError(path, f"head_dim of layer {layer} must be a positive even integer, got {head_dim!r}")
+        if kv is not None and not (_positive_int(kv) and heads % kv == 0):
+            raise ModelFileError(path, f"num_attention_heads ({heads}) must be a multiple of layer {layer}'s "
+                                       f"num_key_value_heads ({kv!r})")
+        out[layer] = {k: v for k, v in sizes.items() if v is not None}
+    return out
+
+
 def _optional_positive(raw: dict, key: str, path):
     value = raw.get(key)
     if value is not None and not (_number(value) and value > 0):
@@ -379,6 +454,16 @@ class ModelConfig:
     moe_layers: list | None = None       # per layer, 1 where it routes to experts, 0 where its MLP is dense
     shared_expert: bool = False
     shared_expert_intermediate_size: int = 0
+    # Gemma 4 (families' gemma4_layers); layer_config(i) gives each layer's view.
+    gemma4_layers: bool = False
+    hidden_size_per_layer_input: int = 0     # per-layer inputs of this width; 0: none
+    layer_sizes: dict | None = None          # {layer: head_dim, num_key_value_heads} where they differ
+    attention_k_eq_v: bool = False           # full-attention layers' values are their keys as projected
+    num_kv_shared_layers: int = 0            # the last ones attend to an earlier layer's cache
+    use_double_wide_mlp: bool = False        # those layers' MLP is twice intermediate_size
+    # One layer's view (layer_config): whether it projects keys and values of its own.
+    own_kv: bool = True
+    values_are_keys: bool = False
     weight_prefix: str = "model."
     head_prefix: str = ""
     path: Path | None = None
@@ -411,6 +496,62 @@ class ModelConfig:
             return self
         return replace(self, rope_theta=self.local_rope_theta, rope_scaling=self.local_rope_scaling,
                        local_rope_theta=None, local_rope_scaling=None)
+
+    def kv_layer(self, i: int) -> int:
+        """The layer whose keys and values layer i attends to: itself, or
+        for Gemma 4's last num_kv_shared_layers the last layer of its type
+        before them."""
+        first_shared = self.num_hidden_layers - self.num_kv_shared_layers
+        if i < first_shared:
+            return i
+        return max(j for j in range(first_shared) if self.layer_types[j] == self.layer_types[i])
+
+    def layer_config(self, i: int) -> "ModelConfig":
+        """Layer i's view of the config, whose sizes and switches its tensors
+        and RoPE follow: the config itself, but for Gemma 4's layers (the
+        full-attention ones with their own head size, and KV heads where
+        their values are their keys; the sharing ones without k/v
+        projections, their MLP doubled where use_double_wide_mlp)."""
+        view = self.rope_config(i)
+        if not self.gemma4_layers:
+            return view
+        changes = dict((self.layer_sizes or {}).get(i, {}))
+        if self.layer_types[i] == "full_attention":
+            changes["values_are_keys"] = self.attention_k_eq_v
+        if self.kv_layer(i) != i:
+            changes["own_kv"] = False
+            if self.use_double_wide_mlp:
+                changes["intermediate_size"] = 2 * self.intermediate_size
+        return replace(view, **changes)
+
+    def layer_configs(self) -> list:
+        return [self.layer_config(i) for i in range(self.num_hidden_layers)]
+
+    # Switches of schema tensors that some layers of a model lack.
+    @property
+    def per_layer_inputs(self) -> bool:
+        return self.hidden_size_per_layer_input > 0
+
+    @property
+    def layer_scalar(self) -> bool:
+        return self.gemma4_layers
+
+    @property
+    def values(self) -> bool:
+        """The layer has a v projection (and v bias where attention_bias)."""
+        return self.own_kv and not self.values_are_keys
+
+    @property
+    def k_norm(self) -> bool:
+        return self.qk_norm and self.own_kv
+
+    @property
+    def key_bias(self) -> bool:
+        return self.attention_bias and self.own_kv
+
+    @property
+    def value_bias(self) -> bool:
+        return self.attention_bias and self.values
 
     def layer_rope(self, i: int) -> bool:
         """Whether layer i rotates q and k (False for a NoPE layer)."""
@@ -530,6 +671,13 @@ class ModelConfig:
             multipliers["attention_multiplier"] = scalar ** -0.5
         softcaps = {key: _optional_positive(raw, key, path) for key in (
             "attn_logit_softcapping", "final_logit_softcapping")} if fam.softcapping else {}
+        gemma4 = {}
+        if fam.gemma4_layers:
+            if layer_types[-1] != "full_attention":
+                # transformers' Gemma4TextConfig makes the last layer a global one whatever config.json says.
+                layer_types = layer_types[:-1] + ["full_attention"]
+            gemma4 = dict(gemma4_layers(raw, len(layer_types), heads, layer_types, path), gemma4_layers=True)
+            multipliers["attention_multiplier"] = 1.0
 
         experts = experts_config(raw, fam, need("num_hidden_layers"), path) if fam.experts_keys else {}
         if experts and all(experts["moe_layers"]) and raw.get("intermediate_size") is None:
@@ -607,6 +755,7 @@ class ModelConfig:
             **softcaps,
             **local_rope,
             **query_scale,
+            **gemma4,
             fused_qkv=fam.fused_qkv,
             fused_gate_up=fam.fused_gate_up,
             weight_prefix=prefix,
@@ -615,6 +764,11 @@ class ModelConfig:
             **linear,
             **experts,
         )
+        for i in range(cfg.num_hidden_layers if cfg.gemma4_layers else 0):
+            mine, theirs = cfg.layer_config(i), cfg.layer_config(cfg.kv_layer(i))
+            if (mine.head_dim, mine.num_key_value_heads) != (theirs.head_dim, theirs.num_key_value_heads):
+                raise ModelFileError(path, f"layer {i} attends to layer {cfg.kv_layer(i)}'s keys and values, "
+                                           "whose head_dim or num_key_value_heads differ from its own")
         return cfg
 
     def context_bytes(self, n_ctx: int, kv_dtype: str = "f32", threads: int = 1) -> int:
@@ -622,7 +776,7 @@ class ModelConfig:
         their temporaries while they are computed) and query scales, one session's KV cache
         when full, and an attention score row per thread."""
         kv_bytes = {"f32": 4, "bf16": 2, "f16": 2}[kv_dtype]
-        kv = 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * kv_bytes
+        kv = 2 * self.num_hidden_layers * self.max_size("num_key_value_heads") * self.max_size("head_dim") * kv_bytes
         tables = (2 if self.longrope else 1) * (2 if self.local_rope_theta is not None else 1)
         rope = 3 * self.rope_dim // 2 * 4 * tables + (4 if self.query_scale_beta else 0)
         return n_ctx * (kv + rope + 4 * threads)
@@ -652,6 +806,10 @@ class ModelConfig:
         inv_freq = (f32(1.0) / (base ** exponents)).astype(np.float32)
         if kind in ("default", "dynamic"):
             pass
+        elif kind == "proportional":
+            rotated = int(scaling.get("partial_rotary_factor", 1.0) * dim // 2)
+            inv_freq[rotated:] = 0
+            inv_freq = (inv_freq / f32(scaling.get("factor", 1.0))).astype(np.float32)
         elif kind == "yarn":
             inv_freq = self._yarn_inv_freq(base ** exponents)
         elif kind == "linear":
@@ -748,6 +906,11 @@ class ModelConfig:
                     np.ascontiguousarray((np.sin(angles) * scale).astype(np.float32)))
         return (np.ascontiguousarray(np.cos(angles).astype(np.float32)),
                 np.ascontiguousarray(np.sin(angles).astype(np.float32)))
+
+    def max_size(self, name: str) -> int:
+        """The largest of a size over the layers (the run loop's buffers and
+        its cache are sized by it)."""
+        return max(getattr(lc, name) for lc in self.layer_configs())
 
     def n_params(self) -> int:
         from .schema import n_params

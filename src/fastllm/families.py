@@ -72,6 +72,12 @@ class Family:
     softcapping: bool = False            # config.json's attn_logit_softcapping and
                                          # final_logit_softcapping (tanh soft-caps), where set
     local_rope: bool = False             # sliding layers rotate with their own RoPE (theta, scaling)
+    gemma4_layers: bool = False          # Gemma 4's per-layer switches from config.json: per-layer
+                                         # inputs, value norms, layer scalars, global layers' own head
+                                         # size (and KV heads with attention_k_eq_v, values being the
+                                         # keys), KV caches shared by the last num_kv_shared_layers
+                                         # (their MLP twice as wide with use_double_wide_mlp);
+                                         # softmax scale 1
     query_position_scale: bool = False   # the rope parameters' llama_4_scaling_beta scales queries
                                          # by position (ModelConfig.query_position_scales)
     defaults: dict = field(default_factory=dict)   # transformers' values of keys config.json
@@ -109,6 +115,16 @@ _GEMMA3_DEFAULTS = dict(
     _GEMMA2_DEFAULTS, vocab_size=262208, max_position_embeddings=131072, rope_theta=1000000.0,
     rope_local_base_freq=10000.0, sliding_window_pattern=6, final_logit_softcapping=None,
     attn_logit_softcapping=None)
+# transformers' Gemma4TextConfig defaults.
+_GEMMA4_DEFAULTS = dict(
+    vocab_size=262144, hidden_size=2304, intermediate_size=9216, num_hidden_layers=30, num_attention_heads=8,
+    num_key_value_heads=4, head_dim=256, global_head_dim=512, hidden_activation="gelu_pytorch_tanh",
+    max_position_embeddings=131072, rms_norm_eps=1e-6, tie_word_embeddings=True, sliding_window=512,
+    sliding_window_pattern=6, vocab_size_per_layer_input=262144, hidden_size_per_layer_input=256,
+    rope_parameters=dict(sliding_attention=dict(rope_type="default", rope_theta=10000.0),
+                         full_attention=dict(rope_type="proportional", partial_rotary_factor=0.25,
+                                             rope_theta=1000000.0)),
+    pad_token_id=0, eos_token_id=1, bos_token_id=2)
 # transformers' Ministral3Config defaults (YaRN among them).
 _MINISTRAL3_DEFAULTS = dict(
     vocab_size=131072, hidden_size=4096, intermediate_size=14336, num_hidden_layers=34, num_attention_heads=32,
@@ -180,6 +196,14 @@ FAMILIES = {
     # text model under language_model.model.
     "gemma3": Family("Gemma3ForConditionalGeneration", text_config="gemma3_text",
                      weight_prefix="language_model.model."),
+    # Gemma 4's dense text model: Gemma 3 with x * w norms and the switches of gemma4_layers.
+    "gemma4_text": Family("Gemma4ForCausalLM", **dict(
+        _GEMMA, norm_plus_one=False, query_pre_attn_scalar=False,
+        refuse=dict(_GEMMA["refuse"], enable_moe_block="Gemma 4's mixture-of-experts block is not supported yet",
+                    attention_bias="biases are not supported for gemma4_text")),
+        qk_norm=True, local_rope=True, gemma4_layers=True, defaults=_GEMMA4_DEFAULTS, gguf="gemma4"),
+    "gemma4": Family("Gemma4ForConditionalGeneration", text_config="gemma4_text",
+                     weight_prefix="model.language_model."),
     # Ministral 3: Mistral with YaRN and queries scaled by position. Its
     # checkpoints are the text model of the mistral3 wrapper, which also holds
     # Mistral Small 3.x (a mistral text model).
@@ -198,7 +222,7 @@ GGUF_REFUSED = {"gpt-oss": REFUSED["gpt_oss"], "deepseek2": REFUSED["deepseek_v3
 
 def family(model_type, path=None) -> Family:
     """The family of a model_type, or a ModelFileError naming the file."""
-    if model_type in REFUSED:
+    if isinstance(model_type, str) and model_type in REFUSED:
         raise ModelFileError(path, f"model_type {model_type!r}: {REFUSED[model_type]}")
     if not isinstance(model_type, str) or model_type not in FAMILIES:
         raise ModelFileError(path, f"model_type {model_type!r} is not supported "

@@ -89,9 +89,11 @@ def check_sizes(config: ModelConfig, folder: Path):
 
     ck = Checkpoint(folder)
     wanted = [(schema.hf_name(schema.EMBED, config), schema.hf_shape(schema.EMBED, config))]
-    for i in range(config.num_hidden_layers):
-        wanted += [entry for t in schema.file_tensors(config, config.layer_kind(i), config.layer_ffn(i))
-                   for entry in schema.hf_entries(t, config, i)]
+    wanted += [(schema.hf_name(t, config), schema.hf_shape(t, config))
+               for t in schema.PER_LAYER_MODEL if getattr(config, t.switch)]
+    for i, lc in enumerate(config.layer_configs()):
+        wanted += [entry for t in schema.file_tensors(lc, config.layer_kind(i), config.layer_ffn(i))
+                   for entry in schema.hf_entries(t, lc, i)]
     seen = set()
     for name, shape in wanted:
         if name in seen:   # the attention gate is read from q_proj, checked with it

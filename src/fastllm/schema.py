@@ -55,18 +55,21 @@ A, L = ATTENTION, LINEAR
 LAYER = (
     _t("wq", "self_attn.q_proj.weight", "attn_q.weight", lambda c: (_q(c), c.hidden_size), True, A,
        rope="q", hf_shape=lambda c: (_q(c) * (2 if c.attn_output_gate else 1), c.hidden_size)),
-    _t("wk", "self_attn.k_proj.weight", "attn_k.weight", lambda c: (_kv(c), c.hidden_size), True, A, rope="k"),
-    _t("wv", "self_attn.v_proj.weight", "attn_v.weight", lambda c: (_kv(c), c.hidden_size), True, A),
+    # A layer attending to an earlier one's cache has no k/v projections (Gemma 4), and one whose values
+    # are its keys no v projection.
+    _t("wk", "self_attn.k_proj.weight", "attn_k.weight", lambda c: (_kv(c), c.hidden_size), True, A, "own_kv",
+       rope="k"),
+    _t("wv", "self_attn.v_proj.weight", "attn_v.weight", lambda c: (_kv(c), c.hidden_size), True, A, "values"),
     _t("wo", "self_attn.o_proj.weight", "attn_output.weight", lambda c: (c.hidden_size, _q(c)), True, A),
     _t("bq", "self_attn.q_proj.bias", "attn_q.bias", lambda c: (_q(c),), False, A, "attention_bias", rope="q"),
-    _t("bk", "self_attn.k_proj.bias", "attn_k.bias", lambda c: (_kv(c),), False, A, "attention_bias", rope="k"),
-    _t("bv", "self_attn.v_proj.bias", "attn_v.bias", lambda c: (_kv(c),), False, A, "attention_bias"),
+    _t("bk", "self_attn.k_proj.bias", "attn_k.bias", lambda c: (_kv(c),), False, A, "key_bias", rope="k"),
+    _t("bv", "self_attn.v_proj.bias", "attn_v.bias", lambda c: (_kv(c),), False, A, "value_bias"),
     _t("bo", "self_attn.o_proj.bias", "attn_output.bias", lambda c: (c.hidden_size,), False, A, "o_bias"),
     # Per head, or over the whole projection (every head's slice of head_dim in turn).
     _t("q_norm", "self_attn.q_norm.weight", "attn_q_norm.weight",
        lambda c: (_q(c) if c.qk_norm_whole else c.head_dim,), False, A, "qk_norm", rope="head", norm=True),
     _t("k_norm", "self_attn.k_norm.weight", "attn_k_norm.weight",
-       lambda c: (_kv(c) if c.qk_norm_whole else c.head_dim,), False, A, "qk_norm", rope="head", norm=True),
+       lambda c: (_kv(c) if c.qk_norm_whole else c.head_dim,), False, A, "k_norm", rope="head", norm=True),
     # q_proj holds [q_h | gate_h] for each head h where the output is gated.
     _t("w_attn_gate", "self_attn.q_proj.weight", None, lambda c: (_q(c), c.hidden_size), True, A,
        "attn_output_gate"),
@@ -132,6 +135,14 @@ LAYER = (
        lambda c: (c.hidden_size, c.shared_expert_intermediate_size), True, switch="shared_expert", ffn=EXPERTS),
     _t("shexp_gate", "mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight", lambda c: (c.hidden_size,),
        False, switch="shared_expert", ffn=EXPERTS, hf_shape=lambda c: (1, c.hidden_size)),
+    # Gemma 4's per-layer inputs, and its scalar of each layer's output.
+    _t("w_ple_gate", "per_layer_input_gate.weight", "inp_gate.weight",
+       lambda c: (c.hidden_size_per_layer_input, c.hidden_size), True, switch="per_layer_inputs"),
+    _t("w_ple_proj", "per_layer_projection.weight", "proj.weight",
+       lambda c: (c.hidden_size, c.hidden_size_per_layer_input), True, switch="per_layer_inputs"),
+    _t("ple_norm", "post_per_layer_input_norm.weight", "post_norm.weight", lambda c: (c.hidden_size,), False,
+       switch="per_layer_inputs", norm=True),
+    _t("layer_scalar", "layer_scalar", "layer_output_scale.weight", lambda c: (1,), False, switch="layer_scalar"),
 )
 # The model's own tensors. The embedding and the final norm sit under the
 # config's weight_prefix, lm_head at the top.
@@ -139,6 +150,18 @@ EMBED = _t("embed", "embed_tokens.weight", "token_embd.weight", lambda c: (c.voc
 NORM = _t("norm", "norm.weight", "output_norm.weight", lambda c: (c.hidden_size,), False, norm=True)
 LM_HEAD = _t("lm_head", "lm_head.weight", "output.weight", lambda c: (c.vocab_size, c.hidden_size), True)
 MODEL = (EMBED, NORM, LM_HEAD)
+# Gemma 4's per-layer inputs (FlmWeights), where the config has them.
+def _ple(c): return c.num_hidden_layers * c.hidden_size_per_layer_input
+
+
+PER_LAYER_MODEL = (
+    _t("embed_per_layer", "embed_tokens_per_layer.weight", "per_layer_token_embd.weight",
+       lambda c: (c.vocab_size, _ple(c)), True, switch="per_layer_inputs"),
+    _t("per_layer_proj", "per_layer_model_projection.weight", "per_layer_model_proj.weight",
+       lambda c: (_ple(c), c.hidden_size), True, switch="per_layer_inputs"),
+    _t("per_layer_norm", "per_layer_projection_norm.weight", "per_layer_proj_norm.weight",
+       lambda c: (c.hidden_size_per_layer_input,), False, switch="per_layer_inputs", norm=True),
+)
 # Tensors some families store fused, rows of one after the other's: each
 # is split at load into the LAYER tensors it names. llama.cpp keeps them
 # fused too (ffn_up holding gate and up, as HF's gate_up_proj does).
@@ -225,7 +248,8 @@ def gguf_shape(t: Tensor, cfg) -> tuple:
 
 def n_params(cfg) -> int:
     """Parameters of the checkpoint the config describes, a tied head counted once."""
-    total = sum(math.prod(t.shape(cfg)) for i in range(cfg.num_hidden_layers)
-                for t in layer_tensors(cfg, cfg.layer_kind(i), cfg.layer_ffn(i)))
+    total = sum(math.prod(t.shape(lc)) for i, lc in enumerate(cfg.layer_configs())
+                for t in layer_tensors(lc, cfg.layer_kind(i), cfg.layer_ffn(i)))
     heads = (EMBED, NORM) if cfg.tie_word_embeddings else MODEL
-    return total + sum(math.prod(t.shape(cfg)) for t in heads)
+    own = heads + tuple(t for t in PER_LAYER_MODEL if getattr(cfg, t.switch))
+    return total + sum(math.prod(t.shape(cfg)) for t in own)

@@ -79,6 +79,11 @@ def _vector(t: schema.Tensor, arr: np.ndarray, cfg: ModelConfig, gguf: bool = Fa
     return np.ascontiguousarray(arr.reshape(t.shape(cfg)))
 
 
+def model_tensors(cfg: ModelConfig) -> tuple:
+    """The model's own tensors beside the embedding, final norm and head: Gemma 4's per-layer inputs."""
+    return tuple(t for t in schema.PER_LAYER_MODEL if getattr(cfg, t.switch))
+
+
 def load_weights(cfg: ModelConfig, folder, bf16: bool = False, mix: str | None = None) -> dict:
     """The arrays for fastllm._core.Weights: embed, norm, lm_head and a dict
     per layer (its kind and its tensors by FlmLayer field), each checked
@@ -86,17 +91,16 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False, mix: str | None =
     under a llama.cpp quantization mix ("q8_0", "q4_k_m", ...: see
     formats.quants.plan), one tensor at a time."""
     ck = Checkpoint(folder)
-    perm = rope_permutation(cfg.head_dim, cfg.rope_dim)
-    heads = {"q": cfg.num_attention_heads, "k": cfg.num_key_value_heads, "head": -1}   # -1: as many as it holds
+    views = cfg.layer_configs()
     types = {}
     if mix is not None:
         from .formats import quants
         matrices = {}
         for i in range(cfg.num_hidden_layers):
-            for t in schema.layer_tensors(cfg, cfg.layer_kind(i), cfg.layer_ffn(i)):
+            for t in schema.layer_tensors(views[i], cfg.layer_kind(i), cfg.layer_ffn(i)):
                 if t.matrix and t.field != "w_router":   # llama.cpp keeps the router in float
-                    matrices.update(schema.hf_entries(t, cfg, i))
-        for t in (schema.EMBED, schema.LM_HEAD):
+                    matrices.update(schema.hf_entries(t, views[i], i))
+        for t in (schema.EMBED, schema.LM_HEAD) + model_tensors(cfg):
             name = schema.hf_name(t, cfg)
             if name in ck:
                 matrices[name] = schema.hf_shape(t, cfg)
@@ -115,7 +119,10 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False, mix: str | None =
         return (_core.rows if embed else _core.pack)(arr, dtype=qtype, K=arr.shape[1] if qtype == "f16" else
                                                      _row_length(arr, qtype))
 
-    def get(t: schema.Tensor, name: str):
+    def get(t: schema.Tensor, name: str, lc: ModelConfig = cfg):
+        """Tensor t (of a layer whose view of the config is lc) as the run loop reads it."""
+        perm = rope_permutation(lc.head_dim, lc.rope_dim)
+        heads = {"q": lc.num_attention_heads, "k": lc.num_key_value_heads, "head": -1}   # -1: as many as it holds
         f = ck.file_of(name)
 
         def check_finite(arr):
@@ -124,7 +131,7 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False, mix: str | None =
                                              f"(in the file, or after conversion to the compute dtype); "
                                              f"such weights only give garbage: re-download or re-convert it")
 
-        shape = schema.hf_shape(t, cfg)
+        shape = schema.hf_shape(t, lc)
         if f.shape(name) != shape:
             raise ModelFileError(f.path, f"tensor {name!r} has shape {list(f.shape(name))}, "
                                          f"config.json implies {list(shape)}")
@@ -133,7 +140,7 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False, mix: str | None =
             fused = _as_compute_dtype(f, name, bf16)
             check_finite(fused)
             out = {}
-            for field, rows in schema.split_rows(t, fused, cfg).items():
+            for field, rows in schema.split_rows(t, fused, lc).items():
                 part = schema.BY_FIELD[field]
                 if part.rope:
                     rows = _permuted_heads(rows, perm, heads[part.rope])
@@ -141,18 +148,18 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False, mix: str | None =
             return out
         if t.field == "wq" and cfg.attn_output_gate:
             # q_proj holds [q_h | gate_h] for each head h: split, then permute q.
-            qd, h = t.shape(cfg)
-            both = _as_compute_dtype(f, name, bf16).reshape(heads["q"], 2, cfg.head_dim, h)
+            qd, h = t.shape(lc)
+            both = _as_compute_dtype(f, name, bf16).reshape(heads["q"], 2, lc.head_dim, h)
             check_finite(both)
             q = packed(np.ascontiguousarray(both[:, 0][:, perm]).reshape(qd, h), name, False)
             gate = packed(np.ascontiguousarray(both[:, 1]).reshape(qd, h), name, False)
             return {"wq": q, "w_attn_gate": gate}
         arr = _as_compute_dtype(f, name, bf16 and t.matrix, perm if t.rope else None, heads.get(t.rope))
         if not t.matrix:
-            arr = _vector(t, arr, cfg)
+            arr = _vector(t, arr, lc)
         check_finite(arr)
         if t.matrix:
-            arr = packed(arr, name, t is schema.EMBED)
+            arr = packed(arr, name, t in (schema.EMBED, schema.PER_LAYER_MODEL[0]))
         return {t.field: arr}
 
     def get_experts(t: schema.Tensor, layer: int) -> dict:
@@ -184,11 +191,11 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False, mix: str | None =
     for i in range(cfg.num_hidden_layers):
         kind = cfg.layer_kind(i)
         layer = {"kind": kind}
-        for t in schema.file_tensors(cfg, kind, cfg.layer_ffn(i)):
+        for t in schema.file_tensors(views[i], kind, cfg.layer_ffn(i)):
             if t.experts:
                 layer.update(get_experts(t, i))
             elif t.field not in layer:   # w_attn_gate comes with wq
-                layer.update(get(t, schema.hf_name(t, cfg, i)))
+                layer.update(get(t, schema.hf_name(t, cfg, i), views[i]))
         layers.append(layer)
     # transformers ties the head to the embedding when asked to, except in
     # families that keep an lm_head the file does carry.
@@ -198,6 +205,8 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False, mix: str | None =
         raise ModelFileError(folder, "lm_head.weight is missing and tie_word_embeddings is false")
     embed_name = schema.hf_name(schema.EMBED, cfg)
     out = get(schema.NORM, schema.hf_name(schema.NORM, cfg))
+    for t in model_tensors(cfg):
+        out.update(get(t, schema.hf_name(t, cfg)))
     if tied:
         # One copy serves both: the packed head, whose rows the C loop reads
         # for the embedding lookup.
@@ -232,6 +241,10 @@ def _finite_blocks(blocks: np.ndarray, dtype: str) -> bool:
     return True
 
 
+# The LM head of a GGUF file is read and packed this many bytes of rows at a time.
+_HEAD_CHUNK_BYTES = 16 << 20
+
+
 def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
     """The arrays for fastllm._core.Weights from a GGUF file's own tensors,
     each matrix in its own type (quantized ones stay quantized; types
@@ -257,9 +270,8 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
     planned = gguf_tensors.plan_tensors(tensors, gguf_tensors.tensor_shapes(contents.tensors), cfg, path,
                                         n_mtp=int(contents.metadata.get(f"{arch}.nextn_predict_layers", 0)),
                                         notify=True)
-    by_hf = {hf: g for hf, g, _ in planned}
-    perm = rope_permutation(cfg.head_dim, cfg.rope_dim)
-    heads = {"q": cfg.num_attention_heads, "k": cfg.num_key_value_heads}
+    by_hf = {hf: g for hf, g, _, _ in planned}
+    views = {hf: lc for hf, _, _, lc in planned}   # the config each tensor's layer sees
     interleaved = cfg.family.gguf_qk_interleaved
     types, dequantized = Counter(), set()
 
@@ -285,8 +297,10 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
     tiled = any(splits_blocks(t, schema.hf_name(t, cfg, i))
                 for i in linear for t in schema.file_tensors(cfg, schema.LINEAR, cfg.layer_ffn(i)))
 
-    def rows_in_order(arr: np.ndarray, t: schema.Tensor, dtype: str) -> np.ndarray:
+    def rows_in_order(arr: np.ndarray, t: schema.Tensor, dtype: str, lc: ModelConfig) -> np.ndarray:
         """Rows (or vector entries, or a matrix's columns of dtype) in the order the run loop reads."""
+        perm = rope_permutation(lc.head_dim, lc.rope_dim)
+        heads = {"q": lc.num_attention_heads, "k": lc.num_key_value_heads}
         index = None if tiled else gguf_tensors.v_head_index(t, cfg)
         if index is not None and t.v_heads == "columns":
             n = _core.block_size(dtype)[0]
@@ -327,18 +341,48 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
         K = by_hf[hf].shape[-1]
         types[dtype] += arr.shape[0] * K
         try:
-            if t is schema.EMBED:
+            if t in (schema.EMBED, schema.PER_LAYER_MODEL[0]):
                 return _core.rows(arr, dtype=dtype, K=K)
             return _core.pack(arr, dtype=dtype, K=K)
         except (TypeError, ValueError) as e:
             raise ModelFileError(path, f"tensor {by_hf[hf].name!r}: {e}") from None
 
+    def head_in_chunks(hf: str):
+        """The LM head in the file's quantized type, read and packed a chunk
+        of rows at a time: with a vocabulary of 200k-262k rows it is the
+        largest matrix (300-500 MB at Q8_0/Q6_K), which read whole would
+        be in memory twice while packed. None where its type is not one of
+        those, or its rows are not read in the file's order."""
+        g = by_hf[hf]
+        dtype = NATIVE_GGML_TYPES.get(getattr(g.tensor_type, "name", str(g.tensor_type)))
+        if (dtype in (None, "f32", "f16", "bf16") or schema.LM_HEAD.rope is not None
+                or gguf_tensors.v_head_index(schema.LM_HEAD, cfg) is not None):
+            return None
+        N, K = g.shape
+        row = g.n_bytes // N
+
+        def read_rows(first: int, n: int) -> np.ndarray:
+            blocks = read_tensor_bytes(path, g, first * row, n * row).reshape(n, row)
+            if not _finite_blocks(blocks, dtype):
+                raise ModelFileError(path, f"tensor {g.name!r} holds NaN or infinite values; such weights only "
+                                           f"give garbage: re-download or re-convert it")
+            return blocks
+
+        types[dtype] += N * K
+        chunk_rows = max(16, (_HEAD_CHUNK_BYTES // row) // 16 * 16)
+        try:
+            return _core.pack_in_chunks(read_rows, N, K, dtype, chunk_rows)
+        except (TypeError, ValueError) as e:
+            raise ModelFileError(path, f"tensor {g.name!r}: {e}") from None
+
     def get(t: schema.Tensor, hf: str):
+        if t is schema.LM_HEAD and (packed := head_in_chunks(hf)) is not None:
+            return packed
         arr, dtype = read(t, hf)
-        arr = rows_in_order(arr, t, dtype)
+        arr = rows_in_order(arr, t, dtype, views[hf])
         if not t.matrix:
             gguf_tensors.check_decay(arr, t, by_hf[hf].name, path)
-            return _vector(t, arr.reshape(t.shape(cfg)), cfg, gguf=True)
+            return _vector(t, arr, views[hf], gguf=True)
         return pack(arr, dtype, t, hf)
 
     def get_fused(t: schema.Tensor, hf: str) -> dict:
@@ -346,14 +390,14 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
         blocks), each in the file's type."""
         arr, dtype = read(t, hf)
         parts = schema.split_rows(t, arr, cfg).items()
-        return {field: pack(rows_in_order(rows, schema.BY_FIELD[field], dtype), dtype, t, hf)
+        return {field: pack(rows_in_order(rows, schema.BY_FIELD[field], dtype, views[hf]), dtype, t, hf)
                 for field, rows in parts}
 
     def query_and_gate(t: schema.Tensor, hf: str) -> dict:
         """attn_q holds [q_h | gate_h] for each head h, as HF's q_proj does: split by rows."""
         both, dtype = read(t, hf)
-        rows = both.reshape(heads["q"], 2, cfg.head_dim, *both.shape[1:])
-        q = rows_in_order(np.ascontiguousarray(rows[:, 0]).reshape(-1, *both.shape[1:]), t, dtype)
+        rows = both.reshape(cfg.num_attention_heads, 2, cfg.head_dim, *both.shape[1:])
+        q = rows_in_order(np.ascontiguousarray(rows[:, 0]).reshape(-1, *both.shape[1:]), t, dtype, views[hf])
         gate = np.ascontiguousarray(rows[:, 1]).reshape(-1, *both.shape[1:])
         return {"wq": pack(q, dtype, t, hf), "w_attn_gate": pack(gate, dtype, t, hf)}
 
@@ -388,11 +432,11 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
             raise ModelFileError(path, f"tensor {g.name!r}: {e}") from None
 
     layers = []
-    for i in range(cfg.num_hidden_layers):
+    for i, lc in enumerate(cfg.layer_configs()):
         kind = cfg.layer_kind(i)
         layer = {"kind": kind}
         fused_experts = schema.hf_name(schema.FUSED_GATE_UP_EXPERTS, cfg, i)
-        for t in schema.file_tensors(cfg, kind, cfg.layer_ffn(i)):
+        for t in schema.file_tensors(lc, kind, cfg.layer_ffn(i)):
             if t.field in schema.FUSED_GATE_UP_EXPERTS.parts and fused_experts in by_hf:
                 if t.field not in layer:
                     layer.update(experts(schema.FUSED_GATE_UP_EXPERTS, fused_experts))
@@ -406,6 +450,7 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
                 layer[t.field] = get(t, schema.hf_name(t, cfg, i))
         layers.append(layer)
     out = {"layers": layers, "norm": get(schema.NORM, schema.hf_name(schema.NORM, cfg)), "v_heads_tiled": tiled}
+    out.update({t.field: get(t, schema.hf_name(t, cfg)) for t in model_tensors(cfg)})
     embed_hf = schema.hf_name(schema.EMBED, cfg)
     head_hf = schema.hf_name(schema.LM_HEAD, cfg)
     if head_hf in by_hf:

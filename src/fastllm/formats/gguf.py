@@ -309,7 +309,7 @@ def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DT
     md = contents.metadata
     check_metadata_types(md, path)
     arch = md.get("general.architecture")
-    if arch in GGUF_REFUSED:
+    if isinstance(arch, str) and arch in GGUF_REFUSED:
         raise ConversionError(path, f"architecture {arch!r}: {GGUF_REFUSED[arch]}")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ConversionError(
@@ -338,7 +338,7 @@ def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DT
 
     n_heads, n_kv = config["num_attention_heads"], config["num_key_value_heads"]
     st_dtype = "BF16" if dtype == "bf16" else "F32"
-    entries = [(name, st_dtype, shape) for hf, _, t in order for name, shape in hf_entries_of(hf, t, cfg)]
+    entries = [(name, st_dtype, shape) for hf, _, t, lc in order for name, shape in hf_entries_of(hf, t, lc)]
     report = progress_fn(progress, f"Converting {path.name}")
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -363,12 +363,12 @@ def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DT
         if report:
             report(0, total)
         heads = {"q": n_heads, "k": n_kv} if cfg.family.gguf_qk_interleaved else {}
-        for i, (hf, g, t) in enumerate(order):
+        for i, (hf, g, t, lc) in enumerate(order):
             if t.experts:
-                for name, values in expert_tensors_to_write(g, path, dtype, hf, t, cfg):
+                for name, values in expert_tensors_to_write(g, path, dtype, hf, t, lc):
                     writer.write(name, [values])
             else:
-                writer.write(hf, slices_to_write(g, path, heads.get(t.rope), dtype, t, cfg))
+                writer.write(hf, slices_to_write(g, path, heads.get(t.rope), dtype, t, lc))
             if report:
                 report(i + 1, total)
         if writer is not None:

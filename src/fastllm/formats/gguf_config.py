@@ -71,6 +71,8 @@ _ARCH_KEYS = {
     "attention.temperature_scale": "number",
     "expert_count": "int", "expert_used_count": "int", "expert_feed_forward_length": "int",
     "expert_shared_feed_forward_length": "int", "expert_gating_func": "int", "expert_weights_norm": "bool",
+    "attention.key_length_swa": "int", "rope.dimension_count_swa": "int", "attention.shared_kv_layers": "int",
+    "embedding_length_per_layer_input": "int",
 }
 # llama.cpp's expert_gating_func for a softmax router (the only one the families here have).
 GGUF_SOFTMAX_GATING = 1
@@ -358,6 +360,93 @@ def _experts_keys(md: dict, arch: str, family, a, path: Path) -> dict:
     return keys
 
 
+def _gemma4_keys(md: dict, arch: str, shapes: dict, rope_freqs, path: Path) -> tuple:
+    """(md with Gemma 4's per-layer lists read as its sliding layers' values,
+    the config.json keys of its per-layer switches), as llama.cpp runs the
+    file: the global layers' head size, KV heads and MLP width, values that
+    are the keys where they have no attn_v, caches shared by the last
+    shared_kv_layers, per-layer inputs, and the global layers' proportional
+    RoPE from rope_freqs (factors of 1 rotated, the rest not)."""
+    n_layers = int(require(md, f"{arch}.block_count", path))
+    pattern = md.get(f"{arch}.attention.sliding_window_pattern")
+    if not isinstance(pattern, list) or len(pattern) != n_layers:
+        raise ConversionError(path, f"{arch}.attention.sliding_window_pattern should list each of the "
+                                    f"{n_layers} layers")
+    sliding = [bool(v) for v in pattern]
+    if all(sliding) or not any(sliding):
+        raise ConversionError(path, f"{arch}: both sliding and global layers are expected")
+    swa, full = sliding.index(True), sliding.index(False)
+    shared = int(md.get(f"{arch}.attention.shared_kv_layers", 0))
+    if not 0 <= shared < n_layers:
+        raise ConversionError(path, f"{arch}.attention.shared_kv_layers is {shared} of {n_layers} layers")
+
+    first_shared = n_layers - shared
+    if shared and (first_shared < 2 or sliding[first_shared - 2:first_shared] != [True, False]):
+        # llama.cpp's gemma4 has layers from there on read the cache of the
+        # last layer before them for the global ones and of the one before
+        # that for the sliding ones; transformers' the last of each type.
+        raise ConversionError(path, f"{arch}: the layers sharing caches start at {first_shared}, after layers "
+                                    "that are not a sliding one then a global one: llama.cpp would run "
+                                    "them with other layers' caches than transformers")
+
+    def per_layer(key, default=None):
+        v = md.get(f"{arch}.{key}", default)
+        v = v if isinstance(v, list) else [v] * n_layers
+        if len(v) != n_layers or any(type(x) is not int or x < 1 for x in v):
+            raise ConversionError(path, f"{arch}.{key} should be a positive count, or one for each layer")
+        return v
+    ff = per_layer("feed_forward_length")
+    double = ff[-1] == 2 * ff[0] and shared > 0
+    want_ff = [ff[0] * (2 if double and i >= n_layers - shared else 1) for i in range(n_layers)]
+    kv = per_layer("attention.head_count_kv", require(md, f"{arch}.attention.head_count", path))
+    head_full = int(require(md, f"{arch}.attention.key_length", path))
+    head_swa = int(md.get(f"{arch}.attention.key_length_swa", head_full))
+    want_kv = [kv[swa] if s else kv[full] for s in sliding]
+    if ff != want_ff or kv != want_kv:
+        raise ConversionError(path, f"{arch}: feed_forward_length {ff} or head_count_kv {kv} differ otherwise "
+                                    "than between sliding and global layers (and the MLP of the layers sharing "
+                                    "a cache)")
+    if int(md.get(f"{arch}.rope.dimension_count_swa", head_swa)) != head_swa or \
+            int(md.get(f"{arch}.rope.dimension_count", head_full)) != head_full:
+        raise ConversionError(path, f"{arch}: partial RoPE other than the global layers' proportional one "
+                                    "is not supported")
+    partial = 1.0
+    if rope_freqs is not None:
+        factors = np.asarray(rope_freqs, np.float64).reshape(-1)
+        rotated = int(np.sum(factors == 1.0))
+        if len(factors) != head_full // 2 or not (factors[:rotated] == 1.0).all() or \
+                not (factors[rotated:] >= 1e30).all():
+            raise ConversionError(path, "rope_freqs should hold factors of 1 for the rotated dims of the global "
+                                        "layers' heads and 1e30 for the rest")
+        partial = 2 * rotated / head_full
+    window = md.get(f"{arch}.attention.sliding_window")
+    if type(window) is not int or window < 1:
+        raise ConversionError(path, f"{arch}.attention.sliding_window should be a positive count, not {window!r}")
+    final = md.get(f"{arch}.final_logit_softcapping")
+    ple = int(md.get(f"{arch}.embedding_length_per_layer_input", 0))
+    vocab = shapes["token_embd.weight"][0]
+    keys = {
+        "head_dim": head_swa, "intermediate_size": ff[0], "num_key_value_heads": kv[swa],
+        "layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
+        "per_layer_config": {str(i): {"head_dim": head_full, "num_key_value_heads": kv[full]}
+                             for i, s in enumerate(sliding) if not s},
+        "attention_k_eq_v": f"blk.{full}.attn_v.weight" not in shapes,
+        "num_kv_shared_layers": shared, "use_double_wide_mlp": double,
+        "hidden_size_per_layer_input": ple, "vocab_size_per_layer_input": vocab,
+        "sliding_window": window, "hidden_activation": "gelu_pytorch_tanh",
+        "final_logit_softcapping": _shortest_float32(final) if final else None,
+        "rope_parameters": {
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": partial,
+                               "rope_theta": _shortest_float32(md.get(f"{arch}.rope.freq_base", 1000000.0))},
+            "sliding_attention": {"rope_type": "default",
+                                  "rope_theta": _shortest_float32(md.get(f"{arch}.rope.freq_base_swa", 10000.0))}},
+    }
+    plain = dict(md)
+    plain.update({f"{arch}.feed_forward_length": ff[0], f"{arch}.attention.head_count_kv": kv[swa],
+                  f"{arch}.attention.key_length": head_swa, f"{arch}.rope.dimension_count": head_swa})
+    return plain, keys
+
+
 def model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=None, rope_factors=None) -> dict:
     arch = md["general.architecture"]
     model_type = GGUF_ARCHITECTURES[arch]
@@ -367,6 +456,12 @@ def model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=None
             raise ConversionError(path, f"{arch} files with experts are not supported")
         model_type = family.gguf_experts   # Mixtral: a llama file with experts
         family = FAMILIES[model_type]
+    gemma4 = None
+    if family.gemma4_layers:
+        if "token_embd.weight" not in shapes:
+            raise ConversionError(path, "no token_embd.weight tensor")
+        md, gemma4 = _gemma4_keys(md, arch, shapes, rope_freqs, path)
+        rope_freqs = None
 
     def a(key):
         value = require(md, f"{arch}.{key}", path)
@@ -493,6 +588,10 @@ def model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=None
             cfg.pop("rope_theta")
             cfg.pop("rope_scaling", None)
         cfg.update(gemma)
+    if gemma4 is not None:
+        for key in ("hidden_act", "rope_theta", "rope_scaling"):
+            cfg.pop(key, None)
+        cfg.update(gemma4)
     cfg["attention_dropout"] = 0.0
     for name, key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
                       ("pad_token_id", "padding_token_id"), ("unk_token_id", "unknown_token_id")):

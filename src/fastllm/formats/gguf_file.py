@@ -247,13 +247,19 @@ def read_gguf(path, gguf, string_arrays: bool = True) -> GGUFContents:
     return GGUFContents(version, metadata, tensors, data_start)
 
 
-def read_tensor_bytes(path, tensor: GGUFTensor) -> np.ndarray:
-    """The raw bytes of one tensor, as a fresh uint8 array."""
-    out = np.empty(tensor.n_bytes, np.uint8)
+def read_tensor_bytes(path, tensor: GGUFTensor, start: int = 0, length: int | None = None) -> np.ndarray:
+    """The raw bytes of one tensor (or of length of them from start), as a
+    fresh uint8 array."""
+    if length is None:
+        length = tensor.n_bytes - start
+    if not 0 <= start <= start + length <= tensor.n_bytes:
+        raise ValueError(f"bytes {start}..{start + length} are not within tensor {tensor.name!r} "
+                         f"of {tensor.n_bytes} bytes")
+    out = np.empty(length, np.uint8)
     with open_regular(path, "GGUF file") as f:
-        f.seek(tensor.offset)
+        f.seek(tensor.offset + start)
         got = f.readinto(memoryview(out))
-    if got != tensor.n_bytes:
+    if got != length:
         raise GGUFError(path, f"tensor {tensor.name!r}: the file ends before the tensor does; "
                               f"it was truncated after it was opened")
     return out

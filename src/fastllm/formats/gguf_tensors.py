@@ -204,21 +204,22 @@ def slices_to_write(tensor: GGUFTensor, path: Path, n_heads: Optional[int], dtyp
 
 
 def gguf_names(cfg: ModelConfig, fused_experts=frozenset()) -> dict:
-    """GGUF name -> (HF name, schema.Tensor) of every tensor cfg implies
-    (w_attn_gate has none: it comes inside attn_q); the layers in
-    fused_experts hold their experts' gate and up rows as one tensor."""
+    """GGUF name -> (HF name, schema.Tensor, the config its shape follows:
+    its layer's view) of every tensor cfg implies (w_attn_gate has none: it
+    comes inside attn_q); the layers in fused_experts hold their experts'
+    gate and up rows as one tensor."""
     names = {}
-    for t in schema.MODEL:
+    for t in schema.MODEL + tuple(t for t in schema.PER_LAYER_MODEL if getattr(cfg, t.switch)):
         if t is not schema.LM_HEAD or not cfg.tie_word_embeddings:
-            names[t.gguf] = (schema.hf_name(t, cfg), t)
-    for i in range(cfg.num_hidden_layers):
-        tensors = schema.file_tensors(cfg, cfg.layer_kind(i), cfg.layer_ffn(i))
+            names[t.gguf] = (schema.hf_name(t, cfg), t, cfg)
+    for i, lc in enumerate(cfg.layer_configs()):
+        tensors = schema.file_tensors(lc, cfg.layer_kind(i), cfg.layer_ffn(i))
         if i in fused_experts:
             fused = schema.FUSED_GATE_UP_EXPERTS
             tensors = [fused if t.field == "w_exp_gate" else t for t in tensors if t.field != "w_exp_up"]
         for t in tensors:
             if schema.gguf_name(t, cfg):
-                names[f"blk.{i}.{schema.gguf_name(t, cfg)}"] = (schema.hf_name(t, cfg, i), t)
+                names[f"blk.{i}.{schema.gguf_name(t, cfg)}"] = (schema.hf_name(t, cfg, i), t, lc)
     return names
 
 
@@ -273,7 +274,7 @@ def drop_mtp_layers(tensors: dict, cfg: ModelConfig, path: Path, notify: bool) -
 
 def plan_tensors(tensors: dict, shapes: dict, cfg: ModelConfig, path: Path, n_mtp: int = 0,
                  notify: bool = False) -> list:
-    """(hf_name, gguf_tensor, schema tensor) in output order, once the file
+    """(hf_name, gguf_tensor, schema tensor, its layer's config) in output order, once the file
     has exactly the tensors cfg implies, each of the shape it implies, and
     the n_mtp multi-token-prediction layers the metadata announces past
     them (which are left out, with a warning where notify)."""
@@ -288,13 +289,13 @@ def plan_tensors(tensors: dict, shapes: dict, cfg: ModelConfig, path: Path, n_mt
         parts = ([f"missing {', '.join(missing[:6])}"] if missing else []) + \
                 ([f"unexpected {', '.join(unexpected[:6])}"] if unexpected else [])
         raise ConversionError(path, f"tensors do not fit the {cfg.model_type} architecture: {'; '.join(parts)}")
-    for name, (_, t) in planned.items():
-        if shapes[name] != schema.gguf_shape(t, cfg):
+    for name, (_, t, lc) in planned.items():
+        if shapes[name] != schema.gguf_shape(t, lc):
             raise ConversionError(path, f"tensor {name} has shape {list(shapes[name])}, "
-                                        f"the metadata implies {list(schema.gguf_shape(t, cfg))}")
+                                        f"the metadata implies {list(schema.gguf_shape(t, lc))}")
     # The embedding first, then the layers, then the final norm and the head.
     order = sorted(planned.items(), key=lambda item: item[1][1] is not schema.EMBED and
                    (2 if item[1][1] in schema.MODEL else 1))
-    return [(hf, tensors[name], t) for name, (hf, t) in order]
+    return [(hf, tensors[name], t, lc) for name, (hf, t, lc) in order]
 
 

@@ -229,14 +229,28 @@ def _sentencepiece_bpe(md: dict, path: Path, vocab: dict, tokens: list, types: l
     return pipeline, model
 
 
+def _gemma4_bpe(md: dict, path: Path, vocab: dict, tokens: list, types: list, unk: Optional[str]) -> tuple:
+    """(pipeline, model) of a tokenizer.ggml.model "gemma4" vocabulary, as
+    llama.cpp runs it: spaces become "▁", the text is cut into runs of
+    newlines and of everything else, and each run is merged by the file's
+    BPE merges over its UTF-8 characters (with byte fallback where the
+    vocabulary has <0xXX> tokens)."""
+    pipeline, model = _byte_level_bpe(dict(md, **{"tokenizer.ggml.pre": "default"}), path, vocab)
+    byte_tokens = {tokens[i] for i, t in enumerate(types) if t == TOKEN_BYTE}
+    spm = _spm_pipeline(add_space_prefix=False)
+    split = {"type": "Split", "pattern": {"Regex": "[^\\n]+|[\\n]+"}, "behavior": "Isolated", "invert": False}
+    model.update(unk_token=unk, byte_fallback=bool(byte_tokens), ignore_merges=False)
+    return spm._replace(pre_tokenizer=split), model
+
+
 def tokenizer_files(md: dict, path: Path) -> tuple:
     kind = md.get("tokenizer.ggml.model")
     if kind is None:
         raise ConversionError(path, "the GGUF file has no tokenizer (tokenizer.ggml.model missing)")
-    if kind not in ("gpt2", "llama"):
+    if kind not in ("gpt2", "llama", "gemma4"):
         raise ConversionError(
-            path, f"tokenizer model {kind!r} is not supported; only byte-level BPE ('gpt2') "
-                  f"and SentencePiece ('llama') are")
+            path, f"tokenizer model {kind!r} is not supported; only byte-level BPE ('gpt2'), "
+                  f"SentencePiece ('llama') and Gemma 4's BPE ('gemma4') are")
 
     tokens = require(md, "tokenizer.ggml.tokens", path)
     types = md.get("tokenizer.ggml.token_type") or [TOKEN_NORMAL] * len(tokens)
@@ -266,6 +280,8 @@ def tokenizer_files(md: dict, path: Path) -> tuple:
     unk, pad = tok_str("unknown_token_id"), tok_str("padding_token_id")
     if kind == "gpt2":
         pipeline, model = _byte_level_bpe(md, path, vocab)
+    elif kind == "gemma4":
+        pipeline, model = _gemma4_bpe(md, path, vocab, tokens, types, unk)
     else:
         if unk is None:
             unk = next((tokens[i] for i, t in enumerate(types) if t == TOKEN_UNKNOWN), None)

@@ -477,6 +477,9 @@ def export_gguf(folder: PathLike, out_path: PathLike, mix: str = "f32",
         raise ConversionError(folder / "config.json",
                               f"model_type {cfg.model_type!r} cannot be written to GGUF "
                               f"(supported: {', '.join(GGUF_ARCHITECTURES.values())})")
+    if cfg.gemma4_layers:
+        raise ConversionError(folder / "config.json", f"model_type {cfg.model_type!r} cannot be written to GGUF "
+                                                      "by fastllm yet (llama.cpp's converter writes it)")
     windowed = sum(1 for i in range(cfg.num_hidden_layers) if cfg.attention_window(i))
     if windowed and not cfg.family.gguf_longrope and arch not in GEMMA_GGUF:
         import warnings
@@ -487,7 +490,7 @@ def export_gguf(folder: PathLike, out_path: PathLike, mix: str = "f32",
     ckpt = Checkpoint(folder)
     names = gguf_names(cfg)  # GGUF name -> (HF name, schema tensor), embedding first
     shapes = {}
-    for g, (hf, t) in names.items():
+    for g, (hf, t, _) in names.items():
         want = schema.hf_shape(t, cfg)
         got = ckpt.file_of(hf).shape(hf)
         if tuple(got) != tuple(want):
@@ -507,7 +510,7 @@ def export_gguf(folder: PathLike, out_path: PathLike, mix: str = "f32",
         rope_tensors = _hyperparameters(w, cfg, folder)
         _tokenizer(w, folder, cfg)
 
-        order = [(g, hf, t) for g, (hf, t) in names.items()]
+        order = [(g, hf, t) for g, (hf, t, _) in names.items()]
         for name, table in rope_tensors.items():
             w.add_tensor_info(name, table.shape, np.dtype(np.float32), table.nbytes)
         for g, _, _ in order:
