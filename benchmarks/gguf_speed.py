@@ -35,11 +35,16 @@ HERE = Path(__file__).resolve().parent
 ENGINES = ("fastllm", "llama.cpp")
 
 
-def fastllm_run(path: Path, threads: int, pp: int, tg: int, dtype: str = "gguf") -> tuple:
-    """({test: tok/s}, peak RSS in MiB) of one fastllm process."""
+def fastllm_output(path: Path, threads: int, pp: int, tg: int, dtype: str = "gguf") -> dict:
+    """scale_worker.py's report of one fastllm process (load_s, peak_rss_mib, results)."""
     r = subprocess.run([sys.executable, str(HERE / "scale_worker.py"), "fastllm", str(path), dtype,
                         str(threads), str(pp), str(tg), "1"], capture_output=True, text=True, check=True)
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def fastllm_run(path: Path, threads: int, pp: int, tg: int, dtype: str = "gguf") -> tuple:
+    """({test: tok/s}, peak RSS in MiB) of one fastllm process."""
+    out = fastllm_output(path, threads, pp, tg, dtype)
     return {row["test"]: row["tok_s"] for row in out["results"]}, out["peak_rss_mib"]
 
 
