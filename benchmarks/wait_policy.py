@@ -26,6 +26,7 @@ SETTINGS = {
     "fastllm default": {},
     "passive": {"OMP_WAIT_POLICY": "passive"},
     "GOMP_SPINCOUNT=1000": {"GOMP_SPINCOUNT": "1000"},
+    "GOMP_SPINCOUNT=3000": {"GOMP_SPINCOUNT": "3000"},
     "GOMP_SPINCOUNT=30000": {"GOMP_SPINCOUNT": "30000"},
     "libgomp default (300000)": {"GOMP_SPINCOUNT": "300000"},
     "active": {"OMP_WAIT_POLICY": "active"},

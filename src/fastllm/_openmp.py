@@ -5,10 +5,12 @@ A thread that reaches a barrier first spins, then sleeps. libgomp spins
 scheduler time slice: on cores shared with other work the spinning thread
 keeps the core its sibling needs to reach the barrier, and two threads fell
 to a third of their speed (benchmarks/wait_policy.py measures it). fastllm
-asks for 3,000 rounds (about 70 us), which still covers the skew between
-threads at a barrier on an idle machine (there it is as fast as libgomp's
-default, where 1,000 rounds lost 7% of decode speed and never spinning lost
-25%) and gives the core away soon on a busy one.
+asks for 30,000 rounds (about 0.7 ms): on an idle machine the threads of a
+1-4B model's decode step drift apart by more than the 3,000 rounds fastllm
+used to ask for, and sleeping then cost a fifth to a quarter of its speed
+at 2 threads (Phi-4-mini Q4_K_M: 8.3 tokens/s at 3,000 rounds, 10.2 at
+30,000, 10.5-11.3 at libgomp's 300,000), while a sleeping thread is
+still woken well within a time slice on a busy one.
 
 A wait setting of the user's own (OMP_WAIT_POLICY, GOMP_SPINCOUNT,
 KMP_BLOCKTIME) is left alone. The variables are set only while the runtime
@@ -26,7 +28,7 @@ import numpy as np
 # libgomp busy-wait rounds before sleeping (GOMP_SPINCOUNT), and LLVM libomp's
 # equivalent in milliseconds (KMP_BLOCKTIME; its smallest step above 0, not
 # measured: no libomp platform was at hand).
-SPIN_COUNT = "3000"
+SPIN_COUNT = "30000"
 BLOCK_TIME_MS = "1"
 USER_WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 
