@@ -5,16 +5,15 @@ tensors (Mixtral) and qwen35moe, their experts merged in 3-D tensors
 its own type. Run natively and through the folder the importer writes,
 against float64 transformers on the folder they were made from.
 """
-import warnings
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from fastllm import Model
 from fastllm.formats.gguf import ConversionError, convert_gguf
-from oracles.hf_reference import compare_greedy, hf_greedy, hf_logits, load_hf, within
+from oracles.hf_reference import compare_greedy, hf_greedy, load_hf
 from oracles.splits import assert_same_bits_however_split
+from test_qwen35_gguf import assert_matches, sequences
 
 DATA = Path(__file__).resolve().parent / "data" / "moe-gguf"
 # file: (its folder, the model_type it imports as)
@@ -26,22 +25,6 @@ FILES = {"qwen3moe-F32": ("qwen3moe", "qwen3_moe"), "mixtral-F32": ("mixtral", "
 @pytest.fixture(autouse=True)
 def _home(fastllm_home):
     """Conversions of the files land in the session's own FASTLLM_HOME."""
-
-
-def sequences(seed=0):
-    rng = np.random.default_rng(seed)
-    return [rng.integers(0, 300, n).tolist() for n in (1, 9, 40)]
-
-
-def assert_matches(model, ref, label, seed=0):
-    margins = []
-    for ids in sequences(seed):
-        want = hf_logits(ref, ids)
-        ok, err, ratio = within(model.logits(ids), want)
-        assert ok, f"{label}: max |err| {err:.3g} exceeds the bound (worst ratio {ratio:.2f})"
-        top2 = np.sort(want, axis=1)[:, -2:]
-        margins += list(top2[:, 1] - top2[:, 0])
-    assert np.median(margins) > 1e-2, f"{label}: logits are flat"
 
 
 @pytest.mark.parametrize("dtype", ["gguf", "f32"])
