@@ -17,11 +17,11 @@ tokenizer cut to the 32,768 ids of its embedding (tests/data/qwen35-gguf/make.py
 says how, and why the converter's pre-tokenizer detection is told "qwen35");
 tests/data/moe-gguf/make.py's helpers write, convert and quantize them.
 
-The weights are drawn with a standard deviation of 0.02 (transformers' own
-init; qwen35_gguf.py's too): at hidden 512 that gives logits of a standard
-deviation near 0.5 after the final norm, so that the random model's
-distribution is neither flat nor all but one-hot, and a router whose top-k
-is not a toss-up at every rounding.
+The weights are drawn with a standard deviation of 0.03, so that the
+standard deviation times sqrt(hidden) is near qwen35_gguf.py's and
+gemma4_gguf.py's (0.64 and 0.8): the Qwen3-MoE's logits then spread by
+about 0.7 (at 0.02 by 0.46, a flatter distribution; at 0.05 by 1.1, where
+weight noise of Q8_0's size moves the output six times as much as at 0.03).
 """
 import argparse
 import importlib.util
@@ -60,8 +60,10 @@ SHAPES = {
                       linear_conv_kernel_dim=4, num_experts=32, num_experts_per_tok=4, moe_intermediate_size=256,
                       shared_expert_intermediate_size=512),
     "mixtral": dict(_ATTENTION, model_type="mixtral", intermediate_size=1024, num_hidden_layers=4,
-                    num_local_experts=8, num_experts_per_tok=2, bos_token_id=1, eos_token_id=2),
+                    num_local_experts=8, num_experts_per_tok=2, bos_token_id=None),
 }
+# Mixtral's config would name id 1 its BOS (its "<s>"), which is '"' in this
+# vocabulary, an ordinary token; like the Qwen models it has none.
 SEEDS = {"qwen3moe": 40, "qwen35moe": 41, "mixtral": 42}
 QUANTS = ("Q8_0", "Q4_K_M")
 
