@@ -69,12 +69,13 @@ convert_hf_to_gguf.main()
 """
 
 
-def make_folder(name: str, spec: dict, folder: Path, seed: int) -> None:
+def make_folder(name: str, spec: dict, folder: Path, seed: int, init_scale: float = 0.2) -> None:
+    """init_scale: the weights' standard deviation (Qwen3.5-MoE's is tiny_models' own)."""
     from oracles import tiny_models
     if folder.exists():
         shutil.rmtree(folder)
     tiny_models.SHAPES[name] = spec
-    tiny_models.make_tiny_model(name, folder, seed=seed)
+    tiny_models.make_tiny_model(name, folder, seed=seed, init_scale=init_scale)
     write_tokenizer(folder)
 
 
