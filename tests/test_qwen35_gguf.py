@@ -81,15 +81,21 @@ def test_bf16_file_matches_a_bf16_rounded_reference():
     assert_matches(model, bf16_reference(DATA / "text"), "text BF16", seed=1)
 
 
-def test_greedy_decoding_matches_transformers():
-    model = Model.from_pretrained(DATA / "text-F32.gguf", threads=2)
-    ref = load_hf(DATA / "text")
+def assert_greedy_matches(model, ref):
+    """24 greedy tokens after each of sequences(2)'s longer prompts, as
+    transformers picks them (within the top-2 margin)."""
     for ids in sequences(2)[1:]:
         want, margins = hf_greedy(ref, ids, 24)
         got = list(model.generate_tokens(ids, 24, stop_token_ids=()))
         ok, compared, diverged = compare_greedy(got, want, margins)
         assert ok, f"token {diverged} differs with margin {margins[diverged]:.3g}"
         assert compared > 0
+
+
+def test_greedy_decoding_matches_transformers():
+    model = Model.from_pretrained(DATA / "text-F32.gguf", threads=2)
+    ref = load_hf(DATA / "text")
+    assert_greedy_matches(model, ref)
 
 
 @pytest.mark.parametrize("quant", ["Q8_0", "Q4_K_M"])
