@@ -30,8 +30,12 @@ llama.cpp is counted. Prints a markdown table.
 from __future__ import annotations
 
 import argparse
+import bisect
+import collections
+import functools
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -49,34 +53,120 @@ def build_plugin(folder: Path) -> Path:
     return lib
 
 
-def count(plugin: Path, cpu: str, cmd: list, sysroot: Path | None = None, env: dict | None = None) -> tuple:
-    """(instructions, vCPUs seen, stdout) of one run of cmd under qemu-aarch64."""
-    with tempfile.NamedTemporaryFile("r", suffix=".txt") as out:
-        qemu = ["qemu-aarch64", "-cpu", cpu, "-plugin", f"{plugin},outfile={out.name}"]
-        if sysroot:
-            qemu += ["-L", str(sysroot)]
-        r = subprocess.run(qemu + [str(c) for c in cmd], capture_output=True, text=True,
-                           env={**os.environ, **(env or {})})
-        if r.returncode != 0:
-            raise RuntimeError(f"{' '.join(map(str, cmd))} failed under qemu ({r.returncode}):\n{r.stderr[-3000:]}")
-        words = out.read().split()   # "insns N vcpus V"
-    return int(words[1]), int(words[3]), r.stdout
+class Run:
+    """One run of a command under qemu-aarch64: its instruction count, the
+    vCPUs (threads) seen, its stdout and, when profiled, instructions by
+    function."""
+
+    def __init__(self, plugin: Path, cpu: str, cmd: list, sysroot: Path | None = None, env: dict | None = None,
+                 profile: bool = False, maps: Path | None = None):
+        with tempfile.TemporaryDirectory() as tmp:
+            out, prof = Path(tmp) / "count.txt", Path(tmp) / "profile.txt"
+            args = f"{plugin},outfile={out}" + (f",profile={prof}" if profile else "")
+            qemu = ["qemu-aarch64", "-cpu", cpu, "-plugin", args] + (["-L", str(sysroot)] if sysroot else [])
+            r = subprocess.run(qemu + [str(c) for c in cmd], capture_output=True, text=True,
+                               env={**os.environ, **(env or {}), **({"MAPS_OUT": str(maps)} if maps else {})})
+            if r.returncode != 0:
+                raise RuntimeError(f"{' '.join(map(str, cmd))} failed under qemu ({r.returncode}):\n{r.stderr[-3000:]}")
+            words = out.read_text().split()   # "insns N vcpus V"
+            self.insns, self.vcpus, self.stdout = int(words[1]), int(words[3]), r.stdout
+            self.functions = by_function(prof, mappings(maps, Path(cmd[0]))) if profile else None
+
+
+# ---- profiles: guest addresses to function names ----
+
+def mappings(maps: Path | None, exe: Path) -> list:
+    """[(start, end, file offset, path)] of the executable mappings: from the
+    guest's /proc/self/maps when it left one, else the (static) program alone."""
+    if maps is None:
+        return [(0, 1 << 64, 0, str(exe))]
+    found = []
+    for line in maps.read_text().splitlines():
+        f = line.split(maxsplit=5)
+        if len(f) == 6 and "x" in f[1]:
+            start, end = (int(x, 16) for x in f[0].split("-"))
+            found.append((start, end, int(f[2], 16), f[5]))
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def elf_symbols(path: str) -> tuple:
+    """(is position-independent, LOAD segments [(offset, size, vaddr)], sorted
+    function start addresses, their names)."""
+    head = subprocess.run(["readelf", "-hlW", path], capture_output=True, text=True).stdout
+    segments = [(int(o, 16), int(fs, 16), int(v, 16)) for o, v, fs in
+                re.findall(r"LOAD\s+(0x[0-9a-f]+)\s+(0x[0-9a-f]+)\s+0x[0-9a-f]+\s+(0x[0-9a-f]+)", head)]
+    syms = {}
+    for dynamic in ([], ["-D"]):   # stripped files keep their dynamic symbols
+        nm = subprocess.run(["aarch64-linux-gnu-nm", "-C", "--defined-only", *dynamic, path],
+                            capture_output=True, text=True).stdout
+        for line in nm.splitlines():
+            f = line.split(" ", 2)
+            if len(f) == 3 and f[1] in "TtWwi" and int(f[0], 16):
+                syms.setdefault(int(f[0], 16), f[2])
+        if syms:
+            break
+    addrs = sorted(syms)
+    return "DYN" in head.split("Type:", 1)[-1][:20], segments, addrs, [syms[a] for a in addrs]
+
+
+def symbolize(addr: int, maps: list) -> str:
+    for start, end, offset, path in maps:
+        if start <= addr < end:
+            break
+    else:
+        return "?"
+    pie, segments, addrs, names = elf_symbols(path)
+    vaddr = addr
+    if pie:
+        at = addr - start + offset
+        seg = next((s for s in segments if s[0] - s[0] % 4096 <= at < s[0] + s[1]), None)
+        vaddr = at + (seg[2] - seg[0] if seg else 0)
+    i = bisect.bisect_right(addrs, vaddr) - 1
+    return names[i] if i >= 0 else f"{Path(path).name}+?"
+
+
+def by_function(profile: Path, maps: list) -> collections.Counter:
+    total = collections.Counter()
+    for line in profile.read_text().splitlines():
+        addr, n, runs = line.split()
+        total[symbolize(int(addr, 16), maps)] += int(n) * int(runs)
+    return total
 
 
 def per_token(runs: dict, passes: int) -> float:
-    """Instructions per token from two runs {tokens: count}, each doing
+    """Instructions per token from two runs {tokens: Run}, each doing
     `passes` counted passes over its tokens."""
-    (n1, c1), (n2, c2) = sorted(runs.items())
-    return (c2 - c1) / (passes * (n2 - n1))
+    (n1, r1), (n2, r2) = sorted(runs.items())
+    return (r2.insns - r1.insns) / (passes * (n2 - n1))
+
+
+def per_token_by_function(runs: dict, passes: int) -> dict:
+    (n1, r1), (n2, r2) = sorted(runs.items())
+    if r1.functions is None:
+        return {}
+    return {f: (r2.functions[f] - r1.functions[f]) / (passes * (n2 - n1))
+            for f in set(r1.functions) | set(r2.functions)}
 
 
 def llama_cmd(bench: Path, gguf: Path, pp: int, tg: int) -> list:
     return [bench, "-m", gguf, "-t", "1", "-r", "1", "-p", pp, "-n", tg]
 
 
+# scale_worker.py, then the guest's view of its own mappings (MAPS_OUT), by
+# which a profile's addresses are put to the functions of each library.
+WORKER = ("import os, runpy, sys\n"
+          "sys.argv = sys.argv[1:]\n"
+          "try:\n"
+          "    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+          "finally:\n"
+          "    if os.environ.get('MAPS_OUT'):\n"
+          "        open(os.environ['MAPS_OUT'], 'w').write(open('/proc/self/maps').read())\n")
+
+
 def fastllm_cmd(python: Path, gguf: Path, pp: int, tg: int) -> list:
     # -S: no site module, so nothing of the host's Python is looked for.
-    return [python, "-S", HERE / "scale_worker.py", "fastllm", gguf, "gguf", 1, pp, tg, 1]
+    return [python, "-S", "-c", WORKER, HERE / "scale_worker.py", "fastllm", gguf, "gguf", 1, pp, tg, 1]
 
 
 # One thread everywhere (numpy's OpenBLAS too), and a fixed hash seed so that
@@ -90,19 +180,19 @@ def measure(run, pps, tgs, prime: bool = False) -> dict:
     (fastllm caches a GGUF's tokenizer and config on first load)."""
     if prime:
         run(0, 0)
-    pp_runs, tg_runs, vcpus, info = {}, {}, set(), None
-    for p in pps:
-        pp_runs[p], v, info = run(p, 0)
-        vcpus.add(v)
-    for g in tgs:
-        tg_runs[g], v, info = run(0, g)
-        vcpus.add(v)
-    return {"pp": per_token(pp_runs, 2), "tg": per_token(tg_runs, 1), "vcpus": sorted(vcpus),
-            "info": info, "pp_runs": pp_runs, "tg_runs": tg_runs}
+    pp_runs = {p: run(p, 0) for p in pps}
+    tg_runs = {g: run(0, g) for g in tgs}
+    every = [*pp_runs.values(), *tg_runs.values()]
+    return {"pp": per_token(pp_runs, 2), "tg": per_token(tg_runs, 1),
+            "pp_functions": per_token_by_function(pp_runs, 2), "tg_functions": per_token_by_function(tg_runs, 1),
+            "vcpus": sorted({r.vcpus for r in every}), "info": every[-1].info,
+            "pp_runs": {p: r.insns for p, r in pp_runs.items()}, "tg_runs": {g: r.insns for g, r in tg_runs.items()}}
 
 
-def fastllm_info(stdout: str) -> str:
-    return json.loads(stdout.strip().splitlines()[-1])["info"]["simd"]
+def top_functions(m: dict, n: int) -> list:
+    """The n functions with the most decode instructions per token, as rows."""
+    names = sorted(m["tg_functions"], key=lambda f: -m["tg_functions"][f])[:n]
+    return [(f, m["pp_functions"].get(f, 0.0), m["tg_functions"][f]) for f in names]
 
 
 def main() -> None:
@@ -118,6 +208,8 @@ def main() -> None:
     p.add_argument("--pp", default="32,64", help="two prompt lengths")
     p.add_argument("--tg", default="8,16", help="two decode lengths")
     p.add_argument("--json", type=Path, help="also write every count here")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="also count by function and list each engine's N costliest functions")
     args = p.parse_args()
     pps = [int(x) for x in args.pp.split(",")]
     tgs = [int(x) for x in args.tg.split(",")]
@@ -131,7 +223,7 @@ def main() -> None:
     if not levels:
         sys.exit("give --llama-bench LEVEL=PATH or --levels")
 
-    rows, dump = [], []
+    rows, dump, profile = [], [], args.profile > 0
     with tempfile.TemporaryDirectory() as tmp:
         plugin = build_plugin(Path(tmp))
         for gguf in args.gguf:
@@ -140,15 +232,18 @@ def main() -> None:
                 got = {}
                 if level in benches:
                     def run_llama(pp, tg):
-                        n, v, _ = count(plugin, cpu, llama_cmd(Path(benches[level]), gguf, pp, tg))
-                        return n, v, f"llama-bench {level}"
+                        r = Run(plugin, cpu, llama_cmd(Path(benches[level]), gguf, pp, tg), profile=profile)
+                        r.info = f"llama-bench {level}"
+                        return r
                     got["llama.cpp"] = measure(run_llama, pps, tgs)
                 if args.python:
                     env = {"PYTHONPATH": args.pythonpath, **FASTLLM_ENV}
 
                     def run_fastllm(pp, tg):
-                        n, v, out = count(plugin, cpu, fastllm_cmd(args.python, gguf, pp, tg), args.sysroot, env)
-                        return n, v, fastllm_info(out)
+                        r = Run(plugin, cpu, fastllm_cmd(args.python, gguf, pp, tg), args.sysroot, env,
+                                profile=profile, maps=Path(tmp) / "maps.txt" if profile else None)
+                        r.info = json.loads(r.stdout.strip().splitlines()[-1])["info"]["simd"]
+                        return r
                     got["fastllm"] = measure(run_fastllm, pps, tgs, prime=True)
                 for engine, m in got.items():
                     dump.append({"file": gguf.name, "level": level, "cpu": cpu, "engine": engine, **m})
@@ -167,6 +262,15 @@ def main() -> None:
         if len(got) == 2:
             f, l = got["fastllm"], got["llama.cpp"]
             print(f"| | | fastllm / llama.cpp | {f['pp'] / l['pp']:.2f} | {f['tg'] / l['tg']:.2f} |")
+    if profile:
+        for name, level, cpu, got in rows:
+            for engine, m in got.items():
+                print(f"\n{engine} on {name}, {cpu}: the {args.profile} functions with the most decode "
+                      f"instructions, millions per token\n")
+                print("| function | prompt | decode |")
+                print("|---|---|---|")
+                for f, pp, tg in top_functions(m, args.profile):
+                    print(f"| `{f}` | {pp / 1e6:.2f} | {tg / 1e6:.2f} |")
 
 
 if __name__ == "__main__":
