@@ -44,6 +44,18 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 PLUGIN_SOURCE = HERE / "qemu_count_plugin.c"
 LEVEL_CPU = {"neon": "cortex-a72", "dotprod": "neoverse-n1", "i8mm": "max"}
+# llama.cpp's -march per level: its own CPU variants armv8.0_1, armv8.2_2
+# (dotprod, fp16 arithmetic) and android_armv8.6_1 (+ i8mm, without SVE).
+LEVEL_MARCH = {"neon": "armv8-a", "dotprod": "armv8.2-a+dotprod+fp16", "i8mm": "armv8.6-a+dotprod+fp16+i8mm"}
+TOOLCHAIN = """set(CMAKE_SYSTEM_NAME Linux)
+set(CMAKE_SYSTEM_PROCESSOR aarch64)
+set(CMAKE_C_COMPILER aarch64-linux-gnu-gcc)
+set(CMAKE_CXX_COMPILER aarch64-linux-gnu-g++)
+set(CMAKE_FIND_ROOT_PATH /usr/aarch64-linux-gnu)
+set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)
+set(CMAKE_FIND_ROOT_PATH_MODE_LIBRARY ONLY)
+set(CMAKE_FIND_ROOT_PATH_MODE_INCLUDE ONLY)
+"""
 
 
 def build_plugin(folder: Path) -> Path:
@@ -104,10 +116,9 @@ def elf_symbols(path: str) -> tuple:
             f = line.split(" ", 2)
             if len(f) == 3 and f[1] in "TtWwi" and int(f[0], 16):
                 syms.setdefault(int(f[0], 16), f[2])
-        if syms:
-            break
     addrs = sorted(syms)
-    return "DYN" in head.split("Type:", 1)[-1][:20], segments, addrs, [syms[a] for a in addrs]
+    pie = re.search(r"Type:\s+DYN", head) is not None
+    return pie, segments, addrs, [syms[a] for a in addrs]
 
 
 def symbolize(addr: int, maps: list) -> str:
@@ -147,6 +158,24 @@ def per_token_by_function(runs: dict, passes: int) -> dict:
         return {}
     return {f: (r2.functions[f] - r1.functions[f]) / (passes * (n2 - n1))
             for f in set(r1.functions) | set(r2.functions)}
+
+
+def build_llama_bench(src: Path, work: Path, level: str, jobs: int = 2) -> Path:
+    """A static aarch64 llama-bench for one level, cross-built (Debian's
+    g++-aarch64-linux-gnu) into work/build-LEVEL unless already there."""
+    build = work / f"build-{level}"
+    exe = build / "bin" / "llama-bench"
+    if exe.exists():
+        return exe
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "toolchain-aarch64.cmake").write_text(TOOLCHAIN)
+    off = ["LLAMA_OPENSSL", "LLAMA_BUILD_TESTS", "LLAMA_BUILD_EXAMPLES", "LLAMA_BUILD_SERVER", "LLAMA_BUILD_APP",
+           "BUILD_SHARED_LIBS", "GGML_NATIVE", "GGML_OPENMP"]
+    subprocess.run(["cmake", "-S", src, "-B", build, "-G", "Ninja", f"-DCMAKE_TOOLCHAIN_FILE={work}/toolchain-aarch64.cmake",
+                    "-DCMAKE_BUILD_TYPE=Release", f"-DGGML_CPU_ARM_ARCH={LEVEL_MARCH[level]}",
+                    "-DCMAKE_EXE_LINKER_FLAGS=-static", *(f"-D{o}=OFF" for o in off)], check=True)
+    subprocess.run(["nice", "ninja", "-C", build, f"-j{jobs}", "llama-bench"], check=True)
+    return exe
 
 
 def llama_cmd(bench: Path, gguf: Path, pp: int, tg: int) -> list:
@@ -200,8 +229,10 @@ def main() -> None:
     p.add_argument("gguf", nargs="+", type=Path)
     p.add_argument("--llama-bench", action="append", default=[], metavar="LEVEL=PATH",
                    help="an aarch64 llama-bench (static) built for LEVEL: neon, dotprod or i8mm")
+    p.add_argument("--llama-cpp", type=Path, help="llama.cpp's sources: build llama-bench for each of --levels")
+    p.add_argument("--work", type=Path, help="where --llama-cpp's builds go (kept for later runs)")
     p.add_argument("--levels", default=None,
-                   help="feature levels to run fastllm at (default: those of --llama-bench)")
+                   help="feature levels to run at (default: those of --llama-bench)")
     p.add_argument("--python", type=Path, help="an aarch64 python3 that can import fastllm")
     p.add_argument("--sysroot", type=Path, help="the aarch64 root its shared libraries are in (qemu -L)")
     p.add_argument("--pythonpath", default="", help="PYTHONPATH for that python (fastllm and numpy)")
@@ -222,6 +253,11 @@ def main() -> None:
             sys.exit(f"unknown level {level!r}: one of {', '.join(LEVEL_CPU)}")
     if not levels:
         sys.exit("give --llama-bench LEVEL=PATH or --levels")
+    if args.llama_cpp:
+        if not args.work:
+            sys.exit("--llama-cpp needs --work DIR for its builds")
+        for level in levels:
+            benches.setdefault(level, build_llama_bench(args.llama_cpp, args.work.resolve(), level))
 
     rows, dump, profile = [], [], args.profile > 0
     with tempfile.TemporaryDirectory() as tmp:
