@@ -18,14 +18,21 @@ an aarch64 Python (the protocol is the same). Both see random tokens and
 compute logits for the last token only; neither samples.
 
     python benchmarks/arm64_insn_count.py FILE.gguf [...] \
-        --llama-bench dotprod=DIR/llama-bench [--llama-bench i8mm=DIR2/llama-bench] \
+        {--llama-bench LEVEL=PATH ... | --llama-cpp SRC --work DIR --levels dotprod,i8mm} \
         [--python SYSROOT/usr/bin/python3.11 --sysroot SYSROOT --pythonpath DIR[:DIR]] \
-        [--pp 32,64] [--tg 8,16]
+        [--pp 32,64] [--tg 8,32] [--profile N] [--json OUT]
 
 A level names the feature level and so the emulated CPU (neon: cortex-a72,
 dotprod: neoverse-n1, i8mm: max); fastllm picks its path from the CPU's
-features at run time and runs at every level given. Without --python only
-llama.cpp is counted. Prints a markdown table.
+features at run time and runs at every level given. --llama-cpp cross-builds
+a static llama-bench per level (once; the builds stay in DIR). Without
+--python only llama.cpp is counted. --profile N also counts by function
+(from the plugin's per-block profile and the ELF symbols) and lists each
+engine's N costliest functions. Prints markdown tables.
+
+llama.cpp's counts repeat to within tens of instructions; fastllm's (a
+Python process with three threads) move by a few million a run, which is
+why the decode lengths are 24 tokens apart by default.
 """
 from __future__ import annotations
 
@@ -237,7 +244,7 @@ def main() -> None:
     p.add_argument("--sysroot", type=Path, help="the aarch64 root its shared libraries are in (qemu -L)")
     p.add_argument("--pythonpath", default="", help="PYTHONPATH for that python (fastllm and numpy)")
     p.add_argument("--pp", default="32,64", help="two prompt lengths")
-    p.add_argument("--tg", default="8,16", help="two decode lengths")
+    p.add_argument("--tg", default="8,32", help="two decode lengths")
     p.add_argument("--json", type=Path, help="also write every count here")
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="also count by function and list each engine's N costliest functions")
