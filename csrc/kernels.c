@@ -680,10 +680,10 @@ static int amx_usable(void) {
  * RMSNorm stays portable: a NEON sum of squares, rounded differently,
  * moved int8 activations by whole steps (Q6_K beside a Gated DeltaNet
  * layer in test_core.c) for a kernel that costs little anyway. */
-#define ARM_FLOAT_KERNELS                                                                                   \
-    flm_key_scores_neon, exp_sum_generic, NULL, NULL, scale_max_generic, flm_scale_neon, flm_weighted_sum_neon, \
-        delta_rule_generic, flm_conv_silu_generic, rmsnorm_generic, silu_mul_generic, gelu_tanh_mul_generic,     \
-        softcap_max_generic, 60
+#define ARM_FLOAT_KERNELS                                                                                     \
+    flm_key_scores_neon, flm_exp_sum_neon, flm_key_scores2_neon, flm_weighted_sum2_neon, flm_scale_max_neon,  \
+        flm_scale_neon, flm_weighted_sum_neon, flm_delta_rule_neon, flm_conv_silu_neon, rmsnorm_generic,       \
+        flm_silu_mul_neon, flm_gelu_tanh_mul_neon, flm_softcap_max_neon, 60
 
 static const FlmKernels kernels_neon = {
     "neon", flm_gemm_f32_neon, flm_gemm_bf16_neon, NULL,
