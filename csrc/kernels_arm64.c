@@ -337,23 +337,14 @@ ARM_INLINE uint32x4_t lanes_below(int m) {
 }
 
 /* The first m of 4 floats at p (all 4 when m >= 4), the other lanes 0, as
- * AVX-512's masked loads: a tail is computed as the whole vectors are, so
- * each value's result does not depend on where a call's range ends. */
-ARM_INLINE float32x4_t load_upto(const float *p, int m) {
+ * AVX-512's masked loads (store4, simd_arm64.h, the masked stores): a tail
+ * is computed as the whole vectors are, so each value's result does not
+ * depend on where a call's range ends. */
+ARM_INLINE float32x4_t load4(const float *p, int m) {
     if (m >= 4) return vld1q_f32(p);
     float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     memcpy(t, p, sizeof(float) * m);
     return vld1q_f32(t);
-}
-
-ARM_INLINE void store_upto(float *p, float32x4_t v, int m) {
-    if (m >= 4) {
-        vst1q_f32(p, v);
-        return;
-    }
-    float t[4];
-    vst1q_f32(t, v);
-    memcpy(p, t, sizeof(float) * m);
 }
 
 /* 2^n for whole n in [-75, 64]: n + 127 in the exponent bits. */
@@ -407,49 +398,45 @@ float flm_exp_sum_neon(float *x, int n, float max) {
     const float32x4_t mx = vdupq_n_f32(max);
     float32x4_t acc = vdupq_n_f32(0.0f);
     for (int i = 0; i < n; i += 4) {
-        const float32x4_t e = exp4(vsubq_f32(load_upto(x + i, n - i), mx));
-        store_upto(x + i, e, n - i);
+        const float32x4_t e = exp4(vsubq_f32(load4(x + i, n - i), mx));
+        store4(x + i, e, n - i);
         acc = vbslq_f32(lanes_below(n - i), vaddq_f32(acc, e), acc);
     }
     return vaddvq_f32(acc);
 }
 
-/* The largest of mx and v lane by lane, NaN ignored as the scalar loop's
- * `x > max` ignores it (FMAXNM returns the number). */
-float flm_scale_max_neon(float *x, int n, float s) {
+/* x[i] = x[i] * s, or with capped s * tanh(x[i] / s), for i < n; returns
+ * the largest new x, NaN ignored as the scalar loop's `x > max` ignores it
+ * (FMAXNM returns the number). */
+ARM_INLINE float map_max(float *x, int n, float s, const int capped) {
     float32x4_t mx = vdupq_n_f32(-INFINITY);
     for (int i = 0; i < n; i += 4) {
-        const float32x4_t v = vmulq_n_f32(load_upto(x + i, n - i), s);
-        store_upto(x + i, v, n - i);
+        const float32x4_t in = load4(x + i, n - i);
+        const float32x4_t v = vmulq_n_f32(capped ? tanh4(vdivq_f32(in, vdupq_n_f32(s))) : in, s);
+        store4(x + i, v, n - i);
         mx = vbslq_f32(lanes_below(n - i), vmaxnmq_f32(mx, v), mx);
     }
     return vmaxnmvq_f32(mx);
 }
 
-float flm_softcap_max_neon(float *x, int n, float cap) {
-    float32x4_t mx = vdupq_n_f32(-INFINITY);
-    for (int i = 0; i < n; i += 4) {
-        const float32x4_t v = vmulq_n_f32(tanh4(vdivq_f32(load_upto(x + i, n - i), vdupq_n_f32(cap))), cap);
-        store_upto(x + i, v, n - i);
-        mx = vbslq_f32(lanes_below(n - i), vmaxnmq_f32(mx, v), mx);   /* NaN ignored, as in scale_max */
-    }
-    return vmaxnmvq_f32(mx);
-}
+float flm_scale_max_neon(float *x, int n, float s) { return map_max(x, n, s, 0); }
+
+float flm_softcap_max_neon(float *x, int n, float cap) { return map_max(x, n, cap, 1); }
 
 void flm_silu_mul_neon(float *g, const float *u, int n) {
     for (int i = 0; i < n; i += 4)
-        store_upto(g + i, vmulq_f32(silu4(load_upto(g + i, n - i)), load_upto(u + i, n - i)), n - i);
+        store4(g + i, vmulq_f32(silu4(load4(g + i, n - i)), load4(u + i, n - i)), n - i);
 }
 
 /* The terms in the generic loop's order (GELU_BETA, GELU_KAPPA: kernels.h). */
 void flm_gelu_tanh_mul_neon(float *g, const float *u, int n) {
     const float32x4_t one = vdupq_n_f32(1.0f);
     for (int i = 0; i < n; i += 4) {
-        const float32x4_t x = load_upto(g + i, n - i);
+        const float32x4_t x = load4(g + i, n - i);
         const float32x4_t cube = vmulq_f32(vmulq_f32(x, x), x);
         const float32x4_t inner = vmulq_n_f32(vaddq_f32(x, vmulq_n_f32(cube, GELU_KAPPA)), GELU_BETA);
         const float32x4_t y = vmulq_f32(vmulq_n_f32(x, 0.5f), vaddq_f32(one, tanh4(inner)));
-        store_upto(g + i, vmulq_f32(y, load_upto(u + i, n - i)), n - i);
+        store4(g + i, vmulq_f32(y, load4(u + i, n - i)), n - i);
     }
 }
 
@@ -512,18 +499,18 @@ ARM_INLINE UNFUSED void conv_groups(float *x, size_t ldx, int T, float *win, siz
             for (int l = 0; l < imin(m, 4); l++) taps[l] = w[(size_t)(c + l) * K + j];
             wj[j] = vld1q_f32(taps);
         }
-        for (int j = 0; j < K - 1; j++) wn[j] = load_upto(win + j * ldw + c, m);
+        for (int j = 0; j < K - 1; j++) wn[j] = load4(win + j * ldw + c, m);
         for (int t = 0; t < T; t++) {
             float *xt = x + (size_t)t * ldx + c;
-            const float32x4_t in = load_upto(xt, m);
+            const float32x4_t in = load4(xt, m);
             float32x4_t acc = vdupq_n_f32(0.0f);
             for (int j = 0; j < K - 1; j++) acc = vaddq_f32(acc, vmulq_f32(wj[j], wn[j]));
             acc = vaddq_f32(acc, vmulq_f32(wj[K - 1], in));
             for (int j = 0; j + 1 < K - 1; j++) wn[j] = wn[j + 1];
             if (K > 1) wn[K - 2] = in;
-            store_upto(xt, silu4(acc), m);
+            store4(xt, silu4(acc), m);
         }
-        for (int j = 0; j < K - 1; j++) store_upto(win + j * ldw + c, wn[j], m);
+        for (int j = 0; j < K - 1; j++) store4(win + j * ldw + c, wn[j], m);
     }
 }
 

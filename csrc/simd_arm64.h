@@ -26,6 +26,17 @@
 #endif
 #define ARM_INLINE static inline __attribute__((always_inline))
 
+/* The first m of 4 lanes of v to out (all 4 when m >= 4). */
+ARM_INLINE void store4(float *out, float32x4_t v, int m) {
+    if (m >= 4) {
+        vst1q_f32(out, v);
+        return;
+    }
+    float t[4];
+    vst1q_f32(t, v);
+    for (int i = 0; i < m; i++) out[i] = t[i];
+}
+
 /* The CPU's features that the paths need, found once. */
 enum { FLM_ARM_DOTPROD = 1, FLM_ARM_I8MM = 2, FLM_ARM_BF16 = 4 };
 int flm_arm64_features(void);
