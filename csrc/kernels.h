@@ -17,10 +17,11 @@ typedef struct {
     const char *name;
     flm_gemm_fn gemm_f32;     /* packed weights */
     flm_gemm_fn gemm_bf16;
-    /* Where set, bf16 weights multiply bf16 activations (AVX512_BF16
-     * dot products): matmul inputs are first rounded by to_bf16 (n values,
-     * nearest-even, zero-padded to even n), and gemm_bf16 then reads x as
-     * pairs of bf16, with ldx counted in pairs. */
+    /* Where set, bf16 weights multiply bf16 activations (AVX512_BF16 or
+     * BFDOT dot products): matmul inputs are first rounded by to_bf16 (n
+     * values, nearest-even, zero-padded to even n; AVX512_BF16's conversion
+     * turns subnormal inputs into signed zeros), and gemm_bf16 then reads x
+     * as pairs of bf16, with ldx counted in pairs. */
     void (*to_bf16)(uint16_t *dst, const float *src, int n);
     /* Quantized weights multiply int8 activations (quant.h): quantize_q8
      * makes the blocks, qgemm multiplies them; int8_name names the pair. */
