@@ -75,7 +75,7 @@ static void delta_rule_generic(float *S, const float *q, const float *k, const f
     }
 }
 
-static void conv_silu_generic(float *x, size_t ldx, int T, float *win, size_t ldw, const float *w, int K, int n) {
+void flm_conv_silu_generic(float *x, size_t ldx, int T, float *win, size_t ldw, const float *w, int K, int n) {
     for (int c = 0; c < n; c++) {
         const float *wc = w + (size_t)c * K;
         for (int t = 0; t < T; t++) {
@@ -101,11 +101,6 @@ static void silu_mul_generic(float *g, const float *u, int n) {
     for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
-/* GeLU's tanh approximation, its terms in the order PyTorch's CPU kernel
- * takes them. */
-#define GELU_BETA 0.7978845608028654f   /* sqrt(2/pi) */
-#define GELU_KAPPA 0.044715f
-
 static void gelu_tanh_mul_generic(float *g, const float *u, int n) {
     for (int i = 0; i < n; i++) {
         const float x = g[i], inner = GELU_BETA * (x + GELU_KAPPA * (x * x * x));
@@ -126,7 +121,7 @@ static const FlmKernels kernels_generic = {
     "generic", flm_gemm_f32_generic, flm_gemm_bf16_generic, NULL,
     "generic", flm_qgemm_generic, flm_quantize_q8_generic,
     key_scores_generic, exp_sum_generic, NULL, NULL, scale_max_generic, scale_generic,
-    weighted_sum_generic, delta_rule_generic, conv_silu_generic, rmsnorm_generic, silu_mul_generic,
+    weighted_sum_generic, delta_rule_generic, flm_conv_silu_generic, rmsnorm_generic, silu_mul_generic,
     gelu_tanh_mul_generic, softcap_max_generic,
     60,
 };
@@ -179,10 +174,6 @@ INLINE AVX2 void weighted_sum_avx2_kv(float *out, const float *p, const void *v,
     }
 }
 
-/* One copy of each loop per storage type, so the type is not tested per load. */
-#define KV_DISPATCH(call, kv) \
-    do { if ((kv) == FLM_F32) call(FLM_F32); else if ((kv) == FLM_BF16) call(FLM_BF16); else call(FLM_F16); } while (0)
-
 static AVX2 void key_scores_avx2(float *att, const float *q, const void *kb, int n, int hd, int kv) {
 #define CALL(t) key_scores_avx2_kv(att, q, kb, n, hd, t)
     KV_DISPATCH(CALL, kv);
@@ -214,16 +205,7 @@ INLINE AVX2 __m256 exp8(__m256 x) {
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
-/* tanh(x): below |x| = 0.625 an odd polynomial (Cephes' tanhf), above it
- * 1 - 2 / (exp(2|x|) + 1) with x's sign; within a few ulp of tanhf. NaN
- * stays NaN. */
-#define TANH_SMALL 0.625f
-#define TANH_P4 -5.70498872745e-3f
-#define TANH_P3 2.06390887954e-2f
-#define TANH_P2 -5.37397155531e-2f
-#define TANH_P1 1.33314422036e-1f
-#define TANH_P0 -3.33332819422e-1f
-
+/* tanh (kernels.h's form); NaN stays NaN. */
 INLINE AVX2 __m256 tanh8(__m256 x) {
     const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
     const __m256 a = _mm256_andnot_ps(sign, x), z = _mm256_mul_ps(x, x);
@@ -286,7 +268,7 @@ static const FlmKernels kernels_avx2 = {
     "avx2", flm_qgemm_avx2, flm_quantize_q8_generic,
     key_scores_avx2,
     exp_sum_generic, NULL, NULL, scale_max_generic, scale_generic, weighted_sum_avx2,
-    delta_rule_generic, conv_silu_generic, rmsnorm_generic, silu_mul_generic, gelu_tanh_mul_avx2, softcap_max_avx2,
+    delta_rule_generic, flm_conv_silu_generic, rmsnorm_generic, silu_mul_generic, gelu_tanh_mul_avx2, softcap_max_avx2,
     60,
 };
 
@@ -540,23 +522,13 @@ static AVX512 void delta_rule_avx512(float *S, const float *q, const float *k, c
     }
 }
 
-/* Products and sums rounded one by one, as the generic loop rounds them,
- * whatever -ffp-contract the build uses: a fused multiply-add here moves
- * the conv's outputs by an ulp, which int8 activations can turn into a
- * whole quantization step. */
-#if defined(__GNUC__) && !defined(__clang__)
-#define UNFUSED __attribute__((optimize("fp-contract=off")))
-#else
-#define UNFUSED
-#endif
-
 /* 16 channels at a time, their window rows in registers; kernels wider
- * than CONV_MAX_K take the generic loop. */
-#define CONV_MAX_K 8
+ * than CONV_MAX_K take the generic loop. Products and sums UNFUSED, as
+ * the generic loop rounds them. */
 static AVX512 UNFUSED void conv_silu_avx512(float *x, size_t ldx, int T, float *win, size_t ldw, const float *w, int K,
                                     int n) {
     if (K > CONV_MAX_K) {
-        conv_silu_generic(x, ldx, T, win, ldw, w, K, n);
+        flm_conv_silu_generic(x, ldx, T, win, ldw, w, K, n);
         return;
     }
     const __m512 one = _mm512_set1_ps(1.0f);
@@ -708,10 +680,10 @@ static int amx_usable(void) {
  * RMSNorm stays portable: a NEON sum of squares, rounded differently,
  * moved int8 activations by whole steps (Q6_K beside a Gated DeltaNet
  * layer in test_core.c) for a kernel that costs little anyway. */
-#define ARM_FLOAT_KERNELS                                                                                   \
-    flm_key_scores_neon, exp_sum_generic, NULL, NULL, scale_max_generic, flm_scale_neon, flm_weighted_sum_neon, \
-        delta_rule_generic, conv_silu_generic, rmsnorm_generic, silu_mul_generic, gelu_tanh_mul_generic,     \
-        softcap_max_generic, 60
+#define ARM_FLOAT_KERNELS                                                                                     \
+    flm_key_scores_neon, flm_exp_sum_neon, flm_key_scores2_neon, flm_weighted_sum2_neon, flm_scale_max_neon,  \
+        flm_scale_neon, flm_weighted_sum_neon, flm_delta_rule_neon, flm_conv_silu_neon, rmsnorm_generic,       \
+        flm_silu_mul_neon, flm_gelu_tanh_mul_neon, flm_softcap_max_neon, 60
 
 static const FlmKernels kernels_neon = {
     "neon", flm_gemm_f32_neon, flm_gemm_bf16_neon, NULL,

@@ -17,10 +17,11 @@ typedef struct {
     const char *name;
     flm_gemm_fn gemm_f32;     /* packed weights */
     flm_gemm_fn gemm_bf16;
-    /* Where set, bf16 weights multiply bf16 activations (AVX512_BF16
-     * dot products): matmul inputs are first rounded by to_bf16 (n values,
-     * nearest-even, zero-padded to even n), and gemm_bf16 then reads x as
-     * pairs of bf16, with ldx counted in pairs. */
+    /* Where set, bf16 weights multiply bf16 activations (AVX512_BF16 or
+     * BFDOT dot products): matmul inputs are first rounded by to_bf16 (n
+     * values, nearest-even, zero-padded to even n; AVX512_BF16's conversion
+     * turns subnormal inputs into signed zeros), and gemm_bf16 then reads x
+     * as pairs of bf16, with ldx counted in pairs. */
     void (*to_bf16)(uint16_t *dst, const float *src, int n);
     /* Quantized weights multiply int8 activations (quant.h): quantize_q8
      * makes the blocks, qgemm multiplies them; int8_name names the pair. */
@@ -77,5 +78,41 @@ extern const FlmKernels *flm_kernels;
 
 void flm_kernels_init(void);
 int flm_kernels_select(const char *name);
+
+/* ---- What the paths' kernels share (kernels.c, kernels_arm64.c) */
+
+/* GeLU's tanh approximation, its terms in the order PyTorch's CPU kernel
+ * takes them. */
+#define GELU_BETA 0.7978845608028654f   /* sqrt(2/pi) */
+#define GELU_KAPPA 0.044715f
+
+/* tanh(x): below |x| = TANH_SMALL an odd polynomial (Cephes' tanhf), above
+ * it 1 - 2 / (exp(2|x|) + 1) with x's sign; within a few ulp of tanhf. */
+#define TANH_SMALL 0.625f
+#define TANH_P4 -5.70498872745e-3f
+#define TANH_P3 2.06390887954e-2f
+#define TANH_P2 -5.37397155531e-2f
+#define TANH_P1 1.33314422036e-1f
+#define TANH_P0 -3.33332819422e-1f
+
+/* Products and sums rounded one by one, as the generic loop rounds them,
+ * whatever -ffp-contract the build uses: a fused multiply-add in the conv
+ * moves its outputs by an ulp, which int8 activations can turn into a
+ * whole quantization step. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define UNFUSED __attribute__((optimize("fp-contract=off")))
+#else
+#define UNFUSED
+#endif
+
+/* One copy of each loop per storage type of the KV cache, so the type is
+ * not tested per load. */
+#define KV_DISPATCH(call, kv) \
+    do { if ((kv) == FLM_F32) call(FLM_F32); else if ((kv) == FLM_BF16) call(FLM_BF16); else call(FLM_F16); } while (0)
+
+/* The vector convs keep a kernel's taps in registers; wider kernels take
+ * the portable loop. */
+#define CONV_MAX_K 8
+void flm_conv_silu_generic(float *x, size_t ldx, int T, float *win, size_t ldw, const float *w, int K, int n);
 
 #endif

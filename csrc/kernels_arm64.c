@@ -1,10 +1,10 @@
 /* The aarch64 paths: NEON float kernels (matmuls over the packed panels of
- * gemm.h, attention), the opt-in BFDOT matmul, CPU feature
- * detection, and the tables kernels.c chooses among. Each output is summed
- * in one fixed order, whatever the number of tokens, panels or threads, as
- * on x86: a chain of multiply-adds per block of 32 k, the block sums added
- * in order. The tables are in kernels.c, beside the portable kernels that
- * they use where NEON gains little. */
+ * gemm.h, attention, softmax, the delta rule, the conv and the elementwise
+ * kernels), the opt-in BFDOT matmul, and CPU feature detection. Each output
+ * is summed in one fixed order, whatever the number of tokens, panels or
+ * threads, as on x86: a chain of multiply-adds per block of 32 k, the
+ * block sums added in order. The tables are in kernels.c, beside the
+ * portable RMSNorm that they keep. */
 #include <math.h>
 #include <string.h>
 
@@ -185,9 +185,23 @@ ARMBF16 void flm_gemm_bf16_bfdot(float *out, int ldo, const float *xf, int ldx, 
         }
 }
 
+/* 4 floats to bf16 as flm_f32_to_bf16 rounds them: nearest-even by adding
+ * 0x7FFF plus the kept half's lowest bit, a NaN kept NaN by setting its
+ * quiet bit instead. */
+ARM_INLINE uint16x4_t bf16_round4(float32x4_t f) {
+    const uint32x4_t u = vreinterpretq_u32_f32(f);
+    const uint32x4_t nan = vcgtq_u32(vandq_u32(u, vdupq_n_u32(0x7FFFFFFFu)), vdupq_n_u32(0x7F800000u));
+    const uint32x4_t odd = vandq_u32(vshrq_n_u32(u, 16), vdupq_n_u32(1));
+    const uint32x4_t rounded = vaddq_u32(u, vaddq_u32(odd, vdupq_n_u32(0x7FFF)));
+    return vshrn_n_u32(vbslq_u32(nan, vorrq_u32(u, vdupq_n_u32(0x00400000u)), rounded), 16);
+}
+
 /* n floats to bf16, nearest-even (as flm_f32_to_bf16), zero-padded to even n. */
 void flm_to_bf16_neon(uint16_t *dst, const float *src, int n) {
-    for (int i = 0; i < n; i++) dst[i] = flm_f32_to_bf16(src[i]);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        vst1q_u16(dst + i, vcombine_u16(bf16_round4(vld1q_f32(src + i)), bf16_round4(vld1q_f32(src + i + 4))));
+    for (; i < n; i++) dst[i] = flm_f32_to_bf16(src[i]);
     if (n & 1) dst[n] = 0;
 }
 
@@ -226,23 +240,286 @@ ARM_INLINE void weighted_sum_kv(float *out, const float *p, const void *v, int n
     }
 }
 
-/* One copy of each loop per storage type. */
+/* Two queries against the same keys (positions pos and pos + 1 of one
+ * head): each block of keys loaded once for both, each query's scores the
+ * chain key_scores_kv gives it. */
+ARM_INLINE void key_scores2_kv(float *att0, float *att1, const float *q0, const float *q1, const void *kb, int n,
+                               int hd, const int kv) {
+    for (int b = 0; b < n; b += 16) {
+        const size_t blk = (size_t)b * hd;
+        float32x4_t a[4], c[4];
+        for (int g = 0; g < 4; g++) a[g] = c[g] = vdupq_n_f32(0.0f);
+        for (int d = 0; d < hd; d++)
+            for (int g = 0; g < 4; g++) {
+                const float32x4_t k = kv_load4(kb, blk + (size_t)d * 16 + 4 * g, kv);
+                a[g] = vfmaq_n_f32(a[g], k, q0[d]);
+                c[g] = vfmaq_n_f32(c[g], k, q1[d]);
+            }
+        for (int g = 0; g < 4; g++) {
+            vst1q_f32(att0 + b + 4 * g, a[g]);
+            vst1q_f32(att1 + b + 4 * g, c[g]);
+        }
+    }
+}
+
+/* Two queries' weighted sums over the same values, p0 over n of them and
+ * p1 over n + 1: each value vector loaded once for both, each output the
+ * chain weighted_sum_kv gives it (the dims past the last 16 as its fmaf
+ * loop sums them). */
+ARM_INLINE void weighted_sum2_kv(float *out0, float *out1, const float *p0, const float *p1, const void *v, int n,
+                                 size_t ldv, int dim, const int kv) {
+    int d = 0;
+    for (; d + 16 <= dim; d += 16) {
+        float32x4_t a[4], c[4];
+        for (int g = 0; g < 4; g++) a[g] = c[g] = vdupq_n_f32(0.0f);
+        for (int j = 0; j < n; j++)
+            for (int g = 0; g < 4; g++) {
+                const float32x4_t x = kv_load4(v, (size_t)j * ldv + d + 4 * g, kv);
+                a[g] = vfmaq_n_f32(a[g], x, p0[j]);
+                c[g] = vfmaq_n_f32(c[g], x, p1[j]);
+            }
+        for (int g = 0; g < 4; g++) {
+            vst1q_f32(out0 + d + 4 * g, a[g]);
+            vst1q_f32(out1 + d + 4 * g, vfmaq_n_f32(c[g], kv_load4(v, (size_t)n * ldv + d + 4 * g, kv), p1[n]));
+        }
+    }
+    for (; d < dim; d++) {
+        float a = 0.0f, c = 0.0f;
+        for (int j = 0; j < n; j++) {
+            const float x = flm_kv_at(v, (size_t)j * ldv + d, kv);
+            a = fmaf(p0[j], x, a);
+            c = fmaf(p1[j], x, c);
+        }
+        out0[d] = a;
+        out1[d] = fmaf(p1[n], flm_kv_at(v, (size_t)n * ldv + d, kv), c);
+    }
+}
+
+/* One copy of each loop per storage type (KV_DISPATCH: kernels.h). */
+void flm_key_scores2_neon(float *att0, float *att1, const float *q0, const float *q1, const void *kb, int n, int hd,
+                          int kv) {
+#define CALL(t) key_scores2_kv(att0, att1, q0, q1, kb, n, hd, t)
+    KV_DISPATCH(CALL, kv);
+#undef CALL
+}
+
+void flm_weighted_sum2_neon(float *out0, float *out1, const float *p0, const float *p1, const void *v, int n,
+                            size_t ldv, int dim, int kv) {
+#define CALL(t) weighted_sum2_kv(out0, out1, p0, p1, v, n, ldv, dim, t)
+    KV_DISPATCH(CALL, kv);
+#undef CALL
+}
+
 void flm_key_scores_neon(float *att, const float *q, const void *kb, int n, int hd, int kv) {
-    if (kv == FLM_F32) key_scores_kv(att, q, kb, n, hd, FLM_F32);
-    else if (kv == FLM_BF16) key_scores_kv(att, q, kb, n, hd, FLM_BF16);
-    else key_scores_kv(att, q, kb, n, hd, FLM_F16);
+#define CALL(t) key_scores_kv(att, q, kb, n, hd, t)
+    KV_DISPATCH(CALL, kv);
+#undef CALL
 }
 
 void flm_weighted_sum_neon(float *out, const float *p, const void *v, int n, size_t ldv, int dim, int kv) {
-    if (kv == FLM_F32) weighted_sum_kv(out, p, v, n, ldv, dim, FLM_F32);
-    else if (kv == FLM_BF16) weighted_sum_kv(out, p, v, n, ldv, dim, FLM_BF16);
-    else weighted_sum_kv(out, p, v, n, ldv, dim, FLM_F16);
+#define CALL(t) weighted_sum_kv(out, p, v, n, ldv, dim, t)
+    KV_DISPATCH(CALL, kv);
+#undef CALL
 }
 
 void flm_scale_neon(float *x, int n, float s) {
     int i = 0;
     for (; i + 4 <= n; i += 4) vst1q_f32(x + i, vmulq_n_f32(vld1q_f32(x + i), s));
     for (; i < n; i++) x[i] *= s;
+}
+
+/* ------------------------------------------------- softmax, elementwise */
+
+/* Lanes i < m of 4 (all of them when m >= 4), as a mask. */
+ARM_INLINE uint32x4_t lanes_below(int m) {
+    static const uint32_t lane[4] = {0, 1, 2, 3};
+    return vcltq_u32(vld1q_u32(lane), vdupq_n_u32((uint32_t)imin(m, 4)));
+}
+
+/* The first m of 4 floats at p (all 4 when m >= 4), the other lanes 0, as
+ * AVX-512's masked loads (store4, simd_arm64.h, the masked stores): a tail
+ * is computed as the whole vectors are, so each value's result does not
+ * depend on where a call's range ends. */
+ARM_INLINE float32x4_t load4(const float *p, int m) {
+    if (m >= 4) return vld1q_f32(p);
+    float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    memcpy(t, p, sizeof(float) * m);
+    return vld1q_f32(t);
+}
+
+/* 2^n for whole n in [-75, 64]: n + 127 in the exponent bits. */
+ARM_INLINE float32x4_t pow2(int32x4_t n) {
+    return vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(n, vdupq_n_s32(127)), 23));
+}
+
+/* exp(x) as exp16 (kernels.c) computes it: 2^n * p(r), x = n*ln2 + r,
+ * |r| <= ln2/2, a degree-6 polynomial for exp(r); about 1 ulp, exactly 0
+ * below -104, inf above 89, NaN kept. 2^n is applied in two halves, each
+ * a normal float: p times the first is exact, so a result below FLT_MIN
+ * is rounded once, as AVX-512's scalef rounds it. */
+ARM_INLINE float32x4_t exp4(float32x4_t x) {
+    x = vminq_f32(vmaxq_f32(x, vdupq_n_f32(-104.0f)), vdupq_n_f32(89.0f));
+    const float32x4_t n = vrndnq_f32(vmulq_n_f32(x, 1.44269504088896341f));
+    float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(0.693359375f));   /* x - n*ln2, ln2 in two parts */
+    r = vfmsq_f32(r, n, vdupq_n_f32(-2.12194440e-4f));
+    float32x4_t p = vdupq_n_f32(1.9875691500e-4f);
+    p = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), p, r);
+    p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), p, vmulq_f32(r, r));
+    const int32x4_t ni = vcvtq_s32_f32(n), half = vshrq_n_s32(ni, 1);   /* n in [-150, 128] */
+    return vmulq_f32(vmulq_f32(p, pow2(half)), pow2(vsubq_s32(ni, half)));
+}
+
+/* tanh(x) as tanh16 (kernels.c): kernels.h's polynomial below TANH_SMALL,
+ * 1 - 2 / (exp(2|x|) + 1) with x's sign above. NaN stays NaN through both
+ * (exp4 keeps it), so it needs no select of its own, as tanh16 does. */
+ARM_INLINE float32x4_t tanh4(float32x4_t x) {
+    const float32x4_t one = vdupq_n_f32(1.0f), a = vabsq_f32(x), z = vmulq_f32(x, x);
+    float32x4_t p = vfmaq_f32(vdupq_n_f32(TANH_P3), vdupq_n_f32(TANH_P4), z);
+    p = vfmaq_f32(vdupq_n_f32(TANH_P2), p, z);
+    p = vfmaq_f32(vdupq_n_f32(TANH_P1), p, z);
+    p = vfmaq_f32(vdupq_n_f32(TANH_P0), p, z);
+    const float32x4_t small = vfmaq_f32(x, vmulq_f32(p, z), x);
+    const float32x4_t e = exp4(vaddq_f32(a, a));
+    float32x4_t large = vsubq_f32(one, vdivq_f32(vdupq_n_f32(2.0f), vaddq_f32(e, one)));
+    large = vbslq_f32(vdupq_n_u32(0x80000000u), x, large);   /* x's sign */
+    return vbslq_f32(vcltq_f32(a, vdupq_n_f32(TANH_SMALL)), small, large);
+}
+
+/* x / (1 + exp(-x)) */
+ARM_INLINE float32x4_t silu4(float32x4_t x) {
+    return vdivq_f32(x, vaddq_f32(vdupq_n_f32(1.0f), exp4(vnegq_f32(x))));
+}
+
+float flm_exp_sum_neon(float *x, int n, float max) {
+    const float32x4_t mx = vdupq_n_f32(max);
+    float32x4_t acc = vdupq_n_f32(0.0f);
+    for (int i = 0; i < n; i += 4) {
+        const float32x4_t e = exp4(vsubq_f32(load4(x + i, n - i), mx));
+        store4(x + i, e, n - i);
+        acc = vbslq_f32(lanes_below(n - i), vaddq_f32(acc, e), acc);
+    }
+    return vaddvq_f32(acc);
+}
+
+/* x[i] = x[i] * s, or with capped s * tanh(x[i] / s), for i < n; returns
+ * the largest new x, NaN ignored as the scalar loop's `x > max` ignores it
+ * (FMAXNM returns the number). */
+ARM_INLINE float map_max(float *x, int n, float s, const int capped) {
+    float32x4_t mx = vdupq_n_f32(-INFINITY);
+    for (int i = 0; i < n; i += 4) {
+        const float32x4_t in = load4(x + i, n - i);
+        const float32x4_t v = vmulq_n_f32(capped ? tanh4(vdivq_f32(in, vdupq_n_f32(s))) : in, s);
+        store4(x + i, v, n - i);
+        mx = vbslq_f32(lanes_below(n - i), vmaxnmq_f32(mx, v), mx);
+    }
+    return vmaxnmvq_f32(mx);
+}
+
+float flm_scale_max_neon(float *x, int n, float s) { return map_max(x, n, s, 0); }
+
+float flm_softcap_max_neon(float *x, int n, float cap) { return map_max(x, n, cap, 1); }
+
+void flm_silu_mul_neon(float *g, const float *u, int n) {
+    for (int i = 0; i < n; i += 4)
+        store4(g + i, vmulq_f32(silu4(load4(g + i, n - i)), load4(u + i, n - i)), n - i);
+}
+
+/* The terms in the generic loop's order (GELU_BETA, GELU_KAPPA: kernels.h). */
+void flm_gelu_tanh_mul_neon(float *g, const float *u, int n) {
+    const float32x4_t one = vdupq_n_f32(1.0f);
+    for (int i = 0; i < n; i += 4) {
+        const float32x4_t x = load4(g + i, n - i);
+        const float32x4_t cube = vmulq_f32(vmulq_f32(x, x), x);
+        const float32x4_t inner = vmulq_n_f32(vaddq_f32(x, vmulq_n_f32(cube, GELU_KAPPA)), GELU_BETA);
+        const float32x4_t y = vmulq_f32(vmulq_n_f32(x, 0.5f), vaddq_f32(one, tanh4(inner)));
+        store4(g + i, vmulq_f32(y, load4(u + i, n - i)), n - i);
+    }
+}
+
+/* Columns j .. j + 4*nu - 1 of S (nu vectors of 4): each column summed
+ * over i in order, as the generic kernel sums it, the nu chains side by
+ * side. The decayed state is recomputed in the second pass rather than
+ * stored by the first: the same product, one store less. */
+ARM_INLINE void delta_cols(float *S, const float *q, const float *k, const float *v, float beta, float decay, int dk,
+                           int dv, float *o, int j, const int nu) {
+    float32x4_t kv[8], d[8], acc[8];
+    for (int u = 0; u < nu; u++) kv[u] = acc[u] = vdupq_n_f32(0.0f);
+    for (int i = 0; i < dk; i++) {
+        const float *Si = S + (size_t)i * dv + j;
+        for (int u = 0; u < nu; u++) kv[u] = vfmaq_n_f32(kv[u], vmulq_n_f32(vld1q_f32(Si + 4 * u), decay), k[i]);
+    }
+    for (int u = 0; u < nu; u++) d[u] = vmulq_n_f32(vsubq_f32(vld1q_f32(v + j + 4 * u), kv[u]), beta);
+    for (int i = 0; i < dk; i++) {
+        float *Si = S + (size_t)i * dv + j;
+        for (int u = 0; u < nu; u++) {
+            const float32x4_t sv = vfmaq_n_f32(vmulq_n_f32(vld1q_f32(Si + 4 * u), decay), d[u], k[i]);
+            vst1q_f32(Si + 4 * u, sv);
+            acc[u] = vfmaq_n_f32(acc[u], sv, q[i]);
+        }
+    }
+    for (int u = 0; u < nu; u++) vst1q_f32(o + j + 4 * u, acc[u]);
+}
+
+/* One column, as one lane of delta_cols computes it (fmaf is one lane of
+ * vfmaq). */
+static void delta_col(float *S, const float *q, const float *k, const float *v, float beta, float decay, int dk,
+                      int dv, float *o, int j) {
+    float kv = 0.0f, acc = 0.0f;
+    for (int i = 0; i < dk; i++) kv = fmaf(S[(size_t)i * dv + j] * decay, k[i], kv);
+    const float d = (v[j] - kv) * beta;
+    for (int i = 0; i < dk; i++) {
+        float *s = S + (size_t)i * dv + j;
+        *s = fmaf(k[i], d, *s * decay);
+        acc = fmaf(*s, q[i], acc);
+    }
+    o[j] = acc;
+}
+
+void flm_delta_rule_neon(float *S, const float *q, const float *k, const float *v, float beta, float decay, int dk,
+                         int dv, float *o) {
+    int j = 0;
+    for (; j + 32 <= dv; j += 32) delta_cols(S, q, k, v, beta, decay, dk, dv, o, j, 8);
+    for (; j + 4 <= dv; j += 4) delta_cols(S, q, k, v, beta, decay, dk, dv, o, j, 1);
+    for (; j < dv; j++) delta_col(S, q, k, v, beta, decay, dk, dv, o, j);
+}
+
+/* 4 channels at a time (the last group fewer), the kernel's taps and the
+ * window rows in registers; products and sums UNFUSED, in the generic
+ * loop's order. */
+ARM_INLINE UNFUSED void conv_groups(float *x, size_t ldx, int T, float *win, size_t ldw, const float *w, const int K, int n) {
+    for (int c = 0; c < n; c += 4) {
+        const int m = n - c;
+        float32x4_t wj[CONV_MAX_K], wn[CONV_MAX_K];
+        for (int j = 0; j < K; j++) {
+            float taps[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int l = 0; l < imin(m, 4); l++) taps[l] = w[(size_t)(c + l) * K + j];
+            wj[j] = vld1q_f32(taps);
+        }
+        for (int j = 0; j < K - 1; j++) wn[j] = load4(win + j * ldw + c, m);
+        for (int t = 0; t < T; t++) {
+            float *xt = x + (size_t)t * ldx + c;
+            const float32x4_t in = load4(xt, m);
+            float32x4_t acc = vdupq_n_f32(0.0f);
+            for (int j = 0; j < K - 1; j++) acc = vaddq_f32(acc, vmulq_f32(wj[j], wn[j]));
+            acc = vaddq_f32(acc, vmulq_f32(wj[K - 1], in));
+            for (int j = 0; j + 1 < K - 1; j++) wn[j] = wn[j + 1];
+            if (K > 1) wn[K - 2] = in;
+            store4(xt, silu4(acc), m);
+        }
+        for (int j = 0; j < K - 1; j++) store4(win + j * ldw + c, wn[j], m);
+    }
+}
+
+/* Kernels wider than CONV_MAX_K take the generic loop; Qwen3.5's 4 has a
+ * copy of its own, its taps a constant. */
+UNFUSED void flm_conv_silu_neon(float *x, size_t ldx, int T, float *win, size_t ldw, const float *w, int K, int n) {
+    if (K > CONV_MAX_K) flm_conv_silu_generic(x, ldx, T, win, ldw, w, K, n);
+    else if (K == 4) conv_groups(x, ldx, T, win, ldw, w, 4, n);
+    else conv_groups(x, ldx, T, win, ldw, w, K, n);
 }
 
 #endif

@@ -94,17 +94,6 @@ ARM_INLINE float32x4_t block_fma(float32x4_t acc, int32x4_t I0, int32x4_t I1, Ro
     return acc;
 }
 
-/* The first `rows` (of 4) lanes of v to out. */
-ARM_INLINE void store4(float *out, float32x4_t v, int rows) {
-    if (rows >= 4) {
-        vst1q_f32(out, v);
-        return;
-    }
-    float tmp[4];
-    vst1q_f32(tmp, v);
-    for (int r = 0; r < rows; r++) out[r] = tmp[r];
-}
-
 #define SUFFIX neon
 #define TARGET NEON
 #define MODE 0

@@ -26,6 +26,17 @@
 #endif
 #define ARM_INLINE static inline __attribute__((always_inline))
 
+/* The first m of 4 lanes of v to out (all 4 when m >= 4). */
+ARM_INLINE void store4(float *out, float32x4_t v, int m) {
+    if (m >= 4) {
+        vst1q_f32(out, v);
+        return;
+    }
+    float t[4];
+    vst1q_f32(t, v);
+    for (int i = 0; i < m; i++) out[i] = t[i];
+}
+
 /* The CPU's features that the paths need, found once. */
 enum { FLM_ARM_DOTPROD = 1, FLM_ARM_I8MM = 2, FLM_ARM_BF16 = 4 };
 int flm_arm64_features(void);
@@ -39,6 +50,18 @@ void flm_to_bf16_neon(uint16_t *dst, const float *src, int n);
 void flm_key_scores_neon(float *att, const float *q, const void *kblocks, int n, int hd, int kv);
 void flm_weighted_sum_neon(float *out, const float *p, const void *v, int n, size_t ldv, int dim, int kv);
 void flm_scale_neon(float *x, int n, float s);
+void flm_key_scores2_neon(float *att0, float *att1, const float *q0, const float *q1, const void *kblocks, int n,
+                          int hd, int kv);
+void flm_weighted_sum2_neon(float *out0, float *out1, const float *p0, const float *p1, const void *v, int n,
+                            size_t ldv, int dim, int kv);
+float flm_exp_sum_neon(float *x, int n, float max);
+float flm_scale_max_neon(float *x, int n, float s);
+float flm_softcap_max_neon(float *x, int n, float cap);
+void flm_silu_mul_neon(float *g, const float *u, int n);
+void flm_gelu_tanh_mul_neon(float *g, const float *u, int n);
+void flm_delta_rule_neon(float *S, const float *q, const float *k, const float *v, float beta, float decay, int dk,
+                         int dv, float *o);
+void flm_conv_silu_neon(float *x, size_t ldx, int T, float *win, size_t ldw, const float *w, int K, int n);
 
 /* The int8 kernels of each level (quant_arm64.c). */
 void flm_qgemm_neon(float *, int, const FlmQ8 *, int, const void *, int, int, int, int, int, int);

@@ -5,7 +5,9 @@
  *  - with fp32 and bf16 weights, q/k norms, biases, the attention output
  *    gate, a Gated DeltaNet layer and sliding-window attention, and Gemma's
  *    switches (GeLU, soft-capped scores and logits, sandwich norms),
- *  - the GeLU and soft-cap kernels of every path against double precision,
+ *  - the softmax, SiLU, GeLU, soft-cap, delta-rule and conv kernels of
+ *    every path against double precision, to_bf16 and the two-query
+ *    attention kernels bit for bit against their references,
  *  - with every quantized weight type: the int8 matmul of each SIMD path
  *    against the portable one (bit for bit), the fp32-activation matmul
  *    against the fp32 matmul of the dequantized matrix (bit for bit), and
@@ -426,6 +428,259 @@ static void test_elementwise(void) {
     }
 }
 
+/* Softmax's kernels on every path: exp_sum's values and sum against
+ * double precision, down to where exp underflows, and scale_max's products
+ * and largest value exactly as the scalar loop gives them, NaN ignored;
+ * with ragged tails. */
+static void test_softmax_kernels(void) {
+    enum { N = 1037 };
+    float x[N], got[N];
+    const float max = -20.0f;   /* a lane past n read as 0 would add exp(20) */
+    for (int i = 0; i < N; i++) x[i] = max - 112.0f * (float)i / N + 0.5f * frand();   /* x - max: 0.5 .. -112 */
+    x[N / 2] = max;
+    for (int pi = 0; pi < N_PATHS; pi++) {
+        if (flm_set_simd_path(paths[pi]) != 0) continue;
+        double worst = 0;
+        for (int n = N; n >= N - 21; n -= 7) {
+            memcpy(got, x, sizeof got);
+            const float sum = flm_kernels->exp_sum(got, n, max);
+            double want_sum = 0, err = 0;
+            for (int i = 0; i < n; i++) {
+                const double want = exp((double)(x[i] - max));
+                want_sum += want;
+                /* about an ulp, and at most one step of the subnormals (1.4e-45) */
+                err = fmax(err, fabs(got[i] - want) / (1e-6 * want + 1.5e-45));
+            }
+            CHECK(err <= 1.0, "%s n=%d: exp_sum's values off by %.2f of their bound", paths[pi], n, err);
+            worst = fmax(worst, err);
+            CHECK(fabs(sum - want_sum) <= 1e-5 * want_sum, "%s n=%d: exp_sum returns %.9g, the sum is %.9g",
+                  paths[pi], n, sum, want_sum);
+            CHECK(memcmp(got + n, x + n, sizeof(float) * (N - n)) == 0, "%s n=%d: exp_sum wrote past n", paths[pi], n);
+        }
+        for (int n = 0; n <= 40; n += n < 9 ? 1 : 31) {
+            for (int sign = 1; sign >= -1; sign -= 2) {
+                const float s = 0.125f * sign;
+                float want_max = -INFINITY;
+                memcpy(got, x, sizeof got);
+                for (int i = 3; i < n; i += 5) got[i] = NAN;
+                float before[41];
+                memcpy(before, got, sizeof before);
+                const float mx = flm_kernels->scale_max(got, n, s);
+                int same = 1;
+                for (int i = 0; i < n; i++) {
+                    const float want = before[i] * s;
+                    same &= isnan(want) ? isnan(got[i]) : memcmp(&want, &got[i], 4) == 0;
+                    if (want > want_max) want_max = want;
+                }
+                CHECK(same, "%s n=%d s=%g: scale_max's products differ from x * s", paths[pi], n, s);
+                CHECK(mx == want_max, "%s n=%d s=%g: scale_max returns %g, the largest value is %g", paths[pi], n,
+                      s, mx, want_max);
+                CHECK(memcmp(got + n, before + n, sizeof(float) * (41 - n)) == 0, "%s n=%d: scale_max wrote past n",
+                      paths[pi], n);
+            }
+        }
+        float nans[5] = {NAN, NAN, NAN, NAN, NAN};
+        CHECK(flm_kernels->scale_max(nans, 5, 2.0f) == -INFINITY, "%s: scale_max of NaNs is not -inf", paths[pi]);
+        printf("ok  %-11s exp_sum (err/bound %.3f), scale_max\n", paths[pi], worst);
+    }
+}
+
+/* SiLU-gating on every path against double precision, through exp's
+ * overflow and underflow, with ragged tails; NaN stays NaN. */
+static void test_silu(void) {
+    enum { N = 1037 };
+    float x[N], u[N], g[N];
+    for (int i = 0; i < N; i++) {
+        x[i] = (i - N / 2) * 0.05f + 0.01f * frand();   /* about -26 .. 26 */
+        u[i] = 0.5f + frand();
+    }
+    x[0] = -100.0f;
+    x[1] = 100.0f;
+    for (int pi = 0; pi < N_PATHS; pi++) {
+        if (flm_set_simd_path(paths[pi]) != 0) continue;
+        double err = 0;
+        for (int n = N; n >= N - 21; n -= 7) {
+            memcpy(g, x, sizeof g);
+            flm_kernels->silu_mul(g, u, n);
+            for (int i = 0; i < n; i++) {
+                const double v = x[i], want = v / (1.0 + exp(-v)) * u[i];
+                err = fmax(err, fabs(g[i] - want) / (1e-6 * fabs(want) + 1e-30));
+            }
+            CHECK(err <= 1.0, "%s n=%d: silu_mul off by %.2f of its bound", paths[pi], n, err);
+            CHECK(memcmp(g + n, x + n, sizeof(float) * (N - n)) == 0, "%s n=%d: silu_mul wrote past n", paths[pi], n);
+        }
+        float nan_in[3] = {1.0f, NAN, -2.0f}, one[3] = {1.0f, 1.0f, 1.0f};
+        flm_kernels->silu_mul(nan_in, one, 3);
+        CHECK(isnan(nan_in[1]) && !isnan(nan_in[0]) && !isnan(nan_in[2]), "%s: silu_mul does not keep NaN as NaN",
+              paths[pi]);
+        printf("ok  %-11s silu_mul (err/bound %.3f)\n", paths[pi], err);
+    }
+}
+
+/* to_bf16, on the paths that have it, bit for bit flm_f32_to_bf16: ties
+ * both ways, overflow to inf, infinities, quiet and signalling NaNs of
+ * either sign, subnormals, random bits; odd n zero-padded, nothing written
+ * after. x86's VCVTNEPS2BF16 takes subnormal inputs as zero: there a
+ * signed zero is their result too. */
+static void test_to_bf16(void) {
+    enum { N = 1037 };
+    static const uint32_t special[] = {0x00000000, 0x80000000, 0x3F800000, 0x3F808000, 0x3F818000, 0x3F808001,
+                                       0xBF818000, 0x7F7FFFFF, 0x7F7F8000, 0x7F7F7FFF, 0x7F800000, 0xFF800000,
+                                       0x7FC00000, 0x7F800001, 0xFF800001, 0xFFA00000, 0x7FFFFFFF, 0x00800000,
+                                       0x00000001, 0x807FFFFF, 0x00008000, 0x00018000};
+    const int n_special = (int)(sizeof special / sizeof special[0]);
+    float x[N];
+    uint16_t got[N + 2];
+    for (int i = 0; i < N; i++) {
+        frand();
+        uint32_t u = i < n_special ? special[i] : (uint32_t)(rng_state >> 32);
+        if (i % 8 == 7) u &= 0x807FFFFF;   /* subnormals */
+        memcpy(&x[i], &u, 4);
+    }
+    for (int pi = 0; pi < N_PATHS; pi++) {
+        if (flm_set_simd_path(paths[pi]) != 0 || !flm_kernels->to_bf16) continue;
+        const int daz = strncmp(paths[pi], "avx512", 6) == 0 || strcmp(paths[pi], "amx_bf16") == 0;
+        int bad = 0;
+        for (int n = 1; n <= N; n += n < 40 ? 1 : 331) {
+            for (int i = 0; i < N + 2; i++) got[i] = 0xABCD;
+            flm_kernels->to_bf16(got, x, n);
+            for (int i = 0; i < n; i++) {
+                const int subnormal = x[i] != 0.0f && fabsf(x[i]) < 1.17549435e-38f;
+                const uint16_t zero = signbit(x[i]) ? 0x8000 : 0;
+                bad += got[i] != flm_f32_to_bf16(x[i]) && !(daz && subnormal && got[i] == zero);
+            }
+            bad += (n & 1) && got[n] != 0;
+            for (int i = n + (n & 1); i < N + 2; i++) bad += got[i] != 0xABCD;
+        }
+        CHECK(bad == 0, "%s: to_bf16 differs from flm_f32_to_bf16 or writes past its padding (%d)", paths[pi], bad);
+        printf("ok  %-11s to_bf16\n", paths[pi]);
+    }
+}
+
+/* One token of the gated delta rule on every path against double
+ * precision, the state and the output, for widths with ragged ends. */
+static void test_delta_rule(void) {
+    enum { DK = 12, DV_MAX = 70 };
+    static const int dvs[] = {10, 37, 70};
+    float q[DK], k[DK], v[DV_MAX], S0[DK * DV_MAX], S[DK * DV_MAX], o[DV_MAX];
+    const float beta = 0.6f, decay = 0.9f;
+    for (int i = 0; i < DK; i++) { q[i] = 0.3f * frand(); k[i] = 0.3f * frand(); }
+    for (int j = 0; j < DV_MAX; j++) v[j] = frand();
+    for (int i = 0; i < DK * DV_MAX; i++) S0[i] = 0.5f * frand();
+    for (int pi = 0; pi < N_PATHS; pi++) {
+        if (flm_set_simd_path(paths[pi]) != 0) continue;
+        double s_err = 0, o_err = 0;
+        for (int t = 0; t < 3; t++) {
+            const int dv = dvs[t];
+            memcpy(S, S0, sizeof S);
+            flm_kernels->delta_rule(S, q, k, v, beta, decay, DK, dv, o);
+            for (int j = 0; j < dv; j++) {
+                double kv = 0, kv_mag = 0, out = 0, out_mag = 0, Sn[DK];
+                for (int i = 0; i < DK; i++) {
+                    kv += decay * (double)S0[i * dv + j] * k[i];
+                    kv_mag += fabs(decay * (double)S0[i * dv + j] * k[i]);
+                }
+                const double d = beta * (v[j] - kv), d_mag = beta * (fabs(v[j]) + kv_mag);
+                for (int i = 0; i < DK; i++) {
+                    const double mag = fabs(decay * (double)S0[i * dv + j]) + fabs(k[i]) * d_mag;
+                    Sn[i] = decay * (double)S0[i * dv + j] + k[i] * d;
+                    s_err = fmax(s_err, fabs(S[i * dv + j] - Sn[i]) / (1e-6 * mag + 1e-30));
+                    out += Sn[i] * q[i];
+                    out_mag += mag * fabs(q[i]);
+                }
+                o_err = fmax(o_err, fabs(o[j] - out) / (1e-6 * out_mag + 1e-30));
+            }
+        }
+        CHECK(s_err <= 1.0 && o_err <= 1.0, "%s: delta_rule off by %.2f (state), %.2f (output) of its bound",
+              paths[pi], s_err, o_err);
+        printf("ok  %-11s delta_rule (err/bound %.3f state, %.3f output)\n", paths[pi], s_err, o_err);
+    }
+}
+
+/* The causal conv and SiLU on every path against double precision, for
+ * kernels of 1 to 9 taps (past the vector kernels' CONV_MAX_K) and channels
+ * with ragged ends; the window it leaves is the last inputs, exactly, and
+ * a run split in two gives the same bits as one. */
+static void test_conv_silu(void) {
+    enum { C = 37, T = 5, LDX = C + 3, LDW = C + 5, KMAX = 9 };
+    static const int ks[] = {4, 3, 2, 1, 9};
+    float x0[T * LDX], win0[KMAX * LDW], w[C * KMAX], x[T * LDX], win[KMAX * LDW], x2[T * LDX], win2[KMAX * LDW];
+    for (int i = 0; i < T * LDX; i++) x0[i] = frand();
+    for (int i = 0; i < KMAX * LDW; i++) win0[i] = frand();
+    for (int i = 0; i < C * KMAX; i++) w[i] = 0.5f * frand();
+    for (int pi = 0; pi < N_PATHS; pi++) {
+        if (flm_set_simd_path(paths[pi]) != 0) continue;
+        double err = 0;
+        int exact = 1;
+        for (int ki = 0; ki < 5; ki++) {
+            const int K = ks[ki];
+            memcpy(x, x0, sizeof x);
+            memcpy(win, win0, sizeof win);
+            flm_kernels->conv_silu(x, LDX, T, win, LDW, w, K, C);
+            for (int c = 0; c < C; c++) {
+                float in[KMAX - 1 + T];   /* the window's inputs, oldest first, then the tokens' */
+                for (int j = 0; j < K - 1; j++) in[j] = win0[j * LDW + c];
+                for (int t = 0; t < T; t++) in[K - 1 + t] = x0[t * LDX + c];
+                for (int t = 0; t < T; t++) {
+                    double acc = 0, mag = 0;
+                    for (int j = 0; j < K; j++) {
+                        acc += (double)w[c * K + j] * in[t + j];
+                        mag += fabs((double)w[c * K + j] * in[t + j]);
+                    }
+                    const double want = acc / (1.0 + exp(-acc));
+                    err = fmax(err, fabs(x[t * LDX + c] - want) / (2e-6 * (mag + fabs(want)) + 1e-30));
+                }
+                for (int j = 0; j < K - 1; j++) exact &= win[j * LDW + c] == in[T + j];
+            }
+            memcpy(x2, x0, sizeof x2);
+            memcpy(win2, win0, sizeof win2);
+            flm_kernels->conv_silu(x2, LDX, 2, win2, LDW, w, K, C);
+            flm_kernels->conv_silu(x2 + 2 * LDX, LDX, T - 2, win2, LDW, w, K, C);
+            exact &= memcmp(x, x2, sizeof x) == 0 && memcmp(win, win2, sizeof win) == 0;
+            for (int t = 0; t < T; t++) exact &= memcmp(x + t * LDX + C, x0 + t * LDX + C, (LDX - C) * 4) == 0;
+        }
+        CHECK(err <= 1.0, "%s: conv_silu off by %.2f of its bound", paths[pi], err);
+        CHECK(exact, "%s: conv_silu's window, split runs or strides wrong", paths[pi]);
+        printf("ok  %-11s conv_silu (err/bound %.3f)\n", paths[pi], err);
+    }
+}
+
+/* key_scores2 and weighted_sum2, where a path has them: bit for bit the
+ * one-query kernels, for each KV cache type, with ragged blocks and
+ * dimensions. */
+static void test_attention_pairs(void) {
+    enum { HD = 20, NMAX = 37, ROOM = 48, DIM = 69 };
+    static const int ns[] = {1, 16, 37};
+    float q0[HD], q1[HD], p0[NMAX + 1], p1[NMAX + 1];
+    float a0[ROOM], a1[ROOM], b0[ROOM], b1[ROOM], o0[DIM], o1[DIM], r0[DIM], r1[DIM];
+    for (int d = 0; d < HD; d++) { q0[d] = frand(); q1[d] = frand(); }
+    for (int j = 0; j <= NMAX; j++) { p0[j] = 0.5f + 0.5f * frand(); p1[j] = 0.5f + 0.5f * frand(); }
+    for (int pi = 0; pi < N_PATHS; pi++) {
+        if (flm_set_simd_path(paths[pi]) != 0 || !flm_kernels->key_scores2) continue;
+        int same = 1;
+        for (int kv = FLM_F32; kv <= FLM_F16; kv++) {
+            void *keys = alloc((size_t)ROOM * HD, kv, 1.0f), *vals = alloc((size_t)(NMAX + 1) * 2 * DIM, kv, 1.0f);
+            for (int t = 0; t < 3; t++) {
+                const int n = ns[t];
+                flm_kernels->key_scores2(a0, a1, q0, q1, keys, n, HD, kv);
+                flm_kernels->key_scores(b0, q0, keys, n, HD, kv);
+                flm_kernels->key_scores(b1, q1, keys, n, HD, kv);
+                same &= memcmp(a0, b0, n * 4) == 0 && memcmp(a1, b1, n * 4) == 0;
+                for (int dim = HD; dim <= DIM; dim += DIM - HD) {   /* a value row of 2*DIM, one head's dims */
+                    flm_kernels->weighted_sum2(o0, o1, p0, p1, vals, n, 2 * DIM, dim, kv);
+                    flm_kernels->weighted_sum(r0, p0, vals, n, 2 * DIM, dim, kv);
+                    flm_kernels->weighted_sum(r1, p1, vals, n + 1, 2 * DIM, dim, kv);
+                    same &= memcmp(o0, r0, dim * 4) == 0 && memcmp(o1, r1, dim * 4) == 0;
+                }
+            }
+            free(keys);
+            free(vals);
+        }
+        CHECK(same, "%s: key_scores2 or weighted_sum2 differ from the one-query kernels", paths[pi]);
+        printf("ok  %-11s key_scores2, weighted_sum2\n", paths[pi]);
+    }
+}
+
 /* The matmul alone, for a quantized type: the int8 path of every SIMD path
  * against the portable one, and the fp32-activation path against the fp32
  * matmul of the dequantized matrix, both bit for bit; packed rows against
@@ -505,6 +760,12 @@ int main(void) {
     test_model(FLM_BF16, 0, 1, 0, 0, 0, 1);
     test_model(FLM_Q4_K, 0, 0, 0, 0, 0, 1);
     test_elementwise();
+    test_softmax_kernels();
+    test_silu();
+    test_to_bf16();
+    test_delta_rule();
+    test_conv_silu();
+    test_attention_pairs();
     printf(failures ? "%d failed\n" : "all passed\n", failures);
     return failures != 0;
 }
