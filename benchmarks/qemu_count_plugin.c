@@ -23,6 +23,7 @@
    Debian packages QEMU 7.2 with plugin support but without its
    qemu-plugin.h, so the few declarations used here are written out below
    from QEMU's documented plugin API, version 1 (QEMU 7.2). */
+#define _POSIX_C_SOURCE 200809L   /* strdup */
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
