@@ -309,7 +309,8 @@ def main() -> None:
         for name, level, cpu, got in rows:
             for engine, m in got.items():
                 print(f"\n{engine} on {name}, {cpu}: the {args.profile} functions with the most decode "
-                      f"instructions, millions per token\n")
+                      f"instructions, millions per token (a difference of two runs: negative where the "
+                      f"longer run takes another path through a function)\n")
                 print("| function | prompt | decode |")
                 print("|---|---|---|")
                 for f, pp, tg in top_functions(m, args.profile):
