@@ -40,6 +40,18 @@ ARM_INLINE TARGET int32x4_t FN(dots)(const int8x16_t v[8], int8x16_t x0, int8x16
 #endif
 }
 
+/* A block's integer sums over its first (I0) and last (I1) 16 k: for the
+ * types whose halves share a scale, all 32 k in I0 and 0 in I1, which
+ * block_fma adds anyway (exact either way). */
+#define BLOCK_SUMS(I0, I1, v, x0, x1, type)                                     \
+    if ((type) == FLM_Q6_K) {                                                   \
+        I0 = FN(dots)(v, x0, x1, 0, 4);                                         \
+        I1 = FN(dots)(v, x0, x1, 4, 4);                                         \
+    } else {                                                                    \
+        I0 = FN(dots)(v, x0, x1, 0, 8);                                         \
+        I1 = vdupq_n_s32(0);                                                    \
+    }
+
 /* Rows 4q .. 4q+3 of one panel for NT tokens. */
 ARM_INLINE TARGET void FN(qrows)(float *out, int ldo, const FlmQ8 *x, int lda, const uint8_t *pp, int K,
                                  const int type, const int NT, int q, int rows, const FlmQuantType *L) {
@@ -90,10 +102,39 @@ ARM_INLINE TARGET void FN(qrows)(float *out, int ldo, const FlmQ8 *x, int lda, c
 #endif
             const FlmQ8 *xb = x + (size_t)t * lda + b;
             const int8x16_t x0 = vld1q_s8(xb->q), x1 = vld1q_s8(xb->q + 16);
-            acc[t] = block_fma(acc[t], FN(dots)(v, x0, x1, 0, 4), FN(dots)(v, x0, x1, 4, 4), s, type, off, xb);
+            int32x4_t I0, I1;
+            BLOCK_SUMS(I0, I1, v, x0, x1, type)
+            acc[t] = block_fma(acc[t], I0, I1, s, type, off, xb);
         }
     }
     for (int t = 0; t < NT; t++) store4(out + (size_t)t * ldo, acc[t], rows);
+}
+
+/* One token against the first 4*G rows of one panel (decode): the block's
+ * address and the token's activations are read once for the panel's G row
+ * groups rather than once a group, and each group is summed as qrows sums
+ * it. */
+ARM_INLINE TARGET void FN(qpanel1)(float *out, const FlmQ8 *x, const uint8_t *pp, int K, const int type, const int G,
+                                   int rows, const FlmQuantType *L) {
+    const int bits = L->bits, off = bits == 8 ? 0 : L->offset;
+    const size_t sbb = sb_bytes(L);
+    float32x4_t acc[4];
+    for (int q = 0; q < G; q++) acc[q] = vdupq_n_f32(0.0f);
+    for (int b = 0; b < K / 32; b++) {
+        const uint8_t *h = pp + (size_t)(b * 32 / L->sb) * sbb;
+        const int i = b * 32 % L->sb / 32;
+        const FlmQ8 *xb = x + b;
+        const int8x16_t x0 = vld1q_s8(xb->q), x1 = vld1q_s8(xb->q + 16);
+        _Pragma("GCC unroll 4")   /* the sums stay in registers */
+        for (int q = 0; q < G; q++) {
+            int8x16_t v[8];
+            unpack4(v, h + L->header + (size_t)i * L->data, bits, q);
+            int32x4_t I0, I1;
+            BLOCK_SUMS(I0, I1, v, x0, x1, type)
+            acc[q] = block_fma(acc[q], I0, I1, row_scales(h, type, i, q), type, off, xb);
+        }
+    }
+    for (int q = 0; q < G; q++) store4(out + 4 * q, acc[q], rows - 4 * q);
 }
 
 ARM_INLINE TARGET void FN(qgemm_type)(float *out, int ldo, const FlmQ8 *x, int lda, const void *wp, int K, int T,
@@ -102,6 +143,12 @@ ARM_INLINE TARGET void FN(qgemm_type)(float *out, int ldo, const FlmQ8 *x, int l
     const size_t pb = (size_t)K / L->sb * sb_bytes(L);
     for (int p = p0; p < p0 + np; p++) {
         const uint8_t *pp = (const uint8_t *)wp + (size_t)p * pb;
+        const int left = N - p * PANEL;
+        if (T == 1) {   /* a whole panel's row groups at once, 4 of them a constant in its own copy */
+            if (left >= PANEL) FN(qpanel1)(out + p * PANEL, x, pp, K, type, 4, left, L);
+            else FN(qpanel1)(out + p * PANEL, x, pp, K, type, (left + 3) / 4, left, L);
+            continue;
+        }
         for (int q = 0; q < 4; q++) {
             const int rows = N - p * PANEL - 4 * q;
             if (rows <= 0) break;
@@ -124,6 +171,7 @@ TARGET void FN(flm_qgemm)(float *out, int ldo, const FlmQ8 *x, int lda, const vo
     }
 }
 
+#undef BLOCK_SUMS
 #undef FN
 #undef QCAT
 #undef QCAT2
