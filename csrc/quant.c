@@ -10,24 +10,6 @@
 
 #define PANEL FLM_PANEL
 
-static const FlmQuantType types[FLM_TYPES] = {
-    [FLM_F32] = {"f32", 1, 0, 0, 32, 0, 1, 4},   /* panels of gemm.c, not quant.c */
-    [FLM_BF16] = {"bf16", 1, 0, 0, 16, 0, 1, 2},
-    [FLM_F16] = {"f16", 1, 0, 32, 16, 0, 1, 2},   /* [k][16] halves, any K */
-    [FLM_Q8_0] = {"q8_0", 32, 32, 512, 8, 128, 32, 34},
-    [FLM_Q4_0] = {"q4_0", 32, 32, 256, 4, 8, 32, 18},
-    [FLM_Q4_1] = {"q4_1", 32, 64, 256, 4, 0, 32, 20},
-    [FLM_Q5_0] = {"q5_0", 32, 32, 320, 5, 16, 32, 22},
-    [FLM_Q5_1] = {"q5_1", 32, 64, 320, 5, 0, 32, 24},
-    [FLM_Q4_K] = {"q4_k", 256, 320, 256, 4, 0, 256, 144},
-    [FLM_Q5_K] = {"q5_k", 256, 320, 320, 5, 0, 256, 176},
-    [FLM_Q6_K] = {"q6_k", 256, 288, 384, 6, 32, 256, 210},
-};
-
-const FlmQuantType *flm_quant_type(int type) {
-    return type >= 0 && type < FLM_TYPES ? &types[type] : NULL;
-}
-
 int flm_is_quantized(int type) { return type >= FLM_Q8_0 && type < FLM_TYPES; }
 
 static size_t sb_bytes(const FlmQuantType *q) { return (size_t)q->header + (size_t)q->sb / 32 * q->data; }
@@ -414,11 +396,11 @@ void flm_qgemm_generic(float *out, int ldo, const FlmQ8 *x, int lda, const void 
 
 /* The layout of a type, read from the table: with the type a constant in
  * each instantiation of the kernels below, the reads fold away. */
-INLINE int q_sb(int t) { return types[t].sb; }
-INLINE int q_header(int t) { return types[t].header; }
-INLINE int q_bits(int t) { return types[t].bits; }
-INLINE int q_data(int t) { return types[t].data; }
-INLINE int q_offset(int t) { return types[t].offset; }
+INLINE int q_sb(int t) { return flm_quant_types[t].sb; }
+INLINE int q_header(int t) { return flm_quant_types[t].header; }
+INLINE int q_bits(int t) { return flm_quant_types[t].bits; }
+INLINE int q_data(int t) { return flm_quant_types[t].data; }
+INLINE int q_offset(int t) { return flm_quant_types[t].offset; }
 INLINE int q_has_min(int t) { return t == FLM_Q4_1 || t == FLM_Q5_1; }
 INLINE int q_is_k(int t) { return t == FLM_Q4_K || t == FLM_Q5_K; }
 

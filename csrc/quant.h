@@ -48,8 +48,25 @@ typedef struct {
 /* What fastllm knows of a weight type (FLM_F32 .. FLM_Q6_K), NULL for
  * others: the one table of names and block sizes, which Python reads too.
  * The panel fields (header, data, offset) describe quant.c's panels, of
- * FLM_F16 and up; f32 and bf16 are packed by gemm.c. */
-const FlmQuantType *flm_quant_type(int type);
+ * FLM_F16 and up; f32 and bf16 are packed by gemm.c. In the header so that
+ * a kernel compiled for one type has its layout as constants. */
+static const FlmQuantType flm_quant_types[FLM_TYPES] = {
+    [FLM_F32] = {"f32", 1, 0, 0, 32, 0, 1, 4},   /* panels of gemm.c, not quant.c */
+    [FLM_BF16] = {"bf16", 1, 0, 0, 16, 0, 1, 2},
+    [FLM_F16] = {"f16", 1, 0, 32, 16, 0, 1, 2},   /* [k][16] halves, any K */
+    [FLM_Q8_0] = {"q8_0", 32, 32, 512, 8, 128, 32, 34},
+    [FLM_Q4_0] = {"q4_0", 32, 32, 256, 4, 8, 32, 18},
+    [FLM_Q4_1] = {"q4_1", 32, 64, 256, 4, 0, 32, 20},
+    [FLM_Q5_0] = {"q5_0", 32, 32, 320, 5, 16, 32, 22},
+    [FLM_Q5_1] = {"q5_1", 32, 64, 320, 5, 0, 32, 24},
+    [FLM_Q4_K] = {"q4_k", 256, 320, 256, 4, 0, 256, 144},
+    [FLM_Q5_K] = {"q5_k", 256, 320, 320, 5, 0, 256, 176},
+    [FLM_Q6_K] = {"q6_k", 256, 288, 384, 6, 32, 256, 210},
+};
+
+static inline const FlmQuantType *flm_quant_type(int type) {
+    return type >= 0 && type < FLM_TYPES ? &flm_quant_types[type] : NULL;
+}
 int flm_is_quantized(int type);
 
 /* Bytes of an (N, K) quantized matrix in panels; K must be a whole number of superblocks. */
