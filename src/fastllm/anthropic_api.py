@@ -80,6 +80,13 @@ def chat_body(body: dict, count_only: bool = False) -> dict:
         out["tool_choice"], parallel = tool_choice_of(body["tool_choice"])
         if parallel is not None:
             out["parallel_tool_calls"] = parallel
+    config = api.field_of(body, "output_config", dict, {})
+    fmt = config.get("format")
+    if fmt is not None:
+        if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+            raise _bad("'output_config.format' must be {\"type\": \"json_schema\", \"schema\": {...}}",
+                       "output_config")
+        out["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
     thinking = body.get("thinking")
     if thinking is not None:
         kind = thinking.get("type") if isinstance(thinking, dict) else None
