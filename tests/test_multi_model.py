@@ -3,9 +3,6 @@ model its `model` field names (as that model alone answers it), /v1/models
 listing them, unknown names refused with 404s in each API's shape, and
 `fastllm serve --model A --model B` / `--models-file`."""
 import json
-import socket
-import threading
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -13,38 +10,28 @@ import pytest
 
 openai = pytest.importorskip("openai")
 anthropic = pytest.importorskip("anthropic")
-uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("uvicorn")
 
 from fastllm import Model, SamplingParams, cli  # noqa: E402
 from fastllm.server import ServeOptions, create_app  # noqa: E402
 from fastllm.serving import BatchEngine  # noqa: E402
-from test_server import client  # noqa: E402
+from test_server import client, serving  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0)
 TINY = Path(__file__).parent / "data" / "tiny-llama"
 
 
 @contextmanager
-def serving(entries, **options):
+def serving_models(entries, **options):
     """A server of [(name, model), ...] on a free port; yields its base URL."""
     engines = [BatchEngine(m, parallel=2, max_queue=8) for _, m in entries]
-    app = create_app(None, None, options=ServeOptions(**options),
-                     models=[(n, m, e) for (n, m), e in zip(entries, engines)])
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
     try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+        with serving(create_app(None, None, options=ServeOptions(**options),
+                                models=[(n, m, e) for (n, m), e in zip(entries, engines)])) as url:
+            yield url
     finally:
-        server.should_exit = True
-        thread.join(30)
         for e in engines:
             e.close()
-        sock.close()
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +42,7 @@ def models(fastllm_home):
 
 @pytest.fixture(scope="module")
 def url(models):
-    with serving(models) as url:
+    with serving_models(models) as url:
         yield url
 
 
@@ -99,7 +86,7 @@ def test_an_unknown_model_is_a_404_in_the_apis_shape(url):
 
 
 def test_one_model_answers_any_name_and_says_its_own(models):
-    with serving(models[1:]) as url:
+    with serving_models(models[1:]) as url:
         r = client(url).completions.create(model="gpt-4o", prompt="x", max_tokens=2)
         assert r.model == "tiny"
 

@@ -283,15 +283,8 @@ def message(job: Job, mid: str, content: list, reason, stop, output_tokens: int)
 
 async def whole(job: Job, completions, requests, http_request) -> dict:
     """The Message that answers job (run as completions.run runs it)."""
-    from .server import engine_error
-    texts, state = [], completions.new_state()
-    async for index, piece, extra in completions.run(job.g, requests, http_request, state):
-        if piece is None:
-            if extra is not None:
-                raise engine_error(extra)
-            continue
-        texts.append(piece)
-    content, called = content_blocks(job, "".join(texts))
+    text, state = await completions.reply(job.g, requests, http_request)
+    content, called = content_blocks(job, text)
     reason, stop = stop_reason(job, 0, requests[0], state, completions, called)
     return message(job, _message_id(), content, reason, stop, requests[0].generated)
 

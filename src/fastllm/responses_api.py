@@ -329,15 +329,8 @@ def _keep(job: Job, response: dict):
 
 
 async def whole(job: Job, completions, requests, http_request) -> dict:
-    from .server import engine_error
-    texts, state = [], completions.new_state()
-    async for _, piece, extra in completions.run(job.g, requests, http_request, state):
-        if piece is None:
-            if extra is not None:
-                raise engine_error(extra)
-            continue
-        texts.append(piece)
-    response = response_object(job, output_items(job, "".join(texts)), _status(completions, requests[0], state),
+    text, state = await completions.reply(job.g, requests, http_request)
+    response = response_object(job, output_items(job, text), _status(completions, requests[0], state),
                                requests[0].generated)
     _keep(job, response)
     return response

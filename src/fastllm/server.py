@@ -256,6 +256,17 @@ class Completions:
         return api.response(g, _id(g), int(time.time()), self.model_name, choices,
                             sum(r.generated for r in requests))
 
+    async def reply(self, g, requests, http_request) -> tuple:
+        """(text, state) of a one-choice request, run to its end."""
+        texts, state = [], self.new_state()
+        async for _, piece, extra in self.run(g, requests, http_request, state):
+            if piece is None:
+                if extra is not None:
+                    raise engine_error(extra)
+                continue
+            texts.append(piece)
+        return "".join(texts), state
+
     async def events(self, g, requests, http_request):
         rid, created, name = _id(g), int(time.time()), self.model_name
         tokenizer = self.model.tokenizer
