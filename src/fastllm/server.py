@@ -480,10 +480,15 @@ def create_app(model, engine, model_name: str | None = None, api_key: str | None
         message = {404: f"no route {request.url.path}",
                    405: f"{request.method} is not allowed on {request.url.path}"}.get(
             exc.status_code, str(exc.detail))
-        return error(APIError(exc.status_code, message, type=kind))
+        return error(APIError(exc.status_code, message, type=kind), shape=shape_of(request))
 
     async def internal_error(request, exc):
-        return error(api.server_error(f"internal error: {type(exc).__name__}"))
+        return error(api.server_error(f"internal error: {type(exc).__name__}"), shape=shape_of(request))
+
+    def shape_of(request):
+        """The error shape of the API a path belongs to."""
+        path = request.url.path
+        return anthropic if path == "/v1/messages" or path.startswith("/v1/messages/") else api.error_body
 
     anthropic = anthropic_api.error_body
     return Starlette(routes=[
