@@ -182,3 +182,35 @@ def test_bad_requests_are_400s_that_name_the_field(server, body, param, message)
     assert e.value.code == 400
     error = json.loads(e.value.read())["error"]
     assert error["param"] == param and message in error["message"]
+
+
+@pytest.fixture(scope="module")
+def qwen_server(tiny_qwen):
+    with running(tiny_qwen("qwen3.5"), parallel=2) as (url, engine):
+        yield url, engine
+
+
+@pytest.mark.slow
+def test_a_function_calling_loop_and_reasoning_on_a_qwen_model(qwen_server, tiny_qwen):
+    c = client(qwen_server[0])
+    # reasoning.effort "none" closes the think block in the prompt; the
+    # Qwen3.5 template renders the tools, the call and its output itself
+    kw = dict(model="m", tools=[WEATHER], temperature=0, reasoning={"effort": "none"})
+    first = c.responses.create(input="Weather in Oslo?", tool_choice="required", parallel_tool_calls=False,
+                               max_output_tokens=40, **kw)
+    assert [o.type for o in first.output] == ["function_call"]
+    call = first.output[0]
+    jsonschema.validate(json.loads(call.arguments), WEATHER["parameters"])
+    last = c.responses.create(previous_response_id=first.id, tool_choice="none", max_output_tokens=12, input=[
+        {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}], **kw)
+    assert [o.type for o in last.output] == ["message"]
+    # thinking on (any other effort): the prompt opened <think>, and the (random) model's reply is all reasoning
+    model = tiny_qwen("qwen3.5")
+    want = model.chat([{"role": "user", "content": "hi"}], 10, sampling=GREEDY,
+                      template_kwargs={"enable_thinking": True})
+    r = c.responses.create(model="m", input="hi", max_output_tokens=10, temperature=0, reasoning={"effort": "high"})
+    assert r.output[0].type == "reasoning" and r.output[0].content[0].text == want.lstrip("\n")
+    events = list(c.responses.create(model="m", input="hi", max_output_tokens=10, temperature=0, stream=True,
+                                     reasoning={"effort": "high"}))
+    streamed = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert streamed == r.output[0].content[0].text

@@ -135,8 +135,8 @@ def read_request(body: dict, model, name: str, store: ResponseStore) -> Job:
     effort = reasoning.get("effort")
     if effort is not None and effort not in ("none", "minimal", "low", "medium", "high", "xhigh"):
         raise _bad("'reasoning.effort' must be one of none, minimal, low, medium, high, xhigh", "reasoning")
-    if effort == "none":
-        chat["chat_template_kwargs"] = {"enable_thinking": False}
+    if effort is not None:   # the template's thinking, on or off
+        chat["chat_template_kwargs"] = {"enable_thinking": effort != "none"}
     metadata = api.field_of(body, "metadata", dict, {})
     g = api.parse_request({k: v for k, v in chat.items() if v is not None}, True, model, max_choices=1)
     echo = {"instructions": instructions, "max_output_tokens": chat["max_tokens"], "metadata": metadata,
