@@ -138,6 +138,14 @@ def read_request(body: dict, model, name: str, store: ResponseStore) -> Job:
     if effort is not None:   # the template's thinking, on or off
         chat["chat_template_kwargs"] = {"enable_thinking": effort != "none"}
     metadata = api.field_of(body, "metadata", dict, {})
+    if len(metadata) > 16 or not all(isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512
+                                     for k, v in metadata.items()):
+        raise _bad("'metadata' must be at most 16 string keys (64 characters) with string values "
+                   "(512 characters)", "metadata")
+    truncation = api.field_of(body, "truncation", str, "disabled")
+    if truncation not in ("auto", "disabled"):
+        raise _bad("'truncation' must be 'auto' or 'disabled'", "truncation")
+    user = api.field_of(body, "user", str, None)
     g = api.parse_request({k: v for k, v in chat.items() if v is not None}, True, model, max_choices=1)
     echo = {"instructions": instructions, "max_output_tokens": chat["max_tokens"], "metadata": metadata,
             "parallel_tool_calls": chat["parallel_tool_calls"] is not False,
@@ -145,7 +153,7 @@ def read_request(body: dict, model, name: str, store: ResponseStore) -> Job:
             "store": keep, "temperature": g.samplings[0].temperature, "top_p": g.samplings[0].top_p,
             "text": {"format": text.get("format") or {"type": "text"}},
             "tool_choice": body.get("tool_choice") or "auto", "tools": tools or [],
-            "truncation": body.get("truncation") or "disabled", "user": body.get("user")}
+            "truncation": truncation, "user": user}
     return Job(g, name, echo, history + new, store if keep else None)
 
 

@@ -370,6 +370,10 @@ def create_app(model, engine, model_name: str | None = None, api_key: str | None
         return Response(json.dumps(shape(e)), status_code=e.status, headers=e.headers,
                         media_type="application/json")
 
+    def ascii_json(body):
+        # a reply that repeats the request's fields may hold its lone surrogates
+        return Response(json.dumps(body), media_type="application/json")
+
     def check_key(request):
         # a bearer token (OpenAI's clients), or x-api-key (Anthropic's)
         if api_key is not None and request.headers.get("authorization", "") != f"Bearer {api_key}" \
@@ -429,7 +433,7 @@ def create_app(model, engine, model_name: str | None = None, api_key: str | None
                                          media_type="text/event-stream")
             reply = await module.whole(job, served.completions, requests, http_request)
             metrics.request(endpoint, 200)
-            return JSONResponse(reply)
+            return ascii_json(reply)
         return handle
 
     async def count_tokens(http_request, endpoint):
@@ -443,8 +447,8 @@ def create_app(model, engine, model_name: str | None = None, api_key: str | None
         check_key(http_request)
         rid = http_request.path_params["rid"]
         if http_request.method == "DELETE":
-            return JSONResponse(stored.delete(rid))
-        return JSONResponse(stored.get(rid))
+            return ascii_json(stored.delete(rid))
+        return ascii_json(stored.get(rid))
 
     async def embed(http_request, endpoint):
         body = await body_of(http_request)
