@@ -234,3 +234,31 @@ def test_tokenize_and_detokenize_agree_with_hf_tokenizers(embedder, server, embe
                                ("/detokenize", {"tokens": [2**40]}, "outside the vocabulary")]:
         status, reply = post(server[0], path, bad)
         assert status == 400 and message in reply["error"]["message"], (path, bad, reply)
+
+
+def test_a_long_embedding_job_stops_at_the_time_limit_or_when_the_client_goes():
+    import asyncio
+    from fastllm.openai_api import APIError
+    from fastllm.server import ServeOptions, _cancellable
+
+    class Client:
+        gone = False
+
+        async def is_disconnected(self):
+            return self.gone
+
+    def work(job, served, cancelled):   # an embedding job of many inputs, stopped between them
+        for _ in range(600):
+            if cancelled.wait(0.05):
+                return None
+        return "finished"
+
+    with pytest.raises(APIError, match="did not finish within 0.2 s") as e:
+        asyncio.run(_cancellable(work, None, None, Client(), ServeOptions(request_timeout=0.2)))
+    assert e.value.status == 408
+    client = Client()
+    client.gone = True
+    with pytest.raises(APIError, match="went away"):
+        asyncio.run(_cancellable(work, None, None, client, ServeOptions()))
+    quick = asyncio.run(_cancellable(lambda job, served, cancelled: [job], 7, None, Client(), ServeOptions()))
+    assert quick == [7]

@@ -187,7 +187,11 @@ def tokenize(body: dict, model) -> dict:
                        param="content")
     if not with_pieces:
         return {"tokens": [int(t) for t in ids]}
-    return {"tokens": [{"id": int(t), "piece": piece(tokenizer, int(t))} for t in ids]}
+    pieces = {}   # a text repeats its tokens: each is decoded once
+    for t in ids:
+        if t not in pieces:
+            pieces[t] = piece(tokenizer, int(t))
+    return {"tokens": [{"id": int(t), "piece": pieces[t]} for t in ids]}
 
 
 def _plain_encode(tokenizer, text: str, add_special: bool) -> list:
