@@ -452,7 +452,7 @@ class Model:
                     if open_pass:
                         open_pass = False
                         close_pass(drafted)
-                    room = min(max_new_tokens - i - 2, self.n_ctx - len(ids), s.max_batch - 1)
+                    room = min(max_new_tokens - i - 2, self.n_ctx - len(ids), s.pass_room() - 1)
                     guesses = spec.draft(ids, room)
                     t1 = time.perf_counter()
                     if guesses:
@@ -471,20 +471,24 @@ class Model:
                 stats.accepted_tokens = spec.stats.accepted
 
     def generate_tokens_batch(self, prompts_ids, max_new_tokens: int = 128,
-                              sampling: SamplingParams | None = None, stop_token_ids=None) -> list:
+                              sampling: SamplingParams | None = None, stop_token_ids=None,
+                              speculative=None) -> list:
         """New token ids for several prompts, decoded together (continuous
         batching, fastllm.serving.BatchEngine): each step runs one token of
         every unfinished prompt in a single pass over the weights, on
         sessions of their own. Each list is exactly what generate_tokens
         gives for that prompt alone, whatever the others are (greedy, or
         sampled: every prompt draws from its own generator seeded with
-        sampling.seed)."""
+        sampling.seed). speculative: as for generate_tokens ("ngram" or a
+        draft Model; None: the model's setting, False: none)."""
         from .serving import BatchEngine
         n = len(prompts_ids)
         if n == 0:
             return []
         chunk = min(max(len(p) for p in prompts_ids), self.max_batch)
-        engine = BatchEngine(self, parallel=n, max_queue=n, prefill_chunk=max(chunk, 1))
+        spec = self.speculative if speculative is None else speculative or None
+        engine = BatchEngine(self, parallel=n, max_queue=n, prefill_chunk=max(chunk, self.draft_max + 1, 1),
+                             speculative=spec, draft_max=self.draft_max)
         try:
             requests = [engine.submit(ids, max_new_tokens, sampling, stop_token_ids) for ids in prompts_ids]
             return [list(r) for r in requests]

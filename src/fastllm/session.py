@@ -215,15 +215,27 @@ class Session:
         self.reset()
         return self._run(ids, True, hidden_states)
 
+    def pass_room(self) -> int:
+        """The most tokens a verify() may run now: one pass of max_batch, and
+        under LongRoPE, whose tables are those of the sequence's length,
+        not past the original context when it starts within it (each
+        token's logits would otherwise be those of a longer sequence)."""
+        room = self.max_batch
+        position = self.position
+        if self._long_rope_after is not None and position < self._long_rope_after:
+            room = min(room, self._long_rope_after - position)
+        return room
+
     def verify(self, token_ids) -> np.ndarray:
         """Run token_ids after the tokens held, in one pass, as a draft to
         check (speculative decoding): the logits of every one, shape (n,
         vocab_size). keep() then holds only a prefix of them, recurrent
-        layers included, bit for bit as if only that prefix had run."""
+        layers included, bit for bit as if only that prefix had run.
+        At most pass_room() tokens."""
         ids = self.check(token_ids)
-        if ids.size > self.max_batch:
+        if ids.size > self.pass_room():
             raise ValueError(f"a draft of {ids.size} tokens does not fit one pass of this session "
-                             f"(max_batch {self.max_batch})")
+                             f"(at most {self.pass_room()} now)")
         with self._use():
             self._settle()
             self._match_rope(len(self._tokens) + ids.size)
