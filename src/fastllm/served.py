@@ -80,6 +80,14 @@ class ModelSet:
     def queue_depth(self) -> int:
         return sum(s.engine.queue_depth for s in self.served)
 
+    @property
+    def drafted(self) -> int:
+        return sum(s.engine.drafted for s in self.served)
+
+    @property
+    def accepted(self) -> int:
+        return sum(s.engine.accepted for s in self.served)
+
     def close(self):
         for s in self.served:
             s.engine.close()

@@ -97,6 +97,9 @@ class Metrics:
                   "# TYPE fastllm_generated_tokens_total counter",
                   f"fastllm_generated_tokens_total {self.generated_tokens}",
                   "# TYPE fastllm_tokens_per_second gauge", f"fastllm_tokens_per_second {rate:.3f}",
+                  "# TYPE fastllm_draft_tokens_total counter", f"fastllm_draft_tokens_total {engine.drafted}",
+                  "# TYPE fastllm_draft_accepted_tokens_total counter",
+                  f"fastllm_draft_accepted_tokens_total {engine.accepted}",
                   "# TYPE fastllm_time_to_first_token_seconds summary",
                   f"fastllm_time_to_first_token_seconds_sum {self.ttft_sum:.6f}",
                   f"fastllm_time_to_first_token_seconds_count {self.ttft_count}"]
@@ -155,7 +158,7 @@ class Completions:
                                 "(its --max-queue)", param="n")
         try:
             requests = self.engine.submit_many(g.prompt_ids, g.max_tokens, g.samplings, g.stop_ids,
-                                               g.top_logprobs, g.constraints)
+                                               g.top_logprobs, g.constraints, g.draft_max)
         except QueueFull as e:
             raise APIError(503, str(e), type="server_error", code="overloaded",
                            headers={"Retry-After": "1"}) from None
@@ -534,7 +537,8 @@ def serve(model, options: ServeOptions = DEFAULTS):
     engines = []
     try:
         for _, m in entries:
-            engines.append(BatchEngine(m, parallel=options.parallel, max_queue=options.max_queue))
+            engines.append(BatchEngine(m, parallel=options.parallel, max_queue=options.max_queue,
+                                       speculative=m.speculative, draft_max=m.draft_max))
         app = create_app(None, None, options=options,
                          models=[(name, m, e) for (name, m), e in zip(entries, engines)])
         for name, m in entries:

@@ -55,6 +55,9 @@ class Session:
         self._long_rope_after = (config.rope_scaling["original_max_position_embeddings"]
                                  if config.longrope else None)
         self._tokens = []
+        # (start, n): the last pass ran n tokens from position start as a
+        # draft (verify), and any prefix of them may still be kept.
+        self._verified = None
         self._unsettled = False   # a chunk may have run without being listed
         self._guard = threading.Lock()  # guards _busy_by and _holder (see _use)
         self._busy_by = None            # (thread, call) while C runs this session
@@ -108,6 +111,7 @@ class Session:
             if not self.can_rewind:
                 self._tokens = []
             self._unsettled = False
+            self._verified = None
 
     @property
     def tokens(self) -> tuple:
@@ -158,6 +162,7 @@ class Session:
             self._run_chunks(held, False, False)
 
     def _run_chunks(self, ids, all_logits, hidden_states):
+        self._verified = None
         logits, traces = [], []
         for start in range(0, ids.size, self.max_batch):
             chunk = ids[start:start + self.max_batch]
@@ -227,6 +232,78 @@ class Session:
                 self._unsettled = False
         return out[0] if len(out) == 1 else np.concatenate(out)
 
+    def pass_room(self) -> int:
+        """The most tokens a verify() may run now: one pass of max_batch, and
+        under LongRoPE, whose tables are those of the sequence's length,
+        not past the original context when it starts within it (each
+        token's logits would otherwise be those of a longer sequence)."""
+        room = self.max_batch
+        position = self.position
+        if self._long_rope_after is not None and position < self._long_rope_after:
+            room = min(room, self._long_rope_after - position)
+        return room
+
+    def verify(self, token_ids) -> np.ndarray:
+        """Run token_ids after the tokens held, in one pass, as a draft to
+        check (speculative decoding): the logits of every one, shape (n,
+        vocab_size). keep() then holds only a prefix of them, recurrent
+        layers included, bit for bit as if only that prefix had run.
+        At most pass_room() tokens."""
+        ids = self.check(token_ids)
+        if ids.size > self.pass_room():
+            raise ValueError(f"a draft of {ids.size} tokens does not fit one pass of this session "
+                             f"(at most {self.pass_room()} now)")
+        with self._use():
+            self._settle()
+            self._match_rope(len(self._tokens) + ids.size)
+            if not self.can_rewind:
+                self._state.enable_rollback(ids.size)
+            start = len(self._tokens)
+            self._unsettled = True
+            out = self._state.run(ids, start, True, False, True)
+            self._tokens += ids.tolist()
+            self._unsettled = False
+            self._verified = (start, ids.size)
+            return out
+
+    def keep(self, n: int, work: "Session | None" = None):
+        """Hold only the first n tokens of the last verify() (or of this
+        session's part of the last extend_together with keep): what it
+        holds is then exactly what running those n alone would have left.
+        work: a session whose buffers hold n tokens, for a session whose
+        own max_batch is smaller (a recurrent state's last n steps run
+        again there)."""
+        with self._use():
+            self._settle()
+            if self._verified is None or len(self._tokens) != sum(self._verified):
+                raise ValueError("keep() follows a verify() pass: the session has run other tokens since")
+            start, size = self._verified
+            if not 0 <= n <= size:
+                raise ValueError(f"the last pass ran {size} tokens: cannot keep {n}")
+            if not self.can_rewind:
+                self._state.rollback(n, None if work is None else work._state)
+            del self._tokens[start + n:]
+            self._verified = (start, n)
+            self._match_rope(len(self._tokens))
+
+    def save_recurrent(self):
+        """The recurrent layers' states as they are now (None for a model
+        without them), and the tokens they hold: restore_recurrent returns
+        the session there (any tokens held since are forgotten)."""
+        with self._use():
+            self._settle()
+            return tuple(self._tokens), self._state.save_recurrent()
+
+    def restore_recurrent(self, saved):
+        tokens, states = saved
+        with self._use():
+            self._settle()
+            if tuple(self._tokens[:len(tokens)]) != tokens:
+                raise ValueError("the session no longer holds the tokens it held when saved")
+            self._state.restore_recurrent(states)
+            del self._tokens[len(tokens):]
+            self._verified = None
+
     def rewind(self, position: int):
         """Forget the tokens from position on."""
         with self._use():
@@ -259,12 +336,13 @@ class Session:
             self._state.copy_from(other._state, n, whole)
         self._tokens = list(other.tokens[:n])
         self._unsettled = False
+        self._verified = None
 
     def __repr__(self):
         return f"Session(position={self.position}, n_ctx={self.n_ctx}, can_rewind={self.can_rewind})"
 
 
-def extend_together(sessions, token_ids, work: Session | None = None) -> np.ndarray:
+def extend_together(sessions, token_ids, work: Session | None = None, verify=None) -> np.ndarray:
     """Run token_ids[k] after the tokens sessions[k] holds, for every k, in
     one pass over the model's weights: the logits of each one's last token,
     (len(sessions), vocab_size). Decoding is bound by reading the weights,
@@ -272,23 +350,33 @@ def extend_together(sessions, token_ids, work: Session | None = None) -> np.ndar
     Each session's results are the same, bit for bit, as its own extend():
     nothing a token computes depends on the other tokens of the pass.
     The pass runs in the work buffers of work (a Session whose max_batch
-    holds all the tokens), else of the first session."""
+    holds all the tokens), else of the first session.
+    verify[k] true: sessions[k]'s tokens are a draft, as in Session.verify:
+    the logits of each of them come back (rows in order, sequence after
+    sequence) and keep() may follow."""
     ids = [s.check(t) for s, t in zip(sessions, token_ids, strict=True)]
     if len({id(s) for s in sessions}) < len(sessions):
         # before the sessions are taken for this call, which would read as
         # another thread holding the repeated one
         raise ValueError("a session appears twice in one batch")
+    verify = [False] * len(sessions) if verify is None else [bool(v) for v in verify]
     positions = [s.position for s in sessions]   # settles any interrupted run first
     with ExitStack() as using:
         for s in sessions:
             using.enter_context(s._use())
         for s, i in zip(sessions, ids):
             s._match_rope(s.position + i.size)
-        for s in sessions:
+        for s, i, v in zip(sessions, ids, verify):
+            if v and not s.can_rewind:
+                s._state.enable_rollback(i.size)
             s._unsettled = True
+            s._verified = None
         out = _core.run_batch([s._state for s in sessions], ids, positions,
-                              None if work is None else work._state)
-        for s, i in zip(sessions, ids):
+                              None if work is None else work._state,
+                              [i.size if v else 1 for i, v in zip(ids, verify)], verify)
+        for s, i, v, p in zip(sessions, ids, verify, positions):
             s._tokens += i.tolist()
             s._unsettled = False
+            if v:
+                s._verified = (p, i.size)
     return out
