@@ -135,7 +135,7 @@ def test_a_model_whose_pipeline_fastllm_cannot_follow_refuses_unless_told(embedd
         embedder.embed("x", dimensions=65)
     with pytest.raises(TypeError):
         embedder.embed([b"bytes"])
-    assert embedder.embed([]).shape == (0, 64)
+    assert embedder.embed([]).shape == (0, 64) and embedder.embed([], pooling=["mean", "max"]).shape == (0, 128)
 
 
 # ---------------------------------------------------------------- the server

@@ -670,7 +670,12 @@ class Model:
             out = [embed_ids(self, s, i, pooling, normalize, dimensions) for i in ids]
         if one:
             return out[0]
-        return np.stack(out) if out else np.zeros((0, dimensions or self.config.hidden_size), np.float32)
+        if not out:
+            from .embeddings import Pooling
+            chosen = self.pooling if pooling is None else pooling if isinstance(pooling, Pooling) else \
+                Pooling.of(pooling)
+            return np.zeros((0, dimensions or self.config.hidden_size * len(chosen.modes)), np.float32)
+        return np.stack(out)
 
     def __repr__(self):
         return (f"Model({str(self.path)!r}, model_type={self.config.model_type!r}, "
