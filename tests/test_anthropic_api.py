@@ -12,9 +12,10 @@ anthropic = pytest.importorskip("anthropic")
 pytest.importorskip("llguidance")
 jsonschema = pytest.importorskip("jsonschema")
 
-from fastllm import Model, SamplingParams  # noqa: E402
+from fastllm import SamplingParams  # noqa: E402
 from fastllm.anthropic_api import chat_body  # noqa: E402
 from fastllm.openai_api import APIError  # noqa: E402
+from served_models import model, qwen_server, server  # noqa: E402,F401 (fixtures)
 from test_server import running  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0)
@@ -28,18 +29,6 @@ WEATHER = {"name": "get_weather", "description": "The current weather in a city"
 def client(url, **kw):
     return anthropic.Anthropic(base_url=url.removesuffix("/v1"), api_key=kw.pop("api_key", "none"),
                                max_retries=0, timeout=120, **kw)
-
-
-@pytest.fixture(scope="module")
-def model(fastllm_home):
-    """The default model as `fastllm serve` runs it: its Q4_1 file, int8 activations."""
-    return Model.from_pretrained(n_ctx=1024, threads=2)
-
-
-@pytest.fixture(scope="module")
-def server(model):
-    with running(model, parallel=2) as (url, engine):
-        yield url, engine
 
 
 CONVERSATION = [{"role": "user", "content": "Name a fruit."},
@@ -149,12 +138,6 @@ def test_a_streamed_tool_call_is_the_whole_ones(server):
     assert "content_block_start" in kinds and final.stop_reason == whole.stop_reason == "tool_use"
     assert [(b.name, b.input) for b in final.content if b.type == "tool_use"] == \
         [(b.name, b.input) for b in whole.content if b.type == "tool_use"]
-
-
-@pytest.fixture(scope="module")
-def qwen_server(tiny_qwen):
-    with running(tiny_qwen("qwen3.5"), parallel=2) as (url, engine):
-        yield url, engine
 
 
 @pytest.mark.slow

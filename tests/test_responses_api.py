@@ -12,27 +12,16 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("llguidance")
 jsonschema = pytest.importorskip("jsonschema")
 
-from fastllm import Model, SamplingParams  # noqa: E402
+from fastllm import SamplingParams  # noqa: E402
 from fastllm.openai_api import APIError  # noqa: E402
 from fastllm.responses_api import ResponseStore, input_messages  # noqa: E402
-from test_server import client, running  # noqa: E402
+from served_models import model, qwen_server, server  # noqa: E402,F401 (fixtures)
+from test_server import client  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0)
 WEATHER = {"type": "function", "name": "get_weather", "description": "The current weather in a city",
            "parameters": {"type": "object", "required": ["city"], "additionalProperties": False,
                           "properties": {"city": {"enum": ["Paris", "Rome", "Oslo"]}}}}
-
-
-@pytest.fixture(scope="module")
-def model(fastllm_home):
-    """The default model as `fastllm serve` runs it: its Q4_1 file, int8 activations."""
-    return Model.from_pretrained(n_ctx=1024, threads=2)
-
-
-@pytest.fixture(scope="module")
-def server(model):
-    with running(model, parallel=2) as (url, engine):
-        yield url, engine
 
 
 def test_a_reply_whole_and_streamed_is_the_models_chat_reply(model, server):
@@ -182,12 +171,6 @@ def test_bad_requests_are_400s_that_name_the_field(server, body, param, message)
     assert e.value.code == 400
     error = json.loads(e.value.read())["error"]
     assert error["param"] == param and message in error["message"]
-
-
-@pytest.fixture(scope="module")
-def qwen_server(tiny_qwen):
-    with running(tiny_qwen("qwen3.5"), parallel=2) as (url, engine):
-        yield url, engine
 
 
 @pytest.mark.slow

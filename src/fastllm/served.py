@@ -72,21 +72,13 @@ class ModelSet:
     def alive(self) -> bool:
         return all(s.engine.alive for s in self.served)
 
-    @property
-    def active(self) -> int:
-        return sum(s.engine.active for s in self.served)
+    def _total(self, counter: str) -> int:
+        return sum(getattr(s.engine, counter) for s in self.served)
 
-    @property
-    def queue_depth(self) -> int:
-        return sum(s.engine.queue_depth for s in self.served)
-
-    @property
-    def drafted(self) -> int:
-        return sum(s.engine.drafted for s in self.served)
-
-    @property
-    def accepted(self) -> int:
-        return sum(s.engine.accepted for s in self.served)
+    active = property(lambda self: self._total("active"))
+    queue_depth = property(lambda self: self._total("queue_depth"))
+    drafted = property(lambda self: self._total("drafted"))
+    accepted = property(lambda self: self._total("accepted"))
 
     def close(self):
         for s in self.served:
