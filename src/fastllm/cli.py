@@ -80,9 +80,10 @@ def _model_args(p: argparse.ArgumentParser):
 
 
 def _spec_args(p: argparse.ArgumentParser):
-    p.add_argument("--spec", choices=("ngram", "none"), default=None,
-                   help="speculative decoding: ngram guesses the next tokens from earlier text (the "
-                        "output is exactly the same, faster where the reply repeats its input)")
+    p.add_argument("--spec", choices=("ngram", "mtp", "none"), default=None,
+                   help="speculative decoding (the output is exactly the same): ngram guesses the next "
+                        "tokens from earlier text (faster where the reply repeats its input), mtp with the "
+                        "model's own multi-token-prediction block (Qwen3.5 GGUF files that have one)")
     p.add_argument("--draft", "-md", default=None, metavar="MODEL",
                    help="speculative decoding with a smaller draft model of the same vocabulary "
                         "(a folder, .gguf or repo id, as --model)")
@@ -298,8 +299,11 @@ def _load(args):
                                       kv_dtype=args.kv_dtype, activations=args.activations)
         check_same_vocabulary(draft, model)
         model.speculative = draft
-    elif getattr(args, "spec", None) == "ngram":
-        model.speculative = "ngram"
+    elif getattr(args, "spec", None) in ("ngram", "mtp"):
+        if args.spec == "mtp" and not model.has_mtp:
+            raise FastLLMError(f"--spec mtp: {model.name} has no multi-token-prediction block (a Qwen3.5 GGUF "
+                               "file converted with it, without --no-mtp, has one)")
+        model.speculative = args.spec
     model.draft_max = getattr(args, "draft_max", model.draft_max)
     return model
 

@@ -182,8 +182,10 @@ class Model:
 
     def __init__(self, weights: _core.Weights, config: ModelConfig, tokenizer, path: Path, dtype: str,
                  eos_token_ids: set, generation_config: dict | None = None, max_batch: int = 512,
-                 name: str | None = None, source: Path | None = None):
+                 name: str | None = None, source: Path | None = None, mtp: _core.Weights | None = None):
         self._weights = weights
+        # The multi-token-prediction block, where the file has one (speculative="mtp").
+        self._mtp = mtp
         self.config = config
         self.tokenizer = tokenizer
         self.path = path
@@ -268,10 +270,14 @@ class Model:
         if not _whole(max_batch) or not 1 <= max_batch <= 1 << 16:
             raise ValueError(f"max_batch must be a whole number from 1 to 65536, got {max_batch!r}")
 
+        mtp = None
         if native:
-            arrays, types = load_gguf_weights(config, gguf)
+            arrays, types = load_gguf_weights(config, gguf, mtp=True)
             # Named by the type that holds most of the parameters.
             dtype = max(types, key=types.get)
+            if "mtp" in arrays:
+                mtp = _core.Weights(config.mtp_config(), arrays.pop("mtp"), seq_len, threads, kv_dtype,
+                                    activations == "f32")
         else:
             arrays = load_weights(config, folder, bf16=(dtype == "bf16"),
                                   mix=dtype if dtype in QUANT_MIXES else None)
@@ -283,7 +289,7 @@ class Model:
             from .tokenizer import Tokenizer
             tokenizer = Tokenizer.from_pretrained(folder)
         return cls(weights, config, tokenizer, folder, dtype, end_of_generation_ids(gen_config, config, tokenizer),
-                   gen_config, max_batch, name=model_name(source), source=source)
+                   gen_config, max_batch, name=model_name(source), source=source, mtp=mtp)
 
     # ------------------------------------------------------------ settings
 
@@ -314,6 +320,14 @@ class Model:
     @threads.setter
     def threads(self, n: int):
         self._weights.n_threads = usable_threads(n)
+        if self._mtp is not None:
+            self._mtp.n_threads = self._weights.n_threads
+
+    @property
+    def has_mtp(self) -> bool:
+        """Whether the model has a multi-token-prediction block to draft with
+        (speculative="mtp")."""
+        return self._mtp is not None
 
     def new_session(self, max_batch: int | None = None) -> Session:
         """A Session of its own (KV cache and recurrent state) on these weights."""
@@ -408,10 +422,14 @@ class Model:
         the sampler picks from those logits, position by position, as from
         plain steps; the pass keeps the guesses up to the first the
         sampler did not pick (Session.keep)."""
+        hidden = getattr(spec.drafter, "wants_hidden", False)   # it reads the model's hidden states
         with self._use(session) as s:
             stats = self.last_stats = GenerationStats(prompt_tokens=len(prompt_ids), finish_reason="length")
             t0 = time.perf_counter()
-            logits = s.prefill(prompt_ids)
+            logits = s.prefill(prompt_ids, hidden)
+            if hidden:
+                logits, states = logits
+                spec.drafter.observe(s.position - len(states), states)
             stats.prompt_seconds = time.perf_counter() - t0
             ids = list(s.tokens)
             rows, guesses = [], []   # the open pass: logits not yet used, guesses not yet checked
@@ -422,6 +440,8 @@ class Model:
             def close_pass(checked):
                 # hold its first token and the guesses taken, as if only they had run
                 s.keep(1 + taken)
+                if hidden:
+                    spec.drafter.observe(s.position - 1 - taken, states[:1 + taken])
                 spec.verified(checked, taken, seconds)
 
             try:
@@ -456,12 +476,18 @@ class Model:
                     guesses = spec.draft(ids, room)
                     t1 = time.perf_counter()
                     if guesses:
-                        rows = list(s.verify([token] + guesses))
+                        rows = s.verify([token] + guesses, hidden)
+                        if hidden:
+                            rows, states = rows
+                        rows = list(rows)
                         open_pass, drafted, taken = True, len(guesses), 0
                         logits = rows.pop(0)
                         seconds = time.perf_counter() - t1
                     else:
-                        logits = s.step(token)
+                        logits = s.step(token, hidden)
+                        if hidden:
+                            logits, states = logits
+                            spec.drafter.observe(s.position - 1, states)
                         spec.plain_step(time.perf_counter() - t1)
                     stats.generate_seconds += time.perf_counter() - t0
             finally:
@@ -486,7 +512,9 @@ class Model:
         if n == 0:
             return []
         chunk = min(max(len(p) for p in prompts_ids), self.max_batch)
-        spec = self.speculative if speculative is None else speculative or None
+        # (the model's "mtp" setting is Model.generate's alone: the engine drafts otherwise)
+        spec = (None if self.speculative == "mtp" else self.speculative) if speculative is None \
+            else speculative or None
         engine = BatchEngine(self, parallel=n, max_queue=n, prefill_chunk=max(chunk, self.draft_max + 1, 1),
                              speculative=spec, draft_max=self.draft_max)
         try:

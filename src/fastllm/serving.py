@@ -137,6 +137,9 @@ class BatchEngine:
             raise ValueError("parallel, max_queue and prefill_chunk must be positive")
         if not 0 <= draft_max <= 64:
             raise ValueError(f"draft_max must be from 0 to 64, got {draft_max!r}")
+        if speculative == "mtp":
+            raise ValueError("the batch engine speculates with n-gram lookup or a draft model; a model's "
+                             "multi-token-prediction block drafts in Model.generate only")
         if speculative not in (None, "ngram") and not hasattr(speculative, "new_session"):
             raise ValueError(f"speculative must be None, 'ngram' or a draft Model, got {speculative!r}")
         if hasattr(speculative, "new_session"):

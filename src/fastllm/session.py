@@ -135,14 +135,14 @@ class Session:
                              f"{self.n_ctx} (load the model with a larger n_ctx)")
         return ids
 
-    def _run(self, ids: np.ndarray, all_logits=False, hidden_states=False):
+    def _run(self, ids: np.ndarray, all_logits=False, hidden_states=False, hidden=False):
         with self._use():
-            return self._run_held(ids, all_logits, hidden_states)
+            return self._run_held(ids, all_logits, hidden_states, hidden)
 
-    def _run_held(self, ids, all_logits, hidden_states):
+    def _run_held(self, ids, all_logits, hidden_states, hidden=False):
         self._settle()
         self._match_rope(len(self._tokens) + ids.size)
-        return self._run_chunks(ids, all_logits, hidden_states)
+        return self._run_chunks(ids, all_logits, hidden_states, hidden)
 
     def _match_rope(self, total: int):
         """LongRoPE rotates every position of a sequence with the short
@@ -161,30 +161,37 @@ class Session:
         if held.size:
             self._run_chunks(held, False, False)
 
-    def _run_chunks(self, ids, all_logits, hidden_states):
+    def _run_chunks(self, ids, all_logits, hidden_states, hidden=False):
         self._verified = None
-        logits, traces = [], []
+        logits, traces, normed = [], [], []
         for start in range(0, ids.size, self.max_batch):
             chunk = ids[start:start + self.max_batch]
             self._unsettled = True
-            out = self._state.run(chunk, len(self._tokens), all_logits, hidden_states)
+            out = self._state.run(chunk, len(self._tokens), all_logits, hidden_states, hidden=hidden)
             self._tokens += chunk.tolist()
             self._unsettled = False
             if hidden_states:
                 out, trace = out
                 traces.append(trace)
+            if hidden:
+                out, rows = out
+                normed.append(rows)
             logits.append(out)
         if not all_logits:
             logits = logits[-1:]
         out = logits[0] if len(logits) == 1 else np.concatenate(logits)
         if hidden_states:
             return out, traces[0] if len(traces) == 1 else np.concatenate(traces, axis=1)
+        if hidden:
+            return out, normed[0] if len(normed) == 1 else np.concatenate(normed)
         return out
 
-    def prefill(self, token_ids) -> np.ndarray:
+    def prefill(self, token_ids, hidden: bool = False) -> np.ndarray:
         """Logits after token_ids, (vocab_size,) float32. The keys/values of
         the longest common prefix with the tokens held are reused; a
-        recurrent state only when token_ids extend everything it has seen."""
+        recurrent state only when token_ids extend everything it has seen.
+        hidden: (logits, the final-normed hidden states of the tokens run,
+        the last ones of token_ids)."""
         ids = self.check(token_ids)
         self._settle()
         common = 0
@@ -196,11 +203,12 @@ class Session:
             common = 0
         common = min(common, ids.size - 1)  # run at least one token to get logits
         self.rewind(common)
-        return self._run(ids[common:])
+        return self._run(ids[common:], hidden=hidden)
 
-    def step(self, token: int) -> np.ndarray:
-        """Logits after one more token."""
-        return self._run(_core.check_token_ids((token,), self.vocab_size))
+    def step(self, token: int, hidden: bool = False) -> np.ndarray:
+        """Logits after one more token (hidden: and its final-normed hidden
+        state, (1, dim))."""
+        return self._run(_core.check_token_ids((token,), self.vocab_size), hidden=hidden)
 
     def extend(self, token_ids, all_logits: bool = False) -> np.ndarray:
         """Run token_ids after the tokens held: the logits of the last one,
@@ -226,12 +234,13 @@ class Session:
             room = min(room, self._long_rope_after - position)
         return room
 
-    def verify(self, token_ids) -> np.ndarray:
+    def verify(self, token_ids, hidden: bool = False) -> np.ndarray:
         """Run token_ids after the tokens held, in one pass, as a draft to
         check (speculative decoding): the logits of every one, shape (n,
         vocab_size). keep() then holds only a prefix of them, recurrent
         layers included, bit for bit as if only that prefix had run.
-        At most pass_room() tokens."""
+        At most pass_room() tokens. hidden: (logits, final-normed hidden
+        states), both (n, ...)."""
         ids = self.check(token_ids)
         if ids.size > self.pass_room():
             raise ValueError(f"a draft of {ids.size} tokens does not fit one pass of this session "
@@ -243,7 +252,7 @@ class Session:
                 self._state.enable_rollback(ids.size)
             start = len(self._tokens)
             self._unsettled = True
-            out = self._state.run(ids, start, True, False, True)
+            out = self._state.run(ids, start, True, False, True, hidden)
             self._tokens += ids.tolist()
             self._unsettled = False
             self._verified = (start, ids.size)
