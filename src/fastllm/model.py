@@ -394,26 +394,29 @@ class Model:
             logits = s.prefill(prompt_ids)
             stats.prompt_seconds = time.perf_counter() - t0
             ids = list(s.tokens)
-            for i in range(max_new_tokens):
-                t0 = time.perf_counter()
-                token = sampler(logits, ids)
-                stats.generate_seconds += time.perf_counter() - t0
-                if token in stop_ids:
-                    stats.finish_reason = "stop"
-                    return
-                stats.generated_tokens += 1
-                yield token
-                ids.append(token)
-                if len(ids) >= self.n_ctx:
-                    stats.finish_reason = "context"
-                    return
-                if sampler.done:
-                    stats.finish_reason = "stop"
-                    return
-                if i + 1 < max_new_tokens:  # the last token's logits would go unused
+            try:
+                for i in range(max_new_tokens):
                     t0 = time.perf_counter()
-                    logits = s.step(token)
+                    token = sampler(logits, ids)
                     stats.generate_seconds += time.perf_counter() - t0
+                    if token in stop_ids:
+                        stats.finish_reason = "stop"
+                        return
+                    stats.generated_tokens += 1
+                    yield token
+                    ids.append(token)
+                    if len(ids) >= self.n_ctx:
+                        stats.finish_reason = "context"
+                        return
+                    if sampler.done:
+                        stats.finish_reason = "stop"
+                        return
+                    if i + 1 < max_new_tokens:  # the last token's logits would go unused
+                        t0 = time.perf_counter()
+                        logits = s.step(token)
+                        stats.generate_seconds += time.perf_counter() - t0
+            finally:
+                s.checkpoint()   # where the reply ends: the next turn resumes there
 
     def _generate_speculative(self, prompt_ids, max_new_tokens, sampler, stop_ids, session,
                               spec: Speculation) -> Iterator[int]:
@@ -493,6 +496,7 @@ class Model:
             finally:
                 if open_pass:
                     close_pass(taken)
+                s.checkpoint()
                 stats.drafted_tokens = spec.stats.drafted
                 stats.accepted_tokens = spec.stats.accepted
 

@@ -246,7 +246,7 @@ class BatchEngine:
             if request._cancelled.is_set():
                 self._finish_waiting(request)
                 continue
-            slot = max(self._free, key=lambda s: _reusable(s, request.prompt_ids))
+            slot = max(self._free, key=lambda s: s.reusable(request.prompt_ids))
             self._free.remove(slot)
             run = _Running(request, slot, request.sampler, spec=self._speculation(slot, request))
             self._running.append(run)
@@ -261,16 +261,16 @@ class BatchEngine:
             run.leader = leader
             leader.followers.append(run)
             return
-        keep = _reusable(slot, request.prompt_ids)
+        keep = slot.reusable(request.prompt_ids)
         # Another slot, running or free, may hold more of the prompt
         # (a system prompt shared by many requests): copy it over.
         others = [r.session for r in self._running if r is not run] + self._free
-        donor = max(others, key=lambda s: _reusable(s, request.prompt_ids), default=None)
-        if donor is not None and _reusable(donor, request.prompt_ids) > keep:
-            keep = _reusable(donor, request.prompt_ids)
+        donor = max(others, key=lambda s: s.reusable(request.prompt_ids), default=None)
+        if donor is not None and donor.reusable(request.prompt_ids) > keep:
+            keep = donor.reusable(request.prompt_ids)
             slot.copy_prefix(donor, keep)
         else:
-            slot.rewind(keep)
+            keep = slot.resume(request.prompt_ids)
         request.prompt_reused = run.fed = keep
 
     def _speculation(self, slot, request) -> Speculation | None:
@@ -299,6 +299,11 @@ class BatchEngine:
         run.request.error = error
         run.request._put(None)
         self._running.remove(run)
+        if error is None:
+            try:   # where its reply ends: the next turn of the conversation resumes there
+                run.session.checkpoint()
+            except Exception:
+                run.session.reset()
         self._free.append(run.session)
         followers, run.followers = run.followers, []
         for follower in followers:   # they run the prompt themselves
@@ -322,7 +327,9 @@ class BatchEngine:
             if run.leader is not None:
                 continue   # it copies the prompt from its leader
             if run.fed < len(prompt):
-                feeds.append(prompt[run.fed:run.fed + self.prefill_chunk])
+                end = min(run.fed + self.prefill_chunk, len(prompt))
+                end = next(p for p in run.session.cut_points(run.fed, len(prompt)) + [end] if p <= end)
+                feeds.append(prompt[run.fed:end])
             else:
                 run.guesses = self._guesses(run)
                 feeds.append([run.last] + run.guesses)
@@ -349,6 +356,8 @@ class BatchEngine:
                 logits = rows[at]
                 at += 1
                 run.fed += len(fed)
+                if run.fed in run.session.cut_points(run.fed - len(fed), len(request.prompt_ids)):
+                    run.session.checkpoint()
                 if run.fed < len(request.prompt_ids):
                     continue   # more of the prompt to come
                 followers, run.followers = run.followers, []
@@ -485,18 +494,3 @@ def _long_rope_room(session, held: int) -> int:
     the engine's work buffers rather than its own."""
     after = session._long_rope_after
     return after - held if after is not None and held < after else 1 << 30
-
-
-def _reusable(session, prompt_ids) -> int:
-    """Prompt tokens whose keys/values session already holds and may keep:
-    the common prefix, less one so the prompt's last token is run for its
-    logits; a recurrent state only when the prompt extends all it holds."""
-    held = session.tokens
-    common = 0
-    for a, b in zip(held, prompt_ids):
-        if a != b:
-            break
-        common += 1
-    if not session.can_rewind and (common < len(held) or common >= len(prompt_ids)):
-        return 0
-    return min(common, len(prompt_ids) - 1)
