@@ -712,6 +712,18 @@ cdef class State:
         self.s.kept = -1
 
     @property
+    def cache_bytes_per_position(self):
+        """Bytes of keys and values one position takes in the cache."""
+        cdef Weights w = self.weights
+        return (flm.flm_state_cache_floats(&w.cfg) - flm.flm_state_saved_floats(&w.cfg)) * 4 \
+            // (((w.cfg.seq_len + 15) // 16) * 16)
+
+    @property
+    def recurrent_bytes(self):
+        """Bytes of the recurrent layers' states (0 for a model without them)."""
+        return flm.flm_state_saved_floats(&self.weights.cfg) * 4
+
+    @property
     def rollback_bytes(self):
         """Bytes of the rollback buffers (0 until enable_rollback, and for a
         model without recurrent layers)."""

@@ -224,6 +224,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--request-timeout", type=float, default=SERVE.request_timeout, metavar="S",
                    help="seconds a generation may run; then it ends with finish_reason \"length\" "
                         "(default: no limit)")
+    p.add_argument("--cache-ram", type=whole_number(0), default=SERVE.cache_ram, metavar="MIB",
+                   help="MiB of what slots held kept in RAM beyond them, so that a known prefix (system "
+                        "prompt, tools, a conversation) is not run again when a request lands on another "
+                        f"slot (default: {SERVE.cache_ram}; 0: off)")
+    p.add_argument("--ctx-checkpoints", type=whole_number(0), default=SERVE.ctx_checkpoints, metavar="N",
+                   help="recurrent-state checkpoints each slot keeps, for models with recurrent layers "
+                        f"(Qwen3.5) to resume a conversation mid-way (default: {SERVE.ctx_checkpoints})")
 
     p = sub.add_parser("perplexity", help="perplexity on a text, and KL divergence from a base model, "
                                           "measured as llama.cpp's llama-perplexity measures them")

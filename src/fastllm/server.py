@@ -45,11 +45,16 @@ class ServeOptions:
     keep_alive: float = 5.0             # seconds an idle connection stays open
     max_connections: int = 512          # open connections (more: 503)
     request_timeout: float | None = None   # seconds a generation may run (then "length")
+    cache_ram: int = 2048               # MiB of slots' sequences kept beyond the slots (0: none)
+    ctx_checkpoints: int = 8            # recurrent-state checkpoints a slot keeps
 
     def __post_init__(self):
         for name in ("parallel", "max_queue", "max_body", "max_connections"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        for name in ("cache_ram", "ctx_checkpoints"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be 0 or more, got {getattr(self, name)!r}")
         for name in ("body_timeout", "keep_alive", "request_timeout"):
             value = getattr(self, name)
             if value is not None and not value > 0:
@@ -97,6 +102,10 @@ class Metrics:
                   "# TYPE fastllm_generated_tokens_total counter",
                   f"fastllm_generated_tokens_total {self.generated_tokens}",
                   "# TYPE fastllm_tokens_per_second gauge", f"fastllm_tokens_per_second {rate:.3f}",
+                  "# TYPE fastllm_prompt_cache_bytes gauge",
+                  f"fastllm_prompt_cache_bytes {engine.cache.nbytes if engine.cache else 0}",
+                  "# TYPE fastllm_prompt_cache_hits_total counter",
+                  f"fastllm_prompt_cache_hits_total {engine.cache.hits if engine.cache else 0}",
                   "# TYPE fastllm_draft_tokens_total counter", f"fastllm_draft_tokens_total {engine.drafted}",
                   "# TYPE fastllm_draft_accepted_tokens_total counter",
                   f"fastllm_draft_accepted_tokens_total {engine.accepted}",
@@ -411,7 +420,8 @@ def serve(model, options: ServeOptions = DEFAULTS):
     import uvicorn
     from .serving import BatchEngine
     engine = BatchEngine(model, parallel=options.parallel, max_queue=options.max_queue,
-                         speculative=model.speculative, draft_max=model.draft_max)
+                         speculative=model.speculative, draft_max=model.draft_max,
+                         cache_bytes=options.cache_ram << 20, checkpoints=options.ctx_checkpoints)
     try:
         app = create_app(model, engine, options=options)
         print(startup_line(model, options), file=sys.stderr, flush=True)
