@@ -79,6 +79,11 @@ def _model_args(p: argparse.ArgumentParser):
                    help="KV cache precision: bf16/f16 halve what attention reads (default: f32)")
 
 
+def _set_help(p: argparse.ArgumentParser, flag: str, text: str):
+    """Give an option of a shared group (_model_args) its own help in one command."""
+    next(a for a in p._actions if flag in a.option_strings).help = text
+
+
 def _spec_args(p: argparse.ArgumentParser):
     p.add_argument("--spec", choices=("ngram", "mtp", "none"), default=None,
                    help="speculative decoding (the output is exactly the same): ngram guesses the next "
@@ -202,7 +207,13 @@ def build_parser() -> argparse.ArgumentParser:
                                      "(needs the serve extra: starlette, uvicorn)")
     _model_args(p)
     _spec_args(p)
-    from .server import DEFAULTS as SERVE
+    from .server import DEFAULTS as SERVE, SLOT_CTX
+    # A server's slots hold long conversations: its cache defaults to f16
+    # (half of f32's memory; how little it moves the logits: README).
+    p.set_defaults(kv_dtype="f16")
+    _set_help(p, "--ctx", f"context length of each slot in tokens (default: the model's "
+                          f"max_position_embeddings, at most {SLOT_CTX})")
+    _set_help(p, "--kv-dtype", "KV cache precision (default here: f16; f32 keeps attention exact)")
     p.add_argument("--host", default=SERVE.host, help=f"address to bind (default: {SERVE.host})")
     p.add_argument("--port", type=int, default=SERVE.port, help=f"port (default: {SERVE.port})")
     p.add_argument("--parallel", "-np", type=int, default=SERVE.parallel,
@@ -247,6 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "next-token distributions with: KL divergence, top-1 agreement, PPL of both")
     p.add_argument("--threads", "-t", type=whole_number(1), default=None,
                    help="threads for the run loop (default: physical cores)")
+    p.add_argument("--kv-dtype", choices=("f32", "bf16", "f16"), default="f32",
+                   help="the model's KV cache precision (the base's is f32): with --kl-divergence-base "
+                        "the same file, what the cache's rounding costs (default: f32)")
 
     from .bench import add_bench_parser
     add_bench_parser(sub)
@@ -293,10 +307,10 @@ def _dispatch(args) -> int:
         return 130
 
 
-def _load(args):
+def _load(args, max_n_ctx: int | None = None):
     from .model import Model
     model = Model.from_pretrained(args.model, n_ctx=args.ctx, threads=args.threads, dtype=args.dtype,
-                                  kv_dtype=args.kv_dtype, activations=args.activations)
+                                  kv_dtype=args.kv_dtype, activations=args.activations, max_n_ctx=max_n_ctx)
     _check_ctx(model, args.ctx)
     if getattr(args, "draft", None) is not None:
         if args.spec == "none":
@@ -679,7 +693,8 @@ def cmd_serve(args) -> int:
         options = ServeOptions(**{k: getattr(args, k) for k in OPTION_NAMES})
     except ValueError as e:
         raise FastLLMError(f"fastllm serve: {e}") from None
-    serve(_load(args), options)
+    from .server import SLOT_CTX
+    serve(_load(args, SLOT_CTX), options)
     return 0
 
 
@@ -711,7 +726,7 @@ def cmd_perplexity(args) -> int:
     from . import perplexity
     from .model import Model
     text = perplexity.corpus_text() if args.file is None else perplexity.read_text(args.file)
-    model = Model.from_pretrained(args.model, n_ctx=args.ctx, threads=args.threads)
+    model = Model.from_pretrained(args.model, n_ctx=args.ctx, threads=args.threads, kv_dtype=args.kv_dtype)
     _check_ctx(model, args.ctx)
     base = (None if args.kl_divergence_base is None else
             Model.from_pretrained(args.kl_divergence_base, n_ctx=args.ctx, threads=args.threads))

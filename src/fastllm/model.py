@@ -106,17 +106,19 @@ def check_sizes(config: ModelConfig, folder: Path):
                                          f"config.json implies {list(shape)}")
 
 
-def context_size(config: ModelConfig, n_ctx, kv_dtype: str, threads: int) -> int:
+def context_size(config: ModelConfig, n_ctx, kv_dtype: str, threads: int, max_n_ctx: int | None = None) -> int:
     """The context length to load with, checked before anything is allocated.
 
-    n_ctx None means the model's max_position_embeddings; where that context
+    n_ctx None means the model's max_position_embeddings (at most
+    max_n_ctx, where given); where that context
     (RoPE tables, a full KV cache) would need more than half the RAM, it is
     capped to what fits, with a warning. An n_ctx asked for explicitly that
     needs more than the RAM is refused."""
     memory = physical_memory()
     per_token = config.context_bytes(1, kv_dtype, threads)
     if n_ctx is None:
-        n_ctx = config.max_position_embeddings
+        n_ctx = config.max_position_embeddings if max_n_ctx is None else \
+            min(config.max_position_embeddings, max_n_ctx)
         fits = max(1, memory // 2 // per_token)
         if n_ctx > fits:
             warnings.warn(f"{config.path}: max_position_embeddings is {n_ctx}, a context of "
@@ -222,7 +224,8 @@ class Model:
     @classmethod
     def from_pretrained(cls, path=None, n_ctx: int | None = None, threads: int | None = None,
                         dtype: str | None = None, max_batch: int = 512, kv_dtype: str = "f32",
-                        activations: str = "int8", filename: str | None = None) -> "Model":
+                        activations: str = "int8", filename: str | None = None,
+                        max_n_ctx: int | None = None) -> "Model":
         """Load a HF model folder (config.json, model.safetensors, tokenizer.json),
         a .gguf file, a Hugging Face repo ("org/name", fetched into the
         Hugging Face cache with huggingface_hub), or with no path the default
@@ -242,7 +245,9 @@ class Model:
         dequantized first) at load.
         activations: what quantized weights multiply: "int8" blocks of the
         activations (fast), or "f32" activations with the exact dequantized
-        weights (the results of the dequantized float32 model, bit for bit)."""
+        weights (the results of the dequantized float32 model, bit for bit).
+        max_n_ctx: without n_ctx, the context is the model's
+        max_position_embeddings, or this many positions where fewer."""
         from .hub import gguf_metadata_dir, locate, model_name, resolve_model
 
         if dtype is not None and dtype not in DTYPES:
@@ -266,7 +271,7 @@ class Model:
         threads = physical_cores() if threads is None else usable_threads(threads)
         if not native:
             check_sizes(config, folder)
-        seq_len = context_size(config, n_ctx, kv_dtype, threads)
+        seq_len = context_size(config, n_ctx, kv_dtype, threads, max_n_ctx)
         if not _whole(max_batch) or not 1 <= max_batch <= 1 << 16:
             raise ValueError(f"max_batch must be a whole number from 1 to 65536, got {max_batch!r}")
 

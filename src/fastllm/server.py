@@ -62,6 +62,11 @@ class ServeOptions:
 
 
 DEFAULTS = ServeOptions()
+# Each slot's context without --ctx: the model's max_position_embeddings up
+# to this many positions. Agents' prompts (a 10-20k-token system prompt and
+# tools, then the turns) fit; a model's full window (262,144 for Qwen3.5)
+# in every slot would let one conversation take gigabytes of KV cache.
+SLOT_CTX = 32768
 OPTION_NAMES = tuple(f.name for f in fields(ServeOptions))
 
 
@@ -411,7 +416,7 @@ def startup_line(model, options: ServeOptions) -> str:
     types = ", ".join(model.weight_types) or model.dtype
     key = "an API key is required" if options.api_key else "no API key"
     return (f"fastllm serve: {model.source} ({types} weights, {model.activations} activations), "
-            f"{options.parallel} slots of {model.n_ctx} tokens of context, "
+            f"{options.parallel} slots of {model.n_ctx} tokens of context ({model.kv_dtype} KV cache), "
             f"http://{options.host}:{options.port}/v1, {key}")
 
 
