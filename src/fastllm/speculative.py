@@ -261,6 +261,7 @@ class DraftPolicy:
     kept: float = 1.0          # decayed counts: guesses kept, refused
     refused: float = 1.0
     _times: dict = field(default_factory=dict)   # pass size -> (decayed seconds, decayed count)
+    _line: tuple | None = None                    # cost()'s fit, until the next time measured
     _guess_seconds: float = 0.0                   # decayed per-guess seconds of a draft model
     _gap: int = 4
     _plain: int = 0
@@ -288,24 +289,31 @@ class DraftPolicy:
         """Seconds of a pass of n tokens: the line through the measured
         sizes (least squares, weighted by their counts), or before two sizes
         are known, one step plus a tenth of a step per extra token."""
+        if self._line is None:
+            self._line = self._fit()
+        one, slope = self._line
+        return max(one + slope * (n - 1), 1e-9)
+
+    def _fit(self) -> tuple:
+        """(cost of 1 token, cost of each more) from the measured passes."""
         pts = [(size, t / c, c) for size, (t, c) in self._times.items() if c > 0]
         if not pts:
-            return 1.0 + 0.1 * (n - 1)
+            return 1.0, 0.1
         if len(pts) == 1:
             size, t, _ = pts[0]
             one = t / (1 + 0.1 * (size - 1))
-            return one * (1 + 0.1 * (n - 1))
-        w = np.array([c for _, _, c in pts])
-        x = np.array([s for s, _, _ in pts], np.float64)
-        y = np.array([t for _, t, _ in pts])
-        xm, ym = (w * x).sum() / w.sum(), (w * y).sum() / w.sum()
-        var = (w * (x - xm) ** 2).sum()
-        slope = max((w * (x - xm) * (y - ym)).sum() / var, 0.0) if var > 0 else 0.0
-        return max(ym + slope * (n - xm), 1e-9)
+            return one, 0.1 * one
+        w = sum(c for _, _, c in pts)
+        xm = sum(c * x for x, _, c in pts) / w
+        ym = sum(c * y for _, y, c in pts) / w
+        var = sum(c * (x - xm) ** 2 for x, _, c in pts)
+        slope = max(sum(c * (x - xm) * (y - ym) for x, y, c in pts) / var, 0.0) if var > 0 else 0.0
+        return ym + slope * (1 - xm), slope
 
     def timed(self, n: int, seconds: float):
         t, c = self._times.get(n, (0.0, 0.0))
         self._times[n] = (t * self.decay + seconds, c * self.decay + 1.0)
+        self._line = None
 
     def guessed(self, n: int, seconds: float):
         """A draft model took seconds to guess n tokens."""
