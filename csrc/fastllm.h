@@ -73,6 +73,11 @@ typedef struct {
      * projection of a per_layer_dim slice of its own (FlmWeights.embed_per_layer
      * and per_layer_proj); 0 where a model has none. */
     int per_layer_dim;
+    /* A multi-token-prediction block (Qwen3.5's MTP, DeepSeek's NextN): each
+     * token's embedding, RMS-normed by enorm, is joined by the hidden state
+     * it follows (FlmState.nextn_h, RMS-normed by hnorm) and projected back
+     * to dim by eh_proj before the layers; 0 where a model is not one. */
+    int nextn;
 } FlmConfig;
 
 typedef struct {
@@ -156,6 +161,9 @@ typedef struct {
     const FlmMatrix *embed_per_layer; /* (vocab_size, n_layers*P) plain rows */
     const FlmMatrix *per_layer_proj;  /* (n_layers*P, dim), packed */
     const float *per_layer_norm;      /* (P) */
+    /* nextn: */
+    const FlmMatrix *eh_proj;         /* (dim, 2*dim): [enorm(embedding) | hnorm(h)] -> dim */
+    const float *enorm, *hnorm;       /* (dim) */
 } FlmWeights;
 
 typedef struct {
@@ -229,6 +237,12 @@ typedef struct {
      * from, laid out as lin_state, and its recurrent layers' inputs, so
      * that flm_state_rollback can keep any prefix of its tokens. NULL and 0
      * where unused. */
+    /* Optional, per sequence: when not NULL, a pass writes the final-normed
+     * hidden state of each of this sequence's tokens (what the LM head
+     * multiplies) to hidden[i*dim], i counting its tokens in the pass; and
+     * a nextn model reads the hidden state token i follows at nextn_h[i*dim]. */
+    float *hidden;
+    const float *nextn_h;
     float *lin_saved;   /* (n_layers, (K-1)*conv_dim + Hv*dk*dv) */
     float *lin_keep;    /* (n_layers, keep_rows, conv_dim + 2*Hv) */
     int keep_rows;

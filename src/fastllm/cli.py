@@ -80,10 +80,16 @@ def _model_args(p: argparse.ArgumentParser, several: bool = False):
                    help="KV cache precision: bf16/f16 halve what attention reads (default: f32)")
 
 
+def _set_help(p: argparse.ArgumentParser, flag: str, text: str):
+    """Give an option of a shared group (_model_args) its own help in one command."""
+    next(a for a in p._actions if flag in a.option_strings).help = text
+
+
 def _spec_args(p: argparse.ArgumentParser):
-    p.add_argument("--spec", choices=("ngram", "none"), default=None,
-                   help="speculative decoding: ngram guesses the next tokens from earlier text (the "
-                        "output is exactly the same, faster where the reply repeats its input)")
+    p.add_argument("--spec", choices=("ngram", "mtp", "none"), default=None,
+                   help="speculative decoding (the output is exactly the same): ngram guesses the next "
+                        "tokens from earlier text (faster where the reply repeats its input), mtp with the "
+                        "model's own multi-token-prediction block (Qwen3.5 GGUF files that have one)")
     p.add_argument("--draft", "-md", default=None, metavar="MODEL",
                    help="speculative decoding with a smaller draft model of the same vocabulary "
                         "(a folder, .gguf or repo id, as --model)")
@@ -202,7 +208,13 @@ def build_parser() -> argparse.ArgumentParser:
                                      "(needs the serve extra: starlette, uvicorn)")
     _model_args(p, several=True)
     _spec_args(p)
-    from .server import DEFAULTS as SERVE
+    from .server import DEFAULTS as SERVE, SLOT_CTX
+    # A server's slots hold long conversations: its cache defaults to f16
+    # (half of f32's memory; how little it moves the logits: README).
+    p.set_defaults(kv_dtype="f16")
+    _set_help(p, "--ctx", f"context length of each slot in tokens (default: the model's "
+                          f"max_position_embeddings, at most {SLOT_CTX})")
+    _set_help(p, "--kv-dtype", "KV cache precision (default here: f16; f32 keeps attention exact)")
     p.add_argument("--host", default=SERVE.host, help=f"address to bind (default: {SERVE.host})")
     p.add_argument("--port", type=int, default=SERVE.port, help=f"port (default: {SERVE.port})")
     p.add_argument("--parallel", "-np", type=int, default=SERVE.parallel,
@@ -233,6 +245,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--request-timeout", type=float, default=SERVE.request_timeout, metavar="S",
                    help="seconds a generation may run; then it ends with finish_reason \"length\" "
                         "(default: no limit)")
+    p.add_argument("--cache-ram", type=whole_number(0), default=SERVE.cache_ram, metavar="MIB",
+                   help="MiB of what slots held kept in RAM beyond them, so that a known prefix (system "
+                        "prompt, tools, a conversation) is not run again when a request lands on another "
+                        f"slot (default: {SERVE.cache_ram}; 0: off)")
+    p.add_argument("--ctx-checkpoints", type=whole_number(0), default=SERVE.ctx_checkpoints, metavar="N",
+                   help="recurrent-state checkpoints each slot keeps, for models with recurrent layers "
+                        f"(Qwen3.5) to resume a conversation mid-way (default: {SERVE.ctx_checkpoints})")
 
     p = sub.add_parser("perplexity", help="perplexity on a text, and KL divergence from a base model, "
                                           "measured as llama.cpp's llama-perplexity measures them")
@@ -249,6 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "next-token distributions with: KL divergence, top-1 agreement, PPL of both")
     p.add_argument("--threads", "-t", type=whole_number(1), default=None,
                    help="threads for the run loop (default: physical cores)")
+    p.add_argument("--kv-dtype", choices=("f32", "bf16", "f16"), default="f32",
+                   help="the model's KV cache precision (the base's is f32): with --kl-divergence-base "
+                        "the same file, what the cache's rounding costs (default: f32)")
 
     from .bench import add_bench_parser
     add_bench_parser(sub)
@@ -295,10 +317,10 @@ def _dispatch(args) -> int:
         return 130
 
 
-def _load(args):
+def _load(args, max_n_ctx: int | None = None):
     from .model import Model
     model = Model.from_pretrained(args.model, n_ctx=args.ctx, threads=args.threads, dtype=args.dtype,
-                                  kv_dtype=args.kv_dtype, activations=args.activations)
+                                  kv_dtype=args.kv_dtype, activations=args.activations, max_n_ctx=max_n_ctx)
     _check_ctx(model, args.ctx)
     if getattr(args, "draft", None) is not None:
         if args.spec == "none":
@@ -308,8 +330,11 @@ def _load(args):
                                       kv_dtype=args.kv_dtype, activations=args.activations)
         check_same_vocabulary(draft, model)
         model.speculative = draft
-    elif getattr(args, "spec", None) == "ngram":
-        model.speculative = "ngram"
+    elif getattr(args, "spec", None) in ("ngram", "mtp"):
+        if args.spec == "mtp" and not model.has_mtp:
+            raise FastLLMError(f"--spec mtp: {model.name} has no multi-token-prediction block (a Qwen3.5 GGUF "
+                               "file converted with it, without --no-mtp, has one)")
+        model.speculative = args.spec
     model.draft_max = getattr(args, "draft_max", model.draft_max)
     return model
 
@@ -680,10 +705,11 @@ def cmd_serve(args) -> int:
                                model_name=names[0] if len(names) == 1 and len(args.model or [None]) == 1 else None)
     except ValueError as e:
         raise FastLLMError(f"fastllm serve: {e}") from None
+    from .server import SLOT_CTX
     entries = _served_entries(args)
     models = []
     for entry in entries:
-        model = _load(argparse.Namespace(**{**vars(args), **entry}))
+        model = _load(argparse.Namespace(**{**vars(args), **entry}), SLOT_CTX)
         pooling = entry.get("pooling")
         if pooling is not None:
             try:
@@ -772,7 +798,7 @@ def cmd_perplexity(args) -> int:
     from . import perplexity
     from .model import Model
     text = perplexity.corpus_text() if args.file is None else perplexity.read_text(args.file)
-    model = Model.from_pretrained(args.model, n_ctx=args.ctx, threads=args.threads)
+    model = Model.from_pretrained(args.model, n_ctx=args.ctx, threads=args.threads, kv_dtype=args.kv_dtype)
     _check_ctx(model, args.ctx)
     base = (None if args.kl_divergence_base is None else
             Model.from_pretrained(args.kl_divergence_base, n_ctx=args.ctx, threads=args.threads))

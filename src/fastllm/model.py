@@ -106,17 +106,19 @@ def check_sizes(config: ModelConfig, folder: Path):
                                          f"config.json implies {list(shape)}")
 
 
-def context_size(config: ModelConfig, n_ctx, kv_dtype: str, threads: int) -> int:
+def context_size(config: ModelConfig, n_ctx, kv_dtype: str, threads: int, max_n_ctx: int | None = None) -> int:
     """The context length to load with, checked before anything is allocated.
 
-    n_ctx None means the model's max_position_embeddings; where that context
+    n_ctx None means the model's max_position_embeddings (at most
+    max_n_ctx, where given); where that context
     (RoPE tables, a full KV cache) would need more than half the RAM, it is
     capped to what fits, with a warning. An n_ctx asked for explicitly that
     needs more than the RAM is refused."""
     memory = physical_memory()
     per_token = config.context_bytes(1, kv_dtype, threads)
     if n_ctx is None:
-        n_ctx = config.max_position_embeddings
+        n_ctx = config.max_position_embeddings if max_n_ctx is None else \
+            min(config.max_position_embeddings, max_n_ctx)
         fits = max(1, memory // 2 // per_token)
         if n_ctx > fits:
             warnings.warn(f"{config.path}: max_position_embeddings is {n_ctx}, a context of "
@@ -182,8 +184,10 @@ class Model:
 
     def __init__(self, weights: _core.Weights, config: ModelConfig, tokenizer, path: Path, dtype: str,
                  eos_token_ids: set, generation_config: dict | None = None, max_batch: int = 512,
-                 name: str | None = None, source: Path | None = None):
+                 name: str | None = None, source: Path | None = None, mtp: _core.Weights | None = None):
         self._weights = weights
+        # The multi-token-prediction block, where the file has one (speculative="mtp").
+        self._mtp = mtp
         self.config = config
         self.tokenizer = tokenizer
         self.path = path
@@ -220,7 +224,8 @@ class Model:
     @classmethod
     def from_pretrained(cls, path=None, n_ctx: int | None = None, threads: int | None = None,
                         dtype: str | None = None, max_batch: int = 512, kv_dtype: str = "f32",
-                        activations: str = "int8", filename: str | None = None) -> "Model":
+                        activations: str = "int8", filename: str | None = None,
+                        max_n_ctx: int | None = None) -> "Model":
         """Load a HF model folder (config.json, model.safetensors, tokenizer.json),
         a .gguf file, a Hugging Face repo ("org/name", fetched into the
         Hugging Face cache with huggingface_hub), or with no path the default
@@ -240,7 +245,9 @@ class Model:
         dequantized first) at load.
         activations: what quantized weights multiply: "int8" blocks of the
         activations (fast), or "f32" activations with the exact dequantized
-        weights (the results of the dequantized float32 model, bit for bit)."""
+        weights (the results of the dequantized float32 model, bit for bit).
+        max_n_ctx: without n_ctx, the context is the model's
+        max_position_embeddings, or this many positions where fewer."""
         from .hub import gguf_metadata_dir, locate, model_name, resolve_model
 
         if dtype is not None and dtype not in DTYPES:
@@ -264,14 +271,18 @@ class Model:
         threads = physical_cores() if threads is None else usable_threads(threads)
         if not native:
             check_sizes(config, folder)
-        seq_len = context_size(config, n_ctx, kv_dtype, threads)
+        seq_len = context_size(config, n_ctx, kv_dtype, threads, max_n_ctx)
         if not _whole(max_batch) or not 1 <= max_batch <= 1 << 16:
             raise ValueError(f"max_batch must be a whole number from 1 to 65536, got {max_batch!r}")
 
+        mtp = None
         if native:
-            arrays, types = load_gguf_weights(config, gguf)
+            arrays, types = load_gguf_weights(config, gguf, mtp=True)
             # Named by the type that holds most of the parameters.
             dtype = max(types, key=types.get)
+            if "mtp" in arrays:
+                mtp = _core.Weights(config.mtp_config(), arrays.pop("mtp"), seq_len, threads, kv_dtype,
+                                    activations == "f32")
         else:
             arrays = load_weights(config, folder, bf16=(dtype == "bf16"),
                                   mix=dtype if dtype in QUANT_MIXES else None)
@@ -283,7 +294,7 @@ class Model:
             from .tokenizer import Tokenizer
             tokenizer = Tokenizer.from_pretrained(folder)
         return cls(weights, config, tokenizer, folder, dtype, end_of_generation_ids(gen_config, config, tokenizer),
-                   gen_config, max_batch, name=model_name(source), source=source)
+                   gen_config, max_batch, name=model_name(source), source=source, mtp=mtp)
 
     # ------------------------------------------------------------ settings
 
@@ -314,6 +325,14 @@ class Model:
     @threads.setter
     def threads(self, n: int):
         self._weights.n_threads = usable_threads(n)
+        if self._mtp is not None:
+            self._mtp.n_threads = self._weights.n_threads
+
+    @property
+    def has_mtp(self) -> bool:
+        """Whether the model has a multi-token-prediction block to draft with
+        (speculative="mtp")."""
+        return self._mtp is not None
 
     def new_session(self, max_batch: int | None = None) -> Session:
         """A Session of its own (KV cache and recurrent state) on these weights."""
@@ -380,26 +399,29 @@ class Model:
             logits = s.prefill(prompt_ids)
             stats.prompt_seconds = time.perf_counter() - t0
             ids = list(s.tokens)
-            for i in range(max_new_tokens):
-                t0 = time.perf_counter()
-                token = sampler(logits, ids)
-                stats.generate_seconds += time.perf_counter() - t0
-                if token in stop_ids:
-                    stats.finish_reason = "stop"
-                    return
-                stats.generated_tokens += 1
-                yield token
-                ids.append(token)
-                if len(ids) >= self.n_ctx:
-                    stats.finish_reason = "context"
-                    return
-                if sampler.done:
-                    stats.finish_reason = "stop"
-                    return
-                if i + 1 < max_new_tokens:  # the last token's logits would go unused
+            try:
+                for i in range(max_new_tokens):
                     t0 = time.perf_counter()
-                    logits = s.step(token)
+                    token = sampler(logits, ids)
                     stats.generate_seconds += time.perf_counter() - t0
+                    if token in stop_ids:
+                        stats.finish_reason = "stop"
+                        return
+                    stats.generated_tokens += 1
+                    yield token
+                    ids.append(token)
+                    if len(ids) >= self.n_ctx:
+                        stats.finish_reason = "context"
+                        return
+                    if sampler.done:
+                        stats.finish_reason = "stop"
+                        return
+                    if i + 1 < max_new_tokens:  # the last token's logits would go unused
+                        t0 = time.perf_counter()
+                        logits = s.step(token)
+                        stats.generate_seconds += time.perf_counter() - t0
+            finally:
+                s.checkpoint()   # where the reply ends: the next turn resumes there
 
     def _generate_speculative(self, prompt_ids, max_new_tokens, sampler, stop_ids, session,
                               spec: Speculation) -> Iterator[int]:
@@ -408,10 +430,14 @@ class Model:
         the sampler picks from those logits, position by position, as from
         plain steps; the pass keeps the guesses up to the first the
         sampler did not pick (Session.keep)."""
+        hidden = getattr(spec.drafter, "wants_hidden", False)   # it reads the model's hidden states
         with self._use(session) as s:
             stats = self.last_stats = GenerationStats(prompt_tokens=len(prompt_ids), finish_reason="length")
             t0 = time.perf_counter()
-            logits = s.prefill(prompt_ids)
+            logits = s.prefill(prompt_ids, hidden)
+            if hidden:
+                logits, states = logits
+                spec.drafter.observe(s.position - len(states), states)
             stats.prompt_seconds = time.perf_counter() - t0
             ids = list(s.tokens)
             rows, guesses = [], []   # the open pass: logits not yet used, guesses not yet checked
@@ -422,6 +448,8 @@ class Model:
             def close_pass(checked):
                 # hold its first token and the guesses taken, as if only they had run
                 s.keep(1 + taken)
+                if hidden:
+                    spec.drafter.observe(s.position - 1 - taken, states[:1 + taken])
                 spec.verified(checked, taken, seconds)
 
             try:
@@ -456,17 +484,24 @@ class Model:
                     guesses = spec.draft(ids, room)
                     t1 = time.perf_counter()
                     if guesses:
-                        rows = list(s.verify([token] + guesses))
+                        rows = s.verify([token] + guesses, hidden)
+                        if hidden:
+                            rows, states = rows
+                        rows = list(rows)
                         open_pass, drafted, taken = True, len(guesses), 0
                         logits = rows.pop(0)
                         seconds = time.perf_counter() - t1
                     else:
-                        logits = s.step(token)
+                        logits = s.step(token, hidden)
+                        if hidden:
+                            logits, states = logits
+                            spec.drafter.observe(s.position - 1, states)
                         spec.plain_step(time.perf_counter() - t1)
                     stats.generate_seconds += time.perf_counter() - t0
             finally:
                 if open_pass:
                     close_pass(taken)
+                s.checkpoint()
                 stats.drafted_tokens = spec.stats.drafted
                 stats.accepted_tokens = spec.stats.accepted
 
@@ -486,7 +521,9 @@ class Model:
         if n == 0:
             return []
         chunk = min(max(len(p) for p in prompts_ids), self.max_batch)
-        spec = self.speculative if speculative is None else speculative or None
+        # (the model's "mtp" setting is Model.generate's alone: the engine drafts otherwise)
+        spec = (None if self.speculative == "mtp" else self.speculative) if speculative is None \
+            else speculative or None
         engine = BatchEngine(self, parallel=n, max_queue=n, prefill_chunk=max(chunk, self.draft_max + 1, 1),
                              speculative=spec, draft_max=self.draft_max)
         try:

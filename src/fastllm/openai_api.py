@@ -295,8 +295,8 @@ def encode(model, text: str, add_special_tokens: bool, param: str) -> list:
 
 def fit_context(n: int, model, param: str):
     if n >= model.n_ctx:
-        raise APIError(400, f"the {param} has {n} tokens: the context holds {model.n_ctx}",
-                       param=param, code="context_length_exceeded")
+        raise APIError(400, f"the {param} has {n} tokens: the context holds {model.n_ctx} "
+                            f"(the server's --ctx)", param=param, code="context_length_exceeded")
 
 
 def chat_prompt(body: dict, model, tools: dict | None = None) -> tuple:

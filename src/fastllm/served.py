@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 from .openai_api import APIError
 
@@ -79,6 +80,14 @@ class ModelSet:
     queue_depth = property(lambda self: self._total("queue_depth"))
     drafted = property(lambda self: self._total("drafted"))
     accepted = property(lambda self: self._total("accepted"))
+
+    @property
+    def cache(self):
+        """The engines' prompt caches together (None where none has one)."""
+        caches = [s.engine.cache for s in self.served if getattr(s.engine, "cache", None)]
+        if not caches:
+            return None
+        return SimpleNamespace(nbytes=sum(c.nbytes for c in caches), hits=sum(c.hits for c in caches))
 
     def close(self):
         for s in self.served:

@@ -45,11 +45,16 @@ class ServeOptions:
     keep_alive: float = 5.0             # seconds an idle connection stays open
     max_connections: int = 512          # open connections (more: 503)
     request_timeout: float | None = None   # seconds a generation may run (then "length")
+    cache_ram: int = 2048               # MiB of slots' sequences kept beyond the slots (0: none)
+    ctx_checkpoints: int = 8            # recurrent-state checkpoints a slot keeps
 
     def __post_init__(self):
         for name in ("parallel", "max_queue", "max_body", "max_connections"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        for name in ("cache_ram", "ctx_checkpoints"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be 0 or more, got {getattr(self, name)!r}")
         for name in ("body_timeout", "keep_alive", "request_timeout"):
             value = getattr(self, name)
             if value is not None and not value > 0:
@@ -57,6 +62,11 @@ class ServeOptions:
 
 
 DEFAULTS = ServeOptions()
+# Each slot's context without --ctx: the model's max_position_embeddings up
+# to this many positions. Agents' prompts (a 10-20k-token system prompt and
+# tools, then the turns) fit; a model's full window (262,144 for Qwen3.5)
+# in every slot would let one conversation take gigabytes of KV cache.
+SLOT_CTX = 32768
 OPTION_NAMES = tuple(f.name for f in fields(ServeOptions))
 
 
@@ -97,6 +107,10 @@ class Metrics:
                   "# TYPE fastllm_generated_tokens_total counter",
                   f"fastllm_generated_tokens_total {self.generated_tokens}",
                   "# TYPE fastllm_tokens_per_second gauge", f"fastllm_tokens_per_second {rate:.3f}",
+                  "# TYPE fastllm_prompt_cache_bytes gauge",
+                  f"fastllm_prompt_cache_bytes {engine.cache.nbytes if engine.cache else 0}",
+                  "# TYPE fastllm_prompt_cache_hits_total counter",
+                  f"fastllm_prompt_cache_hits_total {engine.cache.hits if engine.cache else 0}",
                   "# TYPE fastllm_draft_tokens_total counter", f"fastllm_draft_tokens_total {engine.drafted}",
                   "# TYPE fastllm_draft_accepted_tokens_total counter",
                   f"fastllm_draft_accepted_tokens_total {engine.accepted}",
@@ -523,7 +537,7 @@ def startup_line(model, options: ServeOptions, name: str | None = None) -> str:
     key = "an API key is required" if options.api_key else "no API key"
     served = f" as {name!r}" if name is not None else ""
     return (f"fastllm serve: {model.source}{served} ({types} weights, {model.activations} activations), "
-            f"{options.parallel} slots of {model.n_ctx} tokens of context, "
+            f"{options.parallel} slots of {model.n_ctx} tokens of context ({model.kv_dtype} KV cache), "
             f"http://{options.host}:{options.port}/v1, {key}")
 
 
@@ -538,7 +552,8 @@ def serve(model, options: ServeOptions = DEFAULTS):
     try:
         for _, m in entries:
             engines.append(BatchEngine(m, parallel=options.parallel, max_queue=options.max_queue,
-                                       speculative=m.speculative, draft_max=m.draft_max))
+                                       speculative=m.speculative, draft_max=m.draft_max,
+                                       cache_bytes=options.cache_ram << 20, checkpoints=options.ctx_checkpoints))
         app = create_app(None, None, options=options,
                          models=[(name, m, e) for (name, m), e in zip(entries, engines)])
         for name, m in entries:
