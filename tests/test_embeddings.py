@@ -41,6 +41,7 @@ def embedder(embedding_folders):
     return Model.from_pretrained(embedding_folders["lasttoken"], n_ctx=256, threads=2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pooling", ["lasttoken", "mean", "cls", "mean+max"])
 def test_embed_equals_sentence_transformers_in_float64(embedding_folders, pooling):
     st = pytest.importorskip("sentence_transformers")

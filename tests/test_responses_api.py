@@ -50,6 +50,7 @@ def test_a_reply_whole_and_streamed_is_the_models_chat_reply(model, server):
     assert all(e.item_id == item_id for e in events if hasattr(e, "item_id"))
 
 
+@pytest.mark.slow
 def test_a_function_calling_loop(model, server):
     c = client(server[0])
     first = c.responses.create(model="m", input="What is the weather in Paris?", tools=[WEATHER],
