@@ -354,3 +354,22 @@ def test_the_server_speculates_per_request_and_counts_guesses():
         thread.join(30)
         engine.close()
         sock.close()
+
+
+@pytest.mark.parametrize("name", ["qwen35", "llama"])
+def test_the_engine_drafts_with_a_draft_model_for_every_request_together(name):
+    """The same file with f32 activations drafting for its int8 self: three
+    requests guess together, one pass of the draft model a step, and each
+    gets its tokens alone (a recurrent draft model resumes from its saved
+    state between proposals)."""
+    m, draft = model(name), model(name, "f32")
+    prompts = [prompt_of(m, 12 + 5 * i, seed=50 + i) for i in range(3)]
+    samplings = [GREEDY, SEEDED, GREEDY]
+    plains = [plain_tokens(m, p, s) for p, s in zip(prompts, samplings)]
+    engine = BatchEngine(m, parallel=3, prefill_chunk=16, speculative=draft, draft_max=4)
+    try:
+        outs = [list(r) for r in [engine.submit(p, N, s, stop_ids=[]) for p, s in zip(prompts, samplings)]]
+    finally:
+        engine.close()
+    assert outs == plains
+    assert engine.accepted > 0
