@@ -215,6 +215,7 @@ class Model:
         # at most draft_max guesses a pass.
         self.speculative = None
         self.draft_max = 16
+        self._drafters = {}   # the default session's drafters, kept from call to call
         self._session = Session(self)
         self._lock = threading.Lock()   # held while the default session is in use
         self._holder = None             # the thread that holds it
@@ -387,7 +388,8 @@ class Model:
         if len(prompt_ids) >= self.n_ctx:
             raise ValueError(f"the prompt has {len(prompt_ids)} tokens: no room left in the context of "
                              f"{self.n_ctx} (load the model with a larger n_ctx)")
-        spec = speculation(self.speculative if speculative is None else speculative, self, self.draft_max)
+        spec = speculation(self.speculative if speculative is None else speculative, self, self.draft_max,
+                           self._drafters if session is None else None)
         if spec is not None:
             return self._generate_speculative(prompt_ids, max_new_tokens, sampler, stop_ids, session, spec)
         return self._generate(prompt_ids, max_new_tokens, sampler, stop_ids, session)

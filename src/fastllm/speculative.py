@@ -401,19 +401,28 @@ class Speculation:
 SPEC_KINDS = ("ngram", "mtp")
 
 
-def speculation(spec, target, max_draft: int = 16) -> Speculation | None:
+def speculation(spec, target, max_draft: int = 16, drafters: dict | None = None) -> Speculation | None:
     """A Speculation from what a caller passes as speculative=: None or
     False (none), "ngram", "mtp" (the target's multi-token-prediction
     block), a draft Model (same vocabulary as target), or a Speculation
-    (used as it is)."""
+    (used as it is). drafters: where to keep the drafter for the next call
+    on the same sequence (a draft model's session then reuses what it ran)."""
     if spec is None or spec is False:
         return None
     if isinstance(spec, Speculation):
         return spec
     if spec == "ngram":
-        return Speculation(NgramDrafter(), max_draft)
-    if spec == "mtp":
-        return Speculation(MtpDrafter(target), max_draft)
-    if hasattr(spec, "new_session") and hasattr(spec, "tokenizer"):
-        return Speculation(DraftModel(spec, target), max_draft)
-    raise ValueError(f"speculative must be None, 'ngram', 'mtp', a draft Model or a Speculation, got {spec!r}")
+        make = NgramDrafter
+    elif spec == "mtp":
+        make = lambda: MtpDrafter(target)   # noqa: E731
+    elif hasattr(spec, "new_session") and hasattr(spec, "tokenizer"):
+        make = lambda: DraftModel(spec, target)   # noqa: E731
+    else:
+        raise ValueError(f"speculative must be None, 'ngram', 'mtp', a draft Model or a Speculation, "
+                         f"got {spec!r}")
+    if drafters is None:
+        return Speculation(make(), max_draft)
+    key = spec if isinstance(spec, str) else id(spec)
+    if key not in drafters:
+        drafters[key] = make()
+    return Speculation(drafters[key], max_draft)
