@@ -317,8 +317,18 @@ def _dispatch(args) -> int:
         return 130
 
 
+def _check_settings(args):
+    """The sampling flags and --json-schema, checked before the model is
+    loaded (a typo should not cost a load); the model's defaults are applied
+    over them later, by Settings."""
+    given = {k: getattr(args, k) for k in _SAMPLING_KEYS if getattr(args, k, None) is not None}
+    SamplingParams().replace(**given)
+    _response_format(getattr(args, "json_schema", None))
+
+
 def _load(args, max_n_ctx: int | None = None):
     from .model import Model
+    _check_settings(args)
     model = Model.from_pretrained(args.model, n_ctx=args.ctx, threads=args.threads, dtype=args.dtype,
                                   kv_dtype=args.kv_dtype, activations=args.activations, max_n_ctx=max_n_ctx)
     _check_ctx(model, args.ctx)

@@ -120,15 +120,18 @@ class DraftModel:
         if target is not None:
             check_same_vocabulary(model, target)
         self.model = model
+        # Guesses are ids of the target's vocabulary (a draft's head may have more rows).
+        self.vocab_size = min(model.config.vocab_size, (target or model).config.vocab_size)
         self.session = model.new_session()
         self._saved = None   # the recurrent state before the last guesses
 
     def propose(self, tokens: Sequence[int], k: int) -> list:
-        if k <= 0:
-            return []
+        return draft_together([(self, tokens, k)])[0]
+
+    def _catch_up(self, tokens: Sequence[int]) -> np.ndarray:
+        """Run what the session lacks of tokens (going back where it ran
+        past them): the logits after them."""
         s = self.session
-        if len(tokens) + k > s.n_ctx:
-            return []
         held = s.tokens
         common = 0
         for a, b in zip(held, tokens):
@@ -149,16 +152,32 @@ class DraftModel:
                 s.reset()
         logits = s.extend(list(tokens[s.position:]))
         self._saved = s.save_recurrent() if not s.can_rewind else None
-        out = []
-        vocab = self.model.config.vocab_size
-        for i in range(k):
-            token = int(np.argmax(logits))
-            if token >= vocab:
-                break
-            out.append(token)
-            if i + 1 < k:
-                logits = s.step(token)
-        return out
+        return logits
+
+
+def draft_together(jobs) -> list:
+    """The guesses of several DraftModels of one draft model, jobs being
+    (drafter, tokens, k): each catches up with its tokens, then each greedy
+    step runs every drafter still guessing in one pass over the draft
+    model's weights (a server's requests draft together)."""
+    from .session import extend_together
+    out = [[] for _ in jobs]
+    logits = {i: d._catch_up(tokens) for i, (d, tokens, k) in enumerate(jobs)
+              if k > 0 and len(tokens) + k <= d.session.n_ctx}
+    while logits:
+        live = []
+        for i, row in logits.items():
+            token = int(np.argmax(row))
+            if token >= jobs[i][0].vocab_size:
+                continue   # a row past the tokenizer's (padding): no guess, and no more
+            out[i].append(token)
+            if len(out[i]) < jobs[i][2]:
+                live.append(i)
+        if not live:
+            break
+        rows = extend_together([jobs[i][0].session for i in live], [[out[i][-1]] for i in live])
+        logits = dict(zip(live, rows))
+    return out
 
 
 class MtpDrafter:
@@ -352,9 +371,13 @@ class Speculation:
         self.policy = DraftPolicy(max_draft)
         self.stats = SpecStats()
 
+    def plan(self, limit: int) -> int:
+        """How many guesses to draft now: what the policy chooses, at most limit."""
+        return max(min(self.policy.length(), limit), 0)
+
     def draft(self, tokens: Sequence[int], limit: int) -> list:
         """The guesses for after tokens: at most limit of them."""
-        k = min(self.policy.length(), limit)
+        k = self.plan(limit)
         if k <= 0:
             return []
         t0 = time.perf_counter()
@@ -378,19 +401,28 @@ class Speculation:
 SPEC_KINDS = ("ngram", "mtp")
 
 
-def speculation(spec, target, max_draft: int = 16) -> Speculation | None:
+def speculation(spec, target, max_draft: int = 16, drafters: dict | None = None) -> Speculation | None:
     """A Speculation from what a caller passes as speculative=: None or
     False (none), "ngram", "mtp" (the target's multi-token-prediction
     block), a draft Model (same vocabulary as target), or a Speculation
-    (used as it is)."""
+    (used as it is). drafters: where to keep the drafter for the next call
+    on the same sequence (a draft model's session then reuses what it ran)."""
     if spec is None or spec is False:
         return None
     if isinstance(spec, Speculation):
         return spec
     if spec == "ngram":
-        return Speculation(NgramDrafter(), max_draft)
-    if spec == "mtp":
-        return Speculation(MtpDrafter(target), max_draft)
-    if hasattr(spec, "new_session") and hasattr(spec, "tokenizer"):
-        return Speculation(DraftModel(spec, target), max_draft)
-    raise ValueError(f"speculative must be None, 'ngram', 'mtp', a draft Model or a Speculation, got {spec!r}")
+        make = NgramDrafter
+    elif spec == "mtp":
+        make = lambda: MtpDrafter(target)   # noqa: E731
+    elif hasattr(spec, "new_session") and hasattr(spec, "tokenizer"):
+        make = lambda: DraftModel(spec, target)   # noqa: E731
+    else:
+        raise ValueError(f"speculative must be None, 'ngram', 'mtp', a draft Model or a Speculation, "
+                         f"got {spec!r}")
+    if drafters is None:
+        return Speculation(make(), max_draft)
+    key = spec if isinstance(spec, str) else id(spec)
+    if key not in drafters:
+        drafters[key] = make()
+    return Speculation(drafters[key], max_draft)
