@@ -1289,6 +1289,25 @@ void flm_forward(const FlmConfig *c, const FlmWeights *w, FlmState *s,
     s->nextn_h = nextn_h;
 }
 
+void flm_forward_hidden(const FlmConfig *c, const FlmWeights *w, FlmState *s,
+                        const int32_t *tokens, int n, int pos, float *hidden, int n_threads) {
+    if (!kernels_ready) { flm_kernels_init(); kernels_ready = 1; }
+    if (n_threads < 1) n_threads = 1;
+    if (n_threads > s->max_threads) n_threads = s->max_threads;
+    for (int done = 0; done < n;) {
+        FlmSeq seq = {s, tokens + done, imin(s->max_batch, n - done), pos + done, 0};
+        s->trace_offset = done;
+        forward_rows(c, w, s, &seq, 1, NULL, n_threads);
+        /* s->x holds the chunk's residual stream: its rows get the norm the
+         * LM head would read them through. */
+#pragma omp parallel for num_threads(n_threads) schedule(static)
+        for (int t = 0; t < seq.n; t++)
+            rmsnorm(hidden + (size_t)(done + t) * c->dim, s->x + (size_t)t * c->dim, w->norm, c->dim,
+                    c->norm_eps);
+        done += seq.n;
+    }
+}
+
 void flm_forward_batch(const FlmConfig *c, const FlmWeights *w, FlmState *work, const FlmSeq *seqs,
                        int n_seqs, float *logits, int n_threads) {
     if (!kernels_ready) { flm_kernels_init(); kernels_ready = 1; }

@@ -297,6 +297,12 @@ void flm_forward(const FlmConfig *c, const FlmWeights *w, FlmState *s,
                  const int32_t *tokens, int n, int pos,
                  float *logits, int all_logits, int n_threads);
 
+/* As flm_forward, without the LM head: hidden[n*dim] gets the final-normed
+ * hidden state of every token (what the LM head multiplies, what embedding
+ * models pool). */
+void flm_forward_hidden(const FlmConfig *c, const FlmWeights *w, FlmState *s,
+                        const int32_t *tokens, int n, int pos, float *hidden, int n_threads);
+
 /* Make dst hold what src holds for positions 0 .. n-1: their keys and
  * values, and where n is all src has run, its recurrent states too (a
  * recurrent state holds every token it has seen: it can only be copied

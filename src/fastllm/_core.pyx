@@ -151,6 +151,10 @@ cdef void _forward_job(void *p) noexcept nogil:
     cdef ForwardArgs *a = <ForwardArgs *>p
     flm.flm_forward(a.cfg, a.w, a.s, a.tokens, a.n, a.pos, a.logits, a.all_logits, a.n_threads)
 
+cdef void _forward_hidden_job(void *p) noexcept nogil:
+    cdef ForwardArgs *a = <ForwardArgs *>p
+    flm.flm_forward_hidden(a.cfg, a.w, a.s, a.tokens, a.n, a.pos, a.logits, a.n_threads)
+
 cdef void _forward_batch_job(void *p) noexcept nogil:
     cdef ForwardArgs *a = <ForwardArgs *>p
     flm.flm_forward_batch(a.cfg, a.w, a.s, a.seqs, a.n, a.logits, a.n_threads)
@@ -824,6 +828,23 @@ cdef class State:
         if hidden:
             result = (result, normed)
         return (result, trace) if hidden_states else result
+
+    def hidden(self, const int32_t[::1] tokens, int pos):
+        """Run tokens (ids checked by check_token_ids) at positions pos.. as
+        run() does, without the LM head: the final-normed hidden state of
+        every token, float32 (n, dim)."""
+        cdef Weights w = self.weights
+        cdef int n = tokens.shape[0]
+        if n < 1 or pos < 0 or pos > w.cfg.seq_len - n:
+            raise ValueError(f"positions {pos}..{pos + n - 1} do not fit the context of "
+                             f"{w.cfg.seq_len} tokens")
+        _check_ids_at_boundary(tokens, w.cfg.vocab_size)
+        cdef cnp.ndarray[float, ndim=2, mode="c"] out = np.empty((n, w.cfg.dim), np.float32)
+        cdef ForwardArgs job
+        job.cfg, job.w, job.s, job.tokens, job.seqs = &w.cfg, &w.w, &self.s, &tokens[0], NULL
+        job.n, job.pos, job.all_logits, job.n_threads, job.logits = n, pos, 0, w._n_threads, &out[0, 0]
+        _run_job(_forward_hidden_job, &job)
+        return out
 
 
 cdef cnp.ndarray _nextn_input(Weights w, h, int n):

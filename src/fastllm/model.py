@@ -636,6 +636,55 @@ class Model:
         finally:
             tokens.close()
 
+    # ---------------------------------------------------------- embeddings
+
+    @property
+    def pooling(self):
+        """How embed() pools hidden states (an embeddings.Pooling): read on
+        first use from the model's sentence-transformers files, or a GGUF
+        file's pooling_type; settable with a mode name ("mean", "cls",
+        "last", ...)."""
+        if self._pooling is None:
+            from .embeddings import gguf_pooling, read_pooling
+            if self.source.is_file():
+                from .formats.gguf_tensors import read_contents
+                self._pooling = gguf_pooling(read_contents(self.source, string_arrays=False).metadata)
+            else:
+                self._pooling = read_pooling(self.source)
+        return self._pooling
+
+    @pooling.setter
+    def pooling(self, mode):
+        from .embeddings import Pooling
+        self._pooling = mode if isinstance(mode, Pooling) else Pooling.of(mode)
+
+    _pooling = None
+
+    def embed(self, texts, *, pooling=None, normalize: bool = True, dimensions: int | None = None,
+              session: Session | None = None) -> np.ndarray:
+        """Embeddings of texts (a string, or a list of them): float32, (dim,)
+        for a string, (len(texts), dim) for a list. Each text is encoded with
+        its special tokens, run alone, and its final-normed hidden states
+        pooled (pooling: a mode such as "mean", "cls", "last"; else the
+        model's own, see pooling), cut to the first dimensions values where
+        given, then scaled to length 1 unless normalize is False."""
+        from .embeddings import embed_ids
+        one = isinstance(texts, str)
+        items = [texts] if one else texts
+        if not isinstance(items, (list, tuple)) or not all(isinstance(t, str) for t in items):
+            raise TypeError(f"texts must be a string or a list of strings, got {type(texts).__name__}")
+        ids = [self._encode(t, True) for t in items]
+        with self._use(session) as s:
+            out = [embed_ids(self, s, i, pooling, normalize, dimensions) for i in ids]
+        if one:
+            return out[0]
+        if not out:
+            from .embeddings import Pooling
+            chosen = self.pooling if pooling is None else pooling if isinstance(pooling, Pooling) else \
+                Pooling.of(pooling)
+            return np.zeros((0, dimensions or self.config.hidden_size * len(chosen.modes)), np.float32)
+        return np.stack(out)
+
     def __repr__(self):
         return (f"Model({str(self.path)!r}, model_type={self.config.model_type!r}, "
                 f"dtype={self.dtype!r}, n_ctx={self.n_ctx}, threads={self.threads})")
