@@ -1278,34 +1278,16 @@ void flm_forward(const FlmConfig *c, const FlmWeights *w, FlmState *s,
     const float *nextn_h = s->nextn_h;
     for (int done = 0; done < n;) {
         FlmSeq seq = {s, tokens + done, imin(s->max_batch, n - done), pos + done, 0};
-        seq.n_logits = all_logits ? seq.n : done + seq.n == n;
+        seq.n_logits = !logits ? 0 : all_logits ? seq.n : done + seq.n == n;
         s->trace_offset = done;
         if (hidden) s->hidden = hidden + (size_t)done * c->dim;   /* this chunk's rows */
         if (nextn_h) s->nextn_h = nextn_h + (size_t)done * c->dim;
-        forward_rows(c, w, s, &seq, 1, logits + (all_logits ? (size_t)done * c->vocab_size : 0), n_threads);
+        forward_rows(c, w, s, &seq, 1, logits ? logits + (all_logits ? (size_t)done * c->vocab_size : 0) : NULL,
+                     n_threads);
         done += seq.n;
     }
     s->hidden = hidden;
     s->nextn_h = nextn_h;
-}
-
-void flm_forward_hidden(const FlmConfig *c, const FlmWeights *w, FlmState *s,
-                        const int32_t *tokens, int n, int pos, float *hidden, int n_threads) {
-    if (!kernels_ready) { flm_kernels_init(); kernels_ready = 1; }
-    if (n_threads < 1) n_threads = 1;
-    if (n_threads > s->max_threads) n_threads = s->max_threads;
-    for (int done = 0; done < n;) {
-        FlmSeq seq = {s, tokens + done, imin(s->max_batch, n - done), pos + done, 0};
-        s->trace_offset = done;
-        forward_rows(c, w, s, &seq, 1, NULL, n_threads);
-        /* s->x holds the chunk's residual stream: its rows get the norm the
-         * LM head would read them through. */
-#pragma omp parallel for num_threads(n_threads) schedule(static)
-        for (int t = 0; t < seq.n; t++)
-            rmsnorm(hidden + (size_t)(done + t) * c->dim, s->x + (size_t)t * c->dim, w->norm, c->dim,
-                    c->norm_eps);
-        done += seq.n;
-    }
 }
 
 void flm_forward_batch(const FlmConfig *c, const FlmWeights *w, FlmState *work, const FlmSeq *seqs,

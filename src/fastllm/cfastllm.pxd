@@ -128,8 +128,6 @@ cdef extern from "fastllm.h" nogil:
                      const int32_t *tokens, int n, int pos,
                      float *logits, int all_logits, int n_threads)
     void flm_state_copy(const FlmConfig *c, FlmState *dst, const FlmState *src, int n, int whole)
-    void flm_forward_hidden(const FlmConfig *c, const FlmWeights *w, FlmState *s,
-                            const int32_t *tokens, int n, int pos, float *hidden, int n_threads)
     void flm_forward_batch(const FlmConfig *c, const FlmWeights *w, FlmState *work,
                            const FlmSeq *seqs, int n_seqs, float *logits, int n_threads)
     const char *flm_simd_path()
