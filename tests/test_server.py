@@ -184,7 +184,8 @@ def test_api_key_and_metrics(model):
             client(url).completions.create(model="smollm2", prompt="Hi", max_tokens=2)
         r = client(url, api_key="sesame").completions.create(model="smollm2", prompt="Hi", max_tokens=3)
         assert r.usage.completion_tokens > 0
-        text = urllib.request.urlopen(url.replace("/v1", "/metrics")).read().decode()
+        metrics = urllib.request.Request(url.replace("/v1", "/metrics"), headers={"Authorization": "Bearer sesame"})
+        text = urllib.request.urlopen(metrics).read().decode()
         assert 'fastllm_requests_total{endpoint="completions",status="401"} 1' in text
         assert 'fastllm_requests_total{endpoint="completions",status="200"} 1' in text
         assert "fastllm_generated_tokens_total" in text and "fastllm_queue_depth 0" in text
@@ -424,9 +425,10 @@ def test_serve_passes_its_limits_to_uvicorn_and_says_what_it_serves(model, monke
     from fastllm import server
     got = {}
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: got.update(kw))
-    options = ServeOptions(port=8123, parallel=2, api_key="k", keep_alive=3, max_connections=50)
+    options = ServeOptions(port=8123, parallel=2, api_key="k", keep_alive=3, head_timeout=4, shutdown_timeout=6)
     server.serve(model, options)
-    assert got["timeout_keep_alive"] == 3 and got["limit_concurrency"] == 50 and got["port"] == 8123
+    assert got["timeout_keep_alive"] == 3 and got["timeout_graceful_shutdown"] == 6 and got["port"] == 8123
+    assert got["http"].__name__.startswith("HeadDeadline")
     line = capsys.readouterr().err
     assert str(model.source) in line and "2 slots of 512 tokens" in line
     assert "http://127.0.0.1:8123/v1" in line and "API key is required" in line

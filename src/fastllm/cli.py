@@ -201,7 +201,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-alive", type=float, default=SERVE.keep_alive, metavar="S",
                    help=f"seconds an idle connection stays open (default: {SERVE.keep_alive:g})")
     p.add_argument("--max-connections", type=int, default=SERVE.max_connections,
-                   help=f"open connections; more get 503 (default: {SERVE.max_connections})")
+                   help=f"requests in progress; more get 503 (default: {SERVE.max_connections})")
+    p.add_argument("--head-timeout", type=float, default=SERVE.head_timeout, metavar="S",
+                   help=f"seconds a connection may take to send a request head; then it is closed "
+                        f"(default: {SERVE.head_timeout:g})")
+    p.add_argument("--shutdown-timeout", type=float, default=SERVE.shutdown_timeout, metavar="S",
+                   help=f"seconds answers in progress get to finish on SIGTERM or Ctrl-C; then they are "
+                        f"cut (default: {SERVE.shutdown_timeout:g})")
     p.add_argument("--request-timeout", type=float, default=SERVE.request_timeout, metavar="S",
                    help="seconds a generation may run; then it ends with finish_reason \"length\" "
                         "(default: no limit)")

@@ -12,12 +12,17 @@ goes away frees its slot at the engine's next step.
 What one request may cost is bounded: its body (max_body bytes, read
 within body_timeout seconds), the nesting of its JSON, the prompt (refused
 before tokenizing when it cannot fit the context; tokenized off the event
-loop), and optionally its time (request_timeout).
+loop), and optionally its time (request_timeout). A connection must send
+a whole request head within head_timeout seconds, and at most
+max_connections requests are in progress at once (fastllm.http_limits).
+On SIGTERM or Ctrl-C, answers in progress get shutdown_timeout seconds to
+finish; then they are cut, a stream its client stopped reading included.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
+import hmac
 import json
 import os
 import sys
@@ -26,6 +31,7 @@ import uuid
 from dataclasses import dataclass, fields
 
 from . import openai_api as api
+from .http_limits import RequestLimit, with_head_deadline
 from .openai_api import APIError
 from .textstream import TextStream
 
@@ -43,14 +49,16 @@ class ServeOptions:
     max_body: int = 4 * 2**20           # bytes of a request body (more: 413)
     body_timeout: float = 30.0          # seconds to receive a request body (then 408)
     keep_alive: float = 5.0             # seconds an idle connection stays open
-    max_connections: int = 512          # open connections (more: 503)
+    max_connections: int = 512          # requests in progress (more: 503)
+    head_timeout: float = 10.0          # seconds to receive a request head (then the connection is closed)
+    shutdown_timeout: float = 10.0      # seconds answers may take to finish once shutting down
     request_timeout: float | None = None   # seconds a generation may run (then "length")
 
     def __post_init__(self):
         for name in ("parallel", "max_queue", "max_body", "max_connections"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
-        for name in ("body_timeout", "keep_alive", "request_timeout"):
+        for name in ("body_timeout", "keep_alive", "request_timeout", "head_timeout", "shutdown_timeout"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
@@ -312,6 +320,7 @@ def create_app(model, engine, model_name: str | None = None, api_key: str | None
     serving.BatchEngine). model_name and api_key override options'."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
+    from starlette.middleware import Middleware
     from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
     from starlette.routing import Route
 
@@ -328,7 +337,7 @@ def create_app(model, engine, model_name: str | None = None, api_key: str | None
                         media_type="application/json")
 
     def check_key(request):
-        if api_key is not None and request.headers.get("authorization", "") != f"Bearer {api_key}":
+        if api_key is not None and not key_matches(request.headers.get("authorization", ""), api_key):
             raise APIError(401, "invalid or missing API key", code="invalid_api_key")
 
     def parse(raw: bytes, chat: bool) -> api.Generation:
@@ -364,13 +373,16 @@ def create_app(model, engine, model_name: str | None = None, api_key: str | None
             {"id": model_name, "object": "model", "created": 0, "owned_by": "fastllm"}]})
 
     async def health(request):
-        # The process id tells replicas apart behind a load balancer.
+        # The process id tells replicas apart behind a load balancer; the
+        # load and the pid are for those who hold the key.
         alive = engine.alive
-        return JSONResponse({"status": "ok" if alive else "unhealthy", "active": engine.active,
-                             "queue": engine.queue_depth, "pid": os.getpid()},
-                            status_code=200 if alive else 503)
+        body = {"status": "ok" if alive else "unhealthy"}
+        if api_key is None or key_matches(request.headers.get("authorization", ""), api_key):
+            body.update(active=engine.active, queue=engine.queue_depth, pid=os.getpid())
+        return JSONResponse(body, status_code=200 if alive else 503)
 
-    async def prometheus(request):
+    async def prometheus(request, name):
+        check_key(request)
         return PlainTextResponse(metrics.text(engine), media_type="text/plain; version=0.0.4")
 
     async def http_error(request, exc):
@@ -389,8 +401,17 @@ def create_app(model, engine, model_name: str | None = None, api_key: str | None
         Route("/v1/completions", endpoint("completions", generate), methods=["POST"]),
         Route("/v1/chat/completions", endpoint("chat", generate), methods=["POST"]),
         Route("/health", health, methods=["GET"]),
-        Route("/metrics", prometheus, methods=["GET"]),
-    ], exception_handlers={HTTPException: http_error, Exception: internal_error})
+        Route("/metrics", endpoint("metrics", prometheus), methods=["GET"]),
+    ], exception_handlers={HTTPException: http_error, Exception: internal_error},
+        middleware=[Middleware(RequestLimit, limit=options.max_connections)])
+
+
+def key_matches(authorization: str, api_key: str) -> bool:
+    """Whether an Authorization header carries api_key as a bearer token
+    (the scheme in any case, RFC 7235), compared in constant time."""
+    scheme, _, token = authorization.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        token.strip(" ").encode("latin-1", "replace"), api_key.encode())
 
 
 def startup_line(model, options: ServeOptions) -> str:
@@ -411,7 +432,16 @@ def serve(model, options: ServeOptions = DEFAULTS):
     try:
         app = create_app(model, engine, options=options)
         print(startup_line(model, options), file=sys.stderr, flush=True)
-        uvicorn.run(app, host=options.host, port=options.port, log_level="info",
-                    timeout_keep_alive=options.keep_alive, limit_concurrency=options.max_connections)
+        uvicorn.run(app, host=options.host, port=options.port, log_level="info", **uvicorn_config(options))
     finally:
         engine.close()
+
+
+def uvicorn_config(options: ServeOptions) -> dict:
+    """uvicorn's settings for options: its HTTP protocol with a deadline on
+    request heads, the keep-alive and the shutdown's deadline. (The limit
+    on requests in progress is the app's own: uvicorn's would count
+    connections that never sent a whole head.)"""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+    return {"http": with_head_deadline(AutoHTTPProtocol, options.head_timeout),
+            "timeout_keep_alive": options.keep_alive, "timeout_graceful_shutdown": options.shutdown_timeout}
