@@ -88,6 +88,11 @@ def check_sizes(config: ModelConfig, folder: Path):
     from .formats.safetensors import Checkpoint
 
     ck = Checkpoint(folder)
+    # Every layer has tensors of its own: a count past them is refused
+    # before anything is worked out per layer.
+    if config.num_hidden_layers > len(ck.where):
+        raise ModelFileError(config.path or folder, f"num_hidden_layers is {config.num_hidden_layers}, but the "
+                                                    f"checkpoint beside it holds only {len(ck.where)} tensors")
     wanted = [(schema.hf_name(schema.EMBED, config), schema.hf_shape(schema.EMBED, config))]
     wanted += [(schema.hf_name(t, config), schema.hf_shape(t, config))
                for t in schema.PER_LAYER_MODEL if getattr(config, t.switch)]
@@ -105,24 +110,32 @@ def check_sizes(config: ModelConfig, folder: Path):
                                          f"config.json implies {list(shape)}")
 
 
+# The default context is the model's max_position_embeddings up to this many
+# positions: the RoPE tables and each session's attention rows are made for
+# the whole context when the model loads, whatever a config claims. A
+# longer one is asked for with n_ctx.
+DEFAULT_MAX_CTX = 1 << 17
+
+
 def context_size(config: ModelConfig, n_ctx, kv_dtype: str, threads: int) -> int:
     """The context length to load with, checked before anything is allocated.
 
-    n_ctx None means the model's max_position_embeddings; where that context
-    (RoPE tables, a full KV cache) would need more than half the RAM, it is
-    capped to what fits, with a warning. An n_ctx asked for explicitly that
-    needs more than the RAM is refused."""
+    n_ctx None means the model's max_position_embeddings, capped with a
+    warning at DEFAULT_MAX_CTX, and where that context (RoPE tables, a full
+    KV cache) would need more than half the RAM, at what fits. An n_ctx
+    asked for explicitly that needs more than the RAM is refused."""
     memory = physical_memory()
     per_token = config.context_bytes(1, kv_dtype, threads)
     if n_ctx is None:
         n_ctx = config.max_position_embeddings
         fits = max(1, memory // 2 // per_token)
-        if n_ctx > fits:
+        if n_ctx > min(fits, DEFAULT_MAX_CTX):
+            cap = min(fits, DEFAULT_MAX_CTX)
+            why = "half this machine's RAM" if fits < DEFAULT_MAX_CTX else "the default's bound"
             warnings.warn(f"{config.path}: max_position_embeddings is {n_ctx}, a context of "
-                          f"{n_ctx * per_token / 2**30:.1f} GiB; n_ctx is capped at {fits}, half this "
-                          f"machine's RAM (choose with n_ctx=, or --ctx N)",
-                          ResourceLimitWarning, stacklevel=3)
-            n_ctx = fits
+                          f"{n_ctx * per_token / 2**30:.1f} GiB; loaded with n_ctx={cap}, capped at {why} "
+                          f"(choose with n_ctx=, or --ctx N)", ResourceLimitWarning, stacklevel=3)
+            n_ctx = cap
         return n_ctx
     if not _whole(n_ctx) or not 1 <= n_ctx < 2**31:
         raise ValueError(f"n_ctx must be a whole number from 1 to 2**31-1, got {n_ctx!r}")
