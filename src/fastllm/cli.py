@@ -63,7 +63,8 @@ def _model_args(p: argparse.ArgumentParser):
     p.add_argument("--threads", "-t", type=whole_number(1), default=None,
                    help="threads for the run loop (default: physical cores)")
     p.add_argument("--ctx", "-c", type=whole_number(1), default=None,
-                   help="context length in tokens (default: the model's max_position_embeddings)")
+                   help="context length in tokens (default: the model's max_position_embeddings, "
+                        "at most 131072)")
     from .formats.quants import MIXES
     p.add_argument("--dtype", choices=("f32", "bf16", "gguf") + tuple(m for m in MIXES if m.startswith("q")),
                    default=None,
