@@ -215,9 +215,18 @@ class Sampler:
         return logits
 
     def __call__(self, logits: np.ndarray, tokens: Sequence[int] = ()) -> int:
+        if not np.isfinite(np.max(logits)):
+            raise FloatingPointError("the model's logits are NaN or infinite (its weights overflow: a scale "
+                                     "or norm far out of range?); no token can be chosen from them")
         logits = self.process(logits, tokens)
         if self.constraint is not None:
             logits = self.constraint.mask(logits)
+        best = np.max(logits)
+        if not np.isfinite(best):   # NaN, +inf, or every token ruled out (-inf): nothing to draw from
+            by = "the logits processors and the constraint" if self.constraint is not None else \
+                "the logits processors"
+            raise ValueError(f"no token can be chosen: after {by} the largest logit is {best}"
+                             + (" (every token is ruled out)" if best == -np.inf else ""))
         if self.params.temperature == 0:
             token = int(np.argmax(logits))
         else:
