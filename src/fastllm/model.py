@@ -18,7 +18,7 @@ from . import _core
 from .config import ModelConfig
 from .end_of_generation import end_of_generation_ids
 from .errors import ModelFileError
-from .sampling import Constraint, Sampler, SamplingParams, generation_defaults, read_generation_config
+from .sampling import Constraint, Sampler, SamplingParams, as_params, generation_defaults, read_generation_config
 from .session import Session
 from .textstream import TextStream
 from .formats.quants import MIXES
@@ -218,6 +218,7 @@ class Model:
         self._session = Session(self)
         self._lock = threading.Lock()   # held while the default session is in use
         self._holder = None             # the thread that holds it
+        self._parked = False            # held by a generator waiting for its reader
 
     # ------------------------------------------------------------- loading
 
@@ -325,8 +326,14 @@ class Model:
 
     @contextmanager
     def _use(self, session: Session | None):
-        """session, else the default session, held until the block ends."""
+        """session, else the default session, held until the block ends.
+        The default session held by another thread's generator that waits
+        for its reader (a stream read partly), the block runs on a session
+        of its own rather than wait for that reader."""
         if session is not None:
+            if session._weights is not self._weights:
+                raise ValueError("this session belongs to another model: a session runs the model it was made "
+                                 "by (model.new_session())")
             with session.held():
                 yield session
             return
@@ -335,12 +342,18 @@ class Model:
         if self._holder == threading.get_ident() and self._lock.locked():
             raise RuntimeError("this thread is already generating on the model's default session: "
                                "finish or close that generator first, or pass session=model.new_session()")
-        with self._lock:
+        while not self._lock.acquire(timeout=0.05):
+            if self._parked:
+                with self.new_session().held() as own:
+                    yield own
+                return
+        try:
             self._holder = threading.get_ident()
-            try:
-                yield self._session
-            finally:
-                self._holder = None
+            yield self._session
+        finally:
+            self._holder = None
+            self._parked = False
+            self._lock.release()
 
     def logits(self, token_ids, session: Session | None = None) -> np.ndarray:
         """Logits of every position of token_ids run from position 0,
@@ -361,7 +374,7 @@ class Model:
         comes after every processor."""
         if not _whole(max_new_tokens) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be a whole number >= 0, got {max_new_tokens!r}")
-        sampling = (sampling or SamplingParams()).check_vocabulary(self.config.vocab_size)
+        sampling = as_params(sampling).check_vocabulary(self.config.vocab_size)
         sampler = Sampler(sampling, logits_processors, constraint)
         stop_ids = self.eos_token_ids if stop_token_ids is None else set(stop_token_ids)
         if len(prompt_ids) >= self.n_ctx:
@@ -384,7 +397,14 @@ class Model:
                     stats.finish_reason = "stop"
                     return
                 stats.generated_tokens += 1
-                yield token
+                if s is self._session:
+                    # between tokens the default session waits for this
+                    # generator's reader: other threads need not wait with it
+                    self._parked = True
+                    yield token
+                    self._parked = False
+                else:
+                    yield token
                 ids.append(token)
                 if len(ids) >= self.n_ctx:
                     stats.finish_reason = "context"
@@ -480,7 +500,7 @@ class Model:
         return None if grammar is None else grammar.start()
 
     def _sampling(self, sampling: SamplingParams | None, overrides: dict) -> SamplingParams:
-        base = self.default_sampling if sampling is None else sampling
+        base = self.default_sampling if sampling is None else as_params(sampling)
         return base.replace(**{k: v for k, v in overrides.items() if v is not None})
 
     def default_max_new_tokens(self, n_prompt: int, fallback: int = 128) -> int:

@@ -104,6 +104,17 @@ class SamplingParams:
         return self
 
 
+def as_params(sampling) -> SamplingParams:
+    """sampling, or the defaults for None; TypeError for anything but a
+    SamplingParams (a dict of settings is SamplingParams(**settings))."""
+    if sampling is None:
+        return SamplingParams()
+    if not isinstance(sampling, SamplingParams):
+        raise TypeError(f"sampling must be a SamplingParams (SamplingParams(**settings) makes one), "
+                        f"got {type(sampling).__name__} {sampling!r:.80}")
+    return sampling
+
+
 def _logit_bias(bias) -> tuple:
     """bias (a dict or (id, bias) pairs) as sorted pairs, each checked."""
     items = bias.items() if isinstance(bias, dict) else bias
