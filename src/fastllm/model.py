@@ -185,7 +185,9 @@ class Model:
 
     generate/stream/chat/generate_tokens/logits run on the model's default
     Session, one call at a time: a thread that calls while another generates
-    waits for it. Threads that should generate at the same time each use a
+    waits for it, unless that generation is a stream waiting for its reader
+    (read partly, perhaps never finished): the call then runs on a Session
+    of its own. Threads that should generate at the same time each use a
     Session of their own (new_session(), passed as session=); they share
     the weights."""
 
