@@ -42,9 +42,9 @@ _SETTINGS = ("max_new_tokens",) + _SAMPLING_KEYS
 _GEN_SOURCE = "generation_config.json"
 
 
-def whole_number(minimum: int):
-    """An argparse type: a whole number >= minimum. A bad value is refused
-    naming the flag, before anything is loaded."""
+def whole_number(minimum: int, maximum: int | None = None):
+    """An argparse type: a whole number >= minimum (and <= maximum). A bad
+    value is refused naming the flag, before anything is loaded."""
     def parse(text):
         try:
             value = int(text)
@@ -52,6 +52,8 @@ def whole_number(minimum: int):
             raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum}, got {value}")
         return value
     return parse
 
@@ -76,6 +78,19 @@ def _model_args(p: argparse.ArgumentParser):
                         "f32 activations with the exact dequantized weights (slower)")
     p.add_argument("--kv-dtype", choices=("f32", "bf16", "f16"), default="f32",
                    help="KV cache precision: bf16/f16 halve what attention reads (default: f32)")
+
+
+def _spec_args(p: argparse.ArgumentParser):
+    p.add_argument("--spec", choices=("ngram", "mtp", "none"), default=None,
+                   help="speculative decoding (the output is exactly the same): ngram guesses the next "
+                        "tokens from earlier text (faster where the reply repeats its input), mtp with the "
+                        "model's own multi-token-prediction block (Qwen3.5 GGUF files that have one)")
+    p.add_argument("--draft", "-md", default=None, metavar="MODEL",
+                   help="speculative decoding with a smaller draft model of the same vocabulary "
+                        "(a folder, .gguf or repo id, as --model)")
+    p.add_argument("--draft-max", type=whole_number(0, 64), default=16, metavar="N",
+                   help="guesses checked in one pass at most (default: 16; fewer are chosen while "
+                        "guesses fail)")
 
 
 def _sampling_args(p: argparse.ArgumentParser):
@@ -148,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="answer a prompt (as a chat message where the model has a chat "
                                    "template), streaming the reply")
     _model_args(p)
+    _spec_args(p)
     _sampling_args(p)
     _mode_args(p, "put the prompt")
     _json_schema_arg(p)
@@ -155,12 +171,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("repl", help="interactive prompt (the default command)")
     _model_args(p)
+    _spec_args(p)
     _sampling_args(p)
     _mode_args(p, "start with each prompt")
     p.add_argument("--system", default=None, help="system message for chat mode")
 
     p = sub.add_parser("chat", help="multi-turn chat using the model's chat template")
     _model_args(p)
+    _spec_args(p)
     _sampling_args(p)
     p.add_argument("--system", default=None, help="system message")
     _json_schema_arg(p)
@@ -184,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching "
                                      "(needs the serve extra: starlette, uvicorn)")
     _model_args(p)
+    _spec_args(p)
     from .server import DEFAULTS as SERVE
     p.add_argument("--host", default=SERVE.host, help=f"address to bind (default: {SERVE.host})")
     p.add_argument("--port", type=int, default=SERVE.port, help=f"port (default: {SERVE.port})")
@@ -279,6 +298,20 @@ def _load(args):
     model = Model.from_pretrained(args.model, n_ctx=args.ctx, threads=args.threads, dtype=args.dtype,
                                   kv_dtype=args.kv_dtype, activations=args.activations)
     _check_ctx(model, args.ctx)
+    if getattr(args, "draft", None) is not None:
+        if args.spec == "none":
+            raise FastLLMError("--draft and --spec none ask for opposite things: give one")
+        from .speculative import check_same_vocabulary
+        draft = Model.from_pretrained(args.draft, n_ctx=model.n_ctx, threads=model.threads,
+                                      kv_dtype=args.kv_dtype, activations=args.activations)
+        check_same_vocabulary(draft, model)
+        model.speculative = draft
+    elif getattr(args, "spec", None) in ("ngram", "mtp"):
+        if args.spec == "mtp" and not model.has_mtp:
+            raise FastLLMError(f"--spec mtp: {model.name} has no multi-token-prediction block (a Qwen3.5 GGUF "
+                               "file converted with it, without --no-mtp, has one)")
+        model.speculative = args.spec
+    model.draft_max = getattr(args, "draft_max", model.draft_max)
     return model
 
 
@@ -400,8 +433,10 @@ def _print_reply(pieces, model, chat: bool, repl: bool, verbose: bool) -> str:
         print(f"[... cut at {s.generated_tokens} tokens: {'/steps N' if repl else '-n N'} "
               "for longer replies]", file=sys.stderr)
     if verbose:
+        spec = (f" | guesses: {s.accepted_tokens} of {s.drafted_tokens} kept"
+                if model.speculative is not None else "")
         print(f"[prompt: {s.prompt_tokens} tokens, {s.prompt_tps:.1f} tok/s | "
-              f"generated: {s.generated_tokens} tokens, {s.generate_tps:.1f} tok/s | "
+              f"generated: {s.generated_tokens} tokens, {s.generate_tps:.1f} tok/s{spec} | "
               f"{model.threads} threads, {model.dtype}, stop: {s.finish_reason}]", file=sys.stderr)
     return "".join(text)
 

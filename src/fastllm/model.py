@@ -20,6 +20,7 @@ from .end_of_generation import end_of_generation_ids
 from .errors import ModelFileError
 from .sampling import Constraint, Sampler, SamplingParams, as_params, generation_defaults, read_generation_config
 from .session import Session
+from .speculative import Speculation, speculation
 from .textstream import TextStream
 from .formats.quants import MIXES
 from .weights import load_gguf_weights, load_weights
@@ -170,6 +171,9 @@ class GenerationStats:
     generated_tokens: int = 0
     generate_seconds: float = 0.0
     finish_reason: str = ""   # "stop" (eos or stop string), "length" (max_new_tokens), "context" (n_ctx full)
+    # speculative decoding: tokens guessed, and guesses kept (0 without it)
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
 
     @property
     def prompt_tps(self) -> float:
@@ -193,8 +197,10 @@ class Model:
 
     def __init__(self, weights: _core.Weights, config: ModelConfig, tokenizer, path: Path, dtype: str,
                  eos_token_ids: set, generation_config: dict | None = None, max_batch: int = 512,
-                 name: str | None = None, source: Path | None = None):
+                 name: str | None = None, source: Path | None = None, mtp: _core.Weights | None = None):
         self._weights = weights
+        # The multi-token-prediction block, where the file has one (speculative="mtp").
+        self._mtp = mtp
         self.config = config
         self.tokenizer = tokenizer
         self.path = path
@@ -217,6 +223,11 @@ class Model:
         self.default_sampling = SamplingParams().replace(
             **{k: v for k, v in self.generation_defaults.items() if k != "max_new_tokens"})
         self.last_stats = GenerationStats()
+        # What generate/stream/chat speculate with when a call says nothing:
+        # None, "ngram", or a draft Model (see fastllm.speculative), with
+        # at most draft_max guesses a pass.
+        self.speculative = None
+        self.draft_max = 16
         self._session = Session(self)
         self._lock = threading.Lock()   # held while the default session is in use
         self._holder = None             # the thread that holds it
@@ -275,10 +286,14 @@ class Model:
         if not _whole(max_batch) or not 1 <= max_batch <= 1 << 16:
             raise ValueError(f"max_batch must be a whole number from 1 to 65536, got {max_batch!r}")
 
+        mtp = None
         if native:
-            arrays, types = load_gguf_weights(config, gguf)
+            arrays, types = load_gguf_weights(config, gguf, mtp=True)
             # Named by the type that holds most of the parameters.
             dtype = max(types, key=types.get)
+            if "mtp" in arrays:
+                mtp = _core.Weights(config.mtp_config(), arrays.pop("mtp"), seq_len, threads, kv_dtype,
+                                    activations == "f32")
         else:
             arrays = load_weights(config, folder, bf16=(dtype == "bf16"),
                                   mix=dtype if dtype in QUANT_MIXES else None)
@@ -290,7 +305,7 @@ class Model:
             from .tokenizer import Tokenizer
             tokenizer = Tokenizer.from_pretrained(folder)
         return cls(weights, config, tokenizer, folder, dtype, end_of_generation_ids(gen_config, config, tokenizer),
-                   gen_config, max_batch, name=model_name(source), source=source)
+                   gen_config, max_batch, name=model_name(source), source=source, mtp=mtp)
 
     # ------------------------------------------------------------ settings
 
@@ -321,6 +336,14 @@ class Model:
     @threads.setter
     def threads(self, n: int):
         self._weights.n_threads = usable_threads(n)
+        if self._mtp is not None:
+            self._mtp.n_threads = self._weights.n_threads
+
+    @property
+    def has_mtp(self) -> bool:
+        """Whether the model has a multi-token-prediction block to draft with
+        (speculative="mtp")."""
+        return self._mtp is not None
 
     def new_session(self, max_batch: int | None = None) -> Session:
         """A Session of its own (KV cache and recurrent state) on these weights."""
@@ -365,7 +388,8 @@ class Model:
 
     def generate_tokens(self, prompt_ids, max_new_tokens: int = 128, sampling: SamplingParams | None = None,
                         stop_token_ids=None, *, session: Session | None = None,
-                        logits_processors=(), constraint: Constraint | None = None) -> Iterator[int]:
+                        logits_processors=(), constraint: Constraint | None = None,
+                        speculative=None) -> Iterator[int]:
         """Yield new token ids one by one. Stops at an end-of-sequence token
         (not yielded), after max_new_tokens, when the context is full, or
         once constraint is done. Runs on session, else on the default
@@ -373,7 +397,11 @@ class Model:
         logits_processors: more (tokens, logits) -> logits functions, run
         after the penalties and logit bias of sampling.
         constraint: constrained decoding (see sampling.Constraint): its mask
-        comes after every processor."""
+        comes after every processor.
+        speculative: "ngram", a draft Model (same vocabulary) or a
+        fastllm.speculative.Speculation: guesses checked several at a pass
+        (the tokens are exactly those without it); None: the model's
+        speculative setting; False: none."""
         if not _whole(max_new_tokens) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be a whole number >= 0, got {max_new_tokens!r}")
         sampling = as_params(sampling).check_vocabulary(self.config.vocab_size)
@@ -382,6 +410,9 @@ class Model:
         if len(prompt_ids) >= self.n_ctx:
             raise ValueError(f"the prompt has {len(prompt_ids)} tokens: no room left in the context of "
                              f"{self.n_ctx} (load the model with a larger n_ctx)")
+        spec = speculation(self.speculative if speculative is None else speculative, self, self.draft_max)
+        if spec is not None:
+            return self._generate_speculative(prompt_ids, max_new_tokens, sampler, stop_ids, session, spec)
         return self._generate(prompt_ids, max_new_tokens, sampler, stop_ids, session)
 
     def _generate(self, prompt_ids, max_new_tokens, sampler, stop_ids, session) -> Iterator[int]:
@@ -391,49 +422,144 @@ class Model:
             logits = s.prefill(prompt_ids)
             stats.prompt_seconds = time.perf_counter() - t0
             ids = list(s.tokens)
-            for i in range(max_new_tokens):
-                t0 = time.perf_counter()
-                token = sampler(logits, ids)
-                stats.generate_seconds += time.perf_counter() - t0
-                if token in stop_ids:
-                    stats.finish_reason = "stop"
-                    return
-                stats.generated_tokens += 1
-                if s is self._session:
-                    # between tokens the default session waits for this
-                    # generator's reader: other threads need not wait with it
-                    self._parked = True
-                    yield token
-                    self._parked = False
-                else:
-                    yield token
-                ids.append(token)
-                if len(ids) >= self.n_ctx:
-                    stats.finish_reason = "context"
-                    return
-                if sampler.done:
-                    stats.finish_reason = "stop"
-                    return
-                if i + 1 < max_new_tokens:  # the last token's logits would go unused
+            try:
+                for i in range(max_new_tokens):
                     t0 = time.perf_counter()
-                    logits = s.step(token)
+                    token = sampler(logits, ids)
                     stats.generate_seconds += time.perf_counter() - t0
+                    if token in stop_ids:
+                        stats.finish_reason = "stop"
+                        return
+                    stats.generated_tokens += 1
+                    yield from self._handed_out(token, s)
+                    ids.append(token)
+                    if len(ids) >= self.n_ctx:
+                        stats.finish_reason = "context"
+                        return
+                    if sampler.done:
+                        stats.finish_reason = "stop"
+                        return
+                    if i + 1 < max_new_tokens:  # the last token's logits would go unused
+                        t0 = time.perf_counter()
+                        logits = s.step(token)
+                        stats.generate_seconds += time.perf_counter() - t0
+            finally:
+                s.checkpoint()   # where the reply ends: the next turn resumes there
+
+    def _generate_speculative(self, prompt_ids, max_new_tokens, sampler, stop_ids, session,
+                              spec: Speculation) -> Iterator[int]:
+        """_generate with guesses: after each token, spec drafts the next
+        few, one pass runs the token and the guesses (Session.verify), and
+        the sampler picks from those logits, position by position, as from
+        plain steps; the pass keeps the guesses up to the first the
+        sampler did not pick (Session.keep)."""
+        hidden = getattr(spec.drafter, "wants_hidden", False)   # it reads the model's hidden states
+        with self._use(session) as s:
+            stats = self.last_stats = GenerationStats(prompt_tokens=len(prompt_ids), finish_reason="length")
+            t0 = time.perf_counter()
+            logits = s.prefill(prompt_ids, hidden)
+            if hidden:
+                logits, states = logits
+                spec.drafter.observe(s.position - len(states), states)
+            stats.prompt_seconds = time.perf_counter() - t0
+            ids = list(s.tokens)
+            rows, guesses = [], []   # the open pass: logits not yet used, guesses not yet checked
+            open_pass = False
+            drafted = taken = 0      # its guesses, and those the sampler took
+            seconds = 0.0            # what it cost
+
+            def close_pass(checked):
+                # hold its first token and the guesses taken, as if only they had run
+                s.keep(1 + taken)
+                if hidden:
+                    spec.drafter.observe(s.position - 1 - taken, states[:1 + taken])
+                spec.verified(checked, taken, seconds)
+
+            try:
+                for i in range(max_new_tokens):
+                    t0 = time.perf_counter()
+                    token = sampler(logits, ids)
+                    stats.generate_seconds += time.perf_counter() - t0
+                    if token in stop_ids:
+                        stats.finish_reason = "stop"
+                        return
+                    stats.generated_tokens += 1
+                    yield from self._handed_out(token, s)
+                    ids.append(token)
+                    if len(ids) >= self.n_ctx:
+                        stats.finish_reason = "context"
+                        return
+                    if sampler.done:
+                        stats.finish_reason = "stop"
+                        return
+                    if i + 1 == max_new_tokens:
+                        return
+                    if guesses and token == guesses[0]:   # its logits are in the pass
+                        guesses.pop(0)
+                        logits = rows.pop(0)
+                        taken += 1
+                        continue
+                    t0 = time.perf_counter()
+                    if open_pass:
+                        open_pass = False
+                        close_pass(drafted)
+                    room = min(max_new_tokens - i - 2, self.n_ctx - len(ids), s.pass_room() - 1)
+                    guesses = spec.draft(ids, room)
+                    t1 = time.perf_counter()
+                    if guesses:
+                        rows = s.verify([token] + guesses, hidden)
+                        if hidden:
+                            rows, states = rows
+                        rows = list(rows)
+                        open_pass, drafted, taken = True, len(guesses), 0
+                        logits = rows.pop(0)
+                        seconds = time.perf_counter() - t1
+                    else:
+                        logits = s.step(token, hidden)
+                        if hidden:
+                            logits, states = logits
+                            spec.drafter.observe(s.position - 1, states)
+                        spec.plain_step(time.perf_counter() - t1)
+                    stats.generate_seconds += time.perf_counter() - t0
+            finally:
+                if open_pass:
+                    close_pass(taken)
+                s.checkpoint()
+                stats.drafted_tokens = spec.stats.drafted
+                stats.accepted_tokens = spec.stats.accepted
+
+    def _handed_out(self, token: int, s: Session):
+        """Yield token; while its reader has it, the default session (s)
+        is marked as waiting for that reader, so that other threads need
+        not wait with it (see _use)."""
+        if s is not self._session:
+            yield token
+            return
+        self._parked = True
+        yield token
+        self._parked = False
 
     def generate_tokens_batch(self, prompts_ids, max_new_tokens: int = 128,
-                              sampling: SamplingParams | None = None, stop_token_ids=None) -> list:
+                              sampling: SamplingParams | None = None, stop_token_ids=None,
+                              speculative=None) -> list:
         """New token ids for several prompts, decoded together (continuous
         batching, fastllm.serving.BatchEngine): each step runs one token of
         every unfinished prompt in a single pass over the weights, on
         sessions of their own. Each list is exactly what generate_tokens
         gives for that prompt alone, whatever the others are (greedy, or
         sampled: every prompt draws from its own generator seeded with
-        sampling.seed)."""
+        sampling.seed). speculative: as for generate_tokens ("ngram" or a
+        draft Model; None: the model's setting, False: none)."""
         from .serving import BatchEngine
         n = len(prompts_ids)
         if n == 0:
             return []
         chunk = min(max(len(p) for p in prompts_ids), self.max_batch)
-        engine = BatchEngine(self, parallel=n, max_queue=n, prefill_chunk=max(chunk, 1))
+        # (the model's "mtp" setting is Model.generate's alone: the engine drafts otherwise)
+        spec = (None if self.speculative == "mtp" else self.speculative) if speculative is None \
+            else speculative or None
+        engine = BatchEngine(self, parallel=n, max_queue=n, prefill_chunk=max(chunk, self.draft_max + 1, 1),
+                             speculative=spec, draft_max=self.draft_max)
         try:
             requests = [engine.submit(ids, max_new_tokens, sampling, stop_token_ids) for ids in prompts_ids]
             return [list(r) for r in requests]
@@ -465,7 +591,7 @@ class Model:
     def stream(self, prompt: str, max_new_tokens: int | None = None, *, sampling: SamplingParams | None = None,
                stop=None, add_special_tokens: bool = True, session: Session | None = None,
                constraint: Constraint | None = None, response_format: dict | None = None,
-               **overrides) -> Iterator[str]:
+               speculative=None, **overrides) -> Iterator[str]:
         """Yield the continuation of prompt as text pieces, each a whole
         number of characters, as tokens are generated.
 
@@ -478,7 +604,8 @@ class Model:
         generate_tokens). response_format: OpenAI's {"type": "json_object"}
         or {"type": "json_schema", "json_schema": {"name": ..., "schema":
         {...}}}: the text is JSON (that follows the schema), by constrained
-        decoding (needs llguidance). stop: a string or a list of strings that
+        decoding (needs llguidance). speculative: see generate_tokens (the
+        text is the same with it). stop: a string or a list of strings that
         end the text (not included); an empty one is refused. Afterwards
         last_stats.finish_reason says why generation ended; "context" (the
         context is full) also gives a ContextFullWarning."""
@@ -486,7 +613,7 @@ class Model:
         constraint = self._constraint(constraint, response_format)
         ids = self._encode(prompt, add_special_tokens)
         n = self.default_max_new_tokens(len(ids)) if max_new_tokens is None else max_new_tokens
-        return self._stream_ids(ids, n, params, _stop_strings(stop), session, constraint)
+        return self._stream_ids(ids, n, params, _stop_strings(stop), session, constraint, speculative)
 
     def _constraint(self, constraint, response_format, prompt: str | None = None):
         """constraint, or the one response_format asks for; prompt: the
@@ -520,7 +647,7 @@ class Model:
     def chat(self, messages, max_new_tokens: int | None = None, stream: bool = False, *,
              sampling: SamplingParams | None = None, stop=None, template_kwargs: dict | None = None,
              session: Session | None = None, constraint: Constraint | None = None,
-             response_format: dict | None = None, **overrides):
+             response_format: dict | None = None, speculative=None, **overrides):
         """Render messages with the model's chat template (as transformers
         does) and generate the assistant's reply. Settings as for stream;
         max_new_tokens falls back to 256. With response_format, a model
@@ -532,7 +659,7 @@ class Model:
         constraint = self._constraint(constraint, response_format, text)
         ids = self._encode(text, False)
         n = self.default_max_new_tokens(len(ids), 256) if max_new_tokens is None else max_new_tokens
-        pieces = self._stream_ids(ids, n, params, _stop_strings(stop), session, constraint)
+        pieces = self._stream_ids(ids, n, params, _stop_strings(stop), session, constraint, speculative)
         return pieces if stream else "".join(pieces)
 
     def _encode(self, text: str, add_special_tokens: bool) -> list:
@@ -552,9 +679,11 @@ class Model:
                                  "file not found: text in and out needs the model's tokenizer")
         return self.tokenizer
 
-    def _stream_ids(self, ids, max_new_tokens, sampling, stops, session, constraint=None) -> Iterator[str]:
+    def _stream_ids(self, ids, max_new_tokens, sampling, stops, session, constraint=None,
+                    speculative=None) -> Iterator[str]:
         text = TextStream(self.tokenizer, stops)
-        tokens = self.generate_tokens(ids, max_new_tokens, sampling, session=session, constraint=constraint)
+        tokens = self.generate_tokens(ids, max_new_tokens, sampling, session=session, constraint=constraint,
+                                      speculative=speculative)
         try:
             for token in itertools.chain(tokens, [None]):
                 piece = text.feed(token)

@@ -133,6 +133,9 @@ class Generation:
     # How a chat reply is read (toolcalls.ReplyStream's options: reasoning,
     # tools and their format); None: the text as it is.
     reply: dict | None = None
+    # llama-server's "speculative.n_max": at most this many guesses a pass
+    # (0: no speculative decoding for this request); None: the server's.
+    draft_max: int | None = None
 
 
 def parse_request(body: dict, chat: bool, model, max_choices: int = MAX_CHOICES) -> Generation:
@@ -149,6 +152,7 @@ def parse_request(body: dict, chat: bool, model, max_choices: int = MAX_CHOICES)
     options = field_of(body, "stream_options", dict, {})
     include_usage = field_of(options, "include_usage", bool, False) if stream else False
     stop_ids = set() if field_of(body, "ignore_eos", bool, False) else None
+    draft_max = field_of(body, "speculative.n_max", int, None, 0, 64)
     response_format = body.get("response_format")
     try:
         response_format_schema(response_format)
@@ -181,7 +185,7 @@ def parse_request(body: dict, chat: bool, model, max_choices: int = MAX_CHOICES)
         limit = model.default_max_new_tokens(len(ids), room if chat else 16)
     constraints = None if grammar is None else [grammar.start() for _ in samplings]
     return Generation(chat, ids, max(1, min(limit, room)), samplings, stops, stop_ids, top_logprobs,
-                      stream, include_usage, constraints, reply=reply)
+                      stream, include_usage, constraints, reply=reply, draft_max=draft_max)
 
 
 def sampling_of(body: dict, model, max_choices: int = MAX_CHOICES) -> list:

@@ -105,6 +105,9 @@ class Metrics:
                   "# TYPE fastllm_generated_tokens_total counter",
                   f"fastllm_generated_tokens_total {self.generated_tokens}",
                   "# TYPE fastllm_tokens_per_second gauge", f"fastllm_tokens_per_second {rate:.3f}",
+                  "# TYPE fastllm_draft_tokens_total counter", f"fastllm_draft_tokens_total {engine.drafted}",
+                  "# TYPE fastllm_draft_accepted_tokens_total counter",
+                  f"fastllm_draft_accepted_tokens_total {engine.accepted}",
                   "# TYPE fastllm_time_to_first_token_seconds summary",
                   f"fastllm_time_to_first_token_seconds_sum {self.ttft_sum:.6f}",
                   f"fastllm_time_to_first_token_seconds_count {self.ttft_count}"]
@@ -163,7 +166,7 @@ class Completions:
                                 "(its --max-queue)", param="n")
         try:
             requests = self.engine.submit_many(g.prompt_ids, g.max_tokens, g.samplings, g.stop_ids,
-                                               g.top_logprobs, g.constraints)
+                                               g.top_logprobs, g.constraints, g.draft_max)
         except QueueFull as e:
             raise APIError(503, str(e), type="server_error", code="overloaded",
                            headers={"Retry-After": "1"}) from None
@@ -428,7 +431,8 @@ def serve(model, options: ServeOptions = DEFAULTS):
     """Run the server until interrupted."""
     import uvicorn
     from .serving import BatchEngine
-    engine = BatchEngine(model, parallel=options.parallel, max_queue=options.max_queue)
+    engine = BatchEngine(model, parallel=options.parallel, max_queue=options.max_queue,
+                         speculative=model.speculative, draft_max=model.draft_max)
     try:
         app = create_app(model, engine, options=options)
         print(startup_line(model, options), file=sys.stderr, flush=True)
