@@ -454,22 +454,7 @@ def test_a_normalizer_chain_that_multiplies_the_text_is_refused(tmp_path):
 
 # ------------------------------------------------ sessions, streams, engines
 
-def within(seconds, fn):
-    """fn()'s result, run in a thread so that a hang fails the test rather
-    than stopping the run (an exception is returned, not raised)."""
-    outcome = []
-
-    def run():
-        try:
-            outcome.append(fn())
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            outcome.append(e)
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(seconds)
-    assert outcome, f"still blocked after {seconds} s"
-    return outcome[0]
-
+from test_reliability_files import _finishes as within  # noqa: E402  (fn() or what it raised, a hang failing)
 
 def test_a_session_of_another_model_is_refused(tiny_model_dir):
     from fastllm.session import extend_together
@@ -501,8 +486,8 @@ def test_a_half_read_stream_does_not_block_other_threads(tiny_model_dir):
     want = list(model.generate_tokens(PROMPT, N_NEW))
     stream = model.generate_tokens(PROMPT, N_NEW)
     first = next(stream)
-    assert within(30, lambda: list(model.generate_tokens(PROMPT, N_NEW))) == want
-    assert within(30, lambda: model.logits(PROMPT)).shape == (len(PROMPT), model.config.vocab_size)
+    assert within(lambda: list(model.generate_tokens(PROMPT, N_NEW)), 30) == want
+    assert within(lambda: model.logits(PROMPT), 30).shape == (len(PROMPT), model.config.vocab_size)
     assert [first] + list(stream) == want
     # the default session is the stream's no longer: the next call takes it
     assert list(model.generate_tokens(PROMPT, N_NEW)) == want
@@ -550,16 +535,16 @@ def test_a_batch_request_read_twice_and_an_engine_used_after_close(tiny_model_di
     engine = BatchEngine(model, parallel=1)
     request = engine.submit(PROMPT, 3)
     assert len(list(request)) == 3
-    assert within(10, lambda: list(request)) == []   # ended: a second reading ends at once
+    assert within(lambda: list(request), 10) == []   # ended: a second reading ends at once
 
     async def read(r):
         return [t async for t in r]
     again = engine.submit(PROMPT, 3)
     assert len(asyncio.run(read(again))) == 3
-    assert within(10, lambda: asyncio.run(read(again))) == []
+    assert within(lambda: asyncio.run(read(again)), 10) == []
     failing = engine.submit(PROMPT, 3, constraint=RulesOutEverything())
     for _ in range(2):
-        assert isinstance(within(10, lambda: list(failing)), ValueError)
+        assert isinstance(within(lambda: list(failing), 10), ValueError)
     engine.close()
     with pytest.raises(RuntimeError, match="closed"):
         engine.submit(PROMPT, 3)

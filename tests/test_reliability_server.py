@@ -35,28 +35,11 @@ def model():
 
 @contextmanager
 def running(model, api_key=None, **options):
-    """The app served by uvicorn as `fastllm serve` configures it, on a free
-    port of 127.0.0.1; yields (host, port, engine)."""
-    from fastllm.server import uvicorn_config
-    engine = BatchEngine(model, parallel=2, max_queue=8)
-    opts = ServeOptions(api_key=api_key, **options)
-    app = create_app(model, engine, "tiny", options=opts)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, **uvicorn_config(opts), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    end = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < end, "the server did not start"
-        time.sleep(0.01)
-    try:
-        yield "127.0.0.1", sock.getsockname()[1], engine
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        engine.close()
-        sock.close()
+    """test_server's server, with the tiny model's two slots; yields (host, port, engine)."""
+    from test_server import running as server
+    with server(model, parallel=2, max_queue=8, api_key=api_key, **options) as (url, engine):
+        host, port = url.split("//")[1].split("/")[0].split(":")
+        yield host, int(port), engine
 
 
 def exchange(host, port, request: bytes, timeout=30) -> bytes:

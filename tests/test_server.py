@@ -17,7 +17,7 @@ uvicorn = pytest.importorskip("uvicorn")
 pytest.importorskip("starlette")
 
 from fastllm import Model, SamplingParams  # noqa: E402
-from fastllm.server import ServeOptions, create_app  # noqa: E402
+from fastllm.server import ServeOptions, create_app, uvicorn_config  # noqa: E402
 from fastllm.serving import BatchEngine  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0)
@@ -25,12 +25,14 @@ GREEDY = SamplingParams(temperature=0)
 
 @contextmanager
 def running(model, parallel=4, max_queue=32, api_key=None, **options):
-    """A server on a free port of 127.0.0.1; yields (base_url, engine)."""
+    """A server on a free port of 127.0.0.1, configured as `fastllm serve`
+    configures uvicorn; yields (base_url, engine)."""
     engine = BatchEngine(model, parallel=parallel, max_queue=max_queue)
-    app = create_app(model, engine, "smollm2", api_key, ServeOptions(**options))
+    opts = ServeOptions(**options)
+    app = create_app(model, engine, "smollm2", api_key, opts)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", **uvicorn_config(opts)))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     end = time.monotonic() + 30
