@@ -325,3 +325,58 @@ def test_the_key_is_compared_in_constant_time(model, monkeypatch):
         assert calls
     finally:
         engine.close()
+
+
+# ------------------------------------------------------------- fairness
+
+def test_a_stream_with_pieces_piled_up_lets_other_tasks_run_between_its_chunks(model):
+    """A client that reads slowly lets its pieces pile up; once it reads
+    again, sends that need not wait and a queue that holds more never
+    suspend, and every other client (/health, other streams) waited until
+    the pile was gone: seconds, with logprobs. Now the loop turns between
+    chunks."""
+    import asyncio
+    engine = BatchEngine(model, parallel=1, max_queue=1)
+    try:
+        app = create_app(model, engine, "tiny")
+        body = json.dumps({"prompt": "Hi", "max_tokens": 100, "ignore_eos": True, "stream": True}).encode()
+        chunks, ticks, chunks_per_tick = [], [0], []
+
+        async def main():
+            stop = asyncio.Event()
+
+            async def ticker():
+                while not stop.is_set():
+                    chunks_per_tick.append(len(chunks))
+                    ticks[0] += 1
+                    await asyncio.sleep(0)
+
+            sent = []
+
+            async def receive():
+                if not sent:
+                    sent.append(1)
+                    return {"type": "http.request", "body": body, "more_body": False}
+                await stop.wait()
+                return {"type": "http.disconnect"}
+
+            async def send(message):
+                if message["type"] == "http.response.start":
+                    await asyncio.sleep(1)   # a slow reader: the pieces pile up meanwhile
+                elif message["type"] == "http.response.body" and message.get("body"):
+                    chunks.append(message["body"])
+            scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                     "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions",
+                     "query_string": b"", "root_path": "", "headers": [(b"content-type", b"application/json")],
+                     "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2), "state": {}}
+            tick = asyncio.ensure_future(ticker())
+            await app(scope, receive, send)
+            stop.set()
+            await tick
+        asyncio.run(main())
+        assert b"[DONE]" in chunks[-1] and len(chunks) > 50
+        # the ticker ran between the chunks of the pile, not only before and after it
+        steps = [b - a for a, b in zip(chunks_per_tick, chunks_per_tick[1:])]
+        assert max(steps) <= 3, max(steps)
+    finally:
+        engine.close()

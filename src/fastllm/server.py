@@ -229,6 +229,11 @@ class Completions:
             for _ in range(len(requests)):
                 while (item := await out.get())[1] is not None:
                     yield item
+                    # A send that need not wait and a queue that holds more
+                    # never suspend: without this a fast stream (one whose
+                    # client reads slowly, its pieces piling up) would run
+                    # through all it holds while no other client is served.
+                    await asyncio.sleep(0)
                 yield item
         finally:
             watcher.cancel()
