@@ -129,3 +129,42 @@ def test_a_qwen35_chat_resumes_across_turns(tiny_qwen):
     assert s.reusable(prompt) > 20
     got = m.chat(messages, max_new_tokens=20, session=s, temperature=0)
     assert got == m.chat(messages, max_new_tokens=20, session=m.new_session(), temperature=0)
+
+
+@pytest.mark.parametrize("name", ["hybrid", "dense"])
+def test_the_prompt_cache_keeps_what_a_slot_held_for_a_later_request(name):
+    """One slot: conversation A, then an unrelated request B takes the slot,
+    then A's next turn comes back and resumes from the prompt cache; C, a
+    new conversation under A's system prompt, resumes there (for a hybrid
+    model from the checkpoint left where C's prompt parted from A's). A
+    small budget keeps nothing."""
+    m = model(name)
+    system = ids(m, 300, 40)
+    a1 = system + ids(m, 10, 41)
+    b = ids(m, 200, 42)
+    engine = BatchEngine(m, parallel=1, prefill_chunk=64, cache_bytes=256 << 20)
+    try:
+        out = list(engine.submit(a1, 6, stop_ids=()))
+        list(engine.submit(b, 6, stop_ids=()))
+        assert len(engine.cache) == 1
+        a2 = a1 + out + ids(m, 15, 43)
+        c = system + ids(m, 12, 44)
+        d = system + ids(m, 9, 45)
+        # (C may share a token or two more with A by chance, and the checkpoints
+        # at the branch point are taken there and CHECKPOINT_BEFORE_END before)
+        for prompt, reused in ((a2, len(a1) + len(out) - 1), (c, 300 if m.new_session().can_rewind else 0),
+                               (d, 300 if m.new_session().can_rewind else 300 - CHECKPOINT_BEFORE_END)):
+            request = engine.submit(prompt, 6, stop_ids=())
+            got = list(request)
+            assert got == list(m.generate_tokens(prompt, 6, stop_token_ids=(), session=m.new_session()))
+            assert reused <= request.prompt_reused <= reused + 3, (request.prompt_reused, reused)
+        assert engine.cache.hits >= 1 and engine.cache.nbytes <= 256 << 20
+    finally:
+        engine.close()
+    small = BatchEngine(m, parallel=1, cache_bytes=1 << 10)
+    try:
+        list(small.submit(a1, 2, stop_ids=()))
+        list(small.submit(b, 2, stop_ids=()))
+        assert len(small.cache) == 0
+    finally:
+        small.close()

@@ -29,10 +29,20 @@ def running(model, parallel=4, max_queue=32, api_key=None, **options):
     configures uvicorn; yields (base_url, engine)."""
     engine = BatchEngine(model, parallel=parallel, max_queue=max_queue)
     opts = ServeOptions(**options)
-    app = create_app(model, engine, "smollm2", api_key, opts)
+    try:
+        with serving(create_app(model, engine, "smollm2", api_key, opts), opts) as url:
+            yield url, engine
+    finally:
+        engine.close()
+
+
+@contextmanager
+def serving(app, options=ServeOptions()):
+    """app served on a free port of 127.0.0.1, with the settings `fastllm
+    serve` gives uvicorn for options; yields its base URL."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", **uvicorn_config(opts)))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", **uvicorn_config(options)))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     end = time.monotonic() + 30
@@ -40,11 +50,10 @@ def running(model, parallel=4, max_queue=32, api_key=None, **options):
         assert time.monotonic() < end, "the server did not start"
         time.sleep(0.01)
     try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1", engine
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
     finally:
         server.should_exit = True
         thread.join(30)
-        engine.close()
         sock.close()
 
 

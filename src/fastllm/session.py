@@ -201,20 +201,23 @@ class Session:
             return out, normed[0] if len(normed) == 1 else np.concatenate(normed)
         return out
 
+    def shared(self, token_ids) -> int:
+        """The length of the prefix token_ids share with the tokens held."""
+        common = 0
+        for a, b in zip(self._tokens, token_ids):
+            if a != b:
+                break
+            common += 1
+        return common
+
     def reusable(self, token_ids) -> int:
         """How many of token_ids' first tokens a prefill would not run again:
         the prefix it shares with the tokens held, or for a recurrent state,
         all it holds when token_ids extend it, else the nearest checkpoint
         inside the shared prefix; always one token less than them all (a
         prefill runs at least one, for the logits)."""
-        held = self._tokens
-        common = 0
-        for a, b in zip(held, token_ids):
-            if a != b:
-                break
-            common += 1
-        limit = len(token_ids) - 1
-        if self.can_rewind or (common == len(held) and common <= limit):
+        common, limit = self.shared(token_ids), len(token_ids) - 1
+        if self.can_rewind or (common == len(self._tokens) and common <= limit):
             return min(common, limit)
         return max((p for p, _ in self._checkpoints if p <= min(common, limit)), default=0)
 
@@ -256,13 +259,24 @@ class Session:
         """Memory the saved recurrent states take."""
         return sum(states.nbytes for _, states in self._checkpoints)
 
-    def cut_points(self, start: int, end: int) -> list:
+    @property
+    def memory_bytes(self) -> int:
+        """Memory what the session holds takes: the keys and values of its
+        positions, its recurrent states and checkpoints."""
+        return self.position * self._state.cache_bytes_per_position + self._state.recurrent_bytes \
+            + self.checkpoint_bytes
+
+    def cut_points(self, start: int, end: int, branch: int = 0) -> list:
         """Where a prompt run from start to end stops to save a checkpoint
-        (none for a model that can rewind), the end included."""
+        (none for a model that can rewind), the end included. branch: where
+        the prompt parts from a sequence known before (what the session
+        held, another slot's): the next prompt that shares that much, such
+        as another conversation under the same system prompt, resumes there
+        (or a few tokens before: the next one may share a token less)."""
         if self.can_rewind or self.max_checkpoints <= 0:
             return []
         points = set(range((start // CHECKPOINT_EVERY + 1) * CHECKPOINT_EVERY, end, CHECKPOINT_EVERY))
-        points.add(end - CHECKPOINT_BEFORE_END)
+        points.update((end - CHECKPOINT_BEFORE_END, branch, branch - CHECKPOINT_BEFORE_END))
         return sorted(p for p in points if start < p < end) + [end]
 
     def prefill(self, token_ids, hidden: bool = False) -> np.ndarray:
@@ -273,8 +287,9 @@ class Session:
         hidden: (logits, the final-normed hidden states of the tokens run,
         the last ones of token_ids)."""
         ids = self.check(token_ids)
+        branch = self.shared(ids)
         start = self.resume(ids)
-        cuts = self.cut_points(start, ids.size)
+        cuts = self.cut_points(start, ids.size, branch)
         if not cuts:
             return self._run(ids[start:], hidden=hidden)
         outs = []
@@ -303,6 +318,23 @@ class Session:
         ids = self.check(token_ids)
         self.reset()
         return self._run(ids, True, hidden_states)
+
+    def hidden(self, token_ids) -> np.ndarray:
+        """The final-normed hidden state of every position of token_ids run
+        from position 0 (what the LM head reads, and what embedding models
+        pool), shape (n, dim) float32."""
+        ids = self.check(token_ids)
+        self.reset()
+        with self._use():
+            self._match_rope(ids.size)
+            out = []
+            for start in range(0, ids.size, self.max_batch):
+                chunk = ids[start:start + self.max_batch]
+                self._unsettled = True
+                out.append(self._state.hidden(chunk, len(self._tokens)))
+                self._tokens += chunk.tolist()
+                self._unsettled = False
+        return out[0] if len(out) == 1 else np.concatenate(out)
 
     def pass_room(self) -> int:
         """The most tokens a verify() may run now: one pass of max_batch, and
