@@ -323,6 +323,10 @@ def test_the_key_is_compared_in_constant_time(model, monkeypatch):
         app = create_app(model, engine, "tiny", KEY)
         assert app_call(app, "GET", "/v1/models", headers=[("authorization", "Bearer nope")])[0] == 401
         assert calls
+        calls.clear()   # Anthropic's clients send x-api-key
+        assert app_call(app, "GET", "/v1/models", headers=[("x-api-key", "nope")])[0] == 401
+        assert app_call(app, "GET", "/v1/models", headers=[("x-api-key", KEY)])[0] == 200
+        assert (b"nope", KEY.encode()) in calls
     finally:
         engine.close()
 
