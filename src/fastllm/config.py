@@ -343,6 +343,9 @@ def no_rope_layers(raw: dict, n_layers: int, path) -> list:
 # Experts a router may choose from (the largest models have 512): each
 # token's probabilities are ranked on the stack.
 MAX_EXPERTS = 4096
+# Layers a config may claim (the deepest models have a few hundred): much
+# of the config is worked out layer by layer, before any file is read.
+MAX_LAYERS = 4096
 
 
 def experts_config(raw: dict, fam: Family, n_layers: int, path) -> dict:
@@ -624,6 +627,9 @@ class ModelConfig:
             raise ModelFileError(path, f"{fam.hidden_act_key} {act!r} is not supported "
                                        f"(supported: {', '.join(ACTIVATIONS)})")
 
+        if need("num_hidden_layers") > MAX_LAYERS:
+            raise ModelFileError(path, f"num_hidden_layers is {raw['num_hidden_layers']}; at most {MAX_LAYERS} "
+                                       "layers are supported")
         hidden = need("hidden_size")
         heads = need("num_attention_heads")
         kv_heads = raw.get("num_key_value_heads") or heads

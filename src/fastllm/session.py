@@ -56,7 +56,7 @@ class Session:
     """
 
     def __init__(self, model, max_batch: int | None = None):
-        weights = model._weights
+        weights = self._weights = model._weights   # whose sessions may share keys and values with this one
         self.max_batch = model.max_batch if max_batch is None else max_batch
         self._state = _core.State(weights, self.max_batch)
         self.vocab_size = weights.vocab_size
@@ -438,6 +438,9 @@ class Session:
         all it has seen, so with Gated DeltaNet layers n must be all of
         other's tokens or one of its checkpoints (whose states come along
         with the keys and values; so do its checkpoints up to n)."""
+        if other._weights is not self._weights:
+            raise ValueError("the other session belongs to another model: keys and values are copied "
+                             "between sessions of one model")
         if not 0 <= n <= other.position:
             raise ValueError(f"the other session holds {other.position} tokens, not {n}")
         whole = not self.can_rewind
@@ -469,6 +472,8 @@ def extend_together(sessions, token_ids, work: Session | None = None, verify=Non
     the logits of each of them come back (rows in order, sequence after
     sequence) and keep() may follow."""
     ids = [s.check(t) for s, t in zip(sessions, token_ids, strict=True)]
+    if any(s._weights is not sessions[0]._weights for s in sessions):
+        raise ValueError("a session of another model is in this batch: one pass runs one model's weights")
     if len({id(s) for s in sessions}) < len(sessions):
         # before the sessions are taken for this call, which would read as
         # another thread holding the repeated one
