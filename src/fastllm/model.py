@@ -282,11 +282,11 @@ class Model:
             dtype = max(types, key=types.get)
             if "mtp" in arrays:
                 mtp = _core.Weights(config.mtp_config(), arrays.pop("mtp"), seq_len, threads, kv_dtype,
-                                    activations == "f32")
+                                    activations == "f32", max_batch)
         else:
             arrays = load_weights(config, folder, bf16=(dtype == "bf16"),
                                   mix=dtype if dtype in QUANT_MIXES else None)
-        weights = _core.Weights(config, arrays, seq_len, threads, kv_dtype, activations == "f32")
+        weights = _core.Weights(config, arrays, seq_len, threads, kv_dtype, activations == "f32", max_batch)
         # A folder without tokenizer.json still runs on token ids (logits,
         # generate_tokens); the text methods then say what is missing.
         tokenizer = None
