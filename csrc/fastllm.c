@@ -69,7 +69,7 @@ static int q_dim(const FlmConfig *c) { return c->n_heads * c->head_dim; }
  * a tile of at most TILE_QUERIES queries shares the keys and values it
  * reads; a sequence of at most SPLIT_ROWS tokens in a pass splits its key
  * blocks over threads, and SPLIT_BUDGET such rows fit the work buffers. */
-#define KEY_BLOCK 256
+#define KEY_BLOCK FLM_KEY_BLOCK
 #define TILE_QUERIES 64
 #define SPLIT_ROWS 16
 #define SPLIT_BUDGET 32
@@ -609,7 +609,8 @@ static void block_partial(const FlmConfig *c, const FlmKV *kv, int kvh, int wind
      * are a whole number of blocks). */
     const int base = from / 16 * 16;
     const size_t first_slot = (size_t)kvh * kv->cap + (size_t)(base % kv->cap);
-    flm_kernels->key_scores(att, KEY_BLOCK, q, nq, kv_elem(c, kv->keys, first_slot * hd), to - base, hd, c->kv_type);
+    void *keys = kv_elem(c, kv->keys, first_slot * hd), *values = kv_elem(c, kv->values, first_slot * hd);
+    flm_kernels->key_scores(att, KEY_BLOCK, q, nq, keys, to - base, hd, c->kv_type);
     for (int i = 0; i < nq; i++) {
         float *a = att + (size_t)i * KEY_BLOCK + (lo[i] - base), *o = out + (size_t)i * ld;
         const int n = hi[i] - lo[i];
@@ -624,7 +625,6 @@ static void block_partial(const FlmConfig *c, const FlmKV *kv, int kvh, int wind
         o[hd + 1] = flm_kernels->exp_sum(a, n, m);
         memset(o, 0, sizeof(float) * hd);
     }
-    void *values = kv_elem(c, kv->values, first_slot * hd);
 #define WSUM(i0, count, j0, n) \
     flm_kernels->weighted_sum(out + (size_t)(i0) * ld, ld, att + (size_t)(i0) * KEY_BLOCK + ((j0) - base), KEY_BLOCK, \
                               count, kv_elem(c, values, (size_t)((j0) - base) * hd), n, hd, hd, c->kv_type)
@@ -711,8 +711,10 @@ static void attend_tile(const Attn *a, int k, int kvh, int g0, int gn, int r0, i
         const int i0 = (ra - r0) * gn, n = (rb - ra) * gn;
         block_partial(a->c, kv, kvh, a->window, b, q + i0, pos + i0, n, att, part + (size_t)i0 * ld);
         for (int i = i0; i < i0 + n; i++) {
-            if (b == first_block(pos[i], a->window)) memcpy(run + (size_t)i * ld, part + (size_t)i * ld, sizeof(float) * ld);
-            else fold(run + (size_t)i * ld, part + (size_t)i * ld, hd);
+            if (b == first_block(pos[i], a->window))
+                memcpy(run + (size_t)i * ld, part + (size_t)i * ld, sizeof(float) * ld);
+            else
+                fold(run + (size_t)i * ld, part + (size_t)i * ld, hd);
         }
     }
     for (int i = 0; i < nq; i++) {

@@ -26,6 +26,10 @@ extern "C" {
 #endif
 
 enum { FLM_ATTENTION = 0, FLM_LINEAR_ATTENTION = 1 };
+/* Keys per block of attention's online softmax (fastllm.c), fixed so that
+ * a query's result does not depend on how its work is scheduled; a
+ * sliding-window layer's ring holds a whole number of them. */
+enum { FLM_KEY_BLOCK = 256 };
 /* The MLP's gate activation: act(x @ w_gate^T) * (x @ w_up^T). */
 enum { FLM_SILU = 0, FLM_GELU_TANH = 1 };
 

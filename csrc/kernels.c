@@ -211,22 +211,34 @@ INLINE AVX2 void weighted_sum_avx2_q(float *out, size_t ldo, const float *p, siz
         }
 }
 
+/* 64 keys (values) at a time for every query, so that they stay in L1
+ * while all the queries read them (each sum goes on from where the last
+ * part left it). */
 INLINE AVX2 void key_scores_avx2_kv(float *att, size_t lda, const float *const *q, int nq, const void *kb, int n,
                                     int hd, int kv) {
-    int i = 0;
-    for (; i + 4 <= nq; i += 4) key_scores_avx2_q(att + i * lda, lda, q + i, 4, kb, n, hd, kv);
-    if (nq - i == 3) key_scores_avx2_q(att + i * lda, lda, q + i, 3, kb, n, hd, kv);
-    if (nq - i == 2) key_scores_avx2_q(att + i * lda, lda, q + i, 2, kb, n, hd, kv);
-    if (nq - i == 1) key_scores_avx2_q(att + i * lda, lda, q + i, 1, kb, n, hd, kv);
+    for (int b = 0; b < n; b += 64) {
+        const int m = n - b < 64 ? n - b : 64;
+        const void *k = (const char *)kb + (size_t)b * hd * (kv == FLM_F32 ? 4 : 2);
+        float *a = att + b;
+        int i = 0;
+        for (; i + 4 <= nq; i += 4) key_scores_avx2_q(a + i * lda, lda, q + i, 4, k, m, hd, kv);
+        if (nq - i == 3) key_scores_avx2_q(a + i * lda, lda, q + i, 3, k, m, hd, kv);
+        if (nq - i == 2) key_scores_avx2_q(a + i * lda, lda, q + i, 2, k, m, hd, kv);
+        if (nq - i == 1) key_scores_avx2_q(a + i * lda, lda, q + i, 1, k, m, hd, kv);
+    }
 }
 
 INLINE AVX2 void weighted_sum_avx2_kv(float *out, size_t ldo, const float *p, size_t ldp, int nq, const void *v,
                                       int n, size_t ldv, int dim, int kv) {
-    int i = 0;
-    for (; i + 4 <= nq; i += 4) weighted_sum_avx2_q(out + i * ldo, ldo, p + i * ldp, ldp, 4, v, n, ldv, dim, kv);
-    if (nq - i == 3) weighted_sum_avx2_q(out + i * ldo, ldo, p + i * ldp, ldp, 3, v, n, ldv, dim, kv);
-    if (nq - i == 2) weighted_sum_avx2_q(out + i * ldo, ldo, p + i * ldp, ldp, 2, v, n, ldv, dim, kv);
-    if (nq - i == 1) weighted_sum_avx2_q(out + i * ldo, ldo, p + i * ldp, ldp, 1, v, n, ldv, dim, kv);
+    for (int j = 0; j < n; j += 64) {
+        const int m = n - j < 64 ? n - j : 64;
+        const void *vj = (const char *)v + j * ldv * (kv == FLM_F32 ? 4 : 2);
+        int i = 0;
+        for (; i + 4 <= nq; i += 4) weighted_sum_avx2_q(out + i * ldo, ldo, p + i * ldp + j, ldp, 4, vj, m, ldv, dim, kv);
+        if (nq - i == 3) weighted_sum_avx2_q(out + i * ldo, ldo, p + i * ldp + j, ldp, 3, vj, m, ldv, dim, kv);
+        if (nq - i == 2) weighted_sum_avx2_q(out + i * ldo, ldo, p + i * ldp + j, ldp, 2, vj, m, ldv, dim, kv);
+        if (nq - i == 1) weighted_sum_avx2_q(out + i * ldo, ldo, p + i * ldp + j, ldp, 1, vj, m, ldv, dim, kv);
+    }
 }
 
 static AVX2 void key_scores_avx2(float *att, size_t lda, const float *const *q, int nq, const void *kb, int n,
@@ -394,13 +406,21 @@ INLINE AVX512 void key_scores_avx512_q(float *att, size_t lda, const float *cons
     }
 }
 
+/* 64 keys (values) at a time for every query, so that they stay in L1
+ * while all the queries read them (each sum goes on from where the last
+ * part left it). */
 INLINE AVX512 void key_scores_avx512_kv(float *att, size_t lda, const float *const *q, int nq, const void *kb, int n,
                                         int hd, int kv) {
-    int i = 0;
-    for (; i + 4 <= nq; i += 4) key_scores_avx512_q(att + i * lda, lda, q + i, 4, kb, n, hd, kv);
-    if (nq - i == 3) key_scores_avx512_q(att + i * lda, lda, q + i, 3, kb, n, hd, kv);
-    if (nq - i == 2) key_scores_avx512_q(att + i * lda, lda, q + i, 2, kb, n, hd, kv);
-    if (nq - i == 1) key_scores_avx512_q(att + i * lda, lda, q + i, 1, kb, n, hd, kv);
+    for (int b = 0; b < n; b += 64) {
+        const int m = n - b < 64 ? n - b : 64;
+        const void *k = (const char *)kb + (size_t)b * hd * (kv == FLM_F32 ? 4 : 2);
+        float *a = att + b;
+        int i = 0;
+        for (; i + 4 <= nq; i += 4) key_scores_avx512_q(a + i * lda, lda, q + i, 4, k, m, hd, kv);
+        if (nq - i == 3) key_scores_avx512_q(a + i * lda, lda, q + i, 3, k, m, hd, kv);
+        if (nq - i == 2) key_scores_avx512_q(a + i * lda, lda, q + i, 2, k, m, hd, kv);
+        if (nq - i == 1) key_scores_avx512_q(a + i * lda, lda, q + i, 1, k, m, hd, kv);
+    }
 }
 
 static AVX512 void key_scores_avx512(float *att, size_t lda, const float *const *q, int nq, const void *kb, int n,
@@ -470,11 +490,15 @@ INLINE AVX512 void weighted_sum_avx512_q(float *out, size_t ldo, const float *p,
 
 INLINE AVX512 void weighted_sum_avx512_kv(float *out, size_t ldo, const float *p, size_t ldp, int nq, const void *v,
                                           int n, size_t ldv, int dim, int kv) {
-    int i = 0;
-    for (; i + 4 <= nq; i += 4) weighted_sum_avx512_q(out + i * ldo, ldo, p + i * ldp, ldp, 4, v, n, ldv, dim, kv);
-    if (nq - i == 3) weighted_sum_avx512_q(out + i * ldo, ldo, p + i * ldp, ldp, 3, v, n, ldv, dim, kv);
-    if (nq - i == 2) weighted_sum_avx512_q(out + i * ldo, ldo, p + i * ldp, ldp, 2, v, n, ldv, dim, kv);
-    if (nq - i == 1) weighted_sum_avx512_q(out + i * ldo, ldo, p + i * ldp, ldp, 1, v, n, ldv, dim, kv);
+    for (int j = 0; j < n; j += 64) {
+        const int m = n - j < 64 ? n - j : 64;
+        const void *vj = (const char *)v + j * ldv * (kv == FLM_F32 ? 4 : 2);
+        int i = 0;
+        for (; i + 4 <= nq; i += 4) weighted_sum_avx512_q(out + i * ldo, ldo, p + i * ldp + j, ldp, 4, vj, m, ldv, dim, kv);
+        if (nq - i == 3) weighted_sum_avx512_q(out + i * ldo, ldo, p + i * ldp + j, ldp, 3, vj, m, ldv, dim, kv);
+        if (nq - i == 2) weighted_sum_avx512_q(out + i * ldo, ldo, p + i * ldp + j, ldp, 2, vj, m, ldv, dim, kv);
+        if (nq - i == 1) weighted_sum_avx512_q(out + i * ldo, ldo, p + i * ldp + j, ldp, 1, vj, m, ldv, dim, kv);
+    }
 }
 
 static AVX512 void weighted_sum_avx512(float *out, size_t ldo, const float *p, size_t ldp, int nq, const void *v,
@@ -629,8 +653,8 @@ static const FlmKernels kernels_avx512 = {
     "avx512_vnni", flm_qgemm_avx512_vnni, flm_quantize_q8_avx512,
     key_scores_avx512,
     exp_sum_avx512, scale_max_avx512, scale_avx512,
-    weighted_sum_avx512, delta_rule_avx512, conv_silu_avx512, rmsnorm_avx512, silu_mul_avx512,
-    gelu_tanh_mul_avx512, softcap_max_avx512,
+    weighted_sum_avx512, delta_rule_avx512, conv_silu_avx512, rmsnorm_avx512,
+    silu_mul_avx512, gelu_tanh_mul_avx512, softcap_max_avx512,
     60,
 };
 
@@ -640,8 +664,8 @@ static const FlmKernels kernels_avx512_bf16 = {
     "avx512_bf16", flm_gemm_f32_avx512, flm_gemm_bf16_dp_avx512, flm_to_bf16_avx512,
     "avx512_vnni", flm_qgemm_avx512_vnni, flm_quantize_q8_avx512,
     key_scores_avx512, exp_sum_avx512, scale_max_avx512,
-    scale_avx512, weighted_sum_avx512, delta_rule_avx512, conv_silu_avx512, rmsnorm_avx512, silu_mul_avx512,
-    gelu_tanh_mul_avx512, softcap_max_avx512,
+    scale_avx512, weighted_sum_avx512, delta_rule_avx512, conv_silu_avx512, rmsnorm_avx512,
+    silu_mul_avx512, gelu_tanh_mul_avx512, softcap_max_avx512,
     60,
 };
 
@@ -658,8 +682,8 @@ static const FlmKernels kernels_amx_bf16 = {
     "amx_bf16", flm_gemm_f32_avx512, flm_gemm_bf16_amx, flm_to_bf16_avx512,
     "avx512_vnni", flm_qgemm_avx512_vnni, flm_quantize_q8_avx512,
     key_scores_avx512, exp_sum_avx512, scale_max_avx512,
-    scale_avx512, weighted_sum_avx512, delta_rule_avx512, conv_silu_avx512, rmsnorm_avx512, silu_mul_avx512,
-    gelu_tanh_mul_avx512, softcap_max_avx512,
+    scale_avx512, weighted_sum_avx512, delta_rule_avx512, conv_silu_avx512, rmsnorm_avx512,
+    silu_mul_avx512, gelu_tanh_mul_avx512, softcap_max_avx512,
     64,
 };
 
@@ -685,9 +709,9 @@ static int amx_usable(void) {
  * moved int8 activations by whole steps (Q6_K beside a Gated DeltaNet
  * layer in test_core.c) for a kernel that costs little anyway. */
 #define ARM_FLOAT_KERNELS                                                                                     \
-    flm_key_scores_neon, flm_exp_sum_neon, flm_scale_max_neon,                                              \
-        flm_scale_neon, flm_weighted_sum_neon, flm_delta_rule_neon, flm_conv_silu_neon, rmsnorm_generic,       \
-        flm_silu_mul_neon, flm_gelu_tanh_mul_neon, flm_softcap_max_neon, 60
+    flm_key_scores_neon, flm_exp_sum_neon, flm_scale_max_neon, flm_scale_neon, flm_weighted_sum_neon,         \
+        flm_delta_rule_neon, flm_conv_silu_neon, rmsnorm_generic, flm_silu_mul_neon, flm_gelu_tanh_mul_neon,  \
+        flm_softcap_max_neon, 60
 
 static const FlmKernels kernels_neon = {
     "neon", flm_gemm_f32_neon, flm_gemm_bf16_neon, NULL,

@@ -260,22 +260,34 @@ ARM_INLINE void weighted_sum_q(float *out, size_t ldo, const float *p, size_t ld
         }
 }
 
+/* 64 keys (values) at a time for every query, so that they stay in L1
+ * while all the queries read them (each sum goes on from where the last
+ * part left it). */
 ARM_INLINE void key_scores_kv(float *att, size_t lda, const float *const *q, int nq, const void *kb, int n, int hd,
                               const int kv) {
-    int i = 0;
-    for (; i + 4 <= nq; i += 4) key_scores_q(att + i * lda, lda, q + i, 4, kb, n, hd, kv);
-    if (nq - i == 3) key_scores_q(att + i * lda, lda, q + i, 3, kb, n, hd, kv);
-    if (nq - i == 2) key_scores_q(att + i * lda, lda, q + i, 2, kb, n, hd, kv);
-    if (nq - i == 1) key_scores_q(att + i * lda, lda, q + i, 1, kb, n, hd, kv);
+    for (int b = 0; b < n; b += 64) {
+        const int m = imin(n - b, 64);
+        const void *k = (const char *)kb + (size_t)b * hd * (kv == FLM_F32 ? 4 : 2);
+        float *a = att + b;
+        int i = 0;
+        for (; i + 4 <= nq; i += 4) key_scores_q(a + i * lda, lda, q + i, 4, k, m, hd, kv);
+        if (nq - i == 3) key_scores_q(a + i * lda, lda, q + i, 3, k, m, hd, kv);
+        if (nq - i == 2) key_scores_q(a + i * lda, lda, q + i, 2, k, m, hd, kv);
+        if (nq - i == 1) key_scores_q(a + i * lda, lda, q + i, 1, k, m, hd, kv);
+    }
 }
 
 ARM_INLINE void weighted_sum_kv(float *out, size_t ldo, const float *p, size_t ldp, int nq, const void *v, int n,
                                 size_t ldv, int dim, const int kv) {
-    int i = 0;
-    for (; i + 4 <= nq; i += 4) weighted_sum_q(out + i * ldo, ldo, p + i * ldp, ldp, 4, v, n, ldv, dim, kv);
-    if (nq - i == 3) weighted_sum_q(out + i * ldo, ldo, p + i * ldp, ldp, 3, v, n, ldv, dim, kv);
-    if (nq - i == 2) weighted_sum_q(out + i * ldo, ldo, p + i * ldp, ldp, 2, v, n, ldv, dim, kv);
-    if (nq - i == 1) weighted_sum_q(out + i * ldo, ldo, p + i * ldp, ldp, 1, v, n, ldv, dim, kv);
+    for (int j = 0; j < n; j += 64) {
+        const int m = imin(n - j, 64);
+        const void *vj = (const char *)v + j * ldv * (kv == FLM_F32 ? 4 : 2);
+        int i = 0;
+        for (; i + 4 <= nq; i += 4) weighted_sum_q(out + i * ldo, ldo, p + i * ldp + j, ldp, 4, vj, m, ldv, dim, kv);
+        if (nq - i == 3) weighted_sum_q(out + i * ldo, ldo, p + i * ldp + j, ldp, 3, vj, m, ldv, dim, kv);
+        if (nq - i == 2) weighted_sum_q(out + i * ldo, ldo, p + i * ldp + j, ldp, 2, vj, m, ldv, dim, kv);
+        if (nq - i == 1) weighted_sum_q(out + i * ldo, ldo, p + i * ldp + j, ldp, 1, vj, m, ldv, dim, kv);
+    }
 }
 
 /* One copy of each loop per storage type (KV_DISPATCH: kernels.h). */

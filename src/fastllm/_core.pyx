@@ -961,5 +961,9 @@ def run_batch(list states, list tokens, list positions, State work=None, list n_
     return out[:rows]
 
 
+# Keys per block of attention's online softmax; a sliding-window layer's ring
+# holds a whole number of them.
+KEY_BLOCK = flm.FLM_KEY_BLOCK
+
 _path_from_environment()
 flm.flm_simd_path()   # pick the kernels now, before threads may race to

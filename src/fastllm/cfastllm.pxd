@@ -19,6 +19,8 @@ cdef extern from "fastllm.h" nogil:
         FLM_ATTENTION
         FLM_LINEAR_ATTENTION
     enum:
+        FLM_KEY_BLOCK
+    enum:
         FLM_SILU
         FLM_GELU_TANH
 
