@@ -1589,11 +1589,12 @@ void flm_forward(const FlmConfig *c, const FlmWeights *w, FlmState *s,
                                                                           : s->max_batch;
     for (int done = 0; done < n;) {
         FlmSeq seq = {s, tokens + done, imin(most, n - done), pos + done, 0};
-        seq.n_logits = all_logits ? seq.n : done + seq.n == n;
+        seq.n_logits = !logits ? 0 : all_logits ? seq.n : done + seq.n == n;
         s->trace_offset = done;
         if (hidden) s->hidden = hidden + (size_t)done * c->dim;   /* this chunk's rows */
         if (nextn_h) s->nextn_h = nextn_h + (size_t)done * c->dim;
-        forward_rows(c, w, s, &seq, 1, logits + (all_logits ? (size_t)done * c->vocab_size : 0), n_threads);
+        forward_rows(c, w, s, &seq, 1, logits ? logits + (all_logits ? (size_t)done * c->vocab_size : 0) : NULL,
+                     n_threads);
         done += seq.n;
     }
     s->hidden = hidden;

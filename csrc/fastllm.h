@@ -325,7 +325,8 @@ void flm_state_window(const FlmConfig *c, FlmState *s, int pos, float *buf, int 
  * a state instead of a cache: pos == 0 starts it afresh, and pos > 0 must
  * continue right after the last token run. Writes the logits of
  * the last token to logits[vocab_size], or of every token to
- * logits[n*vocab_size] when all_logits is nonzero. The caller guarantees
+ * logits[n*vocab_size] when all_logits is nonzero, or none with logits NULL
+ * (then the LM head is skipped: a pass for FlmState.hidden alone). The caller guarantees
  * 0 <= tokens[i] < vocab_size, n >= 1 and pos + n <= seq_len. The result is
  * the same, bit for bit, for any n_threads and any split of the tokens into
  * calls. n_threads above the state's max_threads is capped. */

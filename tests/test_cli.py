@@ -628,3 +628,13 @@ def test_a_negative_seed_is_refused_at_the_call():
     # numpy's generators take none: refused with the other settings, not at the first draw
     with pytest.raises(ValueError, match=r"seed must be a whole number from 0 to 2\*\*64-1, or None, got -5"):
         SamplingParams(seed=-5)
+
+
+@pytest.mark.parametrize("flag", [["--temp", "-1"], ["--top-p", "2"], ["--min-p", "1.5"],
+                                  ["--json-schema", "/nonexistent/schema.json"]])
+def test_bad_settings_are_refused_before_the_model_loads(flag, monkeypatch, capsys):
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the settings were checked")
+    monkeypatch.setattr(Model, "from_pretrained", no_load)
+    assert cli.main(["run"] + flag + ["hi"]) == 1
+    assert "fastllm: error:" in capsys.readouterr().err

@@ -829,7 +829,7 @@ cdef class State:
         flm.flm_state_copy(&self.weights.cfg, &self.s, &other.s, n, whole)
 
     def run(self, const int32_t[::1] tokens, int pos, bint all_logits=False, bint hidden_states=False,
-            bint keep=False, bint hidden=False, nextn_h=None):
+            bint keep=False, bint hidden=False, nextn_h=None, bint logits=True):
         """Run tokens (ids checked by check_token_ids) at positions pos.. and
         return float32 logits: (vocab,) for the last token, or (n, vocab)
         with all_logits. With hidden_states, also each layer's output,
@@ -837,7 +837,8 @@ cdef class State:
         otherwise continue right after the last token run. keep: the pass
         may be rolled back (see rollback). hidden: also the final-normed
         hidden state of every token, (n, dim), after the logits. nextn_h:
-        for a nextn model, the hidden state each token follows, (n, dim)."""
+        for a nextn model, the hidden state each token follows, (n, dim).
+        logits False: no LM head, and only the hidden states come back."""
         cdef Weights w = self.weights
         cdef int n = tokens.shape[0]
         if n < 1 or pos < 0 or pos > w.cfg.seq_len - n:
@@ -861,7 +862,8 @@ cdef class State:
             self.s.nextn_h = <const float *>cnp.PyArray_DATA(follows)
         cdef ForwardArgs job
         job.cfg, job.w, job.s, job.tokens, job.seqs = &w.cfg, &w.w, &self.s, &tokens[0], NULL
-        job.n, job.pos, job.all_logits, job.n_threads, job.logits = n, pos, all_logits, nt, &out[0, 0]
+        job.n, job.pos, job.all_logits, job.n_threads = n, pos, all_logits, nt
+        job.logits = &out[0, 0] if logits else NULL
         self.s.keep = keep
         try:
             _run_job(_forward_job, &job)
@@ -872,8 +874,14 @@ cdef class State:
             self.s.keep = 0
         result = out if all_logits else out[0]
         if hidden:
-            result = (result, normed)
+            result = (result, normed) if logits else normed
         return (result, trace) if hidden_states else result
+
+    def hidden(self, const int32_t[::1] tokens, int pos):
+        """Run tokens (ids checked by check_token_ids) at positions pos.. as
+        run() does, without the LM head: the final-normed hidden state of
+        every token, float32 (n, dim)."""
+        return self.run(tokens, pos, hidden=True, logits=False)
 
 
 cdef cnp.ndarray _nextn_input(Weights w, h, int n):

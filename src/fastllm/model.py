@@ -223,6 +223,7 @@ class Model:
         # at most draft_max guesses a pass.
         self.speculative = None
         self.draft_max = 16
+        self._drafters = {}   # the default session's drafters, kept from call to call
         self._session = Session(self)
         self._lock = threading.Lock()   # held while the default session is in use
         self._holder = None             # the thread that holds it
@@ -395,50 +396,18 @@ class Model:
         if len(prompt_ids) >= self.n_ctx:
             raise ValueError(f"the prompt has {len(prompt_ids)} tokens: no room left in the context of "
                              f"{self.n_ctx} (load the model with a larger n_ctx)")
-        spec = speculation(self.speculative if speculative is None else speculative, self, self.draft_max)
-        if spec is not None:
-            return self._generate_speculative(prompt_ids, max_new_tokens, sampler, stop_ids, session, spec)
-        return self._generate(prompt_ids, max_new_tokens, sampler, stop_ids, session)
+        spec = speculation(self.speculative if speculative is None else speculative, self, self.draft_max,
+                           self._drafters if session is None else None)
+        return self._generate(prompt_ids, max_new_tokens, sampler, stop_ids, session, spec)
 
-    def _generate(self, prompt_ids, max_new_tokens, sampler, stop_ids, session) -> Iterator[int]:
-        with self._use(session) as s:
-            stats = self.last_stats = GenerationStats(prompt_tokens=len(prompt_ids), finish_reason="length")
-            t0 = time.perf_counter()
-            logits = s.prefill(prompt_ids)
-            stats.prompt_seconds = time.perf_counter() - t0
-            ids = list(s.tokens)
-            try:
-                for i in range(max_new_tokens):
-                    t0 = time.perf_counter()
-                    token = sampler(logits, ids)
-                    stats.generate_seconds += time.perf_counter() - t0
-                    if token in stop_ids:
-                        stats.finish_reason = "stop"
-                        return
-                    stats.generated_tokens += 1
-                    yield token
-                    ids.append(token)
-                    if len(ids) >= self.n_ctx:
-                        stats.finish_reason = "context"
-                        return
-                    if sampler.done:
-                        stats.finish_reason = "stop"
-                        return
-                    if i + 1 < max_new_tokens:  # the last token's logits would go unused
-                        t0 = time.perf_counter()
-                        logits = s.step(token)
-                        stats.generate_seconds += time.perf_counter() - t0
-            finally:
-                s.checkpoint()   # where the reply ends: the next turn resumes there
-
-    def _generate_speculative(self, prompt_ids, max_new_tokens, sampler, stop_ids, session,
-                              spec: Speculation) -> Iterator[int]:
-        """_generate with guesses: after each token, spec drafts the next
-        few, one pass runs the token and the guesses (Session.verify), and
-        the sampler picks from those logits, position by position, as from
-        plain steps; the pass keeps the guesses up to the first the
-        sampler did not pick (Session.keep)."""
-        hidden = getattr(spec.drafter, "wants_hidden", False)   # it reads the model's hidden states
+    def _generate(self, prompt_ids, max_new_tokens, sampler, stop_ids, session,
+                  spec: Speculation | None = None) -> Iterator[int]:
+        """The tokens after prompt_ids, one step a token; with spec, after
+        each token it drafts the next few, one pass runs the token and the
+        guesses (Session.verify), and the sampler picks from those logits,
+        position by position, as from plain steps; the pass keeps the
+        guesses up to the first the sampler did not pick (Session.keep)."""
+        hidden = spec is not None and getattr(spec.drafter, "wants_hidden", False)   # it reads hidden states
         with self._use(session) as s:
             stats = self.last_stats = GenerationStats(prompt_tokens=len(prompt_ids), finish_reason="length")
             t0 = time.perf_counter()
@@ -477,7 +446,7 @@ class Model:
                     if sampler.done:
                         stats.finish_reason = "stop"
                         return
-                    if i + 1 == max_new_tokens:
+                    if i + 1 == max_new_tokens:   # the last token's logits would go unused
                         return
                     if guesses and token == guesses[0]:   # its logits are in the pass
                         guesses.pop(0)
@@ -489,7 +458,7 @@ class Model:
                         open_pass = False
                         close_pass(drafted)
                     room = min(max_new_tokens - i - 2, self.n_ctx - len(ids), s.pass_room() - 1)
-                    guesses = spec.draft(ids, room)
+                    guesses = spec.draft(ids, room) if spec is not None else []
                     t1 = time.perf_counter()
                     if guesses:
                         rows = s.verify([token] + guesses, hidden)
@@ -504,14 +473,16 @@ class Model:
                         if hidden:
                             logits, states = logits
                             spec.drafter.observe(s.position - 1, states)
-                        spec.plain_step(time.perf_counter() - t1)
+                        if spec is not None:
+                            spec.plain_step(time.perf_counter() - t1)
                     stats.generate_seconds += time.perf_counter() - t0
             finally:
                 if open_pass:
                     close_pass(taken)
-                s.checkpoint()
-                stats.drafted_tokens = spec.stats.drafted
-                stats.accepted_tokens = spec.stats.accepted
+                s.checkpoint()   # where the reply ends: the next turn resumes there
+                if spec is not None:
+                    stats.drafted_tokens = spec.stats.drafted
+                    stats.accepted_tokens = spec.stats.accepted
 
     def generate_tokens_batch(self, prompts_ids, max_new_tokens: int = 128,
                               sampling: SamplingParams | None = None, stop_token_ids=None,
@@ -672,6 +643,55 @@ class Model:
                               "load the model with a larger n_ctx", ContextFullWarning, stacklevel=3)
         finally:
             tokens.close()
+
+    # ---------------------------------------------------------- embeddings
+
+    @property
+    def pooling(self):
+        """How embed() pools hidden states (an embeddings.Pooling): read on
+        first use from the model's sentence-transformers files, or a GGUF
+        file's pooling_type; settable with a mode name ("mean", "cls",
+        "last", ...)."""
+        if self._pooling is None:
+            from .embeddings import gguf_pooling, read_pooling
+            if self.source.is_file():
+                from .formats.gguf_tensors import read_contents
+                self._pooling = gguf_pooling(read_contents(self.source, string_arrays=False).metadata)
+            else:
+                self._pooling = read_pooling(self.source)
+        return self._pooling
+
+    @pooling.setter
+    def pooling(self, mode):
+        from .embeddings import Pooling
+        self._pooling = mode if isinstance(mode, Pooling) else Pooling.of(mode)
+
+    _pooling = None
+
+    def embed(self, texts, *, pooling=None, normalize: bool = True, dimensions: int | None = None,
+              session: Session | None = None) -> np.ndarray:
+        """Embeddings of texts (a string, or a list of them): float32, (dim,)
+        for a string, (len(texts), dim) for a list. Each text is encoded with
+        its special tokens, run alone, and its final-normed hidden states
+        pooled (pooling: a mode such as "mean", "cls", "last"; else the
+        model's own, see pooling), cut to the first dimensions values where
+        given, then scaled to length 1 unless normalize is False."""
+        from .embeddings import embed_ids
+        one = isinstance(texts, str)
+        items = [texts] if one else texts
+        if not isinstance(items, (list, tuple)) or not all(isinstance(t, str) for t in items):
+            raise TypeError(f"texts must be a string or a list of strings, got {type(texts).__name__}")
+        ids = [self._encode(t, True) for t in items]
+        with self._use(session) as s:
+            out = [embed_ids(self, s, i, pooling, normalize, dimensions) for i in ids]
+        if one:
+            return out[0]
+        if not out:
+            from .embeddings import Pooling
+            chosen = self.pooling if pooling is None else pooling if isinstance(pooling, Pooling) else \
+                Pooling.of(pooling)
+            return np.zeros((0, dimensions or self.config.hidden_size * len(chosen.modes)), np.float32)
+        return np.stack(out)
 
     def __repr__(self):
         return (f"Model({str(self.path)!r}, model_type={self.config.model_type!r}, "

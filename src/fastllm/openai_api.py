@@ -372,7 +372,7 @@ def message_of(m, i: int) -> dict:
         raise APIError(400, f"'{where}.role' must be one of {', '.join(ROLES)}, got {_short(role)}",
                        param="messages")
     out = {"role": role, "content": content_of(m.get("content"), role, where)}
-    for key in ("name", "tool_call_id"):
+    for key in ("name", "tool_call_id", "reasoning_content"):
         if m.get(key) is not None:
             if not isinstance(m[key], str):
                 raise APIError(400, f"'{where}.{key}' must be a string", param="messages")

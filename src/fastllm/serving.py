@@ -31,7 +31,7 @@ import numpy as np
 from . import _core
 from .sampling import Constraint, Sampler, SamplingParams, _whole
 from .session import extend_together
-from .speculative import DraftModel, NgramDrafter, Speculation, check_same_vocabulary
+from .speculative import DraftModel, NgramDrafter, Speculation, check_same_vocabulary, draft_together
 
 
 class QueueFull(Exception):
@@ -356,7 +356,7 @@ class BatchEngine:
             return Speculation(NgramDrafter(), limit)
         drafter = self._drafters.get(id(slot))
         if drafter is None:
-            drafter = self._drafters[id(slot)] = DraftModel(self.speculative)
+            drafter = self._drafters[id(slot)] = DraftModel(self.speculative, self.model)
         return Speculation(drafter, limit)
 
     def _finish_waiting(self, request):
@@ -394,6 +394,8 @@ class BatchEngine:
         for run in [r for r in self._running if r.request._cancelled.is_set()]:
             self._release(run, "cancelled")
         batch, feeds = [], []
+        decoding = [r for r in self._running if r.leader is None and r.fed >= len(r.request.prompt_ids)]
+        self._draft(decoding)
         for run in self._running:
             prompt = run.request.prompt_ids
             if run.leader is not None:
@@ -404,7 +406,6 @@ class BatchEngine:
                            if p <= end)
                 feeds.append(prompt[run.fed:end])
             else:
-                run.guesses = self._guesses(run)
                 feeds.append([run.last] + run.guesses)
             batch.append(run)
         if not batch:
@@ -442,21 +443,42 @@ class BatchEngine:
                 self._decode(run, rows[at:at + n], seconds)
                 at += n
 
-    def _guesses(self, run: _Running) -> list:
-        """run's guesses for after its last token: as many as its policy
-        chooses, that fit its max_new_tokens, the context and a chunk."""
-        if run.spec is None:
-            return []
-        request, held = run.request, run.session.position
-        room = min(request.max_new_tokens - request.generated - 1, self.model.n_ctx - 1 - held - 1,
-                   _long_rope_room(run.session, held) - 1)
-        if room <= 0:
-            return []
+    def _draft(self, runs):
+        """Each decoding run's guesses for after its last token: as many as
+        its policy chooses, that fit its max_new_tokens, the context and a
+        chunk. A draft model's requests guess together, each step one pass
+        over its weights for all of them."""
+        jobs = []
+        for run in runs:
+            run.guesses = []
+            if run.spec is None:
+                continue
+            request, held = run.request, run.session.position
+            room = min(request.max_new_tokens - request.generated - 1, self.model.n_ctx - 1 - held - 1,
+                       _long_rope_room(run.session, held) - 1)
+            tokens = run.session.tokens + (run.last,)
+            try:
+                if isinstance(run.spec.drafter, DraftModel):
+                    k = run.spec.plan(room)
+                    if k > 0:
+                        jobs.append((run, tokens, k))
+                elif room > 0:
+                    run.guesses = run.spec.draft(tokens, room)
+            except Exception:   # a drafter's failure costs the guesses, not the request
+                run.spec = None
+        if not jobs:
+            return
+        t0 = time.perf_counter()
         try:
-            return run.spec.draft(run.session.tokens + (run.last,), room)
-        except Exception:   # a drafter's failure costs the guesses, not the request
-            run.spec = None
-            return []
+            outs = draft_together([(run.spec.drafter, tokens, k) for run, tokens, k in jobs])
+        except Exception:
+            for run, _, _ in jobs:
+                run.spec = None
+            return
+        seconds = (time.perf_counter() - t0) / len(jobs)
+        for (run, _, _), out in zip(jobs, outs):
+            run.guesses = out
+            run.spec.policy.guessed(len(out), seconds)
 
     def _decode(self, run: _Running, rows, seconds: float):
         """Sample run's next tokens from the logits of its last token and of

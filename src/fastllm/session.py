@@ -361,6 +361,23 @@ class Session:
         self.reset()
         return self._run(ids, True, hidden_states)
 
+    def hidden(self, token_ids) -> np.ndarray:
+        """The final-normed hidden state of every position of token_ids run
+        from position 0 (what the LM head reads, and what embedding models
+        pool), shape (n, dim) float32."""
+        ids = self.check(token_ids)
+        self.reset()
+        with self._use():
+            self._match_rope(ids.size)
+            out = []
+            for start in range(0, ids.size, self.max_batch):
+                chunk = ids[start:start + self.max_batch]
+                self._unsettled = True
+                out.append(self._state.hidden(chunk, len(self._tokens)))
+                self._tokens += chunk.tolist()
+                self._unsettled = False
+        return out[0] if len(out) == 1 else np.concatenate(out)
+
     def pass_room(self) -> int:
         """The most tokens a verify() may run now: one pass of max_batch, and
         under LongRoPE, whose tables are those of the sequence's length,
