@@ -307,7 +307,7 @@ def test_a_huge_context_is_refused_or_capped_before_allocating(tiny_model_dir, t
     monkeypatch.setattr(fastllm.model, "physical_memory", lambda: 64 << 20)
     with pytest.warns(ResourceLimitWarning, match="max_position_embeddings is 1000000000.*capped at"):
         model = Model.from_pretrained(folder, threads=1)
-    assert 0 < model.n_ctx * model.config.context_bytes(1, "f32", 1) <= 32 << 20
+    assert 0 < model.n_ctx and model.config.context_bytes(model.n_ctx, "f32", 1) <= 32 << 20
     assert model.logits(PROMPT).shape == (len(PROMPT), model.config.vocab_size)
 
 

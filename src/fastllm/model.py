@@ -118,32 +118,41 @@ def check_sizes(config: ModelConfig, folder: Path):
 DEFAULT_MAX_CTX = 1 << 17
 
 
-def context_size(config: ModelConfig, n_ctx, kv_dtype: str, threads: int, max_n_ctx: int | None = None) -> int:
+def context_size(config: ModelConfig, n_ctx, kv_dtype: str, threads: int, max_n_ctx: int | None = None,
+                 max_pass: int = 512) -> int:
     """The context length to load with, checked before anything is allocated.
 
     n_ctx None means the model's max_position_embeddings (at most
     max_n_ctx, where given), capped with a warning at DEFAULT_MAX_CTX, and
     where that context (RoPE tables, a full KV cache) would need more than
     half the RAM, at what fits. An n_ctx asked for explicitly that needs
-    more than the RAM is refused."""
+    more than the RAM is refused. (Passes of max_pass tokens size the
+    sliding-window layers' rings.)"""
     memory = physical_memory()
-    per_token = config.context_bytes(1, kv_dtype, threads)
+
+    def needs(n):
+        return config.context_bytes(n, kv_dtype, threads, max_pass, _core.KEY_BLOCK)
+
     if n_ctx is None:
         n_ctx = config.max_position_embeddings if max_n_ctx is None else \
             min(config.max_position_embeddings, max_n_ctx)
-        fits = max(1, memory // 2 // per_token)
-        if n_ctx > min(fits, DEFAULT_MAX_CTX):
-            cap = min(fits, DEFAULT_MAX_CTX)
-            why = "half this machine's RAM" if fits < DEFAULT_MAX_CTX else "the default's bound"
+        cap, why = min(n_ctx, DEFAULT_MAX_CTX), "the default's bound"
+        if needs(cap) > memory // 2:
+            fits, over = 1, cap   # the most that fits, by bisection (what a context needs only grows)
+            while over - fits > 1:
+                mid = (fits + over) // 2
+                fits, over = (mid, over) if needs(mid) <= memory // 2 else (fits, mid)
+            cap, why = fits, "half this machine's RAM"
+        if cap < n_ctx:
             warnings.warn(f"{config.path}: max_position_embeddings is {n_ctx}, a context of "
-                          f"{n_ctx * per_token / 2**30:.1f} GiB; loaded with n_ctx={cap}, capped at {why} "
+                          f"{needs(n_ctx) / 2**30:.1f} GiB; loaded with n_ctx={cap}, capped at {why} "
                           f"(choose with n_ctx=, or --ctx N)", ResourceLimitWarning, stacklevel=3)
             n_ctx = cap
         return n_ctx
     if not _whole(n_ctx) or not 1 <= n_ctx < 2**31:
         raise ValueError(f"n_ctx must be a whole number from 1 to 2**31-1, got {n_ctx!r}")
-    if n_ctx * per_token > memory:
-        raise ValueError(f"n_ctx={n_ctx} needs {n_ctx * per_token / 2**30:.1f} GiB for the context "
+    if needs(n_ctx) > memory:
+        raise ValueError(f"n_ctx={n_ctx} needs {needs(n_ctx) / 2**30:.1f} GiB for the context "
                          f"(RoPE tables and KV cache), more than this machine's "
                          f"{memory / 2**30:.1f} GiB of RAM: choose a smaller n_ctx")
     return int(n_ctx)
@@ -288,9 +297,9 @@ class Model:
         threads = physical_cores() if threads is None else usable_threads(threads)
         if not native:
             check_sizes(config, folder)
-        seq_len = context_size(config, n_ctx, kv_dtype, threads, max_n_ctx)
         if not _whole(max_batch) or not 1 <= max_batch <= 1 << 16:
             raise ValueError(f"max_batch must be a whole number from 1 to 65536, got {max_batch!r}")
+        seq_len = context_size(config, n_ctx, kv_dtype, threads, max_n_ctx, max_batch)
 
         mtp = None
         if native:
@@ -299,11 +308,11 @@ class Model:
             dtype = max(types, key=types.get)
             if "mtp" in arrays:
                 mtp = _core.Weights(config.mtp_config(), arrays.pop("mtp"), seq_len, threads, kv_dtype,
-                                    activations == "f32")
+                                    activations == "f32", max_batch)
         else:
             arrays = load_weights(config, folder, bf16=(dtype == "bf16"),
                                   mix=dtype if dtype in QUANT_MIXES else None)
-        weights = _core.Weights(config, arrays, seq_len, threads, kv_dtype, activations == "f32")
+        weights = _core.Weights(config, arrays, seq_len, threads, kv_dtype, activations == "f32", max_batch)
         # A folder without tokenizer.json still runs on token ids (logits,
         # generate_tokens); the text methods then say what is missing.
         tokenizer = None
