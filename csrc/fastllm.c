@@ -139,9 +139,13 @@ size_t flm_state_work_floats(const FlmConfig *c, int max_batch, int max_threads)
          + (size_t)max_threads * att_floats(c); /* att */
 }
 
-/* Bytes of one value of the KV cache, and the address of element i of it. */
-static size_t kv_size(const FlmConfig *c) { return c->kv_type == FLM_F32 ? 4 : 2; }
-static void *kv_elem(const FlmConfig *c, void *base, size_t i) { return (char *)base + i * kv_size(c); }
+/* Bytes of n values of the KV cache (q8_0: n a multiple of 32, as every
+ * unit of it is), and the address of element i of it (i the first of a
+ * unit). */
+static size_t kv_bytes(const FlmConfig *c, size_t n) {
+    return c->kv_type == FLM_F32 ? 4 * n : c->kv_type == FLM_Q8_0 ? FLM_KV_Q8_BYTES(n) : 2 * n;
+}
+static void *kv_elem(const FlmConfig *c, void *base, size_t i) { return (char *)base + kv_bytes(c, i); }
 
 /* Whether layer l keeps keys and values of its own. */
 static int owns_cache(const FlmLayer *L, int l) { return L->kind == FLM_ATTENTION && L->kv_layer == l; }
@@ -158,7 +162,7 @@ static int cache_slots(const FlmConfig *c, const FlmLayer *L) {
 
 /* Bytes of one layer's keys (or values), rounded up to whole cache lines. */
 static size_t layer_bytes(const FlmConfig *c, const FlmLayer *L) {
-    return ((size_t)cache_slots(c, L) * L->n_kv_heads * L->head_dim * kv_size(c) + 63) / 64 * 64;
+    return (kv_bytes(c, (size_t)cache_slots(c, L) * L->n_kv_heads * L->head_dim) + 63) / 64 * 64;
 }
 
 static size_t kv_floats(const FlmConfig *c, const FlmLayer *layers) {
@@ -249,7 +253,7 @@ size_t flm_state_kv_bytes(const FlmConfig *c, const FlmState *s, int n) {
     size_t bytes = 0;
     for (int l = 0; l < c->n_layers; l++) {
         const FlmKV *kv = &s->kv[l];
-        bytes += 2 * (size_t)imin((n + 15) / 16 * 16, kv->cap) * kv->n_kv_heads * kv->head_dim * kv_size(c);
+        bytes += 2 * kv_bytes(c, (size_t)imin((n + 15) / 16 * 16, kv->cap) * kv->n_kv_heads * kv->head_dim);
     }
     return bytes;
 }
@@ -269,15 +273,15 @@ int flm_state_rewind_room(const FlmConfig *c, const FlmState *s) {
  * cache and a buffer laid out block after block: save copies into buf.
  * Returns the elements copied. */
 static size_t copy_blocks(const FlmConfig *c, const FlmKV *kv, int from, int blocks, void *buf, int save) {
-    const size_t block = 16 * (size_t)kv->head_dim, sz = kv_size(c), ring = kv->cap / 16;
+    const size_t block = 16 * (size_t)kv->head_dim, bytes = kv_bytes(c, block), ring = kv->cap / 16;
     size_t done = 0;
     for (int h = 0; h < kv->n_kv_heads; h++)
         for (int part = 0; part < 2; part++) {
-            char *base = (char *)(part ? kv->values : kv->keys) + (size_t)h * kv->cap * kv->head_dim * sz;
+            char *base = kv_elem(c, part ? kv->values : kv->keys, (size_t)h * kv->cap * kv->head_dim);
             for (int i = 0; i < blocks; i++, done += block) {
-                char *slot = base + ((size_t)(from + i) % ring) * block * sz, *other = (char *)buf + done * sz;
-                if (save) memcpy(other, slot, block * sz);
-                else memcpy(slot, other, block * sz);
+                char *slot = base + ((size_t)(from + i) % ring) * bytes, *other = kv_elem(c, buf, done);
+                if (save) memcpy(other, slot, bytes);
+                else memcpy(slot, other, bytes);
             }
         }
     return done;
@@ -297,7 +301,7 @@ size_t flm_state_window_floats(const FlmConfig *c, const FlmState *s) {
         if (kv->window)   /* at most: the window's keys fill at most this many blocks */
             elems += 2 * (size_t)((kv->window + 14) / 16 + 1) * 16 * kv->head_dim * kv->n_kv_heads;
     }
-    return (elems * kv_size(c) + 3) / 4;
+    return (kv_bytes(c, elems) + 3) / 4;
 }
 
 void flm_state_window(const FlmConfig *c, FlmState *s, int pos, float *buf, int save) {
@@ -324,7 +328,7 @@ void flm_state_copy(const FlmConfig *c, FlmState *dst, const FlmState *src, int 
                 const char *f = kv_elem(c, part ? from->values : from->keys, head);
                 for (int b = first; b <= last;) {   /* runs of consecutive slots */
                     const int slot = b % (from->cap / 16), run = imin(last + 1 - b, from->cap / 16 - slot);
-                    memcpy(d + slot * block * kv_size(c), f + slot * block * kv_size(c), run * block * kv_size(c));
+                    memcpy(d + kv_bytes(c, slot * block), f + kv_bytes(c, slot * block), kv_bytes(c, run * block));
                     b += run;
                 }
             }
@@ -532,13 +536,49 @@ static void embed_row(float *out, const FlmWeights *w, int token, int dim) {
 }
 
 /* Store n values into the KV cache at element i (stride elements apart),
- * rounded to its type. */
+ * rounded to its type (not q8_0). */
 static void kv_store(const FlmConfig *c, void *cache, size_t i, size_t stride, const float *x, int n) {
     for (int d = 0; d < n; d++, i += stride) {
         if (c->kv_type == FLM_F32) ((float *)cache)[i] = x[d];
         else if (c->kv_type == FLM_BF16) ((uint16_t *)cache)[i] = flm_f32_to_bf16(x[d]);
         else ((uint16_t *)cache)[i] = flm_f32_to_f16(x[d]);
     }
+}
+
+/* n values (a multiple of 32) as q8_0: the int8 stride apart from q, each
+ * 32's scale stride apart from scales. The int8 are x over the scale as
+ * stored (f16), so that scale * int8 is the value the cache stands for. A
+ * group with a value that is not finite gets a NaN scale: it must not
+ * vanish into int8. */
+static void kv_store_q8(int8_t *q, uint16_t *scales, size_t stride, const float *x, int n) {
+    for (int g = 0; g < n; g += 32) {
+        float amax = 0.0f;
+        int finite = 1;
+        for (int d = g; d < g + 32; d++) {
+            amax = fmaxf(amax, fabsf(x[d]));
+            finite &= isfinite(x[d]);
+        }
+        const uint16_t h = finite ? flm_f32_to_f16(amax / 127.0f) : 0x7E00;
+        const float scale = flm_f16_to_f32(h), inv = finite && scale > 0.0f ? 1.0f / scale : 0.0f;
+        scales[(size_t)g / 32 * stride] = h;
+        for (int d = g; d < g + 32; d++) {
+            const float r = finite ? nearbyintf(x[d] * inv) : 0.0f;
+            q[d * stride] = (int8_t)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
+        }
+    }
+}
+
+/* Key and value of slot (of head kh's slots) into layer cache kv. */
+static void kv_store_token(const FlmConfig *c, const FlmKV *kv, size_t slot, const float *k, const float *v) {
+    const int hd = kv->head_dim;
+    if (c->kv_type != FLM_Q8_0) {
+        kv_store(c, kv->keys, (slot / 16 * hd) * 16 + slot % 16, 16, k, hd);
+        kv_store(c, kv->values, slot * hd, 1, v, hd);
+        return;
+    }
+    int8_t *block = kv_elem(c, kv->keys, slot / 16 * 16 * hd), *row = kv_elem(c, kv->values, slot * hd);
+    kv_store_q8(block + slot % 16, (uint16_t *)(block + 16 * hd) + slot % 16, 16, k, hd);
+    kv_store_q8(row, (uint16_t *)(row + hd), 1, v, hd);
 }
 
 /* ----------------------------------------------------------- mixers */
@@ -857,8 +897,7 @@ static void attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
             if (cr) rope(kh_src, cr, sr, L->rope_dim);
             const FlmKV *kv = &seqs[s->row_seq[t]].state->kv[l];
             const size_t slot = (size_t)kh * kv->cap + (size_t)(p % kv->cap);
-            kv_store(c, kv->keys, (slot / 16 * hd) * 16 + slot % 16, 16, kh_src, hd);
-            kv_store(c, kv->values, slot * hd, 1, vh, hd);
+            kv_store_token(c, kv, slot, kh_src, vh);
         }
     }
 

@@ -19,6 +19,10 @@ static inline float reduce8(const float *acc) {
 
 static void key_scores_generic(float *att, size_t lda, const float *const *q, int nq, const void *kb, int n,
                                int hd, int kv) {
+    if (kv == FLM_Q8_0) {
+        flm_key_scores_q8(att, lda, q, nq, kb, n, hd);
+        return;
+    }
     for (int i = 0; i < nq; i++)
         for (int b = 0; b < n; b += 16) {
             float acc[16] = {0};
@@ -53,6 +57,10 @@ static void scale_generic(float *x, int n, float s) {
 
 static void weighted_sum_generic(float *out, size_t ldo, const float *p, size_t ldp, int nq, const void *v, int n,
                                  size_t ldv, int dim, int kv) {
+    if (kv == FLM_Q8_0) {
+        flm_weighted_sum_q8(out, ldo, p, ldp, nq, v, n, ldv, dim);
+        return;
+    }
     for (int i = 0; i < nq; i++)
         for (int j = 0; j < n; j++)
             for (int d = 0; d < dim; d++) out[i * ldo + d] += p[i * ldp + j] * flm_kv_at(v, j * ldv + d, kv);
@@ -241,8 +249,98 @@ INLINE AVX2 void weighted_sum_avx2_kv(float *out, size_t ldo, const float *p, si
     }
 }
 
+/* The q8_0 cache (flm_key_scores_q8 and flm_weighted_sum_q8 in kernels.h
+ * say what is summed in which order): 8 int8 as 8 floats. */
+INLINE AVX2 __m256 i8x8_ps(const int8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+INLINE AVX2 void key_scores_q8_avx2_q(float *att, size_t lda, const float *const *q, const int Q, const char *kb,
+                                      int n, int hd) {
+    for (int b = 0; b < n; b += 16) {
+        const int8_t *k = (const int8_t *)(kb + b / 16 * FLM_KV_Q8_BYTES(16 * (size_t)hd));
+        const uint16_t *sc = (const uint16_t *)(k + 16 * hd);
+        __m256 lo[4], hi[4];
+        for (int i = 0; i < Q; i++) lo[i] = hi[i] = _mm256_setzero_ps();
+        for (int g = 0; g < hd; g += 32) {
+            __m256 plo[4], phi[4];
+            for (int i = 0; i < Q; i++) plo[i] = phi[i] = _mm256_setzero_ps();
+            for (int d = g; d < g + 32; d++) {
+                const __m256 k0 = i8x8_ps(k + d * 16), k1 = i8x8_ps(k + d * 16 + 8);
+                for (int i = 0; i < Q; i++) {
+                    const __m256 qd = _mm256_set1_ps(q[i][d]);
+                    plo[i] = _mm256_fmadd_ps(qd, k0, plo[i]);
+                    phi[i] = _mm256_fmadd_ps(qd, k1, phi[i]);
+                }
+            }
+            const uint16_t *s = sc + g / 32 * 16;
+            const __m256 s0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)s));
+            const __m256 s1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 8)));
+            for (int i = 0; i < Q; i++) {
+                lo[i] = _mm256_fmadd_ps(plo[i], s0, lo[i]);
+                hi[i] = _mm256_fmadd_ps(phi[i], s1, hi[i]);
+            }
+        }
+        for (int i = 0; i < Q; i++) {
+            _mm256_storeu_ps(att + i * lda + b, lo[i]);
+            _mm256_storeu_ps(att + i * lda + b + 8, hi[i]);
+        }
+    }
+}
+
+INLINE AVX2 void weighted_sum_q8_avx2_q(float *out, size_t ldo, const float *p, size_t ldp, const int Q,
+                                        const char *v, int n, size_t ldv, int dim) {
+    for (int d = 0; d < dim; d += 16) {   /* dim: a multiple of 32 */
+        __m256 a[4], c[4];
+        for (int i = 0; i < Q; i++) {
+            a[i] = _mm256_loadu_ps(out + i * ldo + d);
+            c[i] = _mm256_loadu_ps(out + i * ldo + d + 8);
+        }
+        for (int j = 0; j < n; j++) {
+            const int8_t *r = (const int8_t *)(v + j * FLM_KV_Q8_BYTES(ldv));
+            const float s = flm_f16_to_f32(((const uint16_t *)(r + ldv))[d / 32]);
+            const __m256 v0 = i8x8_ps(r + d), v1 = i8x8_ps(r + d + 8);
+            for (int i = 0; i < Q; i++) {
+                const __m256 pj = _mm256_set1_ps(p[i * ldp + j] * s);
+                a[i] = _mm256_fmadd_ps(pj, v0, a[i]);
+                c[i] = _mm256_fmadd_ps(pj, v1, c[i]);
+            }
+        }
+        for (int i = 0; i < Q; i++) {
+            _mm256_storeu_ps(out + i * ldo + d, a[i]);
+            _mm256_storeu_ps(out + i * ldo + d + 8, c[i]);
+        }
+    }
+}
+
+/* 64 keys (values) at a time for up to 4 queries, as the 16-bit caches. */
+static AVX2 void key_scores_q8_avx2(float *att, size_t lda, const float *const *q, int nq, const void *kb, int n,
+                                    int hd) {
+    for (int b = 0; b < n; b += 64) {
+        const int m = n - b < 64 ? n - b : 64;
+        const char *k = (const char *)kb + b / 16 * FLM_KV_Q8_BYTES(16 * (size_t)hd);
+        for (int i = 0; i < nq; i += 4)
+            key_scores_q8_avx2_q(att + i * lda + b, lda, q + i, nq - i < 4 ? nq - i : 4, k, m, hd);
+    }
+}
+
+static AVX2 void weighted_sum_q8_avx2(float *out, size_t ldo, const float *p, size_t ldp, int nq, const void *v,
+                                      int n, size_t ldv, int dim) {
+    for (int j = 0; j < n; j += 64) {
+        const int m = n - j < 64 ? n - j : 64;
+        const char *vj = (const char *)v + j * FLM_KV_Q8_BYTES(ldv);
+        for (int i = 0; i < nq; i += 4)
+            weighted_sum_q8_avx2_q(out + i * ldo, ldo, p + i * ldp + j, ldp, nq - i < 4 ? nq - i : 4, vj, m, ldv,
+                                   dim);
+    }
+}
+
 static AVX2 void key_scores_avx2(float *att, size_t lda, const float *const *q, int nq, const void *kb, int n,
                                  int hd, int kv) {
+    if (kv == FLM_Q8_0) {
+        key_scores_q8_avx2(att, lda, q, nq, kb, n, hd);
+        return;
+    }
 #define CALL(t) key_scores_avx2_kv(att, lda, q, nq, kb, n, hd, t)
     KV_DISPATCH(CALL, kv);
 #undef CALL
@@ -250,6 +348,10 @@ static AVX2 void key_scores_avx2(float *att, size_t lda, const float *const *q, 
 
 static AVX2 void weighted_sum_avx2(float *out, size_t ldo, const float *p, size_t ldp, int nq, const void *v, int n,
                                    size_t ldv, int dim, int kv) {
+    if (kv == FLM_Q8_0) {
+        weighted_sum_q8_avx2(out, ldo, p, ldp, nq, v, n, ldv, dim);
+        return;
+    }
 #define CALL(t) weighted_sum_avx2_kv(out, ldo, p, ldp, nq, v, n, ldv, dim, t)
     KV_DISPATCH(CALL, kv);
 #undef CALL
@@ -425,6 +527,10 @@ INLINE AVX512 void key_scores_avx512_kv(float *att, size_t lda, const float *con
 
 static AVX512 void key_scores_avx512(float *att, size_t lda, const float *const *q, int nq, const void *kb, int n,
                                      int hd, int kv) {
+    if (kv == FLM_Q8_0) {   /* the int8 loads are 8 wide; AVX2's loop reads them as fast */
+        key_scores_q8_avx2(att, lda, q, nq, kb, n, hd);
+        return;
+    }
 #define CALL(t) key_scores_avx512_kv(att, lda, q, nq, kb, n, hd, t)
     KV_DISPATCH(CALL, kv);
 #undef CALL
@@ -503,6 +609,10 @@ INLINE AVX512 void weighted_sum_avx512_kv(float *out, size_t ldo, const float *p
 
 static AVX512 void weighted_sum_avx512(float *out, size_t ldo, const float *p, size_t ldp, int nq, const void *v,
                                        int n, size_t ldv, int dim, int kv) {
+    if (kv == FLM_Q8_0) {
+        weighted_sum_q8_avx2(out, ldo, p, ldp, nq, v, n, ldv, dim);
+        return;
+    }
 #define CALL(t) weighted_sum_avx512_kv(out, ldo, p, ldp, nq, v, n, ldv, dim, t)
     KV_DISPATCH(CALL, kv);
 #undef CALL

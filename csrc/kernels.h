@@ -108,6 +108,40 @@ int flm_kernels_select(const char *name);
 #define KV_DISPATCH(call, kv) \
     do { if ((kv) == FLM_F32) call(FLM_F32); else if ((kv) == FLM_BF16) call(FLM_BF16); else call(FLM_F16); } while (0)
 
+/* Scores and weighted sums over a q8_0 KV cache (FLM_KV_Q8_BYTES: types.h),
+ * portably: each score sums q . key over each 32 dims in order, then the
+ * groups times their scales in order; each value's weight is p times its
+ * group's scale. The vector paths compute the same sums in the same order. */
+static inline void flm_key_scores_q8(float *att, size_t lda, const float *const *q, int nq, const void *kb, int n,
+                                     int hd) {
+    for (int b = 0; b < n; b += 16) {
+        const int8_t *k = (const int8_t *)((const char *)kb + b / 16 * FLM_KV_Q8_BYTES(16 * (size_t)hd));
+        const uint16_t *sc = (const uint16_t *)(k + 16 * hd);
+        for (int i = 0; i < nq; i++) {
+            float acc[16] = {0};
+            for (int g = 0; g < hd; g += 32) {
+                float part[16] = {0};
+                for (int d = g; d < g + 32; d++)
+                    for (int j = 0; j < 16; j++) part[j] = __builtin_fmaf(q[i][d], (float)k[d * 16 + j], part[j]);
+                for (int j = 0; j < 16; j++) acc[j] = __builtin_fmaf(part[j], flm_f16_to_f32(sc[g / 32 * 16 + j]), acc[j]);
+            }
+            for (int j = 0; j < 16; j++) att[i * lda + b + j] = acc[j];
+        }
+    }
+}
+
+static inline void flm_weighted_sum_q8(float *out, size_t ldo, const float *p, size_t ldp, int nq, const void *v,
+                                       int n, size_t ldv, int dim) {
+    for (int i = 0; i < nq; i++)
+        for (int j = 0; j < n; j++) {
+            const int8_t *r = (const int8_t *)((const char *)v + j * FLM_KV_Q8_BYTES(ldv));
+            const uint16_t *sc = (const uint16_t *)(r + ldv);
+            for (int d = 0; d < dim; d++)
+                out[i * ldo + d] = __builtin_fmaf(p[i * ldp + j] * flm_f16_to_f32(sc[d / 32]), (float)r[d],
+                                                  out[i * ldo + d]);
+        }
+}
+
 /* The vector convs keep a kernel's taps in registers; wider kernels take
  * the portable loop. */
 #define CONV_MAX_K 8

@@ -293,6 +293,10 @@ ARM_INLINE void weighted_sum_kv(float *out, size_t ldo, const float *p, size_t l
 /* One copy of each loop per storage type (KV_DISPATCH: kernels.h). */
 void flm_key_scores_neon(float *att, size_t lda, const float *const *q, int nq, const void *kb, int n, int hd,
                          int kv) {
+    if (kv == FLM_Q8_0) {
+        flm_key_scores_q8(att, lda, q, nq, kb, n, hd);
+        return;
+    }
 #define CALL(t) key_scores_kv(att, lda, q, nq, kb, n, hd, t)
     KV_DISPATCH(CALL, kv);
 #undef CALL
@@ -300,6 +304,10 @@ void flm_key_scores_neon(float *att, size_t lda, const float *const *q, int nq, 
 
 void flm_weighted_sum_neon(float *out, size_t ldo, const float *p, size_t ldp, int nq, const void *v, int n,
                            size_t ldv, int dim, int kv) {
+    if (kv == FLM_Q8_0) {
+        flm_weighted_sum_q8(out, ldo, p, ldp, nq, v, n, ldv, dim);
+        return;
+    }
 #define CALL(t) weighted_sum_kv(out, ldo, p, ldp, nq, v, n, ldv, dim, t)
     KV_DISPATCH(CALL, kv);
 #undef CALL

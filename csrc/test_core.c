@@ -389,7 +389,7 @@ static void test_model(int wtype, int qk_norm, int bias, int gate, int linear, i
          * activations are rounded to bf16 too, the bound is that path's).
          * Not with int8 activations, which turn its rounding into whole
          * quantization steps: the cache is the same for every weight type. */
-        for (int kv = FLM_BF16; kv <= FLM_F16 && !flm_is_quantized(wtype); kv++) {
+        for (int kv = FLM_BF16; kv <= (c.head_dim % 32 ? FLM_F16 : FLM_Q8_0) && !flm_is_quantized(wtype); kv++) {
             FlmConfig c16 = c;
             c16.kv_type = kv;
             float *half = own(malloc(sz * 4));
@@ -398,7 +398,8 @@ static void test_model(int wtype, int qk_norm, int bias, int gate, int linear, i
             CHECK(memcmp(half, other, sz * 4) == 0, "%s kv_type=%d: one token at a time differs", paths[pi], kv);
             run(&c16, &w, tok, n, 5, 0, 3, other);
             CHECK(memcmp(half, other, sz * 4) == 0, "%s kv_type=%d: 3 threads / batch 5 differ", paths[pi], kv);
-            double kvtol = bf16_dots && wtype == FLM_BF16 ? 0.3 : kv == FLM_BF16 ? 0.15 : 0.1, kverr = 0;
+            double kvtol = kv == FLM_Q8_0 ? 0.5 : bf16_dots && wtype == FLM_BF16 ? 0.3 : kv == FLM_BF16 ? 0.15 : 0.1;
+            double kverr = 0;
             for (size_t i = 0; i < sz; i++) {
                 double e = fabs(half[i] - full[i]) / (kvtol + kvtol * fabs(full[i]));
                 if (e > kverr) kverr = e;
@@ -430,7 +431,8 @@ static FlmState *new_state(const FlmConfig *c, const FlmWeights *w, int batch) {
  * rings have moved on. */
 static void test_long(int kv_type) {
     enum { N = 700 };
-    FlmConfig c = {.dim = 48, .hidden_dim = 64, .n_layers = 3, .n_heads = 6, .n_kv_heads = 2, .head_dim = 16,
+    FlmConfig c = {.dim = 48, .hidden_dim = 64, .n_layers = 3, .n_heads = 6, .n_kv_heads = 2,
+                   .head_dim = kv_type == FLM_Q8_0 ? 32 : 16,   /* q8_0: whole blocks of 32 */
                    .vocab_size = 61, .seq_len = N, .rope_dim = 16, .kv_type = kv_type, .max_pass = 40,
                    .norm_eps = 1e-5f, .attn_scale = 0.25f, .embed_scale = 1.0f, .residual_scale = 1.0f,
                    .logits_div = 1.0f};
@@ -815,6 +817,81 @@ static void test_conv_silu(void) {
  * ragged blocks and dimensions: the scores and weighted sums of several
  * queries at once are bit for bit those of each query alone, a weighted
  * sum in two calls is that of one, and both are near double precision. */
+/* The q8_0 cache's kernels: every path gives the portable loops' bits
+ * (kernels.h), for any number of queries and a range of values summed in
+ * parts, within rounding of the double-precision sums of what the int8
+ * and scales stand for. */
+static void test_attention_kernels_q8(void) {
+    enum { HD = 64, NMAX = 70, ROOM = 80, NQ = 6 };
+    static const int ns[] = {1, 16, 70};
+    const size_t kbytes = FLM_KV_Q8_BYTES(16 * HD), rbytes = FLM_KV_Q8_BYTES(HD);
+    int8_t *keys = own(malloc(ROOM / 16 * kbytes)), *vals = own(malloc(NMAX * rbytes));
+    float q[NQ][HD], p[NQ][NMAX], att[NQ][ROOM], want[NQ][ROOM], out[NQ][HD], ref[HD];
+    const float *qs[NQ];
+    for (int b = 0; b < ROOM / 16; b++) {
+        int8_t *k = keys + b * kbytes;
+        for (int i = 0; i < 16 * HD; i++) k[i] = (int8_t)(127 * frand());
+        for (int i = 0; i < HD / 2; i++) ((uint16_t *)(k + 16 * HD))[i] = flm_f32_to_f16(0.01f + 0.005f * frand());
+    }
+    for (int j = 0; j < NMAX; j++) {
+        int8_t *r = vals + j * rbytes;
+        for (int d = 0; d < HD; d++) r[d] = (int8_t)(127 * frand());
+        for (int g = 0; g < HD / 32; g++) ((uint16_t *)(r + HD))[g] = flm_f32_to_f16(0.01f + 0.005f * frand());
+    }
+    for (int i = 0; i < NQ; i++) {
+        qs[i] = q[i];
+        for (int d = 0; d < HD; d++) q[i][d] = frand();
+        for (int j = 0; j < NMAX; j++) p[i][j] = 0.5f + 0.5f * frand();
+    }
+    for (int pi = 0; pi < N_PATHS; pi++) {
+        if (flm_set_simd_path(paths[pi]) != 0) continue;
+        int same = 1;
+        double err = 0;
+        for (int t = 0; t < 3; t++) {
+            const int n = ns[t];
+            flm_key_scores_q8(want[0], ROOM, qs, NQ, keys, n, HD);
+            for (int nq = 1; nq <= NQ; nq++) {
+                flm_kernels->key_scores(att[0], ROOM, qs, nq, keys, n, HD, FLM_Q8_0);
+                for (int i = 0; i < nq; i++) same &= memcmp(att[i], want[i], n * 4) == 0;
+                memset(out, 0, sizeof out);
+                flm_kernels->weighted_sum(out[0], HD, p[0], NMAX, nq, vals, n, HD, HD, FLM_Q8_0);
+                for (int i = 0; i < nq; i++) {
+                    memset(ref, 0, sizeof ref);
+                    flm_weighted_sum_q8(ref, HD, p[i], NMAX, 1, vals, n / 3, HD, HD);
+                    flm_weighted_sum_q8(ref, HD, p[i] + n / 3, NMAX, 1, vals + (n / 3) * rbytes, n - n / 3, HD, HD);
+                    same &= memcmp(ref, out[i], sizeof ref) == 0;
+                }
+            }
+            for (int i = 0; i < NQ; i++)
+                for (int j = 0; j < n; j++) {
+                    const int8_t *k = keys + j / 16 * kbytes;
+                    double r = 0, mag = 0;
+                    for (int d = 0; d < HD; d++) {
+                        const double x = (double)q[i][d] * k[d * 16 + j % 16] *
+                                         flm_f16_to_f32(((const uint16_t *)(k + 16 * HD))[d / 32 * 16 + j % 16]);
+                        r += x;
+                        mag += fabs(x);
+                    }
+                    err = fmax(err, fabs(want[i][j] - r) / (1e-6 * mag + 1e-30));
+                }
+            for (int d = 0; d < HD; d++) {
+                double r = 0, mag = 0;
+                for (int j = 0; j < n; j++) {
+                    const int8_t *row = vals + j * rbytes;
+                    const double x = (double)p[NQ - 1][j] * row[d] * flm_f16_to_f32(((const uint16_t *)(row + HD))[d / 32]);
+                    r += x;
+                    mag += fabs(x);
+                }
+                err = fmax(err, fabs(out[NQ - 1][d] - r) / (1e-6 * mag + 1e-30));
+            }
+        }
+        CHECK(same, "%s: q8_0 attention kernels differ from the portable loops", paths[pi]);
+        CHECK(err <= 1.0, "%s: q8_0 attention kernels off by %.2f of their bound", paths[pi], err);
+        printf("ok  %-11s key_scores, weighted_sum on a q8_0 cache (err/bound %.3f)\n", paths[pi], err);
+    }
+    free_owned();
+}
+
 static void test_attention_kernels(void) {
     enum { HD = 20, NMAX = 37, ROOM = 48, DIM = 69, NQ = 7 };
     static const int ns[] = {1, 16, 37};
@@ -962,9 +1039,11 @@ int main(void) {
     test_delta_rule();
     test_conv_silu();
     test_attention_kernels();
+    test_attention_kernels_q8();
     /* last: the random draws of the tests above stay as they were */
     test_long(FLM_F32);
     test_long(FLM_F16);
+    test_long(FLM_Q8_0);
     printf(failures ? "%d failed\n" : "all passed\n", failures);
     return failures != 0;
 }

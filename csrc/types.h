@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <string.h>
 
-/* Storage types of weights (and, the first three, of the KV cache). The
+/* Storage types of weights (and, the first four, of the KV cache). The
  * quantized ones are GGML's block formats (quant.h). */
 enum {
     FLM_F32 = 0, FLM_BF16 = 1, FLM_F16 = 2,
@@ -72,7 +72,14 @@ static inline uint16_t flm_f32_to_f16(float f) {
     return sign | (uint16_t)((u + 0xFFF + ((u >> 13) & 1) - 0x38000000) >> 13);
 }
 
-/* Element i of a KV cache array stored as kv. */
+/* A q8_0 KV cache holds each 32 values as 32 int8 and their f16 scale
+ * (value = scale * int8, the scale max|x| / 127), 34 bytes, the int8 of a
+ * unit of the cache before its scales: a block of 16 keys is (head_dim, 16)
+ * int8 then (head_dim / 32, 16) scales; a row of values head_dim int8 then
+ * head_dim / 32 scales. n: a multiple of 32. */
+#define FLM_KV_Q8_BYTES(n) ((size_t)(n) / 32 * 34)
+
+/* Element i of a 32-, 16-bit KV cache array stored as kv. */
 static inline float flm_kv_at(const void *p, size_t i, int kv) {
     if (kv == FLM_F32) return ((const float *)p)[i];
     uint16_t h = ((const uint16_t *)p)[i];

@@ -253,6 +253,8 @@ def weight_types():
 # of a row before packing (absent: GGML blocks, as bytes).
 TYPES = {t["name"]: t["type"] for t in weight_types()}
 _ROW_DTYPES = {"f32": np.float32, "bf16": np.uint16, "f16": np.float16}
+# The KV cache's storage types (config.KV_DTYPES) as the C core names them.
+_KV_TYPES = {"f32": flm.FLM_F32, "bf16": flm.FLM_BF16, "f16": flm.FLM_F16, "q8_0": flm.FLM_Q8_0}
 
 
 cdef const flm.FlmQuantType *_weight_type(str dtype) except NULL:
@@ -491,10 +493,14 @@ cdef class Weights:
         c.n_kv_heads, c.head_dim = config.max_size("num_key_value_heads"), config.max_size("head_dim")
         c.vocab_size, c.seq_len, c.rope_dim = config.vocab_size, n_ctx, config.rope_dim
         c.float_acts = float_acts
-        kv_types = {"f32": flm.FLM_F32, "bf16": flm.FLM_BF16, "f16": flm.FLM_F16}
-        if kv_dtype not in kv_types:
-            raise ValueError(f"kv_dtype must be one of {tuple(kv_types)}, got {kv_dtype!r}")
-        c.kv_type = kv_types[kv_dtype]
+        if kv_dtype not in _KV_TYPES:
+            raise ValueError(f"kv_dtype must be one of {tuple(_KV_TYPES)}, got {kv_dtype!r}")
+        if kv_dtype == "q8_0":
+            for i, view in enumerate(views):
+                if view.head_dim % 32 and config.layer_kind(i) != "linear_attention":
+                    raise ValueError(f"{config.path}: kv_dtype q8_0 keeps blocks of 32 values, and layer {i}'s "
+                                     f"head_dim is {view.head_dim}: choose f16, bf16 or f32")
+        c.kv_type = _KV_TYPES[kv_dtype]
         c.max_pass = max_pass
         c.norm_eps, c.attn_scale = config.rms_norm_eps, config.attention_scale
         c.lin_k_heads, c.lin_v_heads = config.linear_num_key_heads, config.linear_num_value_heads
@@ -618,8 +624,8 @@ cdef class Weights:
 
     @property
     def kv_dtype(self):
-        """Storage of the KV cache: "f32", "bf16" or "f16"."""
-        return {flm.FLM_F32: "f32", flm.FLM_BF16: "bf16", flm.FLM_F16: "f16"}[self.cfg.kv_type]
+        """Storage of the KV cache: "f32", "bf16", "f16" or "q8_0"."""
+        return {v: k for k, v in _KV_TYPES.items()}[self.cfg.kv_type]
 
     @property
     def weight_types(self):

@@ -17,6 +17,7 @@ import time
 import numpy as np
 
 from .cli import whole_number
+from .config import KV_DTYPES
 
 
 def add_bench_parser(sub):
@@ -33,7 +34,7 @@ def add_bench_parser(sub):
     p.add_argument("--dtype", default=None,
                    help="comma-separated weight precisions to test: f32, bf16, gguf (a GGUF file's own types; "
                         "default: gguf for a .gguf file or the default model, f32 for a folder)")
-    p.add_argument("--kv-dtype", choices=("f32", "bf16", "f16"), default="f32",
+    p.add_argument("--kv-dtype", choices=KV_DTYPES, default="f32",
                    help="KV cache precision (default: f32)")
     p.add_argument("--json", action="store_true", help="print results as JSON")
     return p

@@ -19,6 +19,11 @@ from .files import read_bounded
 
 CONFIG_LIMIT = 4 << 20   # bytes; a config.json is a few kilobytes
 
+# Bytes of one value of the KV cache by its storage; q8_0 keeps 32 int8 and
+# their f16 scale for every 32 values, as llama.cpp's -ctk/-ctv q8_0 does.
+KV_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "q8_0": 34 / 32}
+KV_DTYPES = tuple(KV_BYTES)
+
 
 def read_json(path, limit: int, what: str):
     """The JSON value of a regular file of at most limit bytes, else
@@ -793,7 +798,7 @@ class ModelConfig:
         max_pass, a sliding-window layer's cache a ring of its window and one
         pass, in whole key blocks, where that is smaller, as the C core
         sizes it), and the partial results of its short passes' attention."""
-        kv_bytes = {"f32": 4, "bf16": 2, "f16": 2}[kv_dtype]
+        kv_bytes = KV_BYTES[kv_dtype]
         whole = -(-n_ctx // 16) * 16
         kv = 0
         for i in range(self.num_hidden_layers):
@@ -802,7 +807,7 @@ class ModelConfig:
             layer, slots, window = self.layer_config(i), whole, self.attention_window(i)
             if window and max_pass:
                 slots = min(whole, -(-(window - 1 + max_pass) // key_block) * key_block)
-            kv += 2 * slots * layer.num_key_value_heads * layer.head_dim * kv_bytes
+            kv += 2 * int(slots * layer.num_key_value_heads * layer.head_dim * kv_bytes)
         tables = (2 if self.longrope else 1) * (2 if self.local_rope_theta is not None else 1)
         rope = 3 * self.rope_dim // 2 * 4 * tables + (4 if self.query_scale_beta else 0)
         partials = 32 * self.num_attention_heads * (self.max_size("head_dim") + 2) * 4 // key_block

@@ -15,7 +15,7 @@ from typing import Iterator
 import numpy as np
 
 from . import _core
-from .config import ModelConfig
+from .config import KV_DTYPES, ModelConfig
 from .end_of_generation import end_of_generation_ids
 from .errors import ModelFileError
 from .sampling import Constraint, Sampler, SamplingParams, as_params, generation_defaults, read_generation_config
@@ -36,7 +36,6 @@ DTYPES = ("f32", "bf16", "gguf") + QUANT_MIXES
 ACTIVATIONS = ("int8", "f32")
 # The KV cache: f32 keeps attention exact; bf16 and f16 halve what it reads
 # (keys and values rounded once when stored, nearest-even).
-KV_DTYPES = ("f32", "bf16", "f16")
 
 
 class ContextFullWarning(UserWarning):
