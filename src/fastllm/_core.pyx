@@ -137,6 +137,17 @@ cdef void _pack_job(void *p) noexcept nogil:
     flm.flm_pack(a.dst, a.src, a.N, a.K, a.wtype, a.n_threads)
 
 
+cdef struct ChecksumArgs:
+    const void *data
+    size_t n
+    int n_threads
+    unsigned long long result
+
+cdef void _checksum_job(void *p) noexcept nogil:
+    cdef ChecksumArgs *a = <ChecksumArgs *>p
+    a.result = flm.flm_checksum(a.data, a.n, a.n_threads)
+
+
 cdef struct ForwardArgs:
     const flm.FlmConfig *cfg
     const flm.FlmWeights *w
@@ -374,6 +385,37 @@ def pack_experts(expert, int n_experts, str dtype, int N, int K, int n_threads=0
         _run_job(_pack_job, &job)
         src = None   # this expert's rows, before the next is read
     return Matrix(dst, dtype, N, K, True, n_experts)
+
+
+def packed_matrix(data, str dtype, int N, int K, int experts=0):
+    """A Matrix of packed panels over data as flm_pack (or pack_experts, with
+    experts > 0) wrote them: a 1-D uint8 array of exactly the bytes the
+    shape and type take, checked here, since C reads all of them."""
+    if dtype not in TYPES:
+        raise ValueError(f"unknown weight type {dtype!r}")
+    if N < 1 or experts < 0 or K < 1 or K % superblock(dtype):
+        raise ValueError(f"no {dtype} matrix has N = {N}, K = {K}, {experts} experts")
+    cdef int wtype = TYPES[dtype]
+    want = flm.flm_expert_bytes(N, K, wtype) * experts if experts else flm.flm_packed_bytes(N, K, wtype)
+    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 1 \
+            or not data.flags.c_contiguous or data.nbytes != want:
+        raise ValueError(f"a packed {dtype} matrix of {N} x {K}"
+                         f"{f' x {experts} experts' if experts else ''} is {want} contiguous bytes")
+    return Matrix(data, dtype, N, K, True, experts)
+
+
+# What packed weights on disk must have been written with (see FLM_PACK_LAYOUT).
+PACK_LAYOUT = flm.FLM_PACK_LAYOUT
+
+
+def checksum(const unsigned char[::1] data, int n_threads=0):
+    """flm_checksum of a buffer (csrc/checksum.h): the same for any n_threads."""
+    cdef ChecksumArgs job
+    job.data = &data[0] if data.shape[0] else NULL
+    job.n = data.shape[0]
+    job.n_threads = n_threads if n_threads > 0 else (os.cpu_count() or 1)
+    _run_job(_checksum_job, &job)
+    return job.result
 
 
 def pack_in_chunks(read_rows, int N, int K, str dtype, int chunk_rows, int n_threads=0):

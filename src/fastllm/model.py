@@ -167,6 +167,27 @@ class GenerationStats:
         return self.generated_tokens / self.generate_seconds if self.generate_seconds else 0.0
 
 
+def _packed_weights(config: ModelConfig, source: Path, dtype: str, use_cache: bool | None) -> tuple:
+    """(the arrays for _core.Weights, parameters by weight type or None,
+    the cache file they are mapped from or None) of a GGUF file's own
+    tensors (dtype "gguf") or of a folder's."""
+    from . import pack_cache
+
+    if dtype == "gguf":
+        def build():
+            arrays, types = load_gguf_weights(config, source)
+            return arrays, {"types": dict(types)}
+        sources = [source]
+    else:
+        def build():
+            return load_weights(config, source, bf16=(dtype == "bf16"),
+                                mix=dtype if dtype in QUANT_MIXES else None), {}
+        sources = sorted(p for p in source.iterdir()
+                         if p.name == "config.json" or p.name.endswith((".safetensors", ".safetensors.index.json")))
+    arrays, extra, cached = pack_cache.load(sources, {"dtype": dtype}, build, pack_cache.enabled(use_cache))
+    return arrays, extra.get("types"), cached
+
+
 class Model:
     """A model ready to generate. Build it with Model.from_pretrained.
 
@@ -202,6 +223,8 @@ class Model:
         self.default_sampling = SamplingParams().replace(
             **{k: v for k, v in self.generation_defaults.items() if k != "max_new_tokens"})
         self.last_stats = GenerationStats()
+        # The file the packed weights are mapped from (fastllm.pack_cache), or None.
+        self.pack_cache_file = None
         self._session = Session(self)
         self._lock = threading.Lock()   # held while the default session is in use
         self._holder = None             # the thread that holds it
@@ -211,7 +234,8 @@ class Model:
     @classmethod
     def from_pretrained(cls, path=None, n_ctx: int | None = None, threads: int | None = None,
                         dtype: str | None = None, max_batch: int = 512, kv_dtype: str = "f32",
-                        activations: str = "int8", filename: str | None = None) -> "Model":
+                        activations: str = "int8", filename: str | None = None,
+                        pack_cache: bool | None = None) -> "Model":
         """Load a HF model folder (config.json, model.safetensors, tokenizer.json),
         a .gguf file, a Hugging Face repo ("org/name", fetched into the
         Hugging Face cache with huggingface_hub), or with no path the default
@@ -231,7 +255,10 @@ class Model:
         dequantized first) at load.
         activations: what quantized weights multiply: "int8" blocks of the
         activations (fast), or "f32" activations with the exact dequantized
-        weights (the results of the dequantized float32 model, bit for bit)."""
+        weights (the results of the dequantized float32 model, bit for bit).
+        pack_cache: keep the packed weights in a file under $FASTLLM_HOME
+        and map it on later loads (see fastllm.pack_cache); None: unless
+        FASTLLM_PACK_CACHE=0."""
         from .hub import gguf_metadata_dir, locate, model_name, resolve_model
 
         if dtype is not None and dtype not in DTYPES:
@@ -259,13 +286,9 @@ class Model:
         if not _whole(max_batch) or not 1 <= max_batch <= 1 << 16:
             raise ValueError(f"max_batch must be a whole number from 1 to 65536, got {max_batch!r}")
 
-        if native:
-            arrays, types = load_gguf_weights(config, gguf)
-            # Named by the type that holds most of the parameters.
+        arrays, types, cached = _packed_weights(config, gguf if native else folder, dtype, pack_cache)
+        if native:   # named by the type that holds most of the parameters
             dtype = max(types, key=types.get)
-        else:
-            arrays = load_weights(config, folder, bf16=(dtype == "bf16"),
-                                  mix=dtype if dtype in QUANT_MIXES else None)
         weights = _core.Weights(config, arrays, seq_len, threads, kv_dtype, activations == "f32")
         # A folder without tokenizer.json still runs on token ids (logits,
         # generate_tokens); the text methods then say what is missing.
@@ -273,8 +296,10 @@ class Model:
         if (folder / "tokenizer.json").exists():
             from .tokenizer import Tokenizer
             tokenizer = Tokenizer.from_pretrained(folder)
-        return cls(weights, config, tokenizer, folder, dtype, end_of_generation_ids(gen_config, config, tokenizer),
-                   gen_config, max_batch, name=model_name(source), source=source)
+        model = cls(weights, config, tokenizer, folder, dtype, end_of_generation_ids(gen_config, config, tokenizer),
+                    gen_config, max_batch, name=model_name(source), source=source)
+        model.pack_cache_file = cached
+        return model
 
     # ------------------------------------------------------------ settings
 
