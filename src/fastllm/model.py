@@ -184,7 +184,9 @@ def _packed_weights(config: ModelConfig, source: Path, dtype: str, use_cache: bo
                                 mix=dtype if dtype in QUANT_MIXES else None), {}
         sources = sorted(p for p in source.iterdir()
                          if p.name == "config.json" or p.name.endswith((".safetensors", ".safetensors.index.json")))
-    arrays, extra, cached = pack_cache.load(sources, {"dtype": dtype}, build, pack_cache.enabled(use_cache))
+    def check(arrays):   # what Weights refuses is rebuilt, never loaded
+        _core.Weights(config, arrays, 1)
+    arrays, extra, cached = pack_cache.load(sources, {"dtype": dtype}, build, pack_cache.enabled(use_cache), check)
     return arrays, extra.get("types"), cached
 
 

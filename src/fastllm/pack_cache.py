@@ -313,9 +313,10 @@ def _decode(node, buf, data_offset: int, data_bytes: int, depth: int = 0):
     raise CacheInvalid("malformed manifest")
 
 
-def _map(path: Path, want: dict) -> tuple:
+def _map(path: Path, want: dict, check=None) -> tuple:
     """(tree, extra) of the cache file at path, mapped read-only and shared,
-    if it was made for want (a key) and is whole; else CacheInvalid."""
+    if it was made for want (a key), is whole and check(tree) (which
+    raises ValueError or TypeError otherwise) takes it; else CacheInvalid."""
     from .files import open_regular
     from .errors import ModelFileError
     try:
@@ -332,7 +333,13 @@ def _map(path: Path, want: dict) -> tuple:
         buf = mmap.mmap(f.fileno(), size, flags=flags, prot=mmap.PROT_READ)
     if _core.checksum(memoryview(buf)[data_offset:]) != data_sum:
         raise CacheInvalid("its data is damaged")
-    return _decode(manifest.get("tree"), buf, data_offset, data_bytes), manifest["extra"]
+    tree = _decode(manifest.get("tree"), buf, data_offset, data_bytes)
+    if check is not None:
+        try:
+            check(tree)
+        except (ValueError, TypeError, KeyError, OverflowError) as e:
+            raise CacheInvalid(f"its weights do not fit the model ({e})") from None
+    return tree, manifest["extra"]
 
 
 # ------------------------------------------------------------ the cache
@@ -425,11 +432,13 @@ def _replay(records: list) -> None:
         warnings.warn(message, category, stacklevel=4)
 
 
-def load(sources: list, options: dict, build, use: bool = True) -> tuple:
+def load(sources: list, options: dict, build, use: bool = True, check=None) -> tuple:
     """(tree, extra, cache file or None): what build() returns (a tree of
     arrays and Matrix objects, and a dict of plain values), from the cache
-    file of sources and options when a valid one is there, else built and
-    written into it, then mapped from it. use=False: build() alone."""
+    file of sources and options when a valid one is there (check(tree), if
+    given, raises ValueError or TypeError where the tree does not fit),
+    else built and written into it, then mapped from it. use=False:
+    build() alone."""
     if not use:
         tree, extra = build()
         return tree, extra, None
@@ -438,7 +447,7 @@ def load(sources: list, options: dict, build, use: bool = True) -> tuple:
     tree = written = None
     with _Lock(path.parent / (path.name + ".lock")) if _can_lock(path) else _NoLock():
         try:
-            tree, extra = _map(path, want)
+            tree, extra = _map(path, want, check)
         except CacheInvalid as e:
             if os.path.lexists(path):
                 sys.stderr.write(f"fastllm: the packed weights in {path} cannot be used ({e}); packing again\n")
@@ -459,7 +468,7 @@ def load(sources: list, options: dict, build, use: bool = True) -> tuple:
             tree = None
             _give_back_freed_memory()
             _seal(tmp, path, manifest, data_offset)
-            tree, extra = _map(path, want)
+            tree, extra = _map(path, want, check)
             written = path
         except (OSError, CacheInvalid, TypeError, ValueError) as e:
             warnings.warn(f"the packed weights could not be cached in {path.parent} ({e}); "
