@@ -288,16 +288,19 @@ class Model:
         if not _whole(max_batch) or not 1 <= max_batch <= 1 << 16:
             raise ValueError(f"max_batch must be a whole number from 1 to 65536, got {max_batch!r}")
 
-        arrays, types, cached = _packed_weights(config, gguf if native else folder, dtype, pack_cache)
-        if native:   # named by the type that holds most of the parameters
-            dtype = max(types, key=types.get)
-        weights = _core.Weights(config, arrays, seq_len, threads, kv_dtype, activations == "f32")
         # A folder without tokenizer.json still runs on token ids (logits,
-        # generate_tokens); the text methods then say what is missing.
+        # generate_tokens); the text methods then say what is missing. The
+        # tokenizer is read first: parsing tokenizer.json takes a few times
+        # the memory it leaves in use, which is then free again before the
+        # weights come in.
         tokenizer = None
         if (folder / "tokenizer.json").exists():
             from .tokenizer import Tokenizer
             tokenizer = Tokenizer.from_pretrained(folder)
+        arrays, types, cached = _packed_weights(config, gguf if native else folder, dtype, pack_cache)
+        if native:   # named by the type that holds most of the parameters
+            dtype = max(types, key=types.get)
+        weights = _core.Weights(config, arrays, seq_len, threads, kv_dtype, activations == "f32")
         model = cls(weights, config, tokenizer, folder, dtype, end_of_generation_ids(gen_config, config, tokenizer),
                     gen_config, max_batch, name=model_name(source), source=source)
         model.pack_cache_file = cached

@@ -291,9 +291,8 @@ class Tokenizer:
     def from_file(cls, path):
         """Load a tokenizer.json file.
 
-        The merge table is built on first use (it is most of the work for
-        large vocabularies), so a merge naming a token that is not in the
-        vocabulary is reported by the first encode(), or by validate().
+        A merge naming a token that is not in the vocabulary is reported by
+        the first encode(), or by validate().
         """
         path = os.fspath(path)
         spec = _read_json(path, "tokenizer.json", TOKENIZER_JSON_LIMIT)

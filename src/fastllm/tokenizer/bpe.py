@@ -39,23 +39,26 @@ class BPE:
         self.byte_fallback = bool(d.get("byte_fallback", False))
         self.ignore_merges = bool(d.get("ignore_merges", False))
         self.where = where
-        self._table = None
         self._vocab_r = None
         self._byte_ids = None
+        # The merges go into the merge table now (16 bytes a merge), and the
+        # list of them is dropped: as tokenizer.json's Python strings and
+        # lists it took ~200 bytes a merge (112 MB for a 262k vocabulary's
+        # 515k merges). A list the table cannot be made of is kept, and its
+        # error raised where it always was: at the first encode, or validate().
+        table = _bpe.MergeTable(len(self.merges))
+        self._merge_error = table.load_merges(self.merges, self.vocab, len(self.prefix))
+        self._table = table if self._merge_error is None else None
+        if self._table is not None:
+            self.merges = None
 
-    # Building the merge table costs ~0.2 s for a 250k-merge file, so it is
-    # deferred to the first encode that misses the cache.
     @property
     def table(self):
         if self._table is None:
-            table = _bpe.MergeTable(len(self.merges))
-            err = table.load_merges(self.merges, self.vocab, len(self.prefix))
-            if err is not None:
-                i, tok = err
-                if tok is None:
-                    raise TokenizerError(f"{self.where}.merges[{i}]: {self.merges[i]!r} is not a pair of tokens")
-                raise TokenizerError(f"{self.where}.merges[{i}]: token {tok!r} is not in the vocabulary")
-            self._table = table
+            i, tok = self._merge_error
+            if tok is None:
+                raise TokenizerError(f"{self.where}.merges[{i}]: {self.merges[i]!r} is not a pair of tokens")
+            raise TokenizerError(f"{self.where}.merges[{i}]: token {tok!r} is not in the vocabulary")
         return self._table
 
     def validate(self):
