@@ -63,7 +63,7 @@ static inline uint64_t bits_to_bytes(uint32_t x) {
 static inline uint32_t bytes_to_bits(uint64_t w) { return (uint32_t)((w * 0x0102040810204080ULL) >> 56); }
 
 /* Its quants go to u (o->u, or a panel row's), the rest to o. */
-static inline void decode(Decoded *o, uint8_t *u, const uint8_t *b, int type) {
+static inline __attribute__((always_inline)) void decode(Decoded *o, uint8_t *u, const uint8_t *b, int type) {
     switch (type) {
     case FLM_Q8_0:
         o->d = rd16(b);
@@ -134,7 +134,7 @@ static inline void decode(Decoded *o, uint8_t *u, const uint8_t *b, int type) {
 /* ------------------------------------------------------------ panels */
 
 /* Row r's fields in a panel superblock's header. */
-static inline void put_header(uint8_t *h, int type, int r, const Decoded *o) {
+static inline __attribute__((always_inline)) void put_header(uint8_t *h, int type, int r, const Decoded *o) {
     memcpy(h + 2 * r, &o->d, 2);
     if (type == FLM_Q4_1 || type == FLM_Q5_1 || type == FLM_Q4_K || type == FLM_Q5_K) memcpy(h + 32 + 2 * r, &o->m, 2);
     if (type == FLM_Q4_K || type == FLM_Q5_K)
@@ -157,7 +157,7 @@ static void wr32(uint8_t *p, uint32_t v) {
 /* The records of a panel superblock from the quants of its 16 rows
  * (u[r][k], zero for rows past N): whole words at a time, no branch on the
  * values, so that a load's packing streams. */
-static inline void put_records(uint8_t *sbp, const FlmQuantType *q, uint8_t u[PANEL][256]) {
+static inline __attribute__((always_inline)) void put_records(uint8_t *sbp, const FlmQuantType *q, uint8_t u[PANEL][256]) {
     for (int i = 0; i < q->sb / 32; i++) {
         uint8_t *rec = sbp + q->header + (size_t)i * q->data;
         if (q->bits == 8) {
