@@ -3,6 +3,7 @@ holds the very bytes an uncached load packs, for quantized GGUF files,
 f32/bf16/quantized-at-load folders and mixtures of experts; a damaged,
 truncated, stale or foreign file is noticed and rebuilt; two processes
 filling one cache at once both get whole weights; it can be turned off."""
+import json
 import os
 import subprocess
 import sys
@@ -256,3 +257,46 @@ def test_checksum_is_the_same_for_any_thread_count():
     data[3 << 20] ^= 1
     assert _core.checksum(data) not in sums
     assert _core.checksum(data[:0]) != _core.checksum(data[:1])
+
+
+# ------------------------------------------------------------ tokenizers
+
+TEXTS = ["Hello world, héllo 日本 <|im_start|>user\n", "  def f(x):\n\treturn x**2  # ok", "🙂🙃 \u00e9\u0301 ZZZZZZ",
+         "<|endoftext|><|im_end|> trailing   "]
+
+
+def test_a_large_tokenizer_from_its_compact_form_encodes_and_decodes_as_from_json(home, request, monkeypatch):
+    """The Qwen3.5 tokenizer (248k tokens, 247k merges, 7 MB of JSON): kept
+    compact on its first load, then read from there, with the very same
+    vocabulary, merges and results as the JSON gives."""
+    from fastllm.tokenizer import Tokenizer
+    from oracles import qwen_tokenizers
+    folder = qwen_tokenizers.build("qwen3.5", request.config.cache.mkdir("fastllm_qwen_tokenizers"))
+    monkeypatch.setenv("FASTLLM_PACK_CACHE", "0")
+    plain = Tokenizer.from_pretrained(folder)
+    monkeypatch.setenv("FASTLLM_PACK_CACHE", "1")
+    first = Tokenizer.from_pretrained(folder)
+    compact = Tokenizer.from_pretrained(folder)
+    assert [p.name for p in (home / "packed").glob("tokenizer.json-*.flmpack")]
+    assert compact.model.merges is None and compact.model.vocab == plain.model.vocab
+    for tok in (first, compact):
+        for text in TEXTS:
+            ids = plain.encode(text)
+            assert tok.encode(text) == ids and tok.decode(ids) == plain.decode(ids)
+        assert len(tok.model.table) == len(plain.model.table)
+
+
+def test_a_tokenizer_that_cannot_be_kept_compact_loads_as_before(home, tmp_path):
+    """A BPE tokenizer.json with a merge naming an unknown token: read from
+    the JSON each time, and its error where it always was (the first
+    encode)."""
+    from fastllm.tokenizer import Tokenizer, TokenizerError
+    vocab = {f"t{i}": i for i in range(60000)} | {"a": 60000, "b": 60001}
+    spec = {"version": "1.0", "model": {"type": "BPE", "vocab": vocab, "merges": ["a b"]}}
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(spec) + " " * (1 << 20))
+    for _ in range(2):
+        tok = Tokenizer.from_file(path)
+        with pytest.raises(TokenizerError, match="'ab' is not in the vocabulary"):
+            tok.encode("ab")
+    assert not list((home / "packed").glob("tokenizer.json-*.flmpack"))

@@ -11,6 +11,7 @@ rare files where two different pairs merge into one token behave identically.
 """
 
 from libc.stdlib cimport malloc, free, realloc
+from libc.string cimport memcpy
 from libc.stdint cimport uint64_t, uint32_t, int32_t
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.list cimport PyList_New, PyList_SET_ITEM, PyList_GET_ITEM, PyList_GET_SIZE
@@ -151,6 +152,35 @@ cdef class MergeTable:
         if e == NULL:
             return None
         return (e.rank, e.new_id)
+
+    def to_bytes(self):
+        """The table as bytes (its slots as they are in memory), for from_bytes."""
+        return (<char *>self.table)[:(self.mask + 1) * sizeof(Entry)], self.count
+
+    @staticmethod
+    def from_bytes(const unsigned char[::1] data, Py_ssize_t count):
+        """A table from what to_bytes gave (on this machine): slots whose
+        number is a power of two, at most half of them used."""
+        cdef Py_ssize_t n = data.shape[0]
+        cdef uint64_t cap = <uint64_t>n // sizeof(Entry)
+        if n % sizeof(Entry) or cap < 16 or cap & (cap - 1) or not 0 <= count or (count + 1) * 2 > <Py_ssize_t>cap:
+            raise ValueError("not the bytes of a merge table")
+        cdef MergeTable t = MergeTable(0)
+        cdef Entry *slots = <Entry *>malloc(n)
+        if slots == NULL:
+            raise MemoryError()
+        memcpy(slots, &data[0], n)
+        cdef uint64_t i
+        cdef Py_ssize_t used = 0
+        for i in range(cap):
+            if slots[i].key != EMPTY_KEY:
+                used += 1
+        if used != count:
+            free(slots)
+            raise ValueError("not the bytes of a merge table")
+        free(t.table)
+        t.table, t.mask, t.count = slots, cap - 1, count
+        return t
 
     def load_merges(self, list merges, dict vocab, Py_ssize_t prefix_len):
         """Fill the table from tokenizer.json merges.

@@ -57,12 +57,12 @@ _HEAD_BYTES = 64
 _ALIGN = 64                  # every array starts on a cache line
 _PAGE = 4096                 # the data starts on a page
 _MAX_MANIFEST = 64 << 20
-# Source identity: the first and last bytes (a GGUF header with its
-# vocabulary is a few MiB) and evenly spaced samples of the rest.
-_HEAD_HASHED = 8 << 20
-_TAIL_HASHED = 1 << 20
-_SAMPLES, _SAMPLE_BYTES = 64, 64 << 10
-_DTYPES = {"<f4": np.float32, "<u2": np.uint16, "<f2": np.float16, "|u1": np.uint8}
+# Source identity, beside its size and time: its first and last bytes and
+# evenly spaced samples of the rest (2 MiB of any file).
+_HEAD_HASHED = 1 << 20
+_TAIL_HASHED = 64 << 10
+_SAMPLES, _SAMPLE_BYTES = 64, 16 << 10
+_DTYPES = {"<f4": np.float32, "<u2": np.uint16, "<f2": np.float16, "|u1": np.uint8, "<i8": np.int64}
 
 
 class CacheInvalid(Exception):

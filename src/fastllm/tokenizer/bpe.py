@@ -21,12 +21,15 @@ class BPE:
         self.vocab = d["vocab"]
         if not isinstance(self.vocab, dict):
             raise TokenizerError(f"{where}.vocab: expected an object mapping tokens to ids")
-        for token, i in self.vocab.items():
+        # merges may be a merge table already made of this vocabulary (the
+        # compact form of a tokenizer.json that passed these checks).
+        self.merges = d["merges"]
+        made = isinstance(self.merges, _bpe.MergeTable)
+        for token, i in () if made else self.vocab.items():
             if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < 2**32:
                 raise TokenizerError(f"{where}.vocab: the id of {token!r} must be a whole number "
                                      f"from 0 to 2**32-1, got {i!r}")
-        self.merges = d["merges"]
-        if not isinstance(self.merges, list):
+        if not made and not isinstance(self.merges, list):
             raise TokenizerError(f"{where}.merges: expected a list")
         self.unk_token = d.get("unk_token")
         self.prefix = d.get("continuing_subword_prefix") or ""
@@ -46,8 +49,11 @@ class BPE:
         # lists it took ~200 bytes a merge (112 MB for a 262k vocabulary's
         # 515k merges). A list the table cannot be made of is kept, and its
         # error raised where it always was: at the first encode, or validate().
-        table = _bpe.MergeTable(len(self.merges))
-        self._merge_error = table.load_merges(self.merges, self.vocab, len(self.prefix))
+        if made:
+            table, self._merge_error = self.merges, None
+        else:
+            table = _bpe.MergeTable(len(self.merges))
+            self._merge_error = table.load_merges(self.merges, self.vocab, len(self.prefix))
         self._table = table if self._merge_error is None else None
         if self._table is not None:
             self.merges = None
