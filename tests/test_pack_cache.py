@@ -123,15 +123,21 @@ def data_offset(data) -> int:
     return int.from_bytes(data[16:24], "little")
 
 
+def manifest_offset(data) -> int:
+    """The manifest follows the data."""
+    return data_offset(data) + int.from_bytes(data[24:32], "little")
+
+
 DAMAGE = {
     "truncated": lambda d: d[:len(d) - 4096],
     "grown": lambda d: d + b"\0" * 64,
     "empty": lambda d: bytearray(),
     "header": flip(lambda d: 20),
-    "manifest": flip(lambda d: 80),
+    "manifest": flip(lambda d: manifest_offset(d) + 5),
     "data, first byte": flip(data_offset),
     "data, middle": flip(lambda d: (data_offset(d) + len(d)) // 2),
-    "data, last byte": flip(lambda d: len(d) - 1),
+    "data, last byte": flip(lambda d: manifest_offset(d) - 1),
+    "manifest, last byte": flip(lambda d: len(d) - 1),
     "magic": flip(lambda d: 0),
     "not a cache": lambda d: bytearray(b"GGUF" + bytes(len(d) - 4)),
 }

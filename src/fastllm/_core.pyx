@@ -338,6 +338,34 @@ def _check_rows(data, str dtype, int K):
     return src, src.shape[0]
 
 
+# Where packed matrices are made: numpy's memory, unless a load on this
+# thread has given another place (fastllm.pack_cache: pages of the file
+# being written, so the packed bytes are never also copied there).
+_packing = threading.local()
+
+
+def _packed_buffer(size_t n):
+    """A writable uint8 array of n bytes for a packed matrix."""
+    make = getattr(_packing, "buffer", None)
+    return np.empty(n, np.uint8) if make is None else make(n)
+
+
+class packing_into:
+    """Within it, the packed matrices this thread makes are buffer(n) (n
+    bytes, a writable uint8 array) instead of numpy's own memory."""
+
+    def __init__(self, buffer):
+        self.buffer = buffer
+
+    def __enter__(self):
+        self.before = getattr(_packing, "buffer", None)
+        _packing.buffer = self.buffer
+        return self
+
+    def __exit__(self, *exc):
+        _packing.buffer = self.before
+
+
 def pack(matrix, int n_threads=0, str dtype=None, int K=0):
     """Pack an (N, K) matrix into the panel layout the run loop reads: a
     Matrix. matrix holds float32 values, bf16 bit patterns as uint16, f16
@@ -353,7 +381,7 @@ def pack(matrix, int n_threads=0, str dtype=None, int K=0):
         K = arr.shape[1]
     src, N = _check_rows(matrix, dtype, K)
     cdef int n = N, k = K, wtype = TYPES[dtype]
-    cdef cnp.ndarray dst = np.empty(flm.flm_packed_bytes(n, k, wtype), np.uint8)
+    cdef cnp.ndarray dst = _packed_buffer(flm.flm_packed_bytes(n, k, wtype))
     cdef int nt = n_threads if n_threads > 0 else (os.cpu_count() or 1)
     cdef PackArgs job
     job.dst = cnp.PyArray_DATA(dst)
@@ -372,7 +400,7 @@ def pack_experts(expert, int n_experts, str dtype, int N, int K, int n_threads=0
         raise ValueError(f"unknown weight type {dtype!r}; known: {', '.join(TYPES)}")
     cdef int wtype = TYPES[dtype]
     cdef size_t stride = flm.flm_expert_bytes(N, K, wtype)
-    cdef cnp.ndarray dst = np.empty(stride * n_experts, np.uint8)
+    cdef cnp.ndarray dst = _packed_buffer(stride * n_experts)
     cdef int nt = n_threads if n_threads > 0 else (os.cpu_count() or 1)
     cdef PackArgs job
     for e in range(n_experts):
@@ -428,7 +456,7 @@ def pack_in_chunks(read_rows, int N, int K, str dtype, int chunk_rows, int n_thr
     if N < 1:
         raise ValueError(f"a matrix has at least one row, got N = {N}")
     cdef int wtype = TYPES[dtype]
-    cdef cnp.ndarray dst = np.empty(flm.flm_packed_bytes(N, K, wtype), np.uint8)
+    cdef cnp.ndarray dst = _packed_buffer(flm.flm_packed_bytes(N, K, wtype))
     cdef int nt = n_threads if n_threads > 0 else (os.cpu_count() or 1)
     cdef PackArgs job
     cdef int first, n

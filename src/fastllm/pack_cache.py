@@ -188,51 +188,85 @@ def _encode(tree, where: dict):
     raise TypeError(f"cannot store a {type(tree).__name__}")
 
 
-def _write(path: Path, k: dict, tree, extra: dict) -> tuple:
-    """Write the arrays of tree into a temporary file beside path, the
-    header left blank: (its path, the manifest, where the data starts)."""
-    arrays = []
-    _leaves(tree, arrays)
-    where, at = {}, 0
-    for a in arrays:
-        where[id(a)] = at
-        at = (at + a.nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
-    manifest = json.dumps({"key": k, "tree": _encode(tree, where), "extra": extra}).encode()
-    data_offset = (_HEAD_BYTES + len(manifest) + _PAGE - 1) // _PAGE * _PAGE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(b"\0" * data_offset)
-            for a in arrays:
-                f.seek(data_offset + where[id(a)])
-                f.write(memoryview(np.ascontiguousarray(a)).cast("B"))
-            f.truncate(data_offset + at)
-    except BaseException:
-        _unlink(Path(tmp))
-        raise
-    return Path(tmp), manifest, data_offset
+class _Arena:
+    """A temporary cache file beside path that grows as the packed matrices
+    of a load are made in it (each in pages of the file, mapped writable:
+    _core.packing_into), so that they are written as they are packed, never
+    copied, and take page-cache memory rather than the process's own."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.fd, name = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".tmp", dir=path.parent)
+        self.path = Path(name)
+        self.size = _PAGE      # the header's page
+        self.where = {}        # id(array) -> its offset in the file
+        self.arrays = []       # kept alive while their ids are keys
+
+    def _grow(self, n: int) -> int:
+        """The offset of n more bytes at the end of the file, its blocks
+        allocated now (a mapped page the disk has no room for would be a
+        SIGBUS when written; this is an OSError)."""
+        at, self.size = self.size, self.size + n
+        if hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(self.fd, at, n)
+        else:
+            os.ftruncate(self.fd, self.size)
+        return at
+
+    def buffer(self, nbytes: int) -> np.ndarray:
+        n = max(_PAGE, (nbytes + _PAGE - 1) // _PAGE * _PAGE)
+        at = self._grow(n)
+        arr = np.frombuffer(mmap.mmap(self.fd, n, offset=at), np.uint8, nbytes)
+        self.where[id(arr)] = at
+        self.arrays.append(arr)
+        return arr
+
+    def finish(self, k: dict, tree, extra: dict) -> bytes:
+        """Put the arrays of tree not made here after the others, and the
+        manifest after all: the manifest, its header left to _seal."""
+        arrays = []
+        _leaves(tree, arrays)
+        at = self.size
+        tail = []
+        for a in arrays:
+            if id(a) not in self.where:
+                self.where[id(a)] = at
+                tail.append(a)
+                at = (at + a.nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+        if at > self.size:
+            self._grow(at - self.size)
+        for a in tail:
+            os.pwrite(self.fd, memoryview(np.ascontiguousarray(a)).cast("B"), self.where[id(a)])
+        where = {i: o - _PAGE for i, o in self.where.items()}
+        manifest = json.dumps({"key": k, "tree": _encode(tree, where), "extra": extra}).encode()
+        os.pwrite(self.fd, manifest, self.size)
+        self.arrays = []
+        return manifest
+
+    def discard(self) -> None:
+        self.arrays = []
+        os.close(self.fd)
+        _unlink(self.path)
 
 
-def _seal(tmp: Path, path: Path, manifest: bytes, data_offset: int) -> None:
-    """Checksum the data of the file _write wrote (once the packed arrays
+def _seal(arena: _Arena, path: Path, manifest: bytes) -> None:
+    """Checksum the data of the file the arena made (once the packed arrays
     are gone: its pages are then all the memory they take), write its
     header and rename it into place, read-only."""
     try:
-        with open(tmp, "r+b") as f:
-            size = os.fstat(f.fileno()).st_size
-            with mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as m:
-                view = memoryview(m)
-                data_sum = _core.checksum(view[data_offset:])
-                view.release()
-            head = _HEAD.pack(MAGIC, FORMAT, len(manifest), data_offset, size - data_offset, data_sum,
-                              _core.checksum(manifest))
-            head += struct.pack("<Q", _core.checksum(head))
-            f.write(head + b"\0" * (_HEAD_BYTES - len(head)) + manifest)
-        os.chmod(tmp, 0o444)
-        os.replace(tmp, path)
+        data_bytes = arena.size - _PAGE
+        with mmap.mmap(arena.fd, arena.size, prot=mmap.PROT_READ) as m:
+            view = memoryview(m)
+            data_sum = _core.checksum(view[_PAGE:])
+            view.release()
+        head = _HEAD.pack(MAGIC, FORMAT, len(manifest), _PAGE, data_bytes, data_sum, _core.checksum(manifest))
+        head += struct.pack("<Q", _core.checksum(head))
+        os.pwrite(arena.fd, head, 0)
+        os.close(arena.fd)
+        os.chmod(arena.path, 0o444)
+        os.replace(arena.path, path)
     except BaseException:
-        _unlink(tmp)
+        arena.discard()
         raise
 
 
@@ -251,10 +285,12 @@ def _read_manifest(f, size: int) -> tuple:
         raise CacheInvalid("its header is damaged")
     if fmt != FORMAT:
         raise CacheInvalid(f"written in format {fmt}, this fastllm reads {FORMAT}")
-    if n_manifest > _MAX_MANIFEST or data_offset < _HEAD_BYTES + n_manifest or data_offset % _PAGE:
+    if n_manifest > _MAX_MANIFEST or data_offset < _HEAD_BYTES or data_offset % _PAGE:
         raise CacheInvalid("its header is inconsistent")
-    if data_offset + data_bytes != size:
-        raise CacheInvalid(f"{size} bytes, but its header says {data_offset + data_bytes}: cut short or grown")
+    if data_offset + data_bytes + n_manifest != size:
+        raise CacheInvalid(f"{size} bytes, but its header says {data_offset + data_bytes + n_manifest}: "
+                           f"cut short or grown")
+    f.seek(data_offset + data_bytes)
     raw = f.read(n_manifest)
     if len(raw) != n_manifest or _core.checksum(raw) != manifest_sum:
         raise CacheInvalid("its manifest is damaged")
@@ -331,7 +367,7 @@ def _map(path: Path, want: dict, check=None) -> tuple:
                                "fastllm build or machine")
         flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
         buf = mmap.mmap(f.fileno(), size, flags=flags, prot=mmap.PROT_READ)
-    if _core.checksum(memoryview(buf)[data_offset:]) != data_sum:
+    if _core.checksum(memoryview(buf)[data_offset:data_offset + data_bytes]) != data_sum:
         raise CacheInvalid("its data is damaged")
     tree = _decode(manifest.get("tree"), buf, data_offset, data_bytes)
     if check is not None:
@@ -456,21 +492,44 @@ def load(sources: list, options: dict, build, use: bool = True, check=None) -> t
         if tree is not None:
             _replay(extra.get("warnings", []))
             return tree, extra, path
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            tree, extra = build()
+        arena = _arena(path)
+        try:
+            with warnings.catch_warnings(record=True) as caught, \
+                    _core.packing_into(arena.buffer if arena else None):
+                warnings.simplefilter("always")
+                tree, extra = build()
+        except OSError as e:
+            if arena is None or not _about(e, arena):
+                raise
+            # The cache file could not grow (a full disk): packed in memory instead.
+            arena.discard()
+            arena = None
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                tree, extra = build()
+        except BaseException:
+            if arena:
+                arena.discard()
+            raise
         extra = dict(extra, warnings=[[w.category.__module__, w.category.__qualname__, str(w.message)]
                                       for w in caught])
         try:
-            tmp, manifest, data_offset = _write(path, want, tree, extra)
+            if arena is None:
+                raise OSError(f"cannot write into {path.parent}")
+            manifest = arena.finish(want, tree, extra)
             # The packed arrays are dropped for the file's pages: shared with
             # every other process that maps it, and never in memory twice.
             tree = None
             _give_back_freed_memory()
-            _seal(tmp, path, manifest, data_offset)
+            _seal(arena, path, manifest)
+            arena = None
             tree, extra = _map(path, want, check)
             written = path
         except (OSError, CacheInvalid, TypeError, ValueError) as e:
+            if arena is not None:
+                if tree is not None:
+                    tree = _copied(tree)   # off the pages of the file about to go
+                arena.discard()
             warnings.warn(f"the packed weights could not be cached in {path.parent} ({e}); "
                           f"the next load packs them again", PackCacheWarning, stacklevel=3)
             if tree is None:   # dropped, and not readable back
@@ -479,6 +538,35 @@ def load(sources: list, options: dict, build, use: bool = True, check=None) -> t
     if written is not None:
         _collect_garbage(written)
     return tree, extra, written
+
+
+def _about(e: OSError, arena: "_Arena") -> bool:
+    """Whether e came from the arena's file (not from reading the source)."""
+    return e.filename is None or Path(e.filename) == arena.path
+
+
+def _arena(path: Path):
+    """An _Arena beside path, or None where none can be made there."""
+    try:
+        return _Arena(path)
+    except OSError:
+        return None
+
+
+def _copied(tree):
+    """tree with its arrays (and matrices' data) copied into memory of the process's own."""
+    if isinstance(tree, _core.Matrix):
+        data = np.array(tree.data)
+        if tree.packed:
+            return _core.packed_matrix(data, tree.dtype, tree.N, tree.K, tree.experts)
+        return _core.rows(data, tree.dtype, tree.K)
+    if isinstance(tree, np.ndarray):
+        return np.array(tree)
+    if isinstance(tree, dict):
+        return {k: _copied(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_copied(v) for v in tree]
+    return tree
 
 
 def _give_back_freed_memory() -> None:

@@ -122,8 +122,8 @@ def reseal(data: bytes) -> bytes:
     if len(data) < 64:
         return data
     magic, fmt, n_manifest, data_offset, data_bytes, _, _ = pack_cache._HEAD.unpack_from(data)
-    manifest = data[64:64 + n_manifest]
-    body = data[data_offset:] if data_offset <= len(data) else b""
+    manifest = data[data_offset + data_bytes:data_offset + data_bytes + n_manifest]
+    body = data[data_offset:data_offset + data_bytes]
     head = pack_cache._HEAD.pack(magic, fmt, n_manifest, data_offset, data_bytes,
                                  _core.checksum(np.frombuffer(body, np.uint8)),
                                  _core.checksum(np.frombuffer(manifest, np.uint8)))
