@@ -656,6 +656,11 @@ cdef class Weights:
     def seq_len(self):
         return self.cfg.seq_len
 
+    def work_bytes(self, int max_batch, int max_threads=0):
+        """Bytes of the work buffers of a State for passes of up to max_batch tokens."""
+        max_threads = max(max_threads, self._n_threads, os.cpu_count() or 1)
+        return flm.flm_state_work_floats(&self.cfg, max_batch, max_threads) * 4
+
     @property
     def kv_dtype(self):
         """Storage of the KV cache: "f32", "bf16" or "f16"."""

@@ -38,6 +38,22 @@ ACTIVATIONS = ("int8", "f32")
 KV_DTYPES = ("f32", "bf16", "f16")
 
 
+# A State's work buffers hold every intermediate of a pass for each of its
+# tokens: a long prompt runs in passes of as many tokens as fit in this many
+# bytes of them (512 at most), not all at once. On a 2B shape a pass of 256
+# tokens costs the same CPU time per token as one of 512, one of 128 about 3%
+# more (benchmarks/forward_speed.c).
+WORK_BUFFER_BYTES = 64 << 20
+
+
+def pass_tokens(weights: _core.Weights) -> int:
+    """Tokens per pass whose work buffers fit WORK_BUFFER_BYTES (64 at least)."""
+    for n in (512, 256, 128):
+        if weights.work_bytes(n) <= WORK_BUFFER_BYTES:
+            return n
+    return 64
+
+
 class ContextFullWarning(UserWarning):
     """Generation stopped because the context (n_ctx tokens) is full."""
 
@@ -235,7 +251,7 @@ class Model:
 
     @classmethod
     def from_pretrained(cls, path=None, n_ctx: int | None = None, threads: int | None = None,
-                        dtype: str | None = None, max_batch: int = 512, kv_dtype: str = "f32",
+                        dtype: str | None = None, max_batch: int | None = None, kv_dtype: str = "f32",
                         activations: str = "int8", filename: str | None = None,
                         pack_cache: bool | None = None) -> "Model":
         """Load a HF model folder (config.json, model.safetensors, tokenizer.json),
@@ -258,6 +274,8 @@ class Model:
         activations: what quantized weights multiply: "int8" blocks of the
         activations (fast), or "f32" activations with the exact dequantized
         weights (the results of the dequantized float32 model, bit for bit).
+        max_batch: tokens per forward pass (a longer prompt runs in several);
+        None: as many as fit WORK_BUFFER_BYTES of work buffers, at most 512.
         pack_cache: keep the packed weights in a file under $FASTLLM_HOME
         and map it on later loads (see fastllm.pack_cache); None: unless
         FASTLLM_PACK_CACHE=0."""
@@ -285,7 +303,7 @@ class Model:
         if not native:
             check_sizes(config, folder)
         seq_len = context_size(config, n_ctx, kv_dtype, threads)
-        if not _whole(max_batch) or not 1 <= max_batch <= 1 << 16:
+        if max_batch is not None and (not _whole(max_batch) or not 1 <= max_batch <= 1 << 16):
             raise ValueError(f"max_batch must be a whole number from 1 to 65536, got {max_batch!r}")
 
         # A folder without tokenizer.json still runs on token ids (logits,
@@ -301,6 +319,8 @@ class Model:
         if native:   # named by the type that holds most of the parameters
             dtype = max(types, key=types.get)
         weights = _core.Weights(config, arrays, seq_len, threads, kv_dtype, activations == "f32")
+        if max_batch is None:
+            max_batch = pass_tokens(weights)
         model = cls(weights, config, tokenizer, folder, dtype, end_of_generation_ids(gen_config, config, tokenizer),
                     gen_config, max_batch, name=model_name(source), source=source)
         model.pack_cache_file = cached

@@ -486,7 +486,7 @@ def load(sources: list, options: dict, build, use: bool = True, check=None) -> t
             tree, extra = _map(path, want, check)
         except CacheInvalid as e:
             if os.path.lexists(path):
-                sys.stderr.write(f"fastllm: the packed weights in {path} cannot be used ({e}); packing again\n")
+                sys.stderr.write(f"fastllm: the cache file {path} cannot be used ({e}); making it again\n")
         except OSError:
             pass
         if tree is not None:
@@ -530,8 +530,8 @@ def load(sources: list, options: dict, build, use: bool = True, check=None) -> t
                 if tree is not None:
                     tree = _copied(tree)   # off the pages of the file about to go
                 arena.discard()
-            warnings.warn(f"the packed weights could not be cached in {path.parent} ({e}); "
-                          f"the next load packs them again", PackCacheWarning, stacklevel=3)
+            warnings.warn(f"{path.name} could not be cached in {path.parent} ({e}); "
+                          f"the next load makes it again", PackCacheWarning, stacklevel=3)
             if tree is None:   # dropped, and not readable back
                 tree, extra = build()
     _replay(extra.get("warnings", []))
