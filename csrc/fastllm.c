@@ -249,8 +249,10 @@ static int chunk_of(int items) { return imax(1, items / (num_threads() * 16)); }
 
 /* Panels per parallel work item: a batch of tokens wants several panels in
  * cache at once (4 x 16 rows of 576 fp32 are 147 KB, at home in L2);
- * decoding streams each panel once, and one-panel items balance threads. */
-static int item_panels(int T) { return T >= 6 ? 4 : 1; }
+ * decoding streams each panel once, in calls of 4 panels rather than one,
+ * so that the calls' own cost stays small beside a panel's few microseconds
+ * (threads are balanced by handing out chunks of items as they come free). */
+static int item_panels(int T) { (void)T; return 4; }
 
 /* Tokens per work item (a whole number of the gemm's token tiles):
  * splitting a long prompt too evens out the threads when a matrix has few

@@ -170,6 +170,16 @@ static inline __attribute__((always_inline)) void put_records(uint8_t *sbp, cons
                 const uint32_t lo = rd32(&u[r][32 * i + 8 * g]), hi = rd32(&u[r][32 * i + 8 * g + 4]);
                 wr32(rec + (g * 16 + r) * 4, (lo & 0x0F0F0F0Fu) | (hi & 0x0F0F0F0Fu) << 4);
             }
+        if (q->bits == 6) {
+            /* byte 4r+j of vector h, bits 2c..2c+1: the top bits of row r's quant k = 4(4h+c)+j */
+            for (int h = 0; h < 2; h++)
+                for (int r = 0; r < PANEL; r++) {
+                    uint32_t w = 0;
+                    for (int c = 0; c < 4; c++) w |= (rd32(&u[r][32 * i + 16 * h + 4 * c]) >> 4 & 0x03030303u) << 2 * c;
+                    wr32(rec + 256 + 64 * h + 4 * r, w);
+                }
+            continue;
+        }
         for (int plane = 0; plane < q->bits - 4; plane++) {
             /* bit k of bits[r]: bit 4+plane of row r's quant k */
             uint32_t bits[PANEL];
@@ -258,6 +268,12 @@ static void unpack_record(uint8_t *u, const uint8_t *rec, const FlmQuantType *q)
                 u[r * 32 + 8 * g + j] = b & 0xF;
                 u[r * 32 + 8 * g + 4 + j] = b >> 4;
             }
+        if (q->bits == 6) {
+            for (int m = 0; m < 8; m++)
+                for (int j = 0; j < 4; j++)
+                    u[r * 32 + 4 * m + j] |= (uint8_t)((rec[256 + 64 * (m / 4) + 4 * r + j] >> 2 * (m % 4) & 3) << 4);
+            continue;
+        }
         for (int plane = 0; plane < q->bits - 4; plane++)
             for (int m = 0; m < 8; m++)
                 for (int j = 0; j < 4; j++) {
@@ -347,7 +363,11 @@ void flm_quant_packed_row(float *out, const void *wp, int r, int K, int type) {
                     u[8 * g + 4 + j] = byte >> 4;
                 }
             }
-        for (int plane = 0; plane < q->bits - 4 && q->bits < 8; plane++)
+        if (q->bits == 6)
+            for (int m = 0; m < 8; m++)
+                for (int j = 0; j < 4; j++)
+                    u[4 * m + j] |= (uint8_t)((rec[256 + 64 * (m / 4) + 4 * i16 + j] >> 2 * (m % 4) & 3) << 4);
+        for (int plane = 0; plane < q->bits - 4 && q->bits == 5; plane++)
             for (int m = 0; m < 8; m++)
                 for (int j = 0; j < 4; j++) {
                     const int bit = 4 * i16 + j;
@@ -489,6 +509,21 @@ INLINE AVX512VNNI void unpack16(__m512i v[8], const uint8_t *rec, const int bits
         const __m512i x = _mm512_loadu_si512((const void *)(rec + 64 * g));
         v[2 * g] = _mm512_and_si512(x, low);
         v[2 * g + 1] = _mm512_and_si512(_mm512_srli_epi16(x, 4), low);
+    }
+    if (bits == 6) {
+        /* Both top bits of 4 groups from one vector: a shift (16-bit lanes;
+         * what crosses into a byte from its neighbour is masked off) and
+         * one ternary OR-with-mask each. */
+        const __m512i top = _mm512_set1_epi8(0x30);
+        _Pragma("GCC unroll 2")
+        for (int h = 0; h < 2; h++) {
+            const __m512i c = _mm512_loadu_si512((const void *)(rec + 256 + 64 * h));
+            v[4 * h] = _mm512_ternarylogic_epi32(v[4 * h], _mm512_slli_epi16(c, 4), top, 0xF8);
+            v[4 * h + 1] = _mm512_ternarylogic_epi32(v[4 * h + 1], _mm512_slli_epi16(c, 2), top, 0xF8);
+            v[4 * h + 2] = _mm512_ternarylogic_epi32(v[4 * h + 2], c, top, 0xF8);
+            v[4 * h + 3] = _mm512_ternarylogic_epi32(v[4 * h + 3], _mm512_srli_epi16(c, 2), top, 0xF8);
+        }
+        return;
     }
     _Pragma("GCC unroll 8")
     for (int plane = 0; plane < bits - 4; plane++) {
@@ -657,6 +692,18 @@ INLINE AVX2 void unpack8(__m256i v[8], const uint8_t *rec, const int bits, int h
         const __m256i x = _mm256_loadu_si256((const __m256i *)(rec + 64 * g + 32 * h));
         v[2 * g] = _mm256_and_si256(x, low);
         v[2 * g + 1] = _mm256_and_si256(_mm256_srli_epi16(x, 4), low);
+    }
+    if (bits == 6) {
+        const __m256i top = _mm256_set1_epi8(0x30);
+        _Pragma("GCC unroll 2")
+        for (int g = 0; g < 2; g++) {
+            const __m256i c = _mm256_loadu_si256((const __m256i *)(rec + 256 + 64 * g + 32 * h));
+            v[4 * g] = _mm256_or_si256(v[4 * g], _mm256_and_si256(_mm256_slli_epi16(c, 4), top));
+            v[4 * g + 1] = _mm256_or_si256(v[4 * g + 1], _mm256_and_si256(_mm256_slli_epi16(c, 2), top));
+            v[4 * g + 2] = _mm256_or_si256(v[4 * g + 2], _mm256_and_si256(c, top));
+            v[4 * g + 3] = _mm256_or_si256(v[4 * g + 3], _mm256_and_si256(_mm256_srli_epi16(c, 2), top));
+        }
+        return;
     }
     /* Byte i of a vector takes bit i of its 32 mask bits. */
     const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
