@@ -154,19 +154,26 @@ def path_for(sources: list, options: dict) -> Path:
 
 # -------------------------------------------------------- writing a file
 
-def _leaves(tree, out: list):
-    """The arrays of tree (a load_*_weights result), each once, in order."""
+def _leaves(tree, out: dict):
+    """The arrays of tree (a load_*_weights result), each once, in order (by id)."""
     if isinstance(tree, _core.Matrix):
         _leaves(tree.data, out)
     elif isinstance(tree, np.ndarray):
-        if not any(a is tree for a in out):
-            out.append(tree)
+        out.setdefault(id(tree), tree)
     elif isinstance(tree, dict):
         for v in tree.values():
             _leaves(v, out)
     elif isinstance(tree, (list, tuple)):
         for v in tree:
             _leaves(v, out)
+
+
+def _pwrite(fd: int, data, at: int) -> None:
+    """All of data at offset at (one write may take less)."""
+    view = memoryview(data).cast("B")
+    while len(view):
+        n = os.pwrite(fd, view, at)
+        view, at = view[n:], at + n
 
 
 def _encode(tree, where: dict):
@@ -224,11 +231,11 @@ class _Arena:
     def finish(self, k: dict, tree, extra: dict) -> bytes:
         """Put the arrays of tree not made here after the others, and the
         manifest after all: the manifest, its header left to _seal."""
-        arrays = []
+        arrays = {}
         _leaves(tree, arrays)
         at = self.size
         tail = []
-        for a in arrays:
+        for a in arrays.values():
             if id(a) not in self.where:
                 self.where[id(a)] = at
                 tail.append(a)
@@ -236,10 +243,10 @@ class _Arena:
         if at > self.size:
             self._grow(at - self.size)
         for a in tail:
-            os.pwrite(self.fd, memoryview(np.ascontiguousarray(a)).cast("B"), self.where[id(a)])
+            _pwrite(self.fd, np.ascontiguousarray(a), self.where[id(a)])
         where = {i: o - _PAGE for i, o in self.where.items()}
         manifest = json.dumps({"key": k, "tree": _encode(tree, where), "extra": extra}).encode()
-        os.pwrite(self.fd, manifest, self.size)
+        _pwrite(self.fd, manifest, self.size)
         self.arrays = []
         return manifest
 
@@ -261,7 +268,7 @@ def _seal(arena: _Arena, path: Path, manifest: bytes) -> None:
             view.release()
         head = _HEAD.pack(MAGIC, FORMAT, len(manifest), _PAGE, data_bytes, data_sum, _core.checksum(manifest))
         head += struct.pack("<Q", _core.checksum(head))
-        os.pwrite(arena.fd, head, 0)
+        _pwrite(arena.fd, head, 0)
         os.close(arena.fd)
         os.chmod(arena.path, 0o444)
         os.replace(arena.path, path)
