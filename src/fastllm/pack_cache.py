@@ -47,7 +47,7 @@ except ImportError:   # Windows: no lock; the rename alone keeps files whole
 
 # Bumped when the file's format, or what load_weights/load_gguf_weights put
 # in a model's arrays, changes (the code digest below catches the rest).
-FORMAT = 1
+FORMAT = 2
 MAGIC = b"FLMPACK\0"
 SUFFIX = ".flmpack"
 # magic, format, manifest bytes, data offset, data bytes, data checksum,
