@@ -15,7 +15,8 @@ speed: each repetition reads `membw` at every thread count, then runs every
 (file, threads) case once per engine, each run a process of its own, the
 engine that goes first alternating (gguf_speed.py's runners: fastllm's
 scale_worker.py on the file at its own types, int8 activations, f32 KV
-cache, its packed weights mapped from the cache; `llama-bench -r 1` with its
+cache, its packed weights mapped from the cache, made before the first
+run; `llama-bench -r 1` with its
 defaults). Medians of the repetitions, their ratios, each engine's decode
 as a share of the ceiling the median bandwidth sets for the bytes of the
 file's matrices, and fastllm's peak RSS against the file's size, its KV
@@ -147,6 +148,8 @@ def speed(files, args, env, report):
     threads = [int(t) for t in args.threads.split(",")]
     runs, bw = {}, {t: [] for t in threads}
     os.environ.update(env)
+    for path in files:   # the packed-weights cache made, so that every timed run maps it
+        fastllm_load(path, threads[0], env)
     for rep in range(args.reps):
         for t in threads:
             bw[t].append(membw.measure(exe, t))
