@@ -74,7 +74,10 @@ static size_t lin_state_floats(const FlmConfig *c) {
     return (size_t)conv_dim(c) * imax(c->conv_kernel - 1, 0)
          + (size_t)c->lin_v_heads * c->lin_k_dim * c->lin_v_dim;
 }
-static int mixer_dim(const FlmConfig *c) { return imax(c->dim, imax(q_dim(c), lin_value_dim(c))); }
+/* Width of xb: a mixer's input or output, or a nextn model's joined input. */
+static int mixer_dim(const FlmConfig *c) {
+    return imax((c->nextn ? 2 : 1) * c->dim, imax(q_dim(c), lin_value_dim(c)));
+}
 /* Width of the dense MLP's (or the shared expert's) hidden buffers. */
 static int mlp_dim(const FlmConfig *c) { return imax(c->hidden_dim, c->shared_dim); }
 /* Rows of the work buffers a matmul input may fill: a token per expert it chose. */
@@ -124,6 +127,13 @@ static void *kv_elem(const FlmConfig *c, void *base, size_t i) { return (char *)
 static size_t layer_kv(const FlmConfig *c) { return seq_cap(c) * kv_dim(c); }
 static size_t kv_floats(const FlmConfig *c) { return (2 * c->n_layers * layer_kv(c) * kv_size(c) + 3) / 4; }
 
+size_t flm_state_saved_floats(const FlmConfig *c) {
+    return c->lin_v_heads ? c->n_layers * lin_state_floats(c) : 0;
+}
+size_t flm_state_keep_floats(const FlmConfig *c, int keep_rows) {
+    return c->lin_v_heads ? (size_t)c->n_layers * keep_rows * (conv_dim(c) + 2 * (size_t)c->lin_v_heads) : 0;
+}
+
 size_t flm_state_cache_floats(const FlmConfig *c) {
     return c->n_layers * lin_state_floats(c) + kv_floats(c);
 }
@@ -168,6 +178,10 @@ void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, int max_thre
     s->trace_tokens = s->trace_offset = 0;
     s->rope_long = 0;
     s->profile = NULL;
+    s->hidden = s->lin_saved = s->lin_keep = NULL;
+    s->nextn_h = NULL;
+    s->keep_rows = s->keep = 0;
+    s->kept = -1;
     s->lin_state = cache;
     s->key_cache = cache + c->n_layers * lin_state_floats(c);
     s->value_cache = kv_elem(c, s->key_cache, c->n_layers * layer_kv(c));
@@ -598,22 +612,80 @@ static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
  *   S = exp(g) S;  S += k (x) beta (v - S^T k);  o = S^T q,
  * and a gated RMSNorm. The recurrence runs token by token, so a prompt in
  * one call and the same tokens one at a time give identical results.
- * Reads xb, leaves the layer's output in xb2. */
+ * Rows of s->lin are [q | k | v | b | a], conv_dim + 2*Hv floats. */
+static int lin_row(const FlmConfig *c) { return conv_dim(c) + 2 * c->lin_v_heads; }
+/* A sequence's conv windows (K-1, conv_dim) and delta-rule states (Hv, dk, dv)
+ * of layer l, in a buffer laid out as lin_state. */
+static float *conv_state(const FlmConfig *c, float *lin_state, int l) { return lin_state + l * lin_state_floats(c); }
+static float *delta_state(const FlmConfig *c, float *lin_state, int l) {
+    return conv_state(c, lin_state, l) + (size_t)conv_dim(c) * imax(c->conv_kernel - 1, 0);
+}
+
+/* The recurrence of key head kh over rows t0 .. t0+n-1 of lin (after the
+ * conv): l2-normalise q and k (q also takes the 1/sqrt(dk) scale), then
+ * the delta rule of each value head that reads this key head, its output
+ * at out + t*vd + h*dv; with gate, the gated RMSNorm too, silu(z) * (w *
+ * norm(o)) left in z's place. */
+static void recurrence(const FlmConfig *c, const FlmLayer *L, float *S0, float *lin, int t0, int n, int kh,
+                       float *out, float *gate) {
+    const int hk = c->lin_k_heads, hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
+    const int kd = lin_key_dim(c), vd = lin_value_dim(c), cd = conv_dim(c), ld = lin_row(c), group = hv / hk;
+    /* This key head's first value head, and the stride to its next. */
+    const int h0 = c->lin_v_tiled ? kh : kh * group, step = c->lin_v_tiled ? hk : 1;
+    for (int t = t0; t < t0 + n; t++) {
+        float *row = lin + (size_t)t * ld, *q = row + kh * dk, *k = row + kd + kh * dk;
+        const float qs = l2_scale(q, dk), ks = l2_scale(k, dk), scale = 1.0f / sqrtf((float)dk);
+        for (int d = 0; d < dk; d++) q[d] = (q[d] * qs) * scale;
+        for (int d = 0; d < dk; d++) k[d] *= ks;
+        for (int h = h0; h < h0 + group * step; h += step) {
+            const float *v = row + 2 * kd + h * dv;
+            float beta = sigmoid(row[cd + h]);
+            float decay = expf(L->lin_A[h] * softplus(row[cd + hv + h] + L->dt_bias[h]));
+            float *o = out + (size_t)t * vd + h * dv;
+            flm_kernels->delta_rule(S0 + (size_t)h * dk * dv, q, k, v, beta, decay, dk, dv, o);
+            if (gate) {
+                float *z = gate + (size_t)t * vd + h * dv;
+                rmsnorm(o, o, L->lin_norm, dv, c->norm_eps);
+                flm_kernels->silu_mul(z, o, dv);
+            }
+        }
+    }
+}
+
+/* Whether this pass keeps what flm_state_rollback needs of seq (the caller
+ * asked for it, and the pass fits the buffers). */
+static int keeps(const FlmSeq *seq) {
+    const FlmState *st = seq->state;
+    return st->keep && st->lin_saved && st->lin_keep && seq->n <= st->keep_rows;
+}
+
+/* Reads xb, leaves the layer's output in xb2. */
 static void linear_attention(const FlmConfig *c, const FlmLayer *L, FlmState *s, const FlmSeq *seqs,
-                             int n_seqs, int l, int T) {
+                             int n_seqs, int l, int T, int any_keeps) {
     const int dim = c->dim, hk = c->lin_k_heads, hv = c->lin_v_heads;
     const int dk = c->lin_k_dim, dv = c->lin_v_dim, K = c->conv_kernel;
-    const int kd = lin_key_dim(c), vd = lin_value_dim(c), cd = conv_dim(c);
-    const int ld = cd + 2 * hv; /* row of s->lin: [q | k | v | b | a] */
-    /* Sequence k's conv windows (K-1, cd) and delta-rule states (hv, dk, dv)
-     * in layer l; a sequence at position 0 starts them afresh, in the loops
-     * that use them (no pass of its own: one barrier less). */
-#define CONV_STATE(k) (seqs[k].state->lin_state + l * lin_state_floats(c))
-#define DELTA_STATE(k) (CONV_STATE(k) + (size_t)cd * (K - 1))
+    const int vd = lin_value_dim(c), cd = conv_dim(c);
+    const int ld = lin_row(c);
+    /* Sequence k's conv windows and delta-rule states in layer l; a
+     * sequence at position 0 starts them afresh, in the loops that use them
+     * (no pass of its own: one barrier less). A sequence that keeps for a
+     * rollback saves them there too, as they were before this pass. */
+#define CONV_STATE(k) conv_state(c, seqs[k].state->lin_state, l)
+#define DELTA_STATE(k) delta_state(c, seqs[k].state->lin_state, l)
     MatJob jobs[4] = {{s->lin, L->w_qkv, NULL, cd, ld}, {s->gate, L->w_z, NULL, vd, vd},
                       {s->lin + cd, L->w_b, NULL, hv, ld}, {s->lin + cd + hv, L->w_a, NULL, hv, ld}};
     matmul_multi(s, s->xb, T, dim, jobs, 4, c->float_acts);
     mark(s, FLM_PHASE_QKV);
+
+    if (any_keeps) {   /* the rows of the sequences that keep, before the conv changes them */
+#pragma omp for schedule(static)
+        for (int t = 0; t < T; t++) {
+            const FlmSeq *q = &seqs[s->row_seq[t]];
+            if (keeps(q))
+                memcpy(q->state->lin_keep + ((size_t)l * q->state->keep_rows + s->row_pos[t] - q->pos) * ld,
+                       s->lin + (size_t)t * ld, sizeof(float) * ld);
+        }
+    }
 
     /* Conv over the window of the last K-1 inputs (K-1 rows of cd), 16
      * channels per item, each sequence's rows (consecutive) in order. */
@@ -623,48 +695,67 @@ static void linear_attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
         for (int k = 0, t0 = 0; k < n_seqs; t0 += seqs[k++].n) {
             for (int j = 0; j < K - 1 && seqs[k].pos == 0; j++)
                 memset(CONV_STATE(k) + (size_t)j * cd + ch, 0, sizeof(float) * n);
+            if (keeps(&seqs[k]))
+                for (int j = 0; j < K - 1; j++)
+                    memcpy(conv_state(c, seqs[k].state->lin_saved, l) + (size_t)j * cd + ch,
+                           CONV_STATE(k) + (size_t)j * cd + ch, sizeof(float) * n);
             flm_kernels->conv_silu(s->lin + (size_t)t0 * ld + ch, ld, seqs[k].n, CONV_STATE(k) + ch, cd,
                                    L->conv_w + (size_t)ch * K, K, n);
         }
     }
 
-    /* Per sequence and key head, token by token: l2-normalise q and k (q
-     * also takes the 1/sqrt(dk) scale), then the delta rule of each value
-     * head that reads this key head. */
+    /* Per sequence and key head, token by token. */
     const int group = hv / hk;
 #pragma omp for schedule(static)
     for (int i = 0; i < n_seqs * hk; i++) {
         const int k = i / hk, kh = i % hk;
         float *S0 = DELTA_STATE(k);
-        /* This key head's first value head, and the stride to its next. */
         const int h0 = c->lin_v_tiled ? kh : kh * group, step = c->lin_v_tiled ? hk : 1;
-        for (int j = 0; j < group && seqs[k].pos == 0; j++)
-            memset(S0 + (size_t)(h0 + j * step) * dk * dv, 0, sizeof(float) * dk * dv);
+        for (int j = 0; j < group; j++) {
+            const size_t at = (size_t)(h0 + j * step) * dk * dv;
+            if (seqs[k].pos == 0) memset(S0 + at, 0, sizeof(float) * dk * dv);
+            if (keeps(&seqs[k]))
+                memcpy(delta_state(c, seqs[k].state->lin_saved, l) + at, S0 + at, sizeof(float) * dk * dv);
+        }
         int t0 = 0;
         for (int j = 0; j < k; j++) t0 += seqs[j].n;
-        for (int t = t0; t < t0 + seqs[k].n; t++) {
-            float *row = s->lin + (size_t)t * ld, *q = row + kh * dk, *k = row + kd + kh * dk;
-            const float qs = l2_scale(q, dk), ks = l2_scale(k, dk), scale = 1.0f / sqrtf((float)dk);
-            for (int d = 0; d < dk; d++) q[d] = (q[d] * qs) * scale;
-            for (int d = 0; d < dk; d++) k[d] *= ks;
-            for (int h = h0; h < h0 + group * step; h += step) {
-                const float *v = row + 2 * kd + h * dv;
-                float beta = sigmoid(row[cd + h]);
-                float decay = expf(L->lin_A[h] * softplus(row[cd + hv + h] + L->dt_bias[h]));
-                float *o = s->xb + (size_t)t * vd + h * dv;
-                flm_kernels->delta_rule(S0 + (size_t)h * dk * dv, q, k, v, beta, decay, dk, dv, o);
-                /* Gated RMSNorm: silu(z) * (w * norm(o)), left in z's place. */
-                float *z = s->gate + (size_t)t * vd + h * dv;
-                rmsnorm(o, o, L->lin_norm, dv, c->norm_eps);
-                flm_kernels->silu_mul(z, o, dv);
-            }
-        }
+        recurrence(c, L, S0, s->lin, t0, seqs[k].n, kh, s->xb, s->gate);
     }
 #undef CONV_STATE
 #undef DELTA_STATE
     mark(s, FLM_PHASE_RECURRENCE);
     matmul(c, s, s->xb2, s->gate, L->w_out, NULL, T, vd, dim);
     mark(s, FLM_PHASE_OUT_PROJ);
+}
+
+int flm_state_rollback(const FlmConfig *c, const FlmWeights *w, FlmState *s, FlmState *work, int n,
+                       int n_threads) {
+    if (s->kept < 0 || n < 0 || n > s->kept || n > work->max_batch) return -1;
+    if (n == s->kept) return 0;
+    if (!kernels_ready) { flm_kernels_init(); kernels_ready = 1; }
+    if (n_threads < 1) n_threads = 1;
+    if (n_threads > work->max_threads) n_threads = work->max_threads;
+    const int ld = lin_row(c), cd = conv_dim(c), K = c->conv_kernel, hk = c->lin_k_heads;
+    for (int l = 0; l < c->n_layers; l++) {
+        const FlmLayer *L = &w->layers[l];
+        if (L->kind != FLM_LINEAR_ATTENTION) continue;
+        float *conv = conv_state(c, s->lin_state, l), *S = delta_state(c, s->lin_state, l);
+        memcpy(conv, conv_state(c, s->lin_saved, l), sizeof(float) * lin_state_floats(c));
+        if (n == 0) continue;
+        memcpy(work->lin, s->lin_keep + (size_t)l * s->keep_rows * ld, sizeof(float) * n * ld);
+#pragma omp parallel num_threads(n_threads)
+        {
+#pragma omp for schedule(static)
+            for (int ch = 0; ch < cd; ch += 16)
+                flm_kernels->conv_silu(work->lin + ch, ld, n, conv + ch, cd, L->conv_w + (size_t)ch * K, K,
+                                       imin(16, cd - ch));
+#pragma omp for schedule(static)
+            for (int kh = 0; kh < hk; kh++)
+                recurrence(c, L, S, work->lin, 0, n, kh, work->xb, NULL);
+        }
+    }
+    s->kept = n;
+    return 0;
 }
 
 /* ---------------------------------------------------- mixture of experts
@@ -1062,18 +1153,33 @@ static void per_layer_input(const FlmConfig *c, const FlmLayer *L, FlmState *s, 
     }
 }
 
+/* The row of the work buffers of the r-th token whose logits a pass
+ * gives: sequence after sequence, the last n_logits tokens of each. */
+static int logit_row(const FlmSeq *seqs, int n_seqs, int r) {
+    for (int k = 0, t0 = 0; k < n_seqs; t0 += seqs[k++].n) {
+        if (r < seqs[k].n_logits) return t0 + seqs[k].n - seqs[k].n_logits + r;
+        r -= seqs[k].n_logits;
+    }
+    return -1;
+}
+
 /* One pass over the weights for the tokens of n_seqs sequences, row after
- * row in s's work buffers. logits (when not NULL) gets the logits of each
- * sequence's last token, or with all_logits (one sequence) of every token. */
+ * row in s's work buffers. logits (when not NULL) gets the logits of the
+ * last n_logits tokens of every sequence, in order. */
 static void forward_rows(const FlmConfig *c, const FlmWeights *w, FlmState *s, const FlmSeq *seqs,
-                         int n_seqs, float *logits, int all_logits, int n_threads) {
+                         int n_seqs, float *logits, int n_threads) {
     const int dim = c->dim;
-    int T = 0;
-    for (int k = 0; k < n_seqs; k++)
+    int T = 0, rows = 0, any_keeps = 0, any_hidden = 0;
+    for (int k = 0; k < n_seqs; k++) {
         for (int i = 0; i < seqs[k].n; i++, T++) {
             s->row_seq[T] = k;
             s->row_pos[T] = seqs[k].pos + i;
         }
+        rows += seqs[k].n_logits;
+        seqs[k].state->kept = keeps(&seqs[k]) ? seqs[k].n : -1;
+        any_keeps |= keeps(&seqs[k]);
+        any_hidden |= seqs[k].state->hidden != NULL;
+    }
 
     if (s->profile) s->profile_mark = wall_time();
 #pragma omp parallel num_threads(n_threads)
@@ -1085,7 +1191,14 @@ static void forward_rows(const FlmConfig *c, const FlmWeights *w, FlmState *s, c
             embed_row(x, w, q->tokens[s->row_pos[t] - q->pos], dim);
             if (c->embed_scale != 1.0f)
                 for (int i = 0; i < dim; i++) x[i] *= c->embed_scale;
+            if (c->nextn) {
+                float *joined = s->xb + (size_t)t * 2 * dim;
+                rmsnorm(joined, x, w->enorm, dim, c->norm_eps);
+                rmsnorm(joined + dim, q->state->nextn_h + (size_t)(s->row_pos[t] - q->pos) * dim, w->hnorm, dim,
+                        c->norm_eps);
+            }
         }
+        if (c->nextn) matmul(c, s, s->x, s->xb, w->eh_proj, NULL, T, 2 * dim, dim);
         if (c->per_layer_dim) per_layer_inputs(c, w, s, seqs, T);
 
         for (int l = 0; l < c->n_layers; l++) {
@@ -1097,7 +1210,7 @@ static void forward_rows(const FlmConfig *c, const FlmWeights *w, FlmState *s, c
             mark(s, FLM_PHASE_NORMS);
 
             if (L->kind == FLM_LINEAR_ATTENTION)
-                linear_attention(c, L, s, seqs, n_seqs, l, T);
+                linear_attention(c, L, s, seqs, n_seqs, l, T, any_keeps);
             else
                 attention(c, L, s, seqs, l, T);
 
@@ -1126,17 +1239,23 @@ static void forward_rows(const FlmConfig *c, const FlmWeights *w, FlmState *s, c
             mark(s, FLM_PHASE_NORMS);
         }
 
-        /* Only the tokens whose logits are wanted go through the LM head:
-         * every one, or the last of each sequence (row r of xb for the r-th). */
-        if (logits) {
-            const int rows = all_logits ? T : n_seqs;
+        /* The final-normed hidden states of the sequences that want them. */
+        if (any_hidden) {
+#pragma omp for schedule(static)
+            for (int t = 0; t < T; t++) {
+                const FlmSeq *q = &seqs[s->row_seq[t]];
+                if (q->state->hidden)
+                    rmsnorm(q->state->hidden + (size_t)(s->row_pos[t] - q->pos) * dim, s->x + (size_t)t * dim,
+                            w->norm, dim, c->norm_eps);
+            }
+        }
+
+        /* Only the tokens whose logits are wanted go through the LM head
+         * (row r of xb for the r-th). */
+        if (logits && rows) {
 #pragma omp for schedule(static)
             for (int r = 0; r < rows; r++) {
-                int t = r;
-                if (!all_logits) {
-                    t = -1;
-                    for (int k = 0; k <= r; k++) t += seqs[k].n;
-                }
+                const int t = logit_row(seqs, n_seqs, r);
                 rmsnorm(s->xb + (size_t)r * dim, s->x + (size_t)t * dim, w->norm, dim, c->norm_eps);
             }
             mark(s, FLM_PHASE_NORMS);
@@ -1164,14 +1283,20 @@ void flm_forward(const FlmConfig *c, const FlmWeights *w, FlmState *s,
     if (!kernels_ready) { flm_kernels_init(); kernels_ready = 1; }
     if (n_threads < 1) n_threads = 1;
     if (n_threads > s->max_threads) n_threads = s->max_threads;
+    float *hidden = s->hidden;
+    const float *nextn_h = s->nextn_h;
     for (int done = 0; done < n;) {
-        FlmSeq seq = {s, tokens + done, imin(s->max_batch, n - done), pos + done};
-        float *out = all_logits ? logits + (size_t)done * c->vocab_size
-                   : done + seq.n == n ? logits : NULL;
+        FlmSeq seq = {s, tokens + done, imin(s->max_batch, n - done), pos + done, 0};
+        seq.n_logits = !logits ? 0 : all_logits ? seq.n : done + seq.n == n;
         s->trace_offset = done;
-        forward_rows(c, w, s, &seq, 1, out, all_logits, n_threads);
+        if (hidden) s->hidden = hidden + (size_t)done * c->dim;   /* this chunk's rows */
+        if (nextn_h) s->nextn_h = nextn_h + (size_t)done * c->dim;
+        forward_rows(c, w, s, &seq, 1, logits ? logits + (all_logits ? (size_t)done * c->vocab_size : 0) : NULL,
+                     n_threads);
         done += seq.n;
     }
+    s->hidden = hidden;
+    s->nextn_h = nextn_h;
 }
 
 void flm_forward_batch(const FlmConfig *c, const FlmWeights *w, FlmState *work, const FlmSeq *seqs,
@@ -1181,7 +1306,7 @@ void flm_forward_batch(const FlmConfig *c, const FlmWeights *w, FlmState *work, 
     if (n_threads > work->max_threads) n_threads = work->max_threads;
     float *trace = work->trace;
     work->trace = NULL;  /* a trace follows one sequence: flm_forward's */
-    forward_rows(c, w, work, seqs, n_seqs, logits, 0, n_threads);
+    forward_rows(c, w, work, seqs, n_seqs, logits, n_threads);
     work->trace = trace;
 }
 

@@ -73,6 +73,11 @@ typedef struct {
      * projection of a per_layer_dim slice of its own (FlmWeights.embed_per_layer
      * and per_layer_proj); 0 where a model has none. */
     int per_layer_dim;
+    /* A multi-token-prediction block (Qwen3.5's MTP, DeepSeek's NextN): each
+     * token's embedding, RMS-normed by enorm, is joined by the hidden state
+     * it follows (FlmState.nextn_h, RMS-normed by hnorm) and projected back
+     * to dim by eh_proj before the layers; 0 where a model is not one. */
+    int nextn;
 } FlmConfig;
 
 typedef struct {
@@ -156,6 +161,9 @@ typedef struct {
     const FlmMatrix *embed_per_layer; /* (vocab_size, n_layers*P) plain rows */
     const FlmMatrix *per_layer_proj;  /* (n_layers*P, dim), packed */
     const float *per_layer_norm;      /* (P) */
+    /* nextn: */
+    const FlmMatrix *eh_proj;         /* (dim, 2*dim): [enorm(embedding) | hnorm(h)] -> dim */
+    const float *enorm, *hnorm;       /* (dim) */
 } FlmWeights;
 
 typedef struct {
@@ -222,6 +230,24 @@ typedef struct {
     float *moe_x;       /* (max_batch * n_experts_used, dim) */
     float *moe_h;       /* (max_batch * n_experts_used, expert_dim) */
     float *moe_h2;      /* (max_batch * n_experts_used, expert_dim) */
+    /* Rollback of the recurrent layers (speculative decoding: a pass runs
+     * drafted tokens, and only the first ones are kept). The caller owns
+     * both buffers and sets keep before a pass of at most keep_rows tokens
+     * of this sequence; that pass then saves the recurrent states it starts
+     * from, laid out as lin_state, and its recurrent layers' inputs, so
+     * that flm_state_rollback can keep any prefix of its tokens. NULL and 0
+     * where unused. */
+    /* Optional, per sequence: when not NULL, a pass writes the final-normed
+     * hidden state of each of this sequence's tokens (what the LM head
+     * multiplies) to hidden[i*dim], i counting its tokens in the pass; and
+     * a nextn model reads the hidden state token i follows at nextn_h[i*dim]. */
+    float *hidden;
+    const float *nextn_h;
+    float *lin_saved;   /* (n_layers, (K-1)*conv_dim + Hv*dk*dv) */
+    float *lin_keep;    /* (n_layers, keep_rows, conv_dim + 2*Hv) */
+    int keep_rows;
+    int keep;
+    int kept;           /* set by each pass: the tokens it kept for a rollback, or -1 */
 } FlmState;
 
 /* Phases of a forward pass, as FlmState.profile counts them. */
@@ -247,6 +273,11 @@ size_t flm_expert_bytes(int N, int K, int type);
 size_t flm_state_work_floats(const FlmConfig *c, int max_batch, int max_threads);
 size_t flm_state_cache_floats(const FlmConfig *c);
 
+/* Floats of FlmState.lin_saved, and of lin_keep for keep_rows rows (both 0
+ * for a model without recurrent layers: it needs no rollback buffers). */
+size_t flm_state_saved_floats(const FlmConfig *c);
+size_t flm_state_keep_floats(const FlmConfig *c, int keep_rows);
+
 /* Carve the state out of caller-owned memory: work must hold
  * flm_state_work_floats() floats, cache flm_state_cache_floats() floats
  * (zeroed or not: only positions already written are ever read). */
@@ -258,7 +289,8 @@ void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, int max_thre
  * a state instead of a cache: pos == 0 starts it afresh, and pos > 0 must
  * continue right after the last token run. Writes the logits of
  * the last token to logits[vocab_size], or of every token to
- * logits[n*vocab_size] when all_logits is nonzero. The caller guarantees
+ * logits[n*vocab_size] when all_logits is nonzero, or none with logits NULL
+ * (then the LM head is skipped: a pass for FlmState.hidden alone). The caller guarantees
  * 0 <= tokens[i] < vocab_size, n >= 1 and pos + n <= seq_len. The result is
  * the same, bit for bit, for any n_threads and any split of the tokens into
  * calls. n_threads above the state's max_threads is capped. */
@@ -274,21 +306,34 @@ void flm_state_copy(const FlmConfig *c, FlmState *dst, const FlmState *src, int 
 
 /* One sequence of a batched pass: its own caches (the KV cache, or the
  * recurrent state, of `state`) and n >= 1 tokens at positions pos .. pos+n-1,
- * under the same rules as flm_forward. */
+ * under the same rules as flm_forward; the logits of its last n_logits
+ * tokens (0 .. n) are wanted. */
 typedef struct {
     FlmState *state;
     const int32_t *tokens;
     int n, pos;
+    int n_logits;
 } FlmSeq;
 
 /* Run the tokens of several sequences in one pass over the weights, each
- * attending to its own cache only; logits[k*vocab_size ..] gets the logits
- * of sequence k's last token. `work` lends its work buffers (it may be one
- * of the sequences' states) and must hold all the tokens together
- * (sum of n <= work->max_batch); no state may appear twice. Every
- * sequence's results are the same, bit for bit, as when it runs alone. */
+ * attending to its own cache only; logits gets the logits of the last
+ * n_logits tokens of each sequence, sequence after sequence (rows of
+ * vocab_size). `work` lends its work buffers (it may be one of the
+ * sequences' states) and must hold all the tokens together (sum of n <=
+ * work->max_batch); no state may appear twice. Every sequence's results
+ * are the same, bit for bit, as when it runs alone. */
 void flm_forward_batch(const FlmConfig *c, const FlmWeights *w, FlmState *work, const FlmSeq *seqs,
                        int n_seqs, float *logits, int n_threads);
+
+/* Make s's recurrent states what they were after the first n tokens of
+ * its last pass, which kept them (FlmState.keep): the saved states, then
+ * those n tokens' recurrent steps again from the kept inputs (no matmul),
+ * in the work buffers of work (max_batch >= n), bit for bit as a pass of
+ * n tokens would have left them. Attention layers need nothing: positions
+ * past n are simply written again later. Returns 0, or -1 when the last
+ * pass kept nothing or fewer than n tokens. */
+int flm_state_rollback(const FlmConfig *c, const FlmWeights *w, FlmState *s, FlmState *work, int n,
+                       int n_threads);
 
 /* out (T, N) = x (T, K) @ W^T, W packed by flm_pack, split over threads as
  * the run loop splits its matmuls (for benchmarks of the kernels alone), in

@@ -142,6 +142,16 @@ static void run(const FlmConfig *c, const FlmWeights *w, const int32_t *tok, int
 }
 
 /* A Gated DeltaNet layer's mixer, as in Qwen3.5 (Hv != Hk, dk != dv). */
+/* Three run states of 16 tokens a pass and 4 threads, zeroed; bufs gets
+ * their memory, to free. */
+static void three_states(const FlmConfig *c, FlmState st[3], float *bufs[6]) {
+    for (int i = 0; i < 3; i++) {
+        bufs[2 * i] = calloc(flm_state_work_floats(c, 16, 4), 4);
+        bufs[2 * i + 1] = calloc(flm_state_cache_floats(c), 4);
+        flm_state_init(&st[i], c, 16, 4, bufs[2 * i], bufs[2 * i + 1]);
+    }
+}
+
 /* Continuous batching: sequence A prefills 5 tokens, then B joins with 3 while A
  * decodes, then both decode one token per pass. Each sequence's logits must
  * be, bit for bit, those of the same steps run alone. */
@@ -150,11 +160,7 @@ static void test_batch(const FlmConfig *c, const FlmWeights *w, const int32_t *t
     const size_t V = (size_t)c->vocab_size;
     FlmState st[3];
     float *bufs[6];
-    for (int i = 0; i < 3; i++) {
-        bufs[2 * i] = calloc(flm_state_work_floats(c, 16, 4), 4);
-        bufs[2 * i + 1] = calloc(flm_state_cache_floats(c), 4);
-        flm_state_init(&st[i], c, 16, 4, bufs[2 * i], bufs[2 * i + 1]);
-    }
+    three_states(c, st, bufs);
     const int32_t *ta = tok, *tb = tok + 20;
     float *batched = malloc(2 * V * 4 * STEPS), *alone = malloc(2 * V * 4 * STEPS), *out = malloc(2 * V * 4);
     int posa = 0, posb = 0, same = 1;
@@ -164,8 +170,8 @@ static void test_batch(const FlmConfig *c, const FlmWeights *w, const int32_t *t
     for (int step = 0; step < STEPS; step++) {
         FlmSeq seqs[2];
         int ns = 0, na = step == 0 ? 5 : 1, nb = step == 1 ? 3 : 1;
-        seqs[ns++] = (FlmSeq){&st[0], ta + posa, na, posa};
-        if (step >= 1) seqs[ns++] = (FlmSeq){&st[1], tb + posb, nb, posb};
+        seqs[ns++] = (FlmSeq){&st[0], ta + posa, na, posa, 1};
+        if (step >= 1) seqs[ns++] = (FlmSeq){&st[1], tb + posb, nb, posb, 1};
         flm_forward_batch(c, w, &st[0], seqs, ns, out, 2);
         memcpy(batched + 2 * V * step, out, ns * V * 4);
         flm_forward(c, w, &st[2], ta + posa, na, posa, alone + 2 * V * step, 0, 1);
@@ -183,6 +189,53 @@ static void test_batch(const FlmConfig *c, const FlmWeights *w, const int32_t *t
         same &= memcmp(batched + 2 * V * step, alone + 2 * V * step, (step ? 2 : 1) * V * 4) == 0;
     CHECK(same, "%s: a sequence in a batch differs from the same sequence alone", path);
     free(batched); free(alone); free(out);
+    for (int i = 0; i < 6; i++) free(bufs[i]);
+}
+
+/* Speculative decoding's verification: after a prompt, one pass runs 6
+ * drafted tokens beside another sequence, with the logits of each; then
+ * only the first j are kept (flm_state_rollback) and the sequence goes on
+ * with 3 other tokens. The logits of the pass and of what follows must be,
+ * bit for bit, those of the kept tokens run alone. */
+static void test_rollback(const FlmConfig *c, const FlmWeights *w, const int32_t *tok, const char *path) {
+    enum { PROMPT = 5, DRAFT = 6, MORE = 3, ROWS = 8 };
+    const size_t V = (size_t)c->vocab_size;
+    FlmState st[3];
+    float *bufs[6];
+    three_states(c, st, bufs);
+    float *saved = calloc(flm_state_saved_floats(c) + 1, 4), *kept = calloc(flm_state_keep_floats(c, ROWS) + 1, 4);
+    st[0].lin_saved = saved;
+    st[0].lin_keep = kept;
+    st[0].keep_rows = ROWS;
+    float *pass = malloc((DRAFT + 1) * V * 4), *plain = malloc(DRAFT * V * 4);
+    float *after = malloc(MORE * V * 4), *ref = malloc(MORE * V * 4);
+    const int32_t *draft = tok + 10, *more = tok + 24;
+    int same = 1, refused = 1;
+    for (int j = 0; j <= DRAFT; j++) {
+        flm_forward(c, w, &st[0], tok, PROMPT, 0, pass, 0, 2);
+        flm_forward(c, w, &st[1], tok + 30, 2, 0, pass, 0, 2);
+        st[0].keep = 1;
+        FlmSeq seqs[2] = {{&st[1], tok + 32, 1, 2, 1}, {&st[0], draft, DRAFT, PROMPT, DRAFT}};
+        flm_forward_batch(c, w, &st[1], seqs, 2, pass, 2);
+        st[0].keep = 0;
+        refused &= flm_state_rollback(c, w, &st[0], &st[1], DRAFT + 1, 2) == -1;
+        CHECK(flm_state_rollback(c, w, &st[0], &st[1], j, 2) == 0, "%s: rollback to %d refused", path, j);
+        flm_forward(c, w, &st[0], more, MORE, PROMPT + j, after, 1, 2);
+        /* the same tokens, run plainly */
+        flm_forward(c, w, &st[2], tok, PROMPT, 0, ref, 0, 1);
+        flm_forward(c, w, &st[2], draft, DRAFT, PROMPT, plain, 1, 1);
+        same &= memcmp(pass + V, plain, DRAFT * V * 4) == 0;
+        flm_forward(c, w, &st[2], tok, PROMPT, 0, ref, 0, 1);
+        if (j) flm_forward(c, w, &st[2], draft, j, PROMPT, ref, 0, 1);
+        flm_forward(c, w, &st[2], more, MORE, PROMPT + j, ref, 1, 1);
+        same &= memcmp(after, ref, MORE * V * 4) == 0;
+    }
+    CHECK(same, "%s: a pass rolled back differs from its kept tokens run alone", path);
+    CHECK(refused, "%s: a rollback past the kept tokens was not refused", path);
+    /* A pass that did not keep leaves nothing to roll back to. */
+    flm_forward(c, w, &st[0], tok, PROMPT, 0, pass, 0, 2);
+    CHECK(flm_state_rollback(c, w, &st[0], &st[1], 0, 2) == -1, "%s: rollback after a plain pass", path);
+    free(pass); free(plain); free(after); free(ref); free(saved); free(kept);
     for (int i = 0; i < 6; i++) free(bufs[i]);
 }
 
@@ -304,6 +357,7 @@ static void test_model(int wtype, int qk_norm, int bias, int gate, int linear, i
         }
         CHECK(maxerr <= 1.0, "%s wtype=%d: differs from the portable path (err/bound %.2f)", paths[pi], wtype, maxerr);
         test_batch(&c, &w, tok, paths[pi]);
+        test_rollback(&c, &w, tok, paths[pi]);
         const FlmMatrix *embed = w.embed;
         w.embed = NULL; /* tied: rows come from the packed head, same values */
         run(&c, &w, tok, n, 64, 0, 2, other);

@@ -58,7 +58,8 @@ def packed(source, dtype, use):
     return _packed_weights(config, source, dtype, use)
 
 
-CASES = [(QUANTIZED, "gguf"), (MOE, "gguf"), ("tiny:llama", "f32"), ("tiny:llama", "bf16"),
+MTP = DATA / "qwen35-gguf" / "mtp-BF16.gguf"   # a multi-token-prediction block beside the model
+CASES = [(QUANTIZED, "gguf"), (MOE, "gguf"), (MTP, "gguf"), ("tiny:llama", "f32"), ("tiny:llama", "bf16"),
          ("tiny:llama", "q4_k_m"), (MOE_FOLDER, "f32"), (MOE_FOLDER, "q8_0")]
 
 
@@ -74,6 +75,7 @@ def test_cached_weights_are_the_bytes_an_uncached_load_packs(source, dtype, home
     assert types1 == types2 == types
     want = leaves(plain)
     assert leaves(first) == want and leaves(again) == want
+    assert ("mtp" in plain) == (source == MTP)
     # mapped from the file, read-only
     mapped = [m for m in _matrices(again)]
     assert mapped and not any(np.asarray(m.data).flags.writeable for m in mapped)
@@ -90,12 +92,14 @@ def _matrices(tree):
             yield from _matrices(v)
 
 
-def test_a_model_from_the_cache_gives_the_same_logits(home):
-    want = Model.from_pretrained(QUANTIZED, threads=2, n_ctx=64, pack_cache=False).logits(IDS)
-    first = Model.from_pretrained(QUANTIZED, threads=2, n_ctx=64)
-    second = Model.from_pretrained(QUANTIZED, threads=2, n_ctx=64)
+@pytest.mark.parametrize("source", [QUANTIZED, MTP], ids=lambda p: p.name)
+def test_a_model_from_the_cache_gives_the_same_logits(source, home):
+    want = Model.from_pretrained(source, threads=2, n_ctx=64, pack_cache=False).logits(IDS)
+    first = Model.from_pretrained(source, threads=2, n_ctx=64)
+    second = Model.from_pretrained(source, threads=2, n_ctx=64)
     assert first.pack_cache_file is not None and second.pack_cache_file == first.pack_cache_file
     assert np.array_equal(first.logits(IDS), want) and np.array_equal(second.logits(IDS), want)
+    assert (second._mtp is not None) == (source == MTP)
 
 
 def only_file(home) -> Path:
@@ -214,13 +218,18 @@ def test_an_unwritable_cache_folder_only_warns(home):
     assert model.pack_cache_file is None and np.array_equal(model.logits(IDS), want)
 
 
-def test_warnings_of_the_packing_load_come_again_from_the_cache(home):
-    from fastllm.formats.gguf_tensors import IgnoredTensorsWarning
-    path = DATA / "qwen35-gguf" / "mtp-BF16.gguf"
-    with pytest.warns(IgnoredTensorsWarning):
-        Model.from_pretrained(path, threads=2, n_ctx=64)
-    with pytest.warns(IgnoredTensorsWarning):
-        assert Model.from_pretrained(path, threads=2, n_ctx=64).pack_cache_file is not None
+def test_warnings_of_the_packing_load_come_again_from_the_cache(home, tmp_path, tiny_model_dir):
+    """A file whose Q2_K tensors are dequantized at load says so, from the cache as when packed."""
+    import gguf
+    from fastllm.weights import DequantizedTypeWarning
+    from test_quant import k_quant_checkpoint, random_blocks, synthetic_vocab, write_gguf
+    QT = gguf.GGMLQuantizationType
+    write_gguf(tmp_path / "m.gguf", k_quant_checkpoint(tmp_path, tiny_model_dir), synthetic_vocab(300),
+               quantize=lambda name, data: (random_blocks(*data.shape, QT.Q2_K, 1, 1e-3), QT.Q2_K))
+    with pytest.warns(DequantizedTypeWarning, match="Q2_K"):
+        Model.from_pretrained(tmp_path / "m.gguf", threads=2, n_ctx=64)
+    with pytest.warns(DequantizedTypeWarning, match="Q2_K"):
+        assert Model.from_pretrained(tmp_path / "m.gguf", threads=2, n_ctx=64).pack_cache_file is not None
 
 
 CONCURRENT = r"""

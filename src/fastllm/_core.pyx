@@ -8,6 +8,7 @@ Token ids are checked once, by check_token_ids (fastllm.Session calls it);
 State.run checks positions and releases the GIL while C computes.
 """
 from libc.stdlib cimport calloc, free
+from libc.string cimport memcpy
 from libc.stdint cimport int32_t
 from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_acquire_lock,
                                PyThread_release_lock, WAIT_LOCK)
@@ -164,6 +165,18 @@ cdef void _forward_job(void *p) noexcept nogil:
 cdef void _forward_batch_job(void *p) noexcept nogil:
     cdef ForwardArgs *a = <ForwardArgs *>p
     flm.flm_forward_batch(a.cfg, a.w, a.s, a.seqs, a.n, a.logits, a.n_threads)
+
+
+cdef struct RollbackArgs:
+    const flm.FlmConfig *cfg
+    const flm.FlmWeights *w
+    flm.FlmState *s
+    flm.FlmState *work
+    int n, n_threads, result
+
+cdef void _rollback_job(void *p) noexcept nogil:
+    cdef RollbackArgs *a = <RollbackArgs *>p
+    a.result = flm.flm_state_rollback(a.cfg, a.w, a.s, a.work, a.n, a.n_threads)
 
 
 cdef int _set_field(flm.FlmLayer *L, str name, const void *p) except -1:
@@ -562,6 +575,7 @@ cdef class Weights:
         c.expert_dim, c.norm_topk_prob = config.moe_intermediate_size, config.norm_topk_prob
         c.shared_dim = config.shared_expert_intermediate_size
         c.per_layer_dim = config.hidden_size_per_layer_input
+        c.nextn = "eh_proj" in weights
 
         self.layers = <flm.FlmLayer *>calloc(c.n_layers, sizeof(flm.FlmLayer))
         if self.layers == NULL:
@@ -634,6 +648,12 @@ cdef class Weights:
                 weights["per_layer_proj"], ple["per_layer_proj"], config, "per-layer projection")
             self.w.per_layer_norm = <const float *>_array_ptr(
                 weights["per_layer_norm"], ple["per_layer_norm"], config, "per-layer projection norm")
+        if c.nextn:
+            dim = config.hidden_size
+            self.w.eh_proj = <const flm.FlmMatrix *>_matrix_ptr(weights["eh_proj"], (dim, 2 * dim), True,
+                                                                 "nextn projection")
+            self.w.enorm = <const float *>_ptr(weights["enorm"], np.float32, (dim,), "nextn embedding norm")
+            self.w.hnorm = <const float *>_ptr(weights["hnorm"], np.float32, (dim,), "nextn hidden norm")
         # Copies of the containers: the arrays stay alive whatever the caller
         # later does with its dict and lists.
         self._keep = (dict(weights, embed=embed, layers=[dict(d) for d in layers]), tables, q_scales, value_norms)
@@ -724,6 +744,8 @@ cdef class State:
     cdef readonly Weights weights
     cdef cnp.ndarray _work
     cdef cnp.ndarray _cache
+    cdef cnp.ndarray _saved   # rollback buffers (enable_rollback), or None
+    cdef cnp.ndarray _kept
 
     def __cinit__(self, Weights weights, int max_batch=512, int max_threads=0):
         if max_batch < 1:
@@ -747,6 +769,81 @@ cdef class State:
             raise ValueError("these weights have no long rope tables")
         self.s.rope_long = value
 
+    def enable_rollback(self, int rows):
+        """Let a pass of at most rows tokens be cut back to any prefix of
+        them (rollback): the recurrent layers then save their states and
+        inputs in buffers of this state's own. Nothing to hold, and nothing
+        done, for a model without recurrent layers."""
+        cdef Weights w = self.weights
+        if not 1 <= rows <= 1 << 16:
+            raise ValueError(f"rollback rows must be from 1 to 65536, got {rows}")
+        if rows <= self.s.keep_rows or not flm.flm_state_saved_floats(&w.cfg):
+            return
+        self._saved = np.empty(flm.flm_state_saved_floats(&w.cfg), np.float32)
+        self._kept = np.empty(flm.flm_state_keep_floats(&w.cfg, rows), np.float32)
+        self.s.lin_saved = <float *>cnp.PyArray_DATA(self._saved)
+        self.s.lin_keep = <float *>cnp.PyArray_DATA(self._kept)
+        self.s.keep_rows = rows
+        self.s.kept = -1
+
+    @property
+    def cache_bytes_per_position(self):
+        """Bytes of keys and values one position takes in the cache."""
+        cdef Weights w = self.weights
+        return (flm.flm_state_cache_floats(&w.cfg) - flm.flm_state_saved_floats(&w.cfg)) * 4 \
+            // (((w.cfg.seq_len + 15) // 16) * 16)
+
+    @property
+    def recurrent_bytes(self):
+        """Bytes of the recurrent layers' states (0 for a model without them)."""
+        return flm.flm_state_saved_floats(&self.weights.cfg) * 4
+
+    @property
+    def rollback_bytes(self):
+        """Bytes of the rollback buffers (0 until enable_rollback, and for a
+        model without recurrent layers)."""
+        return 0 if self._saved is None else self._saved.nbytes + self._kept.nbytes
+
+    def rollback(self, int n, State work=None):
+        """Keep only the first n tokens of the last pass, which ran with
+        keep=True (recurrent layers: their states after those tokens,
+        bit for bit; attention layers need nothing). The replay runs in the
+        work buffers of work (default: this state's)."""
+        cdef State wk = self if work is None else work
+        if wk.weights is not self.weights:
+            raise ValueError("states of different weights")
+        cdef Weights w = self.weights
+        if not flm.flm_state_saved_floats(&w.cfg):
+            return
+        cdef RollbackArgs job
+        job.cfg, job.w, job.s, job.work, job.n, job.n_threads = &w.cfg, &w.w, &self.s, &wk.s, n, w._n_threads
+        _run_job(_rollback_job, &job)
+        if job.result != 0:
+            raise ValueError(f"cannot roll back to {n} tokens of the last pass: it kept "
+                             f"{max(self.s.kept, 0)} (run it with keep=True, after enable_rollback)")
+
+    def save_recurrent(self):
+        """A copy of the recurrent layers' states (conv windows and delta-rule
+        states) as they are now, or None for a model without recurrent
+        layers. restore_recurrent puts it back."""
+        cdef size_t n = flm.flm_state_saved_floats(&self.weights.cfg)
+        if not n:
+            return None
+        cdef cnp.ndarray out = np.empty(n, np.float32)
+        memcpy(cnp.PyArray_DATA(out), self.s.lin_state, n * sizeof(float))
+        return out
+
+    def restore_recurrent(self, saved):
+        """Give the recurrent layers the states save_recurrent copied."""
+        cdef size_t n = flm.flm_state_saved_floats(&self.weights.cfg)
+        if saved is None and not n:
+            return
+        cdef cnp.ndarray arr = saved
+        if arr is None or arr.dtype != np.float32 or arr.size != n or not arr.flags.c_contiguous:
+            raise ValueError("not a copy of this model's recurrent states")
+        memcpy(self.s.lin_state, cnp.PyArray_DATA(arr), n * sizeof(float))
+        self.s.kept = -1
+
     def copy_from(self, State other, int n, bint whole):
         """Hold what other holds for its first n positions (with whole, its
         recurrent states too: then n must be all it has run)."""
@@ -756,12 +853,17 @@ cdef class State:
             raise ValueError(f"cannot copy {n} positions")
         flm.flm_state_copy(&self.weights.cfg, &self.s, &other.s, n, whole)
 
-    def run(self, const int32_t[::1] tokens, int pos, bint all_logits=False, bint hidden_states=False):
+    def run(self, const int32_t[::1] tokens, int pos, bint all_logits=False, bint hidden_states=False,
+            bint keep=False, bint hidden=False, nextn_h=None, bint logits=True):
         """Run tokens (ids checked by check_token_ids) at positions pos.. and
         return float32 logits: (vocab,) for the last token, or (n, vocab)
         with all_logits. With hidden_states, also each layer's output,
         (n_layers, n, dim). Linear layers start afresh at pos 0 and must
-        otherwise continue right after the last token run."""
+        otherwise continue right after the last token run. keep: the pass
+        may be rolled back (see rollback). hidden: also the final-normed
+        hidden state of every token, (n, dim), after the logits. nextn_h:
+        for a nextn model, the hidden state each token follows, (n, dim).
+        logits False: no LM head, and only the hidden states come back."""
         cdef Weights w = self.weights
         cdef int n = tokens.shape[0]
         if n < 1 or pos < 0 or pos > w.cfg.seq_len - n:
@@ -776,26 +878,66 @@ cdef class State:
             trace = np.empty((w.cfg.n_layers, n, w.cfg.dim), np.float32)
             self.s.trace = <float *>cnp.PyArray_DATA(trace)
             self.s.trace_tokens = n
+        cdef cnp.ndarray normed = None
+        if hidden:
+            normed = np.empty((n, w.cfg.dim), np.float32)
+            self.s.hidden = <float *>cnp.PyArray_DATA(normed)
+        cdef cnp.ndarray follows = _nextn_input(w, nextn_h, n)
+        if follows is not None:
+            self.s.nextn_h = <const float *>cnp.PyArray_DATA(follows)
         cdef ForwardArgs job
         job.cfg, job.w, job.s, job.tokens, job.seqs = &w.cfg, &w.w, &self.s, &tokens[0], NULL
-        job.n, job.pos, job.all_logits, job.n_threads, job.logits = n, pos, all_logits, nt, &out[0, 0]
+        job.n, job.pos, job.all_logits, job.n_threads = n, pos, all_logits, nt
+        job.logits = &out[0, 0] if logits else NULL
+        self.s.keep = keep
         try:
             _run_job(_forward_job, &job)
         finally:
             self.s.trace = NULL
+            self.s.hidden = NULL
+            self.s.nextn_h = NULL
+            self.s.keep = 0
         result = out if all_logits else out[0]
+        if hidden:
+            result = (result, normed) if logits else normed
         return (result, trace) if hidden_states else result
 
+    def hidden(self, const int32_t[::1] tokens, int pos):
+        """Run tokens (ids checked by check_token_ids) at positions pos.. as
+        run() does, without the LM head: the final-normed hidden state of
+        every token, float32 (n, dim)."""
+        return self.run(tokens, pos, hidden=True, logits=False)
 
-def run_batch(list states, list tokens, list positions, State work=None):
+
+cdef cnp.ndarray _nextn_input(Weights w, h, int n):
+    """h as the (n, dim) float32 rows a nextn model reads, checked; None
+    where the model is not one (and then h must be None)."""
+    if not w.cfg.nextn:
+        if h is not None:
+            raise ValueError("hidden states to follow are for a multi-token-prediction block")
+        return None
+    if h is None:
+        raise ValueError("a multi-token-prediction block needs the hidden state each token follows")
+    arr = np.ascontiguousarray(h, np.float32)
+    if arr.shape != (n, w.cfg.dim):
+        raise ValueError(f"the hidden states to follow must be ({n}, {w.cfg.dim}), got {arr.shape}")
+    return arr
+
+
+def run_batch(list states, list tokens, list positions, State work=None, list n_logits=None,
+              list keep=None):
     """Run tokens[k] (int32 arrays, ids checked) at positions[k].. of
     states[k], all in one pass over the shared weights, in the work buffers
     of work (default: states[0]); returns the float32 logits of each
-    sequence's last token, (len(states), vocab). Each sequence's results are
+    sequence's last n_logits[k] tokens (default 1), sequence after
+    sequence, (sum of n_logits, vocab). keep[k]: the pass may be rolled
+    back for states[k] (State.rollback). Each sequence's results are
     exactly those of State.run alone."""
     cdef int n = len(states)
     if n < 1 or len(tokens) != n or len(positions) != n:
         raise ValueError("run_batch takes one token array and one position per state")
+    if n_logits is not None and len(n_logits) != n or keep is not None and len(keep) != n:
+        raise ValueError("run_batch takes one n_logits and one keep per state")
     cdef State first = states[0] if work is None else work
     cdef Weights w = first.weights
     if len({id(s) for s in states}) != n:
@@ -805,10 +947,11 @@ def run_batch(list states, list tokens, list positions, State work=None):
         raise MemoryError()
     cdef State st
     cdef const int32_t[::1] ids
-    cdef long long total = 0, pos
-    cdef cnp.ndarray[float, ndim=2, mode="c"] out = np.empty((n, w.cfg.vocab_size), np.float32)
+    cdef long long total = 0, pos, rows = 0
+    cdef int want
+    cdef cnp.ndarray[float, ndim=2, mode="c"] out
     cdef ForwardArgs job
-    keep = []
+    held = []   # the token arrays C reads, alive until it has run
     try:
         for k in range(n):
             st = states[k]
@@ -820,21 +963,32 @@ def run_batch(list states, list tokens, list positions, State work=None):
                 raise ValueError(f"positions {pos}..{pos + ids.shape[0] - 1} do not fit the context "
                                  f"of {w.cfg.seq_len} tokens")
             _check_ids_at_boundary(ids, w.cfg.vocab_size)
+            want = 1 if n_logits is None else n_logits[k]
+            if not 0 <= want <= ids.shape[0]:
+                raise ValueError(f"logits of {want} of a sequence's {ids.shape[0]} tokens")
             total += ids.shape[0]
-            keep.append(tokens[k])
+            rows += want
+            held.append(tokens[k])
             seqs[k].state = &st.s
             seqs[k].tokens = &ids[0]
             seqs[k].n = ids.shape[0]
             seqs[k].pos = <int>pos
+            seqs[k].n_logits = want
         if total > first.s.max_batch:
             raise ValueError(f"{total} tokens in one batch: more than the {first.s.max_batch} "
                              "the work buffers hold")
+        out = np.empty((max(rows, 1), w.cfg.vocab_size), np.float32)
+        for k in range(n):
+            seqs[k].state.keep = keep is not None and bool(keep[k])
         job.cfg, job.w, job.s, job.tokens, job.seqs = &w.cfg, &w.w, &first.s, NULL, seqs
         job.n, job.pos, job.all_logits, job.n_threads, job.logits = n, 0, 0, w._n_threads, &out[0, 0]
         _run_job(_forward_batch_job, &job)
     finally:
+        for k in range(n):
+            if seqs[k].state != NULL:
+                seqs[k].state.keep = 0
         free(seqs)
-    return out
+    return out[:rows]
 
 
 _path_from_environment()

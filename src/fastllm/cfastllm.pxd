@@ -55,6 +55,7 @@ cdef extern from "fastllm.h" nogil:
         int shared_dim
         int norm_topk_prob
         int per_layer_dim
+        int nextn
 
     ctypedef struct FlmMatrix:
         const void *data
@@ -86,6 +87,9 @@ cdef extern from "fastllm.h" nogil:
         const FlmMatrix *embed_per_layer
         const FlmMatrix *per_layer_proj
         const float *per_layer_norm
+        const FlmMatrix *eh_proj
+        const float *enorm
+        const float *hnorm
 
     ctypedef struct FlmState:
         int max_batch
@@ -93,18 +97,31 @@ cdef extern from "fastllm.h" nogil:
         int trace_tokens
         int trace_offset
         int rope_long
+        float *lin_state
+        float *hidden
+        const float *nextn_h
+        float *lin_saved
+        float *lin_keep
+        int keep_rows
+        int keep
+        int kept
 
     ctypedef struct FlmSeq:
         FlmState *state
         const int32_t *tokens
         int n
         int pos
+        int n_logits
 
     size_t flm_packed_bytes(int N, int K, int wtype)
     size_t flm_expert_bytes(int N, int K, int wtype)
     void flm_pack(void *dst, const void *src, int N, int K, int wtype, int n_threads)
     size_t flm_state_work_floats(const FlmConfig *c, int max_batch, int max_threads)
     size_t flm_state_cache_floats(const FlmConfig *c)
+    size_t flm_state_saved_floats(const FlmConfig *c)
+    size_t flm_state_keep_floats(const FlmConfig *c, int keep_rows)
+    int flm_state_rollback(const FlmConfig *c, const FlmWeights *w, FlmState *s, FlmState *work, int n,
+                           int n_threads)
     void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, int max_threads,
                         float *work, float *cache)
     void flm_forward(const FlmConfig *c, const FlmWeights *w, FlmState *s,

@@ -42,9 +42,9 @@ _SETTINGS = ("max_new_tokens",) + _SAMPLING_KEYS
 _GEN_SOURCE = "generation_config.json"
 
 
-def whole_number(minimum: int):
-    """An argparse type: a whole number >= minimum. A bad value is refused
-    naming the flag, before anything is loaded."""
+def whole_number(minimum: int, maximum: int | None = None):
+    """An argparse type: a whole number >= minimum (and <= maximum). A bad
+    value is refused naming the flag, before anything is loaded."""
     def parse(text):
         try:
             value = int(text)
@@ -52,14 +52,17 @@ def whole_number(minimum: int):
             raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum}, got {value}")
         return value
     return parse
 
 
-def _model_args(p: argparse.ArgumentParser):
-    p.add_argument("--model", "-m", default=None,
+def _model_args(p: argparse.ArgumentParser, several: bool = False):
+    p.add_argument("--model", "-m", default=None, action="append" if several else "store",
                    help="HF model folder, .gguf file, or Hugging Face repo id org/name[:QUANT or "
-                        "FILE GLOB] (default: SmolLM2-135M-Instruct)")
+                        "FILE GLOB] (default: SmolLM2-135M-Instruct)"
+                        + ("; repeat it to serve several models" if several else ""))
     p.add_argument("--threads", "-t", type=whole_number(1), default=None,
                    help="threads for the run loop (default: physical cores)")
     p.add_argument("--ctx", "-c", type=whole_number(1), default=None,
@@ -78,6 +81,24 @@ def _model_args(p: argparse.ArgumentParser):
     p.add_argument("--no-cache", action="store_true",
                    help="pack the weights at every load instead of keeping them packed in a file under "
                         "FASTLLM_HOME that later loads map (as FASTLLM_PACK_CACHE=0)")
+
+
+def _set_help(p: argparse.ArgumentParser, flag: str, text: str):
+    """Give an option of a shared group (_model_args) its own help in one command."""
+    next(a for a in p._actions if flag in a.option_strings).help = text
+
+
+def _spec_args(p: argparse.ArgumentParser):
+    p.add_argument("--spec", choices=("ngram", "mtp", "none"), default=None,
+                   help="speculative decoding (the output is exactly the same): ngram guesses the next "
+                        "tokens from earlier text (faster where the reply repeats its input), mtp with the "
+                        "model's own multi-token-prediction block (Qwen3.5 GGUF files that have one)")
+    p.add_argument("--draft", "-md", default=None, metavar="MODEL",
+                   help="speculative decoding with a smaller draft model of the same vocabulary "
+                        "(a folder, .gguf or repo id, as --model)")
+    p.add_argument("--draft-max", type=whole_number(0, 64), default=16, metavar="N",
+                   help="guesses checked in one pass at most (default: 16; fewer are chosen while "
+                        "guesses fail)")
 
 
 def _sampling_args(p: argparse.ArgumentParser):
@@ -150,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="answer a prompt (as a chat message where the model has a chat "
                                    "template), streaming the reply")
     _model_args(p)
+    _spec_args(p)
     _sampling_args(p)
     _mode_args(p, "put the prompt")
     _json_schema_arg(p)
@@ -157,12 +179,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("repl", help="interactive prompt (the default command)")
     _model_args(p)
+    _spec_args(p)
     _sampling_args(p)
     _mode_args(p, "start with each prompt")
     p.add_argument("--system", default=None, help="system message for chat mode")
 
     p = sub.add_parser("chat", help="multi-turn chat using the model's chat template")
     _model_args(p)
+    _spec_args(p)
     _sampling_args(p)
     p.add_argument("--system", default=None, help="system message")
     _json_schema_arg(p)
@@ -185,8 +209,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching "
                                      "(needs the serve extra: starlette, uvicorn)")
-    _model_args(p)
-    from .server import DEFAULTS as SERVE
+    _model_args(p, several=True)
+    _spec_args(p)
+    from .server import DEFAULTS as SERVE, SLOT_CTX
+    # A server's slots hold long conversations: its cache defaults to f16
+    # (half of f32's memory; how little it moves the logits: README).
+    p.set_defaults(kv_dtype="f16")
+    _set_help(p, "--ctx", f"context length of each slot in tokens (default: the model's "
+                          f"max_position_embeddings, at most {SLOT_CTX})")
+    _set_help(p, "--kv-dtype", "KV cache precision (default here: f16; f32 keeps attention exact)")
     p.add_argument("--host", default=SERVE.host, help=f"address to bind (default: {SERVE.host})")
     p.add_argument("--port", type=int, default=SERVE.port, help=f"port (default: {SERVE.port})")
     p.add_argument("--parallel", "-np", type=int, default=SERVE.parallel,
@@ -194,9 +225,18 @@ def build_parser() -> argparse.ArgumentParser:
                         f"(default: {SERVE.parallel})")
     p.add_argument("--max-queue", type=int, default=SERVE.max_queue,
                    help=f"requests that may wait for a slot; more get 503 (default: {SERVE.max_queue})")
-    p.add_argument("--api-key", default=SERVE.api_key, help="require this bearer token")
-    p.add_argument("--model-name", default=SERVE.model_name,
-                   help="the model's id in the API (default: folder or file name)")
+    p.add_argument("--api-key", default=SERVE.api_key,
+                   help="require this key, as a bearer token or in an x-api-key header")
+    p.add_argument("--model-name", default=SERVE.model_name, action="append",
+                   help="the model's id in the API (default: folder or file name); one per --model, "
+                        "in their order, where several are served")
+    p.add_argument("--models-file", metavar="FILE",
+                   help="models to serve, as JSON: a list of model names or of objects {\"model\": ..., "
+                        "\"name\": ...} that may also set ctx, dtype, kv_dtype, activations, threads and "
+                        "pooling; the request's \"model\" picks one (the first by default)")
+    p.add_argument("--pooling", default=None,
+                   help="how /v1/embeddings pools hidden states: mean, cls, last, max, ... (default: the "
+                        "model's sentence-transformers or GGUF pooling, else its last token)")
     p.add_argument("--max-body", type=int, default=SERVE.max_body, metavar="BYTES",
                    help=f"largest request body; larger ones get 413 (default: {SERVE.max_body})")
     p.add_argument("--body-timeout", type=float, default=SERVE.body_timeout, metavar="S",
@@ -208,6 +248,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--request-timeout", type=float, default=SERVE.request_timeout, metavar="S",
                    help="seconds a generation may run; then it ends with finish_reason \"length\" "
                         "(default: no limit)")
+    p.add_argument("--cache-ram", type=whole_number(0), default=SERVE.cache_ram, metavar="MIB",
+                   help="MiB of what slots held kept in RAM beyond them, so that a known prefix (system "
+                        "prompt, tools, a conversation) is not run again when a request lands on another "
+                        f"slot (default: {SERVE.cache_ram}; 0: off)")
+    p.add_argument("--ctx-checkpoints", type=whole_number(0), default=SERVE.ctx_checkpoints, metavar="N",
+                   help="recurrent-state checkpoints each slot keeps, for models with recurrent layers "
+                        f"(Qwen3.5) to resume a conversation mid-way (default: {SERVE.ctx_checkpoints})")
 
     p = sub.add_parser("perplexity", help="perplexity on a text, and KL divergence from a base model, "
                                           "measured as llama.cpp's llama-perplexity measures them")
@@ -224,6 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "next-token distributions with: KL divergence, top-1 agreement, PPL of both")
     p.add_argument("--threads", "-t", type=whole_number(1), default=None,
                    help="threads for the run loop (default: physical cores)")
+    p.add_argument("--kv-dtype", choices=("f32", "bf16", "f16"), default="f32",
+                   help="the model's KV cache precision (the base's is f32): with --kl-divergence-base "
+                        "the same file, what the cache's rounding costs (default: f32)")
 
     from .bench import add_bench_parser
     add_bench_parser(sub)
@@ -270,12 +320,36 @@ def _dispatch(args) -> int:
         return 130
 
 
-def _load(args):
+def _check_settings(args):
+    """The sampling flags and --json-schema, checked before the model is
+    loaded (a typo should not cost a load); the model's defaults are applied
+    over them later, by Settings."""
+    given = {k: getattr(args, k) for k in _SAMPLING_KEYS if getattr(args, k, None) is not None}
+    SamplingParams().replace(**given)
+    _response_format(getattr(args, "json_schema", None))
+
+
+def _load(args, max_n_ctx: int | None = None):
     from .model import Model
+    _check_settings(args)
     model = Model.from_pretrained(args.model, n_ctx=args.ctx, threads=args.threads, dtype=args.dtype,
-                                  kv_dtype=args.kv_dtype, activations=args.activations,
-                                  pack_cache=False if args.no_cache else None)
+                                  kv_dtype=args.kv_dtype, activations=args.activations, max_n_ctx=max_n_ctx,
+                                  pack_cache=False if getattr(args, "no_cache", False) else None)
     _check_ctx(model, args.ctx)
+    if getattr(args, "draft", None) is not None:
+        if args.spec == "none":
+            raise FastLLMError("--draft and --spec none ask for opposite things: give one")
+        from .speculative import check_same_vocabulary
+        draft = Model.from_pretrained(args.draft, n_ctx=model.n_ctx, threads=model.threads,
+                                      kv_dtype=args.kv_dtype, activations=args.activations)
+        check_same_vocabulary(draft, model)
+        model.speculative = draft
+    elif getattr(args, "spec", None) in ("ngram", "mtp"):
+        if args.spec == "mtp" and not model.has_mtp:
+            raise FastLLMError(f"--spec mtp: {model.name} has no multi-token-prediction block (a Qwen3.5 GGUF "
+                               "file converted with it, without --no-mtp, has one)")
+        model.speculative = args.spec
+    model.draft_max = getattr(args, "draft_max", model.draft_max)
     return model
 
 
@@ -397,8 +471,10 @@ def _print_reply(pieces, model, chat: bool, repl: bool, verbose: bool) -> str:
         print(f"[... cut at {s.generated_tokens} tokens: {'/steps N' if repl else '-n N'} "
               "for longer replies]", file=sys.stderr)
     if verbose:
+        spec = (f" | guesses: {s.accepted_tokens} of {s.drafted_tokens} kept"
+                if model.speculative is not None else "")
         print(f"[prompt: {s.prompt_tokens} tokens, {s.prompt_tps:.1f} tok/s | "
-              f"generated: {s.generated_tokens} tokens, {s.generate_tps:.1f} tok/s | "
+              f"generated: {s.generated_tokens} tokens, {s.generate_tps:.1f} tok/s{spec} | "
               f"{model.threads} threads, {model.dtype}, stop: {s.finish_reason}]", file=sys.stderr)
     return "".join(text)
 
@@ -637,12 +713,75 @@ def cmd_serve(args) -> int:
     except ImportError as e:
         raise FastLLMError(f"fastllm serve needs starlette and uvicorn: pip install 'fastllm-engine[serve]' "
                            f"({e})") from None
+    names = args.model_name or []
     try:
-        options = ServeOptions(**{k: getattr(args, k) for k in OPTION_NAMES})
+        options = ServeOptions(**{k: getattr(args, k) for k in OPTION_NAMES if k != "model_name"},
+                               model_name=names[0] if len(names) == 1 and len(args.model or [None]) == 1 else None)
     except ValueError as e:
         raise FastLLMError(f"fastllm serve: {e}") from None
-    serve(_load(args), options)
+    from .server import SLOT_CTX
+    entries = _served_entries(args)
+    models = []
+    for entry in entries:
+        model = _load(argparse.Namespace(**{**vars(args), **entry}), SLOT_CTX)
+        pooling = entry.get("pooling")
+        if pooling is not None:
+            try:
+                model.pooling = pooling
+            except ValueError as e:
+                raise FastLLMError(f"fastllm serve: {e}") from None
+        models.append((entry.get("name") or model.name, model))
+    serve(models if len(models) > 1 else models[0][1], options)
     return 0
+
+
+# What an entry of --models-file may set, and its command-line option.
+_MODEL_FILE_KEYS = {"model": "model", "name": "name", "ctx": "ctx", "dtype": "dtype", "kv_dtype": "kv_dtype",
+                    "activations": "activations", "threads": "threads", "pooling": "pooling"}
+
+
+def _served_entries(args) -> list:
+    """The models `fastllm serve` loads, as dicts of _load's arguments (and
+    name, pooling): from --models-file, or one per --model (each named by
+    the --model-name in its place)."""
+    if args.models_file:
+        if args.model:
+            raise FastLLMError("fastllm serve: give models with --model or with --models-file, not both")
+        return [{"pooling": args.pooling, **e} for e in _models_file(Path(args.models_file))]
+    paths = args.model or [None]
+    names = args.model_name or []
+    if len(names) > 1 and len(names) != len(paths):
+        raise FastLLMError(f"fastllm serve: {len(names)} --model-name for {len(paths)} --model: give one "
+                           "per model, in their order")
+    if len(paths) == 1:
+        names = names[:1]
+    return [{"model": p, "name": names[i] if i < len(names) else None, "pooling": args.pooling}
+            for i, p in enumerate(paths)]
+
+
+def _models_file(path: Path) -> list:
+    try:
+        listed = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        raise FastLLMError(f"fastllm serve: --models-file {path}: {e}") from None
+    if isinstance(listed, dict):
+        listed = listed.get("models")
+    if not isinstance(listed, list) or not listed:
+        raise FastLLMError(f"fastllm serve: --models-file {path} must hold a non-empty list of models "
+                           "(or {\"models\": [...]})")
+    entries = []
+    for i, entry in enumerate(listed):
+        if isinstance(entry, str):
+            entry = {"model": entry}
+        if not isinstance(entry, dict) or not isinstance(entry.get("model"), str):
+            raise FastLLMError(f"fastllm serve: --models-file {path}: entry {i} must be a model name or an "
+                               "object with a \"model\"")
+        unknown = [k for k in entry if k not in _MODEL_FILE_KEYS]
+        if unknown:
+            raise FastLLMError(f"fastllm serve: --models-file {path}: entry {i} sets {unknown[0]!r}; an entry "
+                               f"may set {', '.join(_MODEL_FILE_KEYS)}")
+        entries.append(dict(entry))
+    return entries
 
 
 def cmd_convert(args) -> int:
@@ -673,7 +812,7 @@ def cmd_perplexity(args) -> int:
     from . import perplexity
     from .model import Model
     text = perplexity.corpus_text() if args.file is None else perplexity.read_text(args.file)
-    model = Model.from_pretrained(args.model, n_ctx=args.ctx, threads=args.threads)
+    model = Model.from_pretrained(args.model, n_ctx=args.ctx, threads=args.threads, kv_dtype=args.kv_dtype)
     _check_ctx(model, args.ctx)
     base = (None if args.kl_divergence_base is None else
             Model.from_pretrained(args.kl_divergence_base, n_ctx=args.ctx, threads=args.threads))

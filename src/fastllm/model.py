@@ -20,6 +20,7 @@ from .end_of_generation import end_of_generation_ids
 from .errors import ModelFileError
 from .sampling import Constraint, Sampler, SamplingParams, generation_defaults, read_generation_config
 from .session import Session
+from .speculative import Speculation, speculation
 from .textstream import TextStream
 from .formats.quants import MIXES
 from .weights import load_gguf_weights, load_weights
@@ -121,17 +122,19 @@ def check_sizes(config: ModelConfig, folder: Path):
                                          f"config.json implies {list(shape)}")
 
 
-def context_size(config: ModelConfig, n_ctx, kv_dtype: str, threads: int) -> int:
+def context_size(config: ModelConfig, n_ctx, kv_dtype: str, threads: int, max_n_ctx: int | None = None) -> int:
     """The context length to load with, checked before anything is allocated.
 
-    n_ctx None means the model's max_position_embeddings; where that context
+    n_ctx None means the model's max_position_embeddings (at most
+    max_n_ctx, where given); where that context
     (RoPE tables, a full KV cache) would need more than half the RAM, it is
     capped to what fits, with a warning. An n_ctx asked for explicitly that
     needs more than the RAM is refused."""
     memory = physical_memory()
     per_token = config.context_bytes(1, kv_dtype, threads)
     if n_ctx is None:
-        n_ctx = config.max_position_embeddings
+        n_ctx = config.max_position_embeddings if max_n_ctx is None else \
+            min(config.max_position_embeddings, max_n_ctx)
         fits = max(1, memory // 2 // per_token)
         if n_ctx > fits:
             warnings.warn(f"{config.path}: max_position_embeddings is {n_ctx}, a context of "
@@ -173,6 +176,9 @@ class GenerationStats:
     generated_tokens: int = 0
     generate_seconds: float = 0.0
     finish_reason: str = ""   # "stop" (eos or stop string), "length" (max_new_tokens), "context" (n_ctx full)
+    # speculative decoding: tokens guessed, and guesses kept (0 without it)
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
 
     @property
     def prompt_tps(self) -> float:
@@ -191,7 +197,7 @@ def _packed_weights(config: ModelConfig, source: Path, dtype: str, use_cache: bo
 
     if dtype == "gguf":
         def build():
-            arrays, types = load_gguf_weights(config, source)
+            arrays, types = load_gguf_weights(config, source, mtp=True)
             return arrays, {"types": dict(types)}
         sources = [source]
     else:
@@ -201,7 +207,9 @@ def _packed_weights(config: ModelConfig, source: Path, dtype: str, use_cache: bo
         sources = sorted(p for p in source.iterdir()
                          if p.name == "config.json" or p.name.endswith((".safetensors", ".safetensors.index.json")))
     def check(arrays):   # what Weights refuses is rebuilt, never loaded
-        _core.Weights(config, arrays, 1)
+        _core.Weights(config, {k: v for k, v in arrays.items() if k != "mtp"}, 1)
+        if "mtp" in arrays:
+            _core.Weights(config.mtp_config(), arrays["mtp"], 1)
     arrays, extra, cached = pack_cache.load(sources, {"dtype": dtype}, build, pack_cache.enabled(use_cache), check)
     return arrays, extra.get("types"), cached
 
@@ -217,8 +225,10 @@ class Model:
 
     def __init__(self, weights: _core.Weights, config: ModelConfig, tokenizer, path: Path, dtype: str,
                  eos_token_ids: set, generation_config: dict | None = None, max_batch: int = 512,
-                 name: str | None = None, source: Path | None = None):
+                 name: str | None = None, source: Path | None = None, mtp: _core.Weights | None = None):
         self._weights = weights
+        # The multi-token-prediction block, where the file has one (speculative="mtp").
+        self._mtp = mtp
         self.config = config
         self.tokenizer = tokenizer
         self.path = path
@@ -243,6 +253,12 @@ class Model:
         self.last_stats = GenerationStats()
         # The file the packed weights are mapped from (fastllm.pack_cache), or None.
         self.pack_cache_file = None
+        # What generate/stream/chat speculate with when a call says nothing:
+        # None, "ngram", or a draft Model (see fastllm.speculative), with
+        # at most draft_max guesses a pass.
+        self.speculative = None
+        self.draft_max = 16
+        self._drafters = {}   # the default session's drafters, kept from call to call
         self._session = Session(self)
         self._lock = threading.Lock()   # held while the default session is in use
         self._holder = None             # the thread that holds it
@@ -253,7 +269,7 @@ class Model:
     def from_pretrained(cls, path=None, n_ctx: int | None = None, threads: int | None = None,
                         dtype: str | None = None, max_batch: int | None = None, kv_dtype: str = "f32",
                         activations: str = "int8", filename: str | None = None,
-                        pack_cache: bool | None = None) -> "Model":
+                        max_n_ctx: int | None = None, pack_cache: bool | None = None) -> "Model":
         """Load a HF model folder (config.json, model.safetensors, tokenizer.json),
         a .gguf file, a Hugging Face repo ("org/name", fetched into the
         Hugging Face cache with huggingface_hub), or with no path the default
@@ -274,6 +290,8 @@ class Model:
         activations: what quantized weights multiply: "int8" blocks of the
         activations (fast), or "f32" activations with the exact dequantized
         weights (the results of the dequantized float32 model, bit for bit).
+        max_n_ctx: without n_ctx, the context is the model's
+        max_position_embeddings, or this many positions where fewer.
         max_batch: tokens per forward pass (a longer prompt runs in several);
         None: as many as fit WORK_BUFFER_BYTES of work buffers, at most 512.
         pack_cache: keep the packed weights in a file under $FASTLLM_HOME
@@ -302,7 +320,7 @@ class Model:
         threads = physical_cores() if threads is None else usable_threads(threads)
         if not native:
             check_sizes(config, folder)
-        seq_len = context_size(config, n_ctx, kv_dtype, threads)
+        seq_len = context_size(config, n_ctx, kv_dtype, threads, max_n_ctx)
         if max_batch is not None and (not _whole(max_batch) or not 1 <= max_batch <= 1 << 16):
             raise ValueError(f"max_batch must be a whole number from 1 to 65536, got {max_batch!r}")
 
@@ -318,11 +336,14 @@ class Model:
         arrays, types, cached = _packed_weights(config, gguf if native else folder, dtype, pack_cache)
         if native:   # named by the type that holds most of the parameters
             dtype = max(types, key=types.get)
+        mtp = arrays.pop("mtp", None)
+        if mtp is not None:
+            mtp = _core.Weights(config.mtp_config(), mtp, seq_len, threads, kv_dtype, activations == "f32")
         weights = _core.Weights(config, arrays, seq_len, threads, kv_dtype, activations == "f32")
         if max_batch is None:
             max_batch = pass_tokens(weights)
         model = cls(weights, config, tokenizer, folder, dtype, end_of_generation_ids(gen_config, config, tokenizer),
-                    gen_config, max_batch, name=model_name(source), source=source)
+                    gen_config, max_batch, name=model_name(source), source=source, mtp=mtp)
         model.pack_cache_file = cached
         return model
 
@@ -355,6 +376,14 @@ class Model:
     @threads.setter
     def threads(self, n: int):
         self._weights.n_threads = usable_threads(n)
+        if self._mtp is not None:
+            self._mtp.n_threads = self._weights.n_threads
+
+    @property
+    def has_mtp(self) -> bool:
+        """Whether the model has a multi-token-prediction block to draft with
+        (speculative="mtp")."""
+        return self._mtp is not None
 
     def new_session(self, max_batch: int | None = None) -> Session:
         """A Session of its own (KV cache and recurrent state) on these weights."""
@@ -387,7 +416,8 @@ class Model:
 
     def generate_tokens(self, prompt_ids, max_new_tokens: int = 128, sampling: SamplingParams | None = None,
                         stop_token_ids=None, *, session: Session | None = None,
-                        logits_processors=(), constraint: Constraint | None = None) -> Iterator[int]:
+                        logits_processors=(), constraint: Constraint | None = None,
+                        speculative=None) -> Iterator[int]:
         """Yield new token ids one by one. Stops at an end-of-sequence token
         (not yielded), after max_new_tokens, when the context is full, or
         once constraint is done. Runs on session, else on the default
@@ -395,7 +425,11 @@ class Model:
         logits_processors: more (tokens, logits) -> logits functions, run
         after the penalties and logit bias of sampling.
         constraint: constrained decoding (see sampling.Constraint): its mask
-        comes after every processor."""
+        comes after every processor.
+        speculative: "ngram", a draft Model (same vocabulary) or a
+        fastllm.speculative.Speculation: guesses checked several at a pass
+        (the tokens are exactly those without it); None: the model's
+        speculative setting; False: none."""
         if not _whole(max_new_tokens) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be a whole number >= 0, got {max_new_tokens!r}")
         sampling = (sampling or SamplingParams()).check_vocabulary(self.config.vocab_size)
@@ -404,51 +438,115 @@ class Model:
         if len(prompt_ids) >= self.n_ctx:
             raise ValueError(f"the prompt has {len(prompt_ids)} tokens: no room left in the context of "
                              f"{self.n_ctx} (load the model with a larger n_ctx)")
-        return self._generate(prompt_ids, max_new_tokens, sampler, stop_ids, session)
+        spec = speculation(self.speculative if speculative is None else speculative, self, self.draft_max,
+                           self._drafters if session is None else None)
+        return self._generate(prompt_ids, max_new_tokens, sampler, stop_ids, session, spec)
 
-    def _generate(self, prompt_ids, max_new_tokens, sampler, stop_ids, session) -> Iterator[int]:
+    def _generate(self, prompt_ids, max_new_tokens, sampler, stop_ids, session,
+                  spec: Speculation | None = None) -> Iterator[int]:
+        """The tokens after prompt_ids, one step a token; with spec, after
+        each token it drafts the next few, one pass runs the token and the
+        guesses (Session.verify), and the sampler picks from those logits,
+        position by position, as from plain steps; the pass keeps the
+        guesses up to the first the sampler did not pick (Session.keep)."""
+        hidden = spec is not None and getattr(spec.drafter, "wants_hidden", False)   # it reads hidden states
         with self._use(session) as s:
             stats = self.last_stats = GenerationStats(prompt_tokens=len(prompt_ids), finish_reason="length")
             t0 = time.perf_counter()
-            logits = s.prefill(prompt_ids)
+            logits = s.prefill(prompt_ids, hidden)
+            if hidden:
+                logits, states = logits
+                spec.drafter.observe(s.position - len(states), states)
             stats.prompt_seconds = time.perf_counter() - t0
             ids = list(s.tokens)
-            for i in range(max_new_tokens):
-                t0 = time.perf_counter()
-                token = sampler(logits, ids)
-                stats.generate_seconds += time.perf_counter() - t0
-                if token in stop_ids:
-                    stats.finish_reason = "stop"
-                    return
-                stats.generated_tokens += 1
-                yield token
-                ids.append(token)
-                if len(ids) >= self.n_ctx:
-                    stats.finish_reason = "context"
-                    return
-                if sampler.done:
-                    stats.finish_reason = "stop"
-                    return
-                if i + 1 < max_new_tokens:  # the last token's logits would go unused
+            rows, guesses = [], []   # the open pass: logits not yet used, guesses not yet checked
+            open_pass = False
+            drafted = taken = 0      # its guesses, and those the sampler took
+            seconds = 0.0            # what it cost
+
+            def close_pass(checked):
+                # hold its first token and the guesses taken, as if only they had run
+                s.keep(1 + taken)
+                if hidden:
+                    spec.drafter.observe(s.position - 1 - taken, states[:1 + taken])
+                spec.verified(checked, taken, seconds)
+
+            try:
+                for i in range(max_new_tokens):
                     t0 = time.perf_counter()
-                    logits = s.step(token)
+                    token = sampler(logits, ids)
                     stats.generate_seconds += time.perf_counter() - t0
+                    if token in stop_ids:
+                        stats.finish_reason = "stop"
+                        return
+                    stats.generated_tokens += 1
+                    yield token
+                    ids.append(token)
+                    if len(ids) >= self.n_ctx:
+                        stats.finish_reason = "context"
+                        return
+                    if sampler.done:
+                        stats.finish_reason = "stop"
+                        return
+                    if i + 1 == max_new_tokens:   # the last token's logits would go unused
+                        return
+                    if guesses and token == guesses[0]:   # its logits are in the pass
+                        guesses.pop(0)
+                        logits = rows.pop(0)
+                        taken += 1
+                        continue
+                    t0 = time.perf_counter()
+                    if open_pass:
+                        open_pass = False
+                        close_pass(drafted)
+                    room = min(max_new_tokens - i - 2, self.n_ctx - len(ids), s.pass_room() - 1)
+                    guesses = spec.draft(ids, room) if spec is not None else []
+                    t1 = time.perf_counter()
+                    if guesses:
+                        rows = s.verify([token] + guesses, hidden)
+                        if hidden:
+                            rows, states = rows
+                        rows = list(rows)
+                        open_pass, drafted, taken = True, len(guesses), 0
+                        logits = rows.pop(0)
+                        seconds = time.perf_counter() - t1
+                    else:
+                        logits = s.step(token, hidden)
+                        if hidden:
+                            logits, states = logits
+                            spec.drafter.observe(s.position - 1, states)
+                        if spec is not None:
+                            spec.plain_step(time.perf_counter() - t1)
+                    stats.generate_seconds += time.perf_counter() - t0
+            finally:
+                if open_pass:
+                    close_pass(taken)
+                s.checkpoint()   # where the reply ends: the next turn resumes there
+                if spec is not None:
+                    stats.drafted_tokens = spec.stats.drafted
+                    stats.accepted_tokens = spec.stats.accepted
 
     def generate_tokens_batch(self, prompts_ids, max_new_tokens: int = 128,
-                              sampling: SamplingParams | None = None, stop_token_ids=None) -> list:
+                              sampling: SamplingParams | None = None, stop_token_ids=None,
+                              speculative=None) -> list:
         """New token ids for several prompts, decoded together (continuous
         batching, fastllm.serving.BatchEngine): each step runs one token of
         every unfinished prompt in a single pass over the weights, on
         sessions of their own. Each list is exactly what generate_tokens
         gives for that prompt alone, whatever the others are (greedy, or
         sampled: every prompt draws from its own generator seeded with
-        sampling.seed)."""
+        sampling.seed). speculative: as for generate_tokens ("ngram" or a
+        draft Model; None: the model's setting, False: none)."""
         from .serving import BatchEngine
         n = len(prompts_ids)
         if n == 0:
             return []
         chunk = min(max(len(p) for p in prompts_ids), self.max_batch)
-        engine = BatchEngine(self, parallel=n, max_queue=n, prefill_chunk=max(chunk, 1))
+        # (the model's "mtp" setting is Model.generate's alone: the engine drafts otherwise)
+        spec = (None if self.speculative == "mtp" else self.speculative) if speculative is None \
+            else speculative or None
+        engine = BatchEngine(self, parallel=n, max_queue=n, prefill_chunk=max(chunk, self.draft_max + 1, 1),
+                             speculative=spec, draft_max=self.draft_max)
         try:
             requests = [engine.submit(ids, max_new_tokens, sampling, stop_token_ids) for ids in prompts_ids]
             return [list(r) for r in requests]
@@ -480,7 +578,7 @@ class Model:
     def stream(self, prompt: str, max_new_tokens: int | None = None, *, sampling: SamplingParams | None = None,
                stop=None, add_special_tokens: bool = True, session: Session | None = None,
                constraint: Constraint | None = None, response_format: dict | None = None,
-               **overrides) -> Iterator[str]:
+               speculative=None, **overrides) -> Iterator[str]:
         """Yield the continuation of prompt as text pieces, each a whole
         number of characters, as tokens are generated.
 
@@ -493,7 +591,8 @@ class Model:
         generate_tokens). response_format: OpenAI's {"type": "json_object"}
         or {"type": "json_schema", "json_schema": {"name": ..., "schema":
         {...}}}: the text is JSON (that follows the schema), by constrained
-        decoding (needs llguidance). stop: a string or a list of strings that
+        decoding (needs llguidance). speculative: see generate_tokens (the
+        text is the same with it). stop: a string or a list of strings that
         end the text (not included); an empty one is refused. Afterwards
         last_stats.finish_reason says why generation ended; "context" (the
         context is full) also gives a ContextFullWarning."""
@@ -501,7 +600,7 @@ class Model:
         constraint = self._constraint(constraint, response_format)
         ids = self._encode(prompt, add_special_tokens)
         n = self.default_max_new_tokens(len(ids)) if max_new_tokens is None else max_new_tokens
-        return self._stream_ids(ids, n, params, _stop_strings(stop), session, constraint)
+        return self._stream_ids(ids, n, params, _stop_strings(stop), session, constraint, speculative)
 
     def _constraint(self, constraint, response_format, prompt: str | None = None):
         """constraint, or the one response_format asks for; prompt: the
@@ -535,7 +634,7 @@ class Model:
     def chat(self, messages, max_new_tokens: int | None = None, stream: bool = False, *,
              sampling: SamplingParams | None = None, stop=None, template_kwargs: dict | None = None,
              session: Session | None = None, constraint: Constraint | None = None,
-             response_format: dict | None = None, **overrides):
+             response_format: dict | None = None, speculative=None, **overrides):
         """Render messages with the model's chat template (as transformers
         does) and generate the assistant's reply. Settings as for stream;
         max_new_tokens falls back to 256. With response_format, a model
@@ -547,7 +646,7 @@ class Model:
         constraint = self._constraint(constraint, response_format, text)
         ids = self._encode(text, False)
         n = self.default_max_new_tokens(len(ids), 256) if max_new_tokens is None else max_new_tokens
-        pieces = self._stream_ids(ids, n, params, _stop_strings(stop), session, constraint)
+        pieces = self._stream_ids(ids, n, params, _stop_strings(stop), session, constraint, speculative)
         return pieces if stream else "".join(pieces)
 
     def _encode(self, text: str, add_special_tokens: bool) -> list:
@@ -567,9 +666,11 @@ class Model:
                                  "file not found: text in and out needs the model's tokenizer")
         return self.tokenizer
 
-    def _stream_ids(self, ids, max_new_tokens, sampling, stops, session, constraint=None) -> Iterator[str]:
+    def _stream_ids(self, ids, max_new_tokens, sampling, stops, session, constraint=None,
+                    speculative=None) -> Iterator[str]:
         text = TextStream(self.tokenizer, stops)
-        tokens = self.generate_tokens(ids, max_new_tokens, sampling, session=session, constraint=constraint)
+        tokens = self.generate_tokens(ids, max_new_tokens, sampling, session=session, constraint=constraint,
+                                      speculative=speculative)
         try:
             for token in itertools.chain(tokens, [None]):
                 piece = text.feed(token)
@@ -584,6 +685,55 @@ class Model:
                               "load the model with a larger n_ctx", ContextFullWarning, stacklevel=3)
         finally:
             tokens.close()
+
+    # ---------------------------------------------------------- embeddings
+
+    @property
+    def pooling(self):
+        """How embed() pools hidden states (an embeddings.Pooling): read on
+        first use from the model's sentence-transformers files, or a GGUF
+        file's pooling_type; settable with a mode name ("mean", "cls",
+        "last", ...)."""
+        if self._pooling is None:
+            from .embeddings import gguf_pooling, read_pooling
+            if self.source.is_file():
+                from .formats.gguf_tensors import read_contents
+                self._pooling = gguf_pooling(read_contents(self.source, string_arrays=False).metadata)
+            else:
+                self._pooling = read_pooling(self.source)
+        return self._pooling
+
+    @pooling.setter
+    def pooling(self, mode):
+        from .embeddings import Pooling
+        self._pooling = mode if isinstance(mode, Pooling) else Pooling.of(mode)
+
+    _pooling = None
+
+    def embed(self, texts, *, pooling=None, normalize: bool = True, dimensions: int | None = None,
+              session: Session | None = None) -> np.ndarray:
+        """Embeddings of texts (a string, or a list of them): float32, (dim,)
+        for a string, (len(texts), dim) for a list. Each text is encoded with
+        its special tokens, run alone, and its final-normed hidden states
+        pooled (pooling: a mode such as "mean", "cls", "last"; else the
+        model's own, see pooling), cut to the first dimensions values where
+        given, then scaled to length 1 unless normalize is False."""
+        from .embeddings import embed_ids
+        one = isinstance(texts, str)
+        items = [texts] if one else texts
+        if not isinstance(items, (list, tuple)) or not all(isinstance(t, str) for t in items):
+            raise TypeError(f"texts must be a string or a list of strings, got {type(texts).__name__}")
+        ids = [self._encode(t, True) for t in items]
+        with self._use(session) as s:
+            out = [embed_ids(self, s, i, pooling, normalize, dimensions) for i in ids]
+        if one:
+            return out[0]
+        if not out:
+            from .embeddings import Pooling
+            chosen = self.pooling if pooling is None else pooling if isinstance(pooling, Pooling) else \
+                Pooling.of(pooling)
+            return np.zeros((0, dimensions or self.config.hidden_size * len(chosen.modes)), np.float32)
+        return np.stack(out)
 
     def __repr__(self):
         return (f"Model({str(self.path)!r}, model_type={self.config.model_type!r}, "

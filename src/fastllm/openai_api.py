@@ -141,6 +141,9 @@ class Generation:
     # How a chat reply is read (toolcalls.ReplyStream's options: reasoning,
     # tools and their format); None: the text as it is.
     reply: dict | None = None
+    # llama-server's "speculative.n_max": at most this many guesses a pass
+    # (0: no speculative decoding for this request); None: the server's.
+    draft_max: int | None = None
 
 
 def parse_request(body: dict, chat: bool, model, max_choices: int = MAX_CHOICES) -> Generation:
@@ -157,6 +160,7 @@ def parse_request(body: dict, chat: bool, model, max_choices: int = MAX_CHOICES)
     options = field_of(body, "stream_options", dict, {})
     include_usage = field_of(options, "include_usage", bool, False) if stream else False
     stop_ids = set() if field_of(body, "ignore_eos", bool, False) else None
+    draft_max = field_of(body, "speculative.n_max", int, None, 0, 64)
     response_format = body.get("response_format")
     try:
         response_format_schema(response_format)
@@ -189,7 +193,7 @@ def parse_request(body: dict, chat: bool, model, max_choices: int = MAX_CHOICES)
         limit = model.default_max_new_tokens(len(ids), room if chat else 16)
     constraints = None if grammar is None else [grammar.start() for _ in samplings]
     return Generation(chat, ids, max(1, min(limit, room)), samplings, stops, stop_ids, top_logprobs,
-                      stream, include_usage, constraints, reply=reply)
+                      stream, include_usage, constraints, reply=reply, draft_max=draft_max)
 
 
 def sampling_of(body: dict, model, max_choices: int = MAX_CHOICES) -> list:
@@ -291,8 +295,8 @@ def encode(model, text: str, add_special_tokens: bool, param: str) -> list:
 
 def fit_context(n: int, model, param: str):
     if n >= model.n_ctx:
-        raise APIError(400, f"the {param} has {n} tokens: the context holds {model.n_ctx}",
-                       param=param, code="context_length_exceeded")
+        raise APIError(400, f"the {param} has {n} tokens: the context holds {model.n_ctx} "
+                            f"(the server's --ctx)", param=param, code="context_length_exceeded")
 
 
 def chat_prompt(body: dict, model, tools: dict | None = None) -> tuple:
@@ -368,7 +372,7 @@ def message_of(m, i: int) -> dict:
         raise APIError(400, f"'{where}.role' must be one of {', '.join(ROLES)}, got {_short(role)}",
                        param="messages")
     out = {"role": role, "content": content_of(m.get("content"), role, where)}
-    for key in ("name", "tool_call_id"):
+    for key in ("name", "tool_call_id", "reasoning_content"):
         if m.get(key) is not None:
             if not isinstance(m[key], str):
                 raise APIError(400, f"'{where}.{key}' must be a string", param="messages")

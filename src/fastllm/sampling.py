@@ -2,7 +2,11 @@
 
 The steps and their order follow transformers' generate: repetition penalty,
 then temperature, top-k, top-p and min-p, then a draw. Temperature 0 is
-greedy decoding. A seed makes every draw reproducible. OpenAI's frequency
+greedy decoding. A seed makes every draw reproducible: the uniform number
+behind the token at position p of a sequence is a pure function of (seed,
+p), SplitMix64's p-th output keyed by the seed, so a draw never depends on
+how many draws came before (speculative decoding may verify a position
+and throw it away; the text is the same as without it). OpenAI's frequency
 and presence penalties and logit bias come after the repetition penalty,
 then the caller's logits processors, then a constraint's mask (constrained
 decoding), before temperature.
@@ -17,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
@@ -55,7 +60,7 @@ _CHECKS = {
                            f"a number > 0 and <= {MAX_REPETITION_PENALTY:g}"),
     "repeat_last_n": (lambda v: _whole(v) and v >= -1,
                       "-1 (all tokens), 0 (none) or a positive count"),
-    # numpy's generators take seeds >= 0; 64 bits is what clients send
+    # a 64-bit word: what clients send (OpenAI's seed, llama.cpp's)
     "seed": (lambda v: v is None or (_whole(v) and 0 <= v < 2**64),
              "a whole number from 0 to 2**64-1, or None"),
     "frequency_penalty": (lambda v: _number(v) and -2 <= v <= 2, "a number in [-2, 2]"),
@@ -191,10 +196,32 @@ class Constraint(Protocol):
         """True once the output is complete: generation ends ("stop")."""
 
 
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def _mix64(z: int) -> int:
+    """SplitMix64's finaliser: a bijection of 64-bit words that scatters
+    every input bit over the output."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def uniform_at(seed: int, position: int) -> float:
+    """The uniform number in [0, 1) of the draw at position of a sequence
+    under seed: output position of SplitMix64 started at mix(seed), so
+    that nearby seeds give unrelated streams. 53 random bits, as numpy's
+    doubles."""
+    z = _mix64((_mix64(seed & _MASK64) + (position + 1) * _GOLDEN) & _MASK64)
+    return (z >> 11) * 2.0 ** -53
+
+
 class Sampler:
     """Picks tokens: the logits processors (those of the params, then the
     caller's own), a constraint's mask, then the argmax at temperature 0,
-    else a draw after the warpers, from a generator seeded with params.seed.
+    else a draw after the warpers, with the uniform number uniform_at(seed,
+    position) (params.seed, or one drawn at random for the Sampler).
 
     A Sampler serves one generation: it counts the tokens it chose (for the
     frequency and presence penalties) and tells its constraint of each."""
@@ -206,7 +233,7 @@ class Sampler:
         self._counts = {} if params.frequency_penalty or params.presence_penalty else None
         self.processors = logits_processors(params, self._counts) + list(processors)
         self.constraint = constraint
-        self.rng = np.random.default_rng(params.seed)
+        self.seed = secrets.randbits(64) if params.seed is None else params.seed
 
     def process(self, logits: np.ndarray, tokens: Sequence[int] = ()) -> np.ndarray:
         logits = np.asarray(logits, dtype=np.float32)
@@ -214,14 +241,17 @@ class Sampler:
             logits = processor(tokens, logits)
         return logits
 
-    def __call__(self, logits: np.ndarray, tokens: Sequence[int] = ()) -> int:
+    def __call__(self, logits: np.ndarray, tokens: Sequence[int] = (), position: int | None = None) -> int:
+        """The token after tokens (the sequence so far, prompt included),
+        at position len(tokens) unless given."""
         logits = self.process(logits, tokens)
         if self.constraint is not None:
             logits = self.constraint.mask(logits)
         if self.params.temperature == 0:
             token = int(np.argmax(logits))
         else:
-            token = self._draw(apply_warpers(logits, self.params))
+            at = len(tokens) if position is None else position
+            token = self._draw(apply_warpers(logits, self.params), uniform_at(self.seed, at))
         if self._counts is not None:
             self._counts[token] = self._counts.get(token, 0) + 1
         if self.constraint is not None:
@@ -233,16 +263,22 @@ class Sampler:
         """True when the constraint says the output is complete."""
         return self.constraint is not None and bool(self.constraint.done)
 
-    def _draw(self, probs: np.ndarray) -> int:
-        # Inverse-CDF draw in float64: one uniform number per token.
+    @staticmethod
+    def _draw(probs: np.ndarray, uniform: float) -> int:
+        # Inverse-CDF draw in float64.
         cdf = np.cumsum(probs, dtype=np.float64)
-        u = self.rng.random() * cdf[-1]
+        u = uniform * cdf[-1]
         return int(min(np.searchsorted(cdf, u, side="right"), len(probs) - 1))
 
 
 def apply_warpers(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
     """Probabilities after temperature, top-k, top-p and min-p filtering."""
-    scores = logits.astype(np.float64) / p.temperature
+    with np.errstate(over="ignore"):
+        scores = logits.astype(np.float64) / p.temperature
+    if not np.isfinite(scores.max()):
+        # A temperature so small (5e-324) that the scores overflow: all the
+        # mass goes to the best tokens, as it does in the limit.
+        scores = np.where(logits == logits.max(), 0.0, -np.inf)
     if p.top_k and p.top_k < scores.size:
         kth = np.partition(scores, -p.top_k)[-p.top_k]
         scores = np.where(scores < kth, -np.inf, scores)

@@ -9,6 +9,11 @@ request's tokens are exactly those of Model.generate_tokens alone, whatever
 runs beside it (sessions run together give the same bits as alone, and each
 request samples from its own generator).
 
+With speculation (speculative="ngram" or a draft Model), a decoding request
+feeds its last token and its guesses (fastllm.speculative) in the same pass
+as the other requests' tokens, and keeps the guesses its sampler takes: its
+tokens are still exactly those of generating alone.
+
 The engine thread outlives any request: an error while admitting,
 running or sampling one request ends that request (its `error` says why,
 and iterating it raises it), and the others go on.
@@ -26,10 +31,66 @@ import numpy as np
 from . import _core
 from .sampling import Constraint, Sampler, SamplingParams, _whole
 from .session import extend_together
+from .speculative import DraftModel, NgramDrafter, Speculation, check_same_vocabulary, draft_together
 
 
 class QueueFull(Exception):
     """Every slot is busy and the waiting queue is full: try again later."""
+
+
+class PromptCache:
+    """What slots held, kept in RAM beyond the slots: before a slot takes a
+    request that keeps little of what it holds, its sequence (keys and
+    values, recurrent states and checkpoints) is copied here, so that a
+    later request that lands on another slot, or comes back after other
+    conversations used the slots, still skips its known prefix (a system
+    prompt and tools, a conversation so far). Least recently used entries go
+    first once their bytes pass the budget."""
+
+    # Sequences shorter than this are cheaper to run again than to keep.
+    MIN_TOKENS = 64
+
+    def __init__(self, model, budget_bytes: int):
+        self.model, self.budget = model, budget_bytes
+        self._entries = []   # sessions, least recently used first
+        self.hits = self.saved = 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(e.memory_bytes for e in self._entries)
+
+    def __len__(self):
+        return len(self._entries)
+
+    def best(self, prompt_ids):
+        """(entry, tokens it lets prompt_ids skip), the most of any entry."""
+        best = max(self._entries, key=lambda e: e.reusable(prompt_ids), default=None)
+        return (best, best.reusable(prompt_ids)) if best is not None else (None, 0)
+
+    def touch(self, entry):
+        self._entries.remove(entry)
+        self._entries.append(entry)
+        self.hits += 1
+
+    def save(self, session):
+        """Keep a copy of what session holds (unless an entry already holds
+        it all, or it is short, or alone over the budget)."""
+        held = session.tokens
+        if len(held) < self.MIN_TOKENS or session.memory_bytes > self.budget:
+            return
+        for e in self._entries:
+            if e.tokens[:len(held)] == held:
+                self.touch(e)
+                return
+        # entries that hold a prefix of it are superseded
+        self._entries = [e for e in self._entries if held[:e.position] != e.tokens]
+        entry = self.model.new_session(1)
+        entry.max_checkpoints = session.max_checkpoints
+        entry.copy_prefix(session, len(held))
+        self._entries.append(entry)
+        self.saved += 1
+        while self.nbytes > self.budget:
+            self._entries.pop(0)
 
 
 @dataclass(eq=False)
@@ -42,6 +103,7 @@ class Request:
     sampling: SamplingParams
     stop_ids: set
     top_logprobs: int | None = None   # with a number, logprobs gets one entry per token
+    draft_max: int | None = None      # guesses a pass at most (None: the engine's; 0: no speculation)
     sampler: Sampler | None = field(default=None, repr=False)   # built by submit
     # A request of the same prompt submitted with this one (n choices): this
     # one copies its prompt's keys/values once that one has run the prompt.
@@ -50,6 +112,8 @@ class Request:
     finish_reason: str = ""       # "stop", "length", "context", "cancelled" or "error"
     error: BaseException | None = None   # what ended it, with finish_reason "error"
     prompt_reused: int = 0        # prompt tokens whose keys/values a slot already held
+    drafted: int = 0              # speculation: guesses run, and guesses kept
+    accepted: int = 0
     # Per token, when top_logprobs is set: (its log-probability, [(id, log-probability)
     # of the top_logprobs most likely]), from the model's own distribution.
     logprobs: list = field(default_factory=list)
@@ -110,6 +174,9 @@ class _Running:
     sampler: Sampler
     fed: int = 0          # prompt tokens run so far
     last: int | None = None   # the token to run next, once the prompt is in
+    branch: int = 0       # where its prompt parts from the longest sequence known (a checkpoint goes there)
+    spec: Speculation | None = None   # its guesses' drafter and policy
+    guesses: list = field(default_factory=list)   # the guesses of the pass being run
     leader: "_Running | None" = None   # waits for it to run the prompt (see Request.leader)
     followers: list = field(default_factory=list)   # those waiting for this one
 
@@ -120,14 +187,33 @@ class BatchEngine:
     for one request, so that decoding streams keep flowing while a long
     prompt comes in."""
 
-    def __init__(self, model, parallel: int = 4, max_queue: int = 64, prefill_chunk: int = 128):
+    def __init__(self, model, parallel: int = 4, max_queue: int = 64, prefill_chunk: int = 128,
+                 speculative=None, draft_max: int = 16, cache_bytes: int = 0, checkpoints: int = 8):
         if parallel < 1 or max_queue < 1 or prefill_chunk < 1:
             raise ValueError("parallel, max_queue and prefill_chunk must be positive")
+        if not 0 <= draft_max <= 64:
+            raise ValueError(f"draft_max must be from 0 to 64, got {draft_max!r}")
+        if speculative == "mtp":
+            raise ValueError("the batch engine speculates with n-gram lookup or a draft model; a model's "
+                             "multi-token-prediction block drafts in Model.generate only")
+        if speculative not in (None, "ngram") and not hasattr(speculative, "new_session"):
+            raise ValueError(f"speculative must be None, 'ngram' or a draft Model, got {speculative!r}")
+        if hasattr(speculative, "new_session"):
+            check_same_vocabulary(speculative, model)
         self.model = model
+        # Guesses a pass: at most draft_max, and one prefill chunk with the last token.
+        self.speculative = speculative
+        self.draft_max = min(draft_max, prefill_chunk - 1) if speculative is not None else 0
+        self.drafted = self.accepted = 0   # totals, for /metrics
+        self._drafters = {}   # a slot's draft model session, kept with the slot
         # The slots hold caches only (their KV pages cost memory as they
         # fill); every step runs in the one work session's buffers.
         self._work = model.new_session(parallel * prefill_chunk)
         self._free = [model.new_session(1) for _ in range(parallel)]
+        for slot in self._free:
+            slot.max_checkpoints = checkpoints
+        # What the slots held, kept beyond them (see PromptCache); None: off.
+        self.cache = PromptCache(model, cache_bytes) if cache_bytes > 0 else None
         self._running: list[_Running] = []
         self._waiting: queue.Queue = queue.Queue(max_queue)
         self.prefill_chunk = prefill_chunk
@@ -141,17 +227,18 @@ class BatchEngine:
 
     def submit(self, prompt_ids, max_new_tokens: int, sampling: SamplingParams | None = None,
                stop_ids=None, top_logprobs: int | None = None,
-               constraint: Constraint | None = None) -> Request:
+               constraint: Constraint | None = None, draft_max: int | None = None) -> Request:
         """Queue a generation; QueueFull when no slot and no queue place is
         free. Everything is checked here, on the caller's thread, so a bad
         request raises (ValueError) rather than reaching the engine.
         constraint: constrained decoding (see sampling.Constraint); the
-        request ends with "stop" once constraint.done."""
+        request ends with "stop" once constraint.done. draft_max: at most
+        this many guesses a pass for this request (0: no speculation)."""
         return self.submit_many(prompt_ids, max_new_tokens, [sampling], stop_ids, top_logprobs,
-                                [constraint])[0]
+                                [constraint], draft_max)[0]
 
     def submit_many(self, prompt_ids, max_new_tokens: int, samplings, stop_ids=None,
-                    top_logprobs: int | None = None, constraints=None) -> list:
+                    top_logprobs: int | None = None, constraints=None, draft_max: int | None = None) -> list:
         """Queue one generation of the same prompt per entry of samplings
         (several choices of one request), all or none; the prompt is run
         once and its keys/values copied to the others where they run at once."""
@@ -163,6 +250,8 @@ class BatchEngine:
             raise ValueError(f"max_new_tokens must be a whole number >= 0, got {max_new_tokens!r}")
         if top_logprobs is not None and (not _whole(top_logprobs) or top_logprobs < 0):
             raise ValueError(f"top_logprobs must be a whole number >= 0, got {top_logprobs!r}")
+        if draft_max is not None and (not _whole(draft_max) or not 0 <= draft_max <= 64):
+            raise ValueError(f"speculative.n_max must be a whole number from 0 to 64, got {draft_max!r}")
         constraints = list(constraints or [None] * len(samplings))
         if not samplings or len(constraints) != len(samplings):
             raise ValueError("submit_many takes one sampling (and constraint) per choice")
@@ -171,7 +260,7 @@ class BatchEngine:
         requests, leader = [], None
         for sampling, constraint in zip(samplings, constraints):
             sampling = (sampling or SamplingParams()).check_vocabulary(self.model.config.vocab_size)
-            request = Request(ids, max_new_tokens, sampling, stops, top_logprobs,
+            request = Request(ids, max_new_tokens, sampling, stops, top_logprobs, draft_max,
                               Sampler(sampling, constraint=constraint), leader)
             leader = leader or request
             requests.append(request)
@@ -217,9 +306,9 @@ class BatchEngine:
             if request._cancelled.is_set():
                 self._finish_waiting(request)
                 continue
-            slot = max(self._free, key=lambda s: _reusable(s, request.prompt_ids))
+            slot = max(self._free, key=lambda s: s.reusable(request.prompt_ids))
             self._free.remove(slot)
-            run = _Running(request, slot, request.sampler)
+            run = _Running(request, slot, request.sampler, spec=self._speculation(slot, request))
             self._running.append(run)
             self._place_or_fail(run)
 
@@ -232,17 +321,43 @@ class BatchEngine:
             run.leader = leader
             leader.followers.append(run)
             return
-        keep = _reusable(slot, request.prompt_ids)
-        # Another slot, running or free, may hold more of the prompt
-        # (a system prompt shared by many requests): copy it over.
+        prompt = request.prompt_ids
+        keep = slot.reusable(prompt)
+        # Another slot, running or free, may hold more of the prompt (a
+        # system prompt shared by many requests), or the prompt cache: copy
+        # it over.
         others = [r.session for r in self._running if r is not run] + self._free
-        donor = max(others, key=lambda s: _reusable(s, request.prompt_ids), default=None)
-        if donor is not None and _reusable(donor, request.prompt_ids) > keep:
-            keep = _reusable(donor, request.prompt_ids)
-            slot.copy_prefix(donor, keep)
+        donor = max(others, key=lambda s: s.reusable(prompt), default=None)
+        donated = donor.reusable(prompt) if donor is not None else 0
+        cached, from_cache = self.cache.best(prompt) if self.cache is not None else (None, 0)
+        run.branch = max([s.shared(prompt) for s in others + [slot]] + [e.shared(prompt) for e in (
+            self.cache._entries if self.cache is not None else ())])
+        if self.cache is not None and slot.position - keep >= PromptCache.MIN_TOKENS:
+            self.cache.save(slot)   # what this slot held beyond the prompt, before it is lost
+        if from_cache > max(keep, donated):
+            self.cache.touch(cached)
+            slot.copy_prefix(cached, from_cache)
+            keep = from_cache
+        elif donated > keep:
+            slot.copy_prefix(donor, donated)
+            keep = donated
         else:
-            slot.rewind(keep)
+            keep = slot.resume(prompt)
         request.prompt_reused = run.fed = keep
+
+    def _speculation(self, slot, request) -> Speculation | None:
+        """The request's drafter: n-gram lookup over its own tokens, or the
+        draft model's session that belongs to its slot (which then keeps
+        what it ran for the slot's next request)."""
+        limit = self.draft_max if request.draft_max is None else min(request.draft_max, self.draft_max)
+        if limit <= 0:
+            return None
+        if self.speculative == "ngram":
+            return Speculation(NgramDrafter(), limit)
+        drafter = self._drafters.get(id(slot))
+        if drafter is None:
+            drafter = self._drafters[id(slot)] = DraftModel(self.speculative, self.model)
+        return Speculation(drafter, limit)
 
     def _finish_waiting(self, request):
         request.finish_reason = "cancelled"
@@ -256,6 +371,11 @@ class BatchEngine:
         run.request.error = error
         run.request._put(None)
         self._running.remove(run)
+        if error is None:
+            try:   # where its reply ends: the next turn of the conversation resumes there
+                run.session.checkpoint()
+            except Exception:
+                run.session.reset()
         self._free.append(run.session)
         followers, run.followers = run.followers, []
         for follower in followers:   # they run the prompt themselves
@@ -274,36 +394,119 @@ class BatchEngine:
         for run in [r for r in self._running if r.request._cancelled.is_set()]:
             self._release(run, "cancelled")
         batch, feeds = [], []
+        decoding = [r for r in self._running if r.leader is None and r.fed >= len(r.request.prompt_ids)]
+        self._draft(decoding)
         for run in self._running:
             prompt = run.request.prompt_ids
             if run.leader is not None:
                 continue   # it copies the prompt from its leader
             if run.fed < len(prompt):
-                feeds.append(prompt[run.fed:run.fed + self.prefill_chunk])
+                end = min(run.fed + self.prefill_chunk, len(prompt))
+                end = next(p for p in run.session.cut_points(run.fed, len(prompt), run.branch) + [end]
+                           if p <= end)
+                feeds.append(prompt[run.fed:end])
             else:
-                feeds.append([run.last])
+                feeds.append([run.last] + run.guesses)
             batch.append(run)
         if not batch:
             return
+        t0 = time.perf_counter()
         try:
-            rows = extend_together([r.session for r in batch], feeds, self._work)
+            verify = [bool(r.guesses) for r in batch]
+            rows = extend_together([r.session for r in batch], feeds, self._work, verify)
         except Exception as e:
             # A pass failed as a whole: what the slots hold is unknown, so
             # every request in it ends; the engine goes on with the next ones.
             for run in batch:
+                run.guesses = []
                 run.session.reset()
                 self._release(run, "error", e)
             return
-        for run, fed, logits in zip(batch, feeds, rows):
+        seconds = time.perf_counter() - t0
+        at = 0
+        for run, fed in zip(batch, feeds):
             request = run.request
             if run.fed < len(request.prompt_ids):
+                logits = rows[at]
+                at += 1
                 run.fed += len(fed)
+                if run.fed in run.session.cut_points(run.fed - len(fed), len(request.prompt_ids), run.branch):
+                    run.session.checkpoint()
                 if run.fed < len(request.prompt_ids):
                     continue   # more of the prompt to come
                 followers, run.followers = run.followers, []
                 for follower in followers:   # the same prompt: copied, not run again
                     self._follow(follower, run, logits)
-            self._next_token(run, logits)
+                self._next_token(run, logits)
+            else:
+                n = len(run.guesses) + 1
+                self._decode(run, rows[at:at + n], seconds)
+                at += n
+
+    def _draft(self, runs):
+        """Each decoding run's guesses for after its last token: as many as
+        its policy chooses, that fit its max_new_tokens, the context and a
+        chunk. A draft model's requests guess together, each step one pass
+        over its weights for all of them."""
+        jobs = []
+        for run in runs:
+            run.guesses = []
+            if run.spec is None:
+                continue
+            request, held = run.request, run.session.position
+            room = min(request.max_new_tokens - request.generated - 1, self.model.n_ctx - 1 - held - 1,
+                       _long_rope_room(run.session, held) - 1)
+            tokens = run.session.tokens + (run.last,)
+            try:
+                if isinstance(run.spec.drafter, DraftModel):
+                    k = run.spec.plan(room)
+                    if k > 0:
+                        jobs.append((run, tokens, k))
+                elif room > 0:
+                    run.guesses = run.spec.draft(tokens, room)
+            except Exception:   # a drafter's failure costs the guesses, not the request
+                run.spec = None
+        if not jobs:
+            return
+        t0 = time.perf_counter()
+        try:
+            outs = draft_together([(run.spec.drafter, tokens, k) for run, tokens, k in jobs])
+        except Exception:
+            for run, _, _ in jobs:
+                run.spec = None
+            return
+        seconds = (time.perf_counter() - t0) / len(jobs)
+        for (run, _, _), out in zip(jobs, outs):
+            run.guesses = out
+            run.spec.policy.guessed(len(out), seconds)
+
+    def _decode(self, run: _Running, rows, seconds: float):
+        """Sample run's next tokens from the logits of its last token and of
+        its guesses, keeping the guesses while the sampler takes them."""
+        guesses, run.guesses = run.guesses, []
+        start = run.session.position - len(rows)    # where its last token went
+        tokens = list(run.session.tokens[:start + 1])
+        taken = 0
+        for j, logits in enumerate(rows):
+            token = self._next_token(run, logits, tokens)
+            if token is None or j == len(guesses) or token != guesses[j]:
+                break
+            tokens.append(token)
+            taken += 1
+        if guesses:
+            run.spec.verified(len(guesses), taken, seconds)
+            run.request.drafted += len(guesses)
+            run.request.accepted += taken
+            self.drafted += len(guesses)
+            self.accepted += taken
+            if run in self._running:   # (a finished one's slot holds what it ran: still a valid state)
+                try:
+                    run.session.keep(1 + taken, self._work)
+                except Exception as e:
+                    run.session.reset()
+                    self._release(run, "error", e)
+        elif run.spec is not None:
+            run.spec.plain_step(seconds)
 
     def _follow(self, run: _Running, leader: _Running, logits):
         """run takes leader's prompt keys/values and its last logits."""
@@ -316,29 +519,32 @@ class BatchEngine:
         run.request.prompt_reused = run.fed = len(run.request.prompt_ids)
         self._next_token(run, logits)
 
-    def _next_token(self, run: _Running, logits):
-        """Sample run's next token from logits and hand it out, or end run."""
+    def _next_token(self, run: _Running, logits, tokens=None) -> int | None:
+        """Sample run's next token from logits and hand it out: the token,
+        or None when run ended. tokens: the sequence so far (default: what
+        its session holds)."""
         request = run.request
         if request.max_new_tokens <= 0:
             self._release(run, "length")
-            return
+            return None
         try:
-            token = run.sampler(logits, run.session.tokens)
+            token = run.sampler(logits, run.session.tokens if tokens is None else tokens)
             entry = _logprobs(logits, token, request.top_logprobs) \
                 if request.top_logprobs is not None else None
         except Exception as e:   # a processor or constraint of this request failed
             self._release(run, "error", e)
-            return
+            return None
         if token in request.stop_ids:
             self._release(run, "stop")
-            return
+            return None
         request.generated += 1
         if entry is not None:
             request.logprobs.append(entry)
         if request.first_token is None:
             request.first_token = time.monotonic()
         request._put(token)
-        if run.session.position + 1 >= self.model.n_ctx:
+        held = run.session.position if tokens is None else len(tokens)
+        if held + 1 >= self.model.n_ctx:
             self._release(run, "context")
         elif run.sampler.constraint is not None and run.sampler.done:
             self._release(run, "stop")
@@ -346,6 +552,8 @@ class BatchEngine:
             self._release(run, "length")
         else:
             run.last = token
+            return token
+        return None
 
     def _loop(self):
         while not self._stop:
@@ -376,16 +584,8 @@ def _logprobs(logits, token: int, top: int):
     return float(x[token]), [(int(i), float(x[i])) for i in best]
 
 
-def _reusable(session, prompt_ids) -> int:
-    """Prompt tokens whose keys/values session already holds and may keep:
-    the common prefix, less one so the prompt's last token is run for its
-    logits; a recurrent state only when the prompt extends all it holds."""
-    held = session.tokens
-    common = 0
-    for a, b in zip(held, prompt_ids):
-        if a != b:
-            break
-        common += 1
-    if not session.can_rewind and (common < len(held) or common >= len(prompt_ids)):
-        return 0
-    return min(common, len(prompt_ids) - 1)
+def _long_rope_room(session, held: int) -> int:
+    """Session.pass_room's LongRoPE bound for a slot, whose passes run in
+    the engine's work buffers rather than its own."""
+    after = session._long_rope_after
+    return after - held if after is not None and held < after else 1 << 30
