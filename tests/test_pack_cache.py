@@ -315,3 +315,20 @@ def test_a_tokenizer_that_cannot_be_kept_compact_loads_as_before(home, tmp_path)
         with pytest.raises(TokenizerError, match="'ab' is not in the vocabulary"):
             tok.encode("ab")
     assert not list((home / "packed").glob("tokenizer.json-*.flmpack"))
+
+
+def test_a_load_interrupted_while_it_writes_the_cache_leaves_no_file(home, monkeypatch):
+    """Ctrl-C (or a timeout) while the file is checksummed: the interrupt
+    comes through as itself, and neither the file nor its temporary stays."""
+    real = pack_cache._seal
+
+    def interrupted(arena, path, manifest):
+        monkeypatch.setattr(pack_cache._core, "checksum", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+        try:
+            real(arena, path, manifest)
+        finally:
+            monkeypatch.undo()
+    monkeypatch.setattr(pack_cache, "_seal", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        Model.from_pretrained(QUANTIZED, threads=2, n_ctx=64)
+    assert not [p for p in (home / "packed").iterdir() if not p.name.endswith(".lock")]

@@ -250,9 +250,15 @@ class _Arena:
         self.arrays = []
         return manifest
 
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
     def discard(self) -> None:
+        """Close and delete the file (again: nothing happens)."""
         self.arrays = []
-        os.close(self.fd)
+        self.close()
         _unlink(self.path)
 
 
@@ -262,14 +268,13 @@ def _seal(arena: _Arena, path: Path, manifest: bytes) -> None:
     header and rename it into place, read-only."""
     try:
         data_bytes = arena.size - _PAGE
-        with mmap.mmap(arena.fd, arena.size, prot=mmap.PROT_READ) as m:
-            view = memoryview(m)
-            data_sum = _core.checksum(view[_PAGE:])
-            view.release()
+        with mmap.mmap(arena.fd, arena.size, prot=mmap.PROT_READ) as m, memoryview(m) as view, \
+                view[_PAGE:] as data:
+            data_sum = _core.checksum(data)
         head = _HEAD.pack(MAGIC, FORMAT, len(manifest), _PAGE, data_bytes, data_sum, _core.checksum(manifest))
         head += struct.pack("<Q", _core.checksum(head))
         _pwrite(arena.fd, head, 0)
-        os.close(arena.fd)
+        arena.close()
         os.chmod(arena.path, 0o444)
         os.replace(arena.path, path)
     except BaseException:
