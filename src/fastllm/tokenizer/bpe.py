@@ -1,4 +1,5 @@
 """The BPE model: ids of one pre-token, merged by the Cython module _bpe."""
+import contextlib
 from array import array
 
 from .. import _bpe
@@ -45,7 +46,7 @@ class BPE:
             raise UnsupportedTokenizerError(
                 f"{where}: BPE dropout={dropout!r} is random at encode time; fastllm refuses it")
         self.vocab = d["vocab"]
-        if not isinstance(self.vocab, dict):
+        if not isinstance(self.vocab, (dict, _bpe.Vocab)):
             raise TokenizerError(f"{where}.vocab: expected an object mapping tokens to ids")
         # merges may be a merge table already made of this vocabulary (the
         # compact form of a tokenizer.json that passed these checks).
@@ -83,6 +84,11 @@ class BPE:
         self._table = table if self._merge_error is None else None
         if self._table is not None:
             self.merges = None
+            # The vocabulary kept compact too (a dict of 248k tokens is 30 MB).
+            # A token with a lone surrogate has no UTF-8: such a vocabulary stays a dict.
+            if isinstance(self.vocab, dict):
+                with contextlib.suppress(UnicodeEncodeError):
+                    self.vocab = _bpe.Vocab.from_dict(self.vocab)
 
     @property
     def table(self):

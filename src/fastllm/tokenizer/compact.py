@@ -4,11 +4,11 @@ A large vocabulary's tokenizer.json (262k tokens and 515k merges: 14 MB of
 JSON) takes seconds to parse into Python objects and to turn into the merge
 table. The first load keeps, through fastllm.pack_cache (same cache folder,
 same checks: a file whose checksums, source or fastllm build do not match
-is made again), the vocabulary as one string and the offsets and ids of its
-tokens, the merge table's own bytes, and the rest of the file as JSON;
-later loads rebuild the vocabulary in one pass and copy the table. Only BPE
-models whose merges all resolve are kept so (anything else is read from
-the JSON as before, and raises what it always raised).
+is made again), the vocabulary as _bpe.Vocab holds it (its tokens' UTF-8
+bytes, their offsets and ids), the merge table's own bytes, and the rest
+of the file as JSON; later loads copy those bytes. Only BPE models whose
+merges all resolve are kept so (anything else is read from the JSON as
+before, and raises what it always raised).
 """
 from __future__ import annotations
 
@@ -63,30 +63,20 @@ def _compact(spec):
         table = bpe.table
     except Exception:   # the JSON path raises what is wrong, where it always did
         return None
-    keys = list(bpe.vocab)
-    text = "".join(keys).encode("utf-8")
-    offsets = np.zeros(len(keys) + 1, np.int64)
-    np.cumsum([len(k) for k in keys], out=offsets[1:])
+    if not isinstance(bpe.vocab, _bpe.Vocab):   # a token with no UTF-8 (a lone surrogate)
+        return None
+    text, offsets, ids = bpe.vocab.parts()
     slots, count = table.to_bytes()
     rest = dict(spec, model={k: v for k, v in model.items() if k not in ("vocab", "merges")})
-    return {"spec": json.dumps(rest), "text": np.frombuffer(text, np.uint8),
-            "offsets": offsets, "ids": np.fromiter(bpe.vocab.values(), np.int64, len(keys)),
-            "table": np.frombuffer(slots, np.uint8), "count": count}
+    return {"spec": json.dumps(rest), "text": np.frombuffer(text, np.uint8), "offsets": offsets,
+            "ids": ids.astype(np.int64), "table": np.frombuffer(slots, np.uint8), "count": count}
 
 
 def _spec_from(tree) -> dict:
     """The spec a compact form stands for (ValueError or TypeError where it
-    does not hold together)."""
+    does not hold together). Nothing of the mapped file is kept."""
     spec = json.loads(tree["spec"])
-    text = bytes(tree["text"]).decode("utf-8")
-    offsets, ids = tree["offsets"], tree["ids"]
-    if offsets.ndim != 1 or ids.shape != (len(offsets) - 1,) or offsets[0] != 0 or offsets[-1] != len(text) \
-            or np.any(np.diff(offsets) < 0) or np.any(ids < 0) or np.any(ids >= 2**32):
-        raise ValueError("the vocabulary does not hold together")
-    at = offsets.tolist()
-    vocab = dict(zip([text[a:b] for a, b in zip(at, at[1:])], ids.tolist()))
-    if len(vocab) != len(ids):
-        raise ValueError("a token appears twice")
-    spec["model"]["vocab"] = vocab
+    spec["model"]["vocab"] = _bpe.Vocab.from_parts(bytes(tree["text"]), np.array(tree["offsets"]),
+                                                   np.array(tree["ids"]))
     spec["model"]["merges"] = _bpe.MergeTable.from_bytes(tree["table"], tree["count"])
     return spec
