@@ -49,8 +49,11 @@ class InterruptAfterRun:
     def __init__(self, state, k):
         self.state, self.k, self.calls = state, k, 0
 
-    def run(self, *args):
-        out = self.state.run(*args)
+    def __getattr__(self, name):
+        return getattr(self.state, name)
+
+    def run(self, *args, **kwargs):
+        out = self.state.run(*args, **kwargs)
         self.calls += 1
         if self.calls == self.k:
             raise KeyboardInterrupt
@@ -162,9 +165,9 @@ def test_long_prompts_go_to_c_in_chunks(small_batch_model):
     real, sizes = session._state, []
 
     class Spy:
-        def run(self, ids, *args):
+        def run(self, ids, *args, **kwargs):
             sizes.append(len(ids))
-            return real.run(ids, *args)
+            return real.run(ids, *args, **kwargs)
     session._state = Spy()
     logits = session.logits(PROMPT)
     session._state = real
