@@ -388,10 +388,19 @@ static void matmul_panels(float *out, int ldo, const MatInput *in, int t0, const
                 out[(size_t)t * ldo + r] += bias[r];
 }
 
+/* Matmul work items are handed out a chunk at a time as threads come free
+ * (schedule(dynamic)) rather than in fixed shares: a thread that the OS or
+ * another process slows down then holds the others at the loop's barrier
+ * for one chunk, not for its whole share of a matrix. Which thread computes
+ * an item never changes its result. About 16 chunks per thread. */
+static int chunk_of(int items) { return imax(1, items / (num_threads() * 16)); }
+
 /* Panels per parallel work item: a batch of tokens wants several panels in
  * cache at once (4 x 16 rows of 576 fp32 are 147 KB, at home in L2);
- * decoding streams each panel once, and one-panel items balance threads. */
-static int item_panels(int T) { return T >= 6 ? 4 : 1; }
+ * decoding streams each panel once, in calls of 4 panels rather than one,
+ * so that the calls' own cost stays small beside a panel's few microseconds
+ * (threads are balanced by handing out chunks of items as they come free). */
+static int item_panels(int T) { (void)T; return 4; }
 
 /* Tokens per work item (a whole number of the gemm's token tiles):
  * splitting a long prompt too evens out the threads when a matrix has few
@@ -446,7 +455,7 @@ static void matmul_multi(const FlmState *s, const float *x, int T, int K, const 
         items[i] = ((jobs[i].N + FLM_PANEL - 1) / FLM_PANEL + per - 1) / per * tb;
         total += items[i];
     }
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, chunk_of(total))
     for (int g = 0; g < total; g++) {
         int i = 0, local = g;
         while (local >= items[i]) local -= items[i++];
@@ -500,7 +509,7 @@ static void gate_up(const FlmConfig *c, FlmState *s, int T, const FlmMatrix *w_g
     MatJob jobs[2] = {{s->hb, w_gate, b_gate, hidden, hidden}, {s->hb2, w_up, b_up, hidden, hidden}};
     const MatInput in = matmul_input(s, s->xb, T, dim, jobs, 2, c->float_acts);
     void (*act_mul)(float *, const float *, int) = act_mul_of(c);
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, chunk_of(groups * tb))
     for (int g = 0; g < groups * tb; g++) {
         int p0 = g / tb * per, np = imin(per, panels - p0);
         int r0 = p0 * FLM_PANEL, nr = imin(np * FLM_PANEL, hidden - r0);
@@ -1217,7 +1226,7 @@ static void moe_ffn(const FlmConfig *c, const FlmLayer *L, FlmState *s, int T) {
     MatJob ups[2] = {{s->moe_h, L->w_exp_gate, NULL, ed, ed}, {s->moe_h2, L->w_exp_up, NULL, ed, ed}};
     const MatInput in = matmul_input(s, s->moe_x, R, dim, ups, 2, c->float_acts);
     void (*act_mul)(float *, const float *, int) = act_mul_of(c);
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, chunk_of(up_items[E]))
     for (int g = 0; g < up_items[E]; g++) {
         const ExpertItem it = expert_item(s, up_items, E, g, ed);
         const FlmMatrix wg = expert_matrix(L->w_exp_gate, it.e, ed, dim);
@@ -1233,7 +1242,7 @@ static void moe_ffn(const FlmConfig *c, const FlmLayer *L, FlmState *s, int T) {
     /* Down, into moe_x (its inputs are spent). */
     MatJob down = {s->moe_x, L->w_exp_down, NULL, dim, dim};
     const MatInput hin = matmul_input(s, s->moe_h, R, ed, &down, 1, c->float_acts);
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, chunk_of(down_items[E]))
     for (int g = 0; g < down_items[E]; g++) {
         const ExpertItem it = expert_item(s, down_items, E, g, dim);
         const FlmMatrix wd = expert_matrix(L->w_exp_down, it.e, dim, ed);

@@ -43,11 +43,31 @@ static void k_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *mn) {
     }
 }
 
-static void decode(Decoded *o, const uint8_t *b, int type) {
+static inline uint64_t rd64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int b = 7; b >= 0; b--) v = v << 8 | p[b];
+    return v;
+}
+
+static inline void wr64(uint8_t *p, uint64_t v) {
+    for (int b = 0; b < 8; b++) p[b] = (uint8_t)(v >> 8 * b);
+}
+
+/* Bit i of the 8 bits x, as bit 0 of byte i (a multiply places bit i at
+ * 8i for i < 7; bit 7 would collide with bit 0's copy, so it goes alone). */
+static inline uint64_t bits_to_bytes(uint32_t x) {
+    return ((uint64_t)(x & 0x7F) * 0x0002040810204081ULL & 0x0101010101010101ULL) | (uint64_t)(x & 0x80) << 49;
+}
+
+/* Bit 0 of byte i of w (its other bits zero) as bit i of a byte: the inverse. */
+static inline uint32_t bytes_to_bits(uint64_t w) { return (uint32_t)((w * 0x0102040810204080ULL) >> 56); }
+
+/* Its quants go to u (o->u, or a panel row's), the rest to o. */
+static inline __attribute__((always_inline)) void decode(Decoded *o, uint8_t *u, const uint8_t *b, int type) {
     switch (type) {
     case FLM_Q8_0:
         o->d = rd16(b);
-        for (int k = 0; k < 32; k++) o->u[k] = (uint8_t)((int8_t)b[2 + k] + 128);
+        for (int k = 0; k < 32; k++) u[k] = (uint8_t)((int8_t)b[2 + k] + 128);
         break;
     case FLM_Q4_0:
     case FLM_Q4_1: {
@@ -55,8 +75,8 @@ static void decode(Decoded *o, const uint8_t *b, int type) {
         o->d = rd16(b);
         o->m = type == FLM_Q4_1 ? rd16(b + 2) : 0;
         for (int j = 0; j < 16; j++) {
-            o->u[j] = qs[j] & 0xF;
-            o->u[j + 16] = qs[j] >> 4;
+            u[j] = qs[j] & 0xF;
+            u[j + 16] = qs[j] >> 4;
         }
         break;
     }
@@ -67,9 +87,10 @@ static void decode(Decoded *o, const uint8_t *b, int type) {
         const uint32_t h = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
         o->d = rd16(b);
         o->m = m ? rd16(b + 2) : 0;
-        for (int j = 0; j < 16; j++) {
-            o->u[j] = (uint8_t)((qs[j] & 0xF) | ((h >> j) & 1) << 4);
-            o->u[j + 16] = (uint8_t)((qs[j] >> 4) | ((h >> (j + 16)) & 1) << 4);
+        for (int j = 0; j < 16; j += 8) {   /* 8 quants of each half at a time, as words */
+            const uint64_t w = rd64(qs + j), nib = 0x0F0F0F0F0F0F0F0FULL;
+            wr64(u + j, (w & nib) | bits_to_bytes(h >> j & 0xFF) << 4);
+            wr64(u + j + 16, (w >> 4 & nib) | bits_to_bytes(h >> (j + 16) & 0xFF) << 4);
         }
         break;
     }
@@ -80,15 +101,13 @@ static void decode(Decoded *o, const uint8_t *b, int type) {
         o->d = rd16(b);
         o->m = rd16(b + 2);
         for (int j = 0; j < 8; j++) k_scale_min(scales, j, &o->sc[j], &o->mn[j]);
-        for (int c = 0; c < 4; c++)       /* 64 values: two sub-blocks from one run of 32 bytes */
-            for (int l = 0; l < 32; l++) {
-                uint8_t lo = qs[32 * c + l] & 0xF, hi = qs[32 * c + l] >> 4;
-                if (five) {
-                    lo |= (uint8_t)(((qh[l] >> (2 * c)) & 1) << 4);
-                    hi |= (uint8_t)(((qh[l] >> (2 * c + 1)) & 1) << 4);
-                }
-                o->u[64 * c + l] = lo;
-                o->u[64 * c + 32 + l] = hi;
+        /* 64 values: two sub-blocks from one run of 32 bytes; 8 bytes at a time, as words */
+        const uint64_t nib = 0x0F0F0F0F0F0F0F0FULL, one = 0x0101010101010101ULL;
+        for (int c = 0; c < 4; c++)
+            for (int l = 0; l < 32; l += 8) {
+                const uint64_t w = rd64(qs + 32 * c + l), h = five ? rd64(qh + l) : 0;
+                wr64(u + 64 * c + l, (w & nib) | (h >> (2 * c) & one) << 4);
+                wr64(u + 64 * c + 32 + l, (w >> 4 & nib) | (h >> (2 * c + 1) & one) << 4);
             }
         break;
     }
@@ -96,14 +115,16 @@ static void decode(Decoded *o, const uint8_t *b, int type) {
         const uint8_t *ql = b, *qh = b + 128, *sc = b + 192;
         o->d = rd16(b + 208);
         memcpy(o->sc, sc, 16);
-        for (int n = 0; n < 2; n++)
-            for (int l = 0; l < 32; l++) {
-                const uint8_t *L = ql + 64 * n, h = qh[32 * n + l];
-                uint8_t *u = o->u + 128 * n;
-                u[l] = (uint8_t)((L[l] & 0xF) | (h & 3) << 4);
-                u[l + 32] = (uint8_t)((L[l + 32] & 0xF) | ((h >> 2) & 3) << 4);
-                u[l + 64] = (uint8_t)((L[l] >> 4) | ((h >> 4) & 3) << 4);
-                u[l + 96] = (uint8_t)((L[l + 32] >> 4) | ((h >> 6) & 3) << 4);
+        const uint64_t nib = 0x0F0F0F0F0F0F0F0FULL, two = 0x0303030303030303ULL;
+        for (int n = 0; n < 2; n++)   /* 8 bytes at a time, as words */
+            for (int l = 0; l < 32; l += 8) {
+                const uint8_t *L = ql + 64 * n;
+                const uint64_t a = rd64(L + l), c = rd64(L + l + 32), h = rd64(qh + 32 * n + l);
+                uint8_t *un = u + 128 * n;
+                wr64(un + l, (a & nib) | (h & two) << 4);
+                wr64(un + l + 32, (c & nib) | (h >> 2 & two) << 4);
+                wr64(un + l + 64, (a >> 4 & nib) | (h >> 4 & two) << 4);
+                wr64(un + l + 96, (c >> 4 & nib) | (h >> 6 & two) << 4);
             }
         break;
     }
@@ -112,9 +133,8 @@ static void decode(Decoded *o, const uint8_t *b, int type) {
 
 /* ------------------------------------------------------------ panels */
 
-/* Row r of a panel superblock: its header fields and the records of its 32-k blocks. */
-static void put_row(uint8_t *sbp, const FlmQuantType *q, int type, int r, const Decoded *o) {
-    uint8_t *h = sbp;
+/* Row r's fields in a panel superblock's header. */
+static inline __attribute__((always_inline)) void put_header(uint8_t *h, int type, int r, const Decoded *o) {
     memcpy(h + 2 * r, &o->d, 2);
     if (type == FLM_Q4_1 || type == FLM_Q5_1 || type == FLM_Q4_K || type == FLM_Q5_K) memcpy(h + 32 + 2 * r, &o->m, 2);
     if (type == FLM_Q4_K || type == FLM_Q5_K)
@@ -124,50 +144,112 @@ static void put_row(uint8_t *sbp, const FlmQuantType *q, int type, int r, const 
         }
     if (type == FLM_Q6_K)
         for (int i = 0; i < 16; i++) h[32 + i * 16 + r] = o->sc[i];
+}
+
+static uint32_t rd32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static void wr32(uint8_t *p, uint32_t v) {
+    for (int b = 0; b < 4; b++) p[b] = (uint8_t)(v >> 8 * b);
+}
+
+/* The records of a panel superblock from the quants of its 16 rows
+ * (u[r][k], zero for rows past N): whole words at a time, no branch on the
+ * values, so that a load's packing streams. */
+static inline __attribute__((always_inline)) void put_records(uint8_t *sbp, const FlmQuantType *q, uint8_t u[PANEL][256]) {
     for (int i = 0; i < q->sb / 32; i++) {
         uint8_t *rec = sbp + q->header + (size_t)i * q->data;
-        const uint8_t *u = o->u + 32 * i;
         if (q->bits == 8) {
             for (int g = 0; g < 8; g++)
-                for (int j = 0; j < 4; j++) rec[(g * 16 + r) * 4 + j] = u[4 * g + j];
+                for (int r = 0; r < PANEL; r++) memcpy(rec + (g * 16 + r) * 4, &u[r][32 * i + 4 * g], 4);
             continue;
         }
         for (int g = 0; g < 4; g++)
-            for (int j = 0; j < 4; j++)
-                rec[(g * 16 + r) * 4 + j] = (uint8_t)((u[8 * g + j] & 0xF) | (u[8 * g + 4 + j] & 0xF) << 4);
-        for (int plane = 0; plane < q->bits - 4; plane++) {
-            uint8_t *masks = rec + 256 + 64 * plane;
-            for (int m = 0; m < 8; m++)
-                for (int j = 0; j < 4; j++)
-                    if ((u[4 * m + j] >> (4 + plane)) & 1) {
-                        const int bit = 4 * r + j;
-                        masks[8 * m + bit / 8] |= (uint8_t)(1u << (bit % 8));
-                    }
+            for (int r = 0; r < PANEL; r++) {
+                const uint32_t lo = rd32(&u[r][32 * i + 8 * g]), hi = rd32(&u[r][32 * i + 8 * g + 4]);
+                wr32(rec + (g * 16 + r) * 4, (lo & 0x0F0F0F0Fu) | (hi & 0x0F0F0F0Fu) << 4);
+            }
+        if (q->bits == 6) {
+            /* byte 4r+j of vector h, bits 2c..2c+1: the top bits of row r's quant k = 4(4h+c)+j */
+            for (int h = 0; h < 2; h++)
+                for (int r = 0; r < PANEL; r++) {
+                    uint32_t w = 0;
+                    for (int c = 0; c < 4; c++) w |= (rd32(&u[r][32 * i + 16 * h + 4 * c]) >> 4 & 0x03030303u) << 2 * c;
+                    wr32(rec + 256 + 64 * h + 4 * r, w);
+                }
+            continue;
         }
+        for (int plane = 0; plane < q->bits - 4; plane++) {
+            /* bit k of bits[r]: bit 4+plane of row r's quant k */
+            uint32_t bits[PANEL];
+            for (int r = 0; r < PANEL; r++) {
+                bits[r] = 0;
+                for (int c = 0; c < 4; c++)
+                    bits[r] |= bytes_to_bits(rd64(&u[r][32 * i + 8 * c]) >> (4 + plane) & 0x0101010101010101ULL)
+                               << 8 * c;
+            }
+            /* mask m, bit 4r+j: k = 4m+j of row r */
+            for (int m = 0; m < 8; m++) {
+                uint64_t mask = 0;
+                for (int r = 0; r < PANEL; r++) mask |= (uint64_t)(bits[r] >> 4 * m & 0xF) << 4 * r;
+                wr64(rec + 256 + 64 * plane + 8 * m, mask);
+            }
+        }
+    }
+}
+
+/* Row r of a panel superblock whose other rows are empty (a one-row panel). */
+static void put_row(uint8_t *sbp, const FlmQuantType *q, int type, int r, const Decoded *o) {
+    uint8_t u[PANEL][256];
+    memset(u, 0, sizeof u);
+    memcpy(u[r], o->u, (size_t)q->sb);
+    put_header(sbp, type, r, o);
+    put_records(sbp, q, u);
+}
+
+/* Panel p of flm_quant_pack, for a type known at compile time (so that its
+ * block layout is constants: inlined into one copy per type below). */
+static inline __attribute__((always_inline)) void pack_panel(uint8_t *pp, const uint8_t *src, int p, int N, int K,
+                                                             const int type) {
+    const FlmQuantType *q = &flm_quant_types[type];
+    const size_t row_bytes = (size_t)K / q->ggml_block * q->ggml_bytes;
+    const int rows = N - p * PANEL < PANEL ? N - p * PANEL : PANEL;
+    uint8_t u[PANEL][256];
+    Decoded o;
+    memset(u, 0, sizeof u);   /* rows past N: zero quants, and zero scales below */
+    memset(&o, 0, sizeof o);
+    for (int j = 0; j < K / q->sb; j++) {
+        uint8_t *sbp = pp + (size_t)j * sb_bytes(q);
+        memset(sbp, 0, (size_t)q->header);
+        for (int r = 0; r < rows; r++) {
+            decode(&o, u[r], src + (size_t)(p * PANEL + r) * row_bytes + (size_t)j * q->ggml_bytes, type);
+            put_header(sbp, type, r, &o);
+        }
+        put_records(sbp, q, u);
+    }
+}
+
+static void pack_f16_panel(uint8_t *pp, const uint8_t *src, int p, int N, int K) {
+    memset(pp, 0, (size_t)K * PANEL * 2);   /* rows past N: zero weights */
+    for (int r = 0; r < PANEL && p * PANEL + r < N; r++) {
+        const uint8_t *row = src + (size_t)(p * PANEL + r) * K * 2;
+        for (int k = 0; k < K; k++) memcpy(pp + ((size_t)k * PANEL + r) * 2, row + 2 * (size_t)k, 2);
     }
 }
 
 void flm_quant_pack(void *dst, const void *src, int N, int K, int type, int n_threads) {
     const FlmQuantType *q = flm_quant_type(type);
-    const int panels = (N + PANEL - 1) / PANEL, nsb = K / q->sb;
-    const size_t row_bytes = (size_t)K / q->ggml_block * q->ggml_bytes;
+    const int panels = (N + PANEL - 1) / PANEL;
 #pragma omp parallel for schedule(static) num_threads(n_threads > 0 ? n_threads : 1)
     for (int p = 0; p < panels; p++) {
         uint8_t *pp = (uint8_t *)dst + (size_t)p * panel_bytes(q, K);
-        memset(pp, 0, panel_bytes(q, K));   /* rows past N: zero scales, zero weights */
-        for (int r = 0; r < PANEL && p * PANEL + r < N; r++) {
-            const uint8_t *row = (const uint8_t *)src + (size_t)(p * PANEL + r) * row_bytes;
-            if (type == FLM_F16) {
-                for (int k = 0; k < K; k++)
-                    memcpy(pp + ((size_t)k * PANEL + r) * 2, row + 2 * (size_t)k, 2);
-                continue;
-            }
-            Decoded o;
-            for (int j = 0; j < nsb; j++) {
-                memset(&o, 0, sizeof o);
-                decode(&o, row + (size_t)j * q->ggml_bytes, type);
-                put_row(pp + (size_t)j * sb_bytes(q), q, type, r, &o);
-            }
+        switch (type) {
+#define CASE(TY) case TY: pack_panel(pp, (const uint8_t *)src, p, N, K, TY); break;
+        CASE(FLM_Q8_0) CASE(FLM_Q4_0) CASE(FLM_Q4_1) CASE(FLM_Q5_0) CASE(FLM_Q5_1)
+        CASE(FLM_Q4_K) CASE(FLM_Q5_K) CASE(FLM_Q6_K)
+#undef CASE
+        case FLM_F16: pack_f16_panel(pp, (const uint8_t *)src, p, N, K); break;
         }
     }
 }
@@ -186,6 +268,12 @@ static void unpack_record(uint8_t *u, const uint8_t *rec, const FlmQuantType *q)
                 u[r * 32 + 8 * g + j] = b & 0xF;
                 u[r * 32 + 8 * g + 4 + j] = b >> 4;
             }
+        if (q->bits == 6) {
+            for (int m = 0; m < 8; m++)
+                for (int j = 0; j < 4; j++)
+                    u[r * 32 + 4 * m + j] |= (uint8_t)((rec[256 + 64 * (m / 4) + 4 * r + j] >> 2 * (m % 4) & 3) << 4);
+            continue;
+        }
         for (int plane = 0; plane < q->bits - 4; plane++)
             for (int m = 0; m < 8; m++)
                 for (int j = 0; j < 4; j++) {
@@ -275,7 +363,11 @@ void flm_quant_packed_row(float *out, const void *wp, int r, int K, int type) {
                     u[8 * g + 4 + j] = byte >> 4;
                 }
             }
-        for (int plane = 0; plane < q->bits - 4 && q->bits < 8; plane++)
+        if (q->bits == 6)
+            for (int m = 0; m < 8; m++)
+                for (int j = 0; j < 4; j++)
+                    u[4 * m + j] |= (uint8_t)((rec[256 + 64 * (m / 4) + 4 * i16 + j] >> 2 * (m % 4) & 3) << 4);
+        for (int plane = 0; plane < q->bits - 4 && q->bits == 5; plane++)
             for (int m = 0; m < 8; m++)
                 for (int j = 0; j < 4; j++) {
                     const int bit = 4 * i16 + j;
@@ -298,7 +390,7 @@ void flm_quant_dequant_row(float *out, const void *row, int K, int type) {
     for (int j = 0; j < K / q->sb; j++) {
         memset(&o, 0, sizeof o);
         memset(sbp, 0, sizeof sbp);
-        decode(&o, (const uint8_t *)row + (size_t)j * q->ggml_bytes, type);
+        decode(&o, o.u, (const uint8_t *)row + (size_t)j * q->ggml_bytes, type);
         put_row(sbp, q, type, 0, &o);
         for (int i = 0; i < q->sb / 32; i++) {
             RowScale s = row_scale(sbp, type, i, 0);
@@ -417,6 +509,21 @@ INLINE AVX512VNNI void unpack16(__m512i v[8], const uint8_t *rec, const int bits
         const __m512i x = _mm512_loadu_si512((const void *)(rec + 64 * g));
         v[2 * g] = _mm512_and_si512(x, low);
         v[2 * g + 1] = _mm512_and_si512(_mm512_srli_epi16(x, 4), low);
+    }
+    if (bits == 6) {
+        /* Both top bits of 4 groups from one vector: a shift (16-bit lanes;
+         * what crosses into a byte from its neighbour is masked off) and
+         * one ternary OR-with-mask each. */
+        const __m512i top = _mm512_set1_epi8(0x30);
+        _Pragma("GCC unroll 2")
+        for (int h = 0; h < 2; h++) {
+            const __m512i c = _mm512_loadu_si512((const void *)(rec + 256 + 64 * h));
+            v[4 * h] = _mm512_ternarylogic_epi32(v[4 * h], _mm512_slli_epi16(c, 4), top, 0xF8);
+            v[4 * h + 1] = _mm512_ternarylogic_epi32(v[4 * h + 1], _mm512_slli_epi16(c, 2), top, 0xF8);
+            v[4 * h + 2] = _mm512_ternarylogic_epi32(v[4 * h + 2], c, top, 0xF8);
+            v[4 * h + 3] = _mm512_ternarylogic_epi32(v[4 * h + 3], _mm512_srli_epi16(c, 2), top, 0xF8);
+        }
+        return;
     }
     _Pragma("GCC unroll 8")
     for (int plane = 0; plane < bits - 4; plane++) {
@@ -585,6 +692,18 @@ INLINE AVX2 void unpack8(__m256i v[8], const uint8_t *rec, const int bits, int h
         const __m256i x = _mm256_loadu_si256((const __m256i *)(rec + 64 * g + 32 * h));
         v[2 * g] = _mm256_and_si256(x, low);
         v[2 * g + 1] = _mm256_and_si256(_mm256_srli_epi16(x, 4), low);
+    }
+    if (bits == 6) {
+        const __m256i top = _mm256_set1_epi8(0x30);
+        _Pragma("GCC unroll 2")
+        for (int g = 0; g < 2; g++) {
+            const __m256i c = _mm256_loadu_si256((const __m256i *)(rec + 256 + 64 * g + 32 * h));
+            v[4 * g] = _mm256_or_si256(v[4 * g], _mm256_and_si256(_mm256_slli_epi16(c, 4), top));
+            v[4 * g + 1] = _mm256_or_si256(v[4 * g + 1], _mm256_and_si256(_mm256_slli_epi16(c, 2), top));
+            v[4 * g + 2] = _mm256_or_si256(v[4 * g + 2], _mm256_and_si256(c, top));
+            v[4 * g + 3] = _mm256_or_si256(v[4 * g + 3], _mm256_and_si256(_mm256_srli_epi16(c, 2), top));
+        }
+        return;
     }
     /* Byte i of a vector takes bit i of its 32 mask bits. */
     const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,

@@ -10,8 +10,12 @@
  *       8-bit quants: [8 groups of 4 k][16 rows][4]           512 bytes
  *       4-bit and up: [4 groups of 8 k][16 rows][4] nibbles   256 bytes,
  *         low nibble k = 8g+j, high nibble k = 8g+4+j (j < 4),
- *         then for 5- and 6-bit quants one or two bit planes of 8 masks
- *         of 64 bits, mask m for k = 4m..4m+3, bit 4r+j for row r, k 4m+j.
+ *         then for 5-bit quants a bit plane of 8 masks of 64 bits, mask m
+ *         for k = 4m..4m+3, bit 4r+j for row r, k 4m+j; for 6-bit quants
+ *         two vectors of 64 bytes holding each quant's top two bits, byte
+ *         4r+j of vector h bits 2c..2c+1 for row r, k = 4(4h+c)+j: so that
+ *         shifting a vector by 4-2c and masking it puts the top bits of
+ *         group m = 4h+c in place for all 16 rows at once.
  *
  * Every quant is stored unsigned (u = q + offset), so that an int8 dot
  * product multiplies unsigned weights by signed activations (vpdpbusd);

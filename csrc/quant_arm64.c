@@ -31,6 +31,19 @@ ARM_INLINE void unpack4(int8x16_t v[8], const uint8_t *rec, const int bits, int 
         u[2 * g] = vandq_u8(b, vdupq_n_u8(0x0F));
         u[2 * g + 1] = vshrq_n_u8(b, 4);
     }
+    if (bits == 6) {
+        /* Both top bits of 4 groups from one vector (layout: quant.h). */
+        const uint8x16_t top = vdupq_n_u8(0x30);
+        for (int h = 0; h < 2; h++) {
+            const uint8x16_t c = vld1q_u8(rec + 256 + 64 * h + 16 * q);
+            u[4 * h] = vorrq_u8(u[4 * h], vandq_u8(vshlq_n_u8(c, 4), top));
+            u[4 * h + 1] = vorrq_u8(u[4 * h + 1], vandq_u8(vshlq_n_u8(c, 2), top));
+            u[4 * h + 2] = vorrq_u8(u[4 * h + 2], vandq_u8(c, top));
+            u[4 * h + 3] = vorrq_u8(u[4 * h + 3], vandq_u8(vshrq_n_u8(c, 2), top));
+        }
+        for (int m = 0; m < 8; m++) v[m] = vreinterpretq_s8_u8(u[m]);
+        return;
+    }
     /* Byte 4r+j of the 16 takes bit 4r+j of the group's 16 mask bits. */
     static const uint8_t sel_bits[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
     const uint8x16_t sel = vld1q_u8(sel_bits);

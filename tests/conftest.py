@@ -42,6 +42,11 @@ def _start_torch_with_a_short_spin():
 
 _start_torch_with_a_short_spin()
 
+# Tests load their models as packed at that load, so that what they check of
+# the loaders (their errors, their chunking) runs every time; the packed-
+# weights cache has tests of its own (test_pack_cache.py), which turn it on.
+os.environ.setdefault("FASTLLM_PACK_CACHE", "0")
+
 
 @pytest.fixture(scope="session")
 def fastllm_home(tmp_path_factory):

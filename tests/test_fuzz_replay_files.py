@@ -1,5 +1,5 @@
 """Replay the committed corpora of the file-format fuzz targets
-(tests/fuzz/fuzz_safetensors.py, fuzz_gguf.py, fuzz_gguf_load.py) without
+(tests/fuzz/fuzz_safetensors.py, fuzz_gguf.py, fuzz_gguf_load.py, fuzz_pack_cache.py) without
 atheris, so any input that once found a bug keeps being checked."""
 import importlib.util
 import sys
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 FUZZ = Path(__file__).resolve().parent / "fuzz"
-TARGETS = ("safetensors", "safetensors_header", "gguf", "gguf_load")
+TARGETS = ("safetensors", "safetensors_header", "gguf", "gguf_load", "pack_cache")
 
 
 def _target(name, monkeypatch):

@@ -11,7 +11,10 @@ rare files where two different pairs merge into one token behave identically.
 """
 
 from libc.stdlib cimport malloc, free, realloc
-from libc.stdint cimport uint64_t, uint32_t, int32_t
+from libc.string cimport memcpy
+from libc.stdint cimport uint64_t, uint32_t, int32_t, int64_t
+from libc.string cimport memcmp
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.list cimport PyList_New, PyList_SET_ITEM, PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.dict cimport PyDict_GetItem
@@ -151,6 +154,35 @@ cdef class MergeTable:
         if e == NULL:
             return None
         return (e.rank, e.new_id)
+
+    def to_bytes(self):
+        """The table as bytes (its slots as they are in memory), for from_bytes."""
+        return (<char *>self.table)[:(self.mask + 1) * sizeof(Entry)], self.count
+
+    @staticmethod
+    def from_bytes(const unsigned char[::1] data, Py_ssize_t count):
+        """A table from what to_bytes gave (on this machine): slots whose
+        number is a power of two, at most half of them used."""
+        cdef Py_ssize_t n = data.shape[0]
+        cdef uint64_t cap = <uint64_t>n // sizeof(Entry)
+        if n % sizeof(Entry) or cap < 16 or cap & (cap - 1) or not 0 <= count or (count + 1) * 2 > <Py_ssize_t>cap:
+            raise ValueError("not the bytes of a merge table")
+        cdef MergeTable t = MergeTable(0)
+        cdef Entry *slots = <Entry *>malloc(n)
+        if slots == NULL:
+            raise MemoryError()
+        memcpy(slots, &data[0], n)
+        cdef uint64_t i
+        cdef Py_ssize_t used = 0
+        for i in range(cap):
+            if slots[i].key != EMPTY_KEY:
+                used += 1
+        if used != count:
+            free(slots)
+            raise ValueError("not the bytes of a merge table")
+        free(t.table)
+        t.table, t.mask, t.count = slots, cap - 1, count
+        return t
 
     def load_merges(self, list merges, dict vocab, Py_ssize_t prefix_len):
         """Fill the table from tokenizer.json merges.
@@ -378,3 +410,165 @@ def encode_pieces(list pieces, dict cache, object miss, Py_ssize_t cache_limit):
             cache[piece] = hit
         out.extend(<list>hit)
     return out
+
+
+cdef inline uint64_t _hash_bytes(const char *p, Py_ssize_t n) noexcept nogil:
+    # FNV-1a over the bytes, then _mix: token texts are short.
+    cdef uint64_t h = 0xCBF29CE484222325ULL
+    cdef Py_ssize_t i
+    for i in range(n):
+        h = (h ^ <unsigned char>p[i]) * 0x100000001B3ULL
+    return _mix(h ^ <uint64_t>n)
+
+
+cdef class Vocab:
+    """A BPE model's vocabulary, token -> id, kept compact: the tokens'
+    UTF-8 bytes in one buffer, their offsets and ids, and an open-addressing
+    table of their indices: about 20 bytes a token beside its text, where a
+    dict of str and int takes about 120 (30 MB for a 248k vocabulary). It
+    reads like that dict (get, [], in, len, iteration, keys, values, items,
+    in the order the tokens came)."""
+
+    cdef bytes blob
+    cdef object _offsets, _ids   # int64 and uint32 arrays (buffers the pointers below read)
+    cdef const int64_t *off
+    cdef const uint32_t *idp
+    cdef int32_t *slots
+    cdef uint64_t mask
+    cdef Py_ssize_t n
+
+    def __cinit__(self):
+        self.slots = NULL
+        self.n = 0
+
+    def __dealloc__(self):
+        free(self.slots)
+
+    @staticmethod
+    def from_dict(dict vocab):
+        """The Vocab of a dict of str -> int (ids from 0 to 2**32-1);
+        UnicodeEncodeError (a ValueError) for a token with a lone surrogate,
+        which has no UTF-8 bytes."""
+        import numpy as np
+        texts = [k.encode("utf-8") for k in vocab]
+        offsets = np.zeros(len(texts) + 1, np.int64)
+        np.cumsum([len(t) for t in texts], out=offsets[1:])
+        ids = np.fromiter(vocab.values(), np.int64, len(texts))
+        return Vocab.from_parts(b"".join(texts), offsets, ids)
+
+    @staticmethod
+    def from_parts(bytes blob, offsets, ids):
+        """The Vocab of tokens blob[offsets[i]:offsets[i+1]] (UTF-8) with ids
+        ids[i]; ValueError unless the parts hold together (offsets rising
+        within blob, each token whole UTF-8, ids whole numbers from 0 to
+        2**32-1, no token twice)."""
+        import numpy as np
+        offsets = np.asarray(offsets)
+        ids = np.asarray(ids)
+        if offsets.ndim != 1 or len(offsets) < 1 or offsets.dtype.kind not in "iu" or ids.dtype.kind not in "iu" \
+                or ids.shape != (len(offsets) - 1,) or offsets[0] != 0 or offsets[len(offsets) - 1] != len(blob) \
+                or np.any(np.diff(offsets) < 0) or np.any(ids < 0) or np.any(ids >= 2**32):
+            raise ValueError("not the parts of a vocabulary")
+        offsets = np.ascontiguousarray(offsets, np.int64)
+        # Valid UTF-8 as a whole, and no token starting on a continuation
+        # byte: then every token's bytes are valid UTF-8 by themselves.
+        blob.decode("utf-8")
+        starts = offsets[:len(offsets) - 1]
+        starts = starts[starts < len(blob)]
+        if np.any((np.frombuffer(blob, np.uint8)[starts] & 0xC0) == 0x80):
+            raise ValueError("a token of the vocabulary starts inside a character")
+        cdef Vocab v = Vocab()
+        v.blob = blob
+        v._offsets = offsets
+        v._ids = np.ascontiguousarray(ids, np.uint32)
+        cdef const int64_t[::1] o = v._offsets
+        cdef const uint32_t[::1] d = v._ids
+        v.off = &o[0]
+        v.idp = &d[0] if d.shape[0] else NULL
+        v.n = d.shape[0]
+        v._build()
+        return v
+
+    cdef int _build(self) except -1:
+        cdef uint64_t cap = 16, j
+        cdef Py_ssize_t i
+        cdef const char *base = self.blob
+        while cap < <uint64_t>(2 * self.n + 2):
+            cap <<= 1
+        self.slots = <int32_t *>malloc(cap * sizeof(int32_t))
+        if self.slots == NULL:
+            raise MemoryError()
+        for j in range(cap):
+            self.slots[j] = -1
+        self.mask = cap - 1
+        for i in range(self.n):
+            if self._index(base + self.off[i], self.off[i + 1] - self.off[i]) >= 0:
+                raise ValueError("a token appears twice in the vocabulary")
+            j = _hash_bytes(base + self.off[i], self.off[i + 1] - self.off[i]) & self.mask
+            while self.slots[j] >= 0:
+                j = (j + 1) & self.mask
+            self.slots[j] = <int32_t>i
+        return 0
+
+    cdef Py_ssize_t _index(self, const char *p, Py_ssize_t size) noexcept:
+        """The index of the token with these bytes, or -1."""
+        cdef uint64_t j = _hash_bytes(p, size) & self.mask
+        cdef int32_t i
+        cdef const char *base = self.blob
+        while True:
+            i = self.slots[j]
+            if i < 0:
+                return -1
+            if self.off[i + 1] - self.off[i] == size and memcmp(base + self.off[i], p, size) == 0:
+                return i
+            j = (j + 1) & self.mask
+
+    cdef Py_ssize_t _index_of(self, key) except -2:
+        cdef Py_ssize_t size
+        cdef const char *p
+        if type(key) is not str:
+            return -1
+        try:
+            p = PyUnicode_AsUTF8AndSize(key, &size)
+        except UnicodeEncodeError:   # a lone surrogate: in no vocabulary
+            return -1
+        return self._index(p, size)
+
+    cdef str _token(self, Py_ssize_t i):
+        cdef const char *base = self.blob
+        return PyUnicode_DecodeUTF8(base + self.off[i], self.off[i + 1] - self.off[i], NULL)
+
+    def get(self, key, default=None):
+        cdef Py_ssize_t i = self._index_of(key)
+        return default if i < 0 else self.idp[i]
+
+    def __getitem__(self, key):
+        cdef Py_ssize_t i = self._index_of(key)
+        if i < 0:
+            raise KeyError(key)
+        return self.idp[i]
+
+    def __contains__(self, key):
+        return self._index_of(key) >= 0
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        cdef Py_ssize_t i
+        for i in range(self.n):
+            yield self._token(i)
+
+    def keys(self):
+        return list(self)
+
+    def values(self):
+        return [self.idp[i] for i in range(self.n)]
+
+    def items(self):
+        cdef Py_ssize_t i
+        return [(self._token(i), self.idp[i]) for i in range(self.n)]
+
+    def parts(self):
+        """(blob, offsets, ids): what from_parts takes."""
+        return self.blob, self._offsets, self._ids

@@ -138,6 +138,17 @@ cdef void _pack_job(void *p) noexcept nogil:
     flm.flm_pack(a.dst, a.src, a.N, a.K, a.wtype, a.n_threads)
 
 
+cdef struct ChecksumArgs:
+    const void *data
+    size_t n
+    int n_threads
+    unsigned long long result
+
+cdef void _checksum_job(void *p) noexcept nogil:
+    cdef ChecksumArgs *a = <ChecksumArgs *>p
+    a.result = flm.flm_checksum(a.data, a.n, a.n_threads)
+
+
 cdef struct ForwardArgs:
     const flm.FlmConfig *cfg
     const flm.FlmWeights *w
@@ -342,6 +353,34 @@ def _check_rows(data, str dtype, int K):
     return src, src.shape[0]
 
 
+# Where packed matrices are made: numpy's memory, unless a load on this
+# thread has given another place (fastllm.pack_cache: pages of the file
+# being written, so the packed bytes are never also copied there).
+_packing = threading.local()
+
+
+def _packed_buffer(size_t n):
+    """A writable uint8 array of n bytes for a packed matrix."""
+    make = getattr(_packing, "buffer", None)
+    return np.empty(n, np.uint8) if make is None else make(n)
+
+
+class packing_into:
+    """Within it, the packed matrices this thread makes are buffer(n) (n
+    bytes, a writable uint8 array) instead of numpy's own memory."""
+
+    def __init__(self, buffer):
+        self.buffer = buffer
+
+    def __enter__(self):
+        self.before = getattr(_packing, "buffer", None)
+        _packing.buffer = self.buffer
+        return self
+
+    def __exit__(self, *exc):
+        _packing.buffer = self.before
+
+
 def pack(matrix, int n_threads=0, str dtype=None, int K=0):
     """Pack an (N, K) matrix into the panel layout the run loop reads: a
     Matrix. matrix holds float32 values, bf16 bit patterns as uint16, f16
@@ -357,7 +396,7 @@ def pack(matrix, int n_threads=0, str dtype=None, int K=0):
         K = arr.shape[1]
     src, N = _check_rows(matrix, dtype, K)
     cdef int n = N, k = K, wtype = TYPES[dtype]
-    cdef cnp.ndarray dst = np.empty(flm.flm_packed_bytes(n, k, wtype), np.uint8)
+    cdef cnp.ndarray dst = _packed_buffer(flm.flm_packed_bytes(n, k, wtype))
     cdef int nt = n_threads if n_threads > 0 else (os.cpu_count() or 1)
     cdef PackArgs job
     job.dst = cnp.PyArray_DATA(dst)
@@ -376,7 +415,7 @@ def pack_experts(expert, int n_experts, str dtype, int N, int K, int n_threads=0
         raise ValueError(f"unknown weight type {dtype!r}; known: {', '.join(TYPES)}")
     cdef int wtype = TYPES[dtype]
     cdef size_t stride = flm.flm_expert_bytes(N, K, wtype)
-    cdef cnp.ndarray dst = np.empty(stride * n_experts, np.uint8)
+    cdef cnp.ndarray dst = _packed_buffer(stride * n_experts)
     cdef int nt = n_threads if n_threads > 0 else (os.cpu_count() or 1)
     cdef PackArgs job
     for e in range(n_experts):
@@ -391,6 +430,37 @@ def pack_experts(expert, int n_experts, str dtype, int N, int K, int n_threads=0
     return Matrix(dst, dtype, N, K, True, n_experts)
 
 
+def packed_matrix(data, str dtype, int N, int K, int experts=0):
+    """A Matrix of packed panels over data as flm_pack (or pack_experts, with
+    experts > 0) wrote them: a 1-D uint8 array of exactly the bytes the
+    shape and type take, checked here, since C reads all of them."""
+    if dtype not in TYPES:
+        raise ValueError(f"unknown weight type {dtype!r}")
+    if N < 1 or experts < 0 or K < 1 or K % superblock(dtype):
+        raise ValueError(f"no {dtype} matrix has N = {N}, K = {K}, {experts} experts")
+    cdef int wtype = TYPES[dtype]
+    want = flm.flm_expert_bytes(N, K, wtype) * experts if experts else flm.flm_packed_bytes(N, K, wtype)
+    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 1 \
+            or not data.flags.c_contiguous or data.nbytes != want:
+        raise ValueError(f"a packed {dtype} matrix of {N} x {K}"
+                         f"{f' x {experts} experts' if experts else ''} is {want} contiguous bytes")
+    return Matrix(data, dtype, N, K, True, experts)
+
+
+# What packed weights on disk must have been written with (see FLM_PACK_LAYOUT).
+PACK_LAYOUT = flm.FLM_PACK_LAYOUT
+
+
+def checksum(const unsigned char[::1] data, int n_threads=0):
+    """flm_checksum of a buffer (csrc/checksum.h): the same for any n_threads."""
+    cdef ChecksumArgs job
+    job.data = &data[0] if data.shape[0] else NULL
+    job.n = data.shape[0]
+    job.n_threads = n_threads if n_threads > 0 else (os.cpu_count() or 1)
+    _run_job(_checksum_job, &job)
+    return job.result
+
+
 def pack_in_chunks(read_rows, int N, int K, str dtype, int chunk_rows, int n_threads=0):
     """pack for a matrix too big to hold twice: its N rows of GGML blocks
     (or float32, bf16, f16 values) come from read_rows(first, n), chunk_rows
@@ -401,7 +471,7 @@ def pack_in_chunks(read_rows, int N, int K, str dtype, int chunk_rows, int n_thr
     if N < 1:
         raise ValueError(f"a matrix has at least one row, got N = {N}")
     cdef int wtype = TYPES[dtype]
-    cdef cnp.ndarray dst = np.empty(flm.flm_packed_bytes(N, K, wtype), np.uint8)
+    cdef cnp.ndarray dst = _packed_buffer(flm.flm_packed_bytes(N, K, wtype))
     cdef int nt = n_threads if n_threads > 0 else (os.cpu_count() or 1)
     cdef PackArgs job
     cdef int first, n
@@ -616,6 +686,11 @@ cdef class Weights:
     @property
     def seq_len(self):
         return self.cfg.seq_len
+
+    def work_bytes(self, int max_batch, int max_threads=0):
+        """Bytes of the work buffers of a State for passes of up to max_batch tokens."""
+        max_threads = max(max_threads, self._n_threads, os.cpu_count() or 1)
+        return flm.flm_state_work_floats(&self.cfg, max_batch, max_threads) * 4
 
     @property
     def max_pass(self):

@@ -159,4 +159,8 @@ cdef extern from "quant.h" nogil:
 cdef extern from "gemm.h" nogil:
     enum:
         FLM_PANEL
+        FLM_PACK_LAYOUT
     void flm_packed_row(float *out, const void *wp, int r, int K, int wtype)
+
+cdef extern from "checksum.h" nogil:
+    unsigned long long flm_checksum(const void *data, size_t n, int n_threads)

@@ -79,7 +79,11 @@ def _model_args(p: argparse.ArgumentParser, several: bool = False):
                    help="what quantized weights multiply: int8 blocks of the activations (default), or "
                         "f32 activations with the exact dequantized weights (slower)")
     p.add_argument("--kv-dtype", choices=KV_DTYPES, default="f32",
-                   help="KV cache precision: bf16/f16 halve what attention reads, q8_0 (int8 with a scale per 32 values) nearly quarters it (default: f32)")
+                   help="KV cache precision: bf16/f16 halve what attention reads, q8_0 (int8 with a scale "
+                        "per 32 values) nearly quarters it (default: f32)")
+    p.add_argument("--no-cache", action="store_true",
+                   help="pack the weights at every load instead of keeping them packed in a file under "
+                        "FASTLLM_HOME that later loads map (as FASTLLM_PACK_CACHE=0)")
 
 
 def _set_help(p: argparse.ArgumentParser, flag: str, text: str):
@@ -338,7 +342,8 @@ def _load(args, max_n_ctx: int | None = None):
     from .model import Model
     _check_settings(args)
     model = Model.from_pretrained(args.model, n_ctx=args.ctx, threads=args.threads, dtype=args.dtype,
-                                  kv_dtype=args.kv_dtype, activations=args.activations, max_n_ctx=max_n_ctx)
+                                  kv_dtype=args.kv_dtype, activations=args.activations, max_n_ctx=max_n_ctx,
+                                  pack_cache=False if getattr(args, "no_cache", False) else None)
     _check_ctx(model, args.ctx)
     if getattr(args, "draft", None) is not None:
         if args.spec == "none":
@@ -830,6 +835,17 @@ def cmd_perplexity(args) -> int:
     return 0
 
 
+def _pack_cache_line(model, args) -> str:
+    """Where the packed weights are kept (fastllm.pack_cache), and the disk that takes."""
+    from . import pack_cache
+    n, total = pack_cache.disk_use()
+    folder = f"{pack_cache.folder()}: {n} file{'s' if n != 1 else ''}, {total / 2**20:.1f} MiB"
+    if model.pack_cache_file is None:
+        off = args.no_cache or not pack_cache.enabled(None)
+        return f"{'off' if off else 'could not be written'} ({folder})"
+    return f"{model.pack_cache_file} ({model.pack_cache_file.stat().st_size / 2**20:.1f} MiB; {folder})"
+
+
 def cmd_info(args) -> int:
     model = _load(args)
     c = model.config
@@ -871,6 +887,7 @@ def cmd_info(args) -> int:
         *([("query scaling", f"1 + {c.query_scale_beta} * log(1 + floor(position / {c.query_scale_period}))")]
           if c.query_scale_beta else []),
         ("weights in memory", f"{weight_bytes / 2**20:.1f} MiB ({types})"),
+        ("packed weights cache", _pack_cache_line(model, args)),
         ("KV cache at full context", f"{kv_bytes / 2**20:.1f} MiB ({model.kv_dtype})"),
         ("threads", model.threads),
         ("SIMD path", __import__("fastllm._core", fromlist=["simd_path"]).simd_path()),

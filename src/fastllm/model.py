@@ -38,6 +38,22 @@ ACTIVATIONS = ("int8", "f32")
 # (keys and values rounded once when stored, nearest-even).
 
 
+# A State's work buffers hold every intermediate of a pass for each of its
+# tokens: a long prompt runs in passes of as many tokens as fit in this many
+# bytes of them (512 at most), not all at once. On a 2B shape a pass of 256
+# tokens costs the same CPU time per token as one of 512, one of 128 about 3%
+# more (benchmarks/forward_speed.c).
+WORK_BUFFER_BYTES = 64 << 20
+
+
+def pass_tokens(weights: _core.Weights) -> int:
+    """Tokens per pass whose work buffers fit WORK_BUFFER_BYTES (64 at least)."""
+    for n in (512, 256, 128):
+        if weights.work_bytes(n) <= WORK_BUFFER_BYTES:
+            return n
+    return 64
+
+
 class ContextFullWarning(UserWarning):
     """Generation stopped because the context (n_ctx tokens) is full."""
 
@@ -194,6 +210,31 @@ class GenerationStats:
         return self.generated_tokens / self.generate_seconds if self.generate_seconds else 0.0
 
 
+def _packed_weights(config: ModelConfig, source: Path, dtype: str, use_cache: bool | None) -> tuple:
+    """(the arrays for _core.Weights, parameters by weight type or None,
+    the cache file they are mapped from or None) of a GGUF file's own
+    tensors (dtype "gguf") or of a folder's."""
+    from . import pack_cache
+
+    if dtype == "gguf":
+        def build():
+            arrays, types = load_gguf_weights(config, source, mtp=True)
+            return arrays, {"types": dict(types)}
+        sources = [source]
+    else:
+        def build():
+            return load_weights(config, source, bf16=(dtype == "bf16"),
+                                mix=dtype if dtype in QUANT_MIXES else None), {}
+        sources = sorted(p for p in source.iterdir()
+                         if p.name == "config.json" or p.name.endswith((".safetensors", ".safetensors.index.json")))
+    def check(arrays):   # what Weights refuses is rebuilt, never loaded
+        _core.Weights(config, {k: v for k, v in arrays.items() if k != "mtp"}, 1)
+        if "mtp" in arrays:
+            _core.Weights(config.mtp_config(), arrays["mtp"], 1)
+    arrays, extra, cached = pack_cache.load(sources, {"dtype": dtype}, build, pack_cache.enabled(use_cache), check)
+    return arrays, extra.get("types"), cached
+
+
 class Model:
     """A model ready to generate. Build it with Model.from_pretrained.
 
@@ -233,6 +274,8 @@ class Model:
         self.default_sampling = SamplingParams().replace(
             **{k: v for k, v in self.generation_defaults.items() if k != "max_new_tokens"})
         self.last_stats = GenerationStats()
+        # The file the packed weights are mapped from (fastllm.pack_cache), or None.
+        self.pack_cache_file = None
         # What generate/stream/chat speculate with when a call says nothing:
         # None, "ngram", or a draft Model (see fastllm.speculative), with
         # at most draft_max guesses a pass.
@@ -248,9 +291,9 @@ class Model:
 
     @classmethod
     def from_pretrained(cls, path=None, n_ctx: int | None = None, threads: int | None = None,
-                        dtype: str | None = None, max_batch: int = 512, kv_dtype: str = "f32",
+                        dtype: str | None = None, max_batch: int | None = None, kv_dtype: str = "f32",
                         activations: str = "int8", filename: str | None = None,
-                        max_n_ctx: int | None = None) -> "Model":
+                        max_n_ctx: int | None = None, pack_cache: bool | None = None) -> "Model":
         """Load a HF model folder (config.json, model.safetensors, tokenizer.json),
         a .gguf file, a Hugging Face repo ("org/name", fetched into the
         Hugging Face cache with huggingface_hub), or with no path the default
@@ -272,7 +315,12 @@ class Model:
         activations (fast), or "f32" activations with the exact dequantized
         weights (the results of the dequantized float32 model, bit for bit).
         max_n_ctx: without n_ctx, the context is the model's
-        max_position_embeddings, or this many positions where fewer."""
+        max_position_embeddings, or this many positions where fewer.
+        max_batch: tokens per forward pass (a longer prompt runs in several);
+        None: as many as fit WORK_BUFFER_BYTES of work buffers, at most 512.
+        pack_cache: keep the packed weights in a file under $FASTLLM_HOME
+        and map it on later loads (see fastllm.pack_cache); None: unless
+        FASTLLM_PACK_CACHE=0."""
         from .hub import gguf_metadata_dir, locate, model_name, resolve_model
 
         if dtype is not None and dtype not in DTYPES:
@@ -296,30 +344,36 @@ class Model:
         threads = physical_cores() if threads is None else usable_threads(threads)
         if not native:
             check_sizes(config, folder)
-        if not _whole(max_batch) or not 1 <= max_batch <= 1 << 16:
+        if max_batch is not None and (not _whole(max_batch) or not 1 <= max_batch <= 1 << 16):
             raise ValueError(f"max_batch must be a whole number from 1 to 65536, got {max_batch!r}")
-        seq_len = context_size(config, n_ctx, kv_dtype, threads, max_n_ctx, max_batch)
+        # Without max_batch the pass is chosen from the work buffers, once
+        # the weights are there, at most 512 tokens: the cache is sized for that.
+        max_pass = 512 if max_batch is None else max_batch
+        seq_len = context_size(config, n_ctx, kv_dtype, threads, max_n_ctx, max_pass)
 
-        mtp = None
-        if native:
-            arrays, types = load_gguf_weights(config, gguf, mtp=True)
-            # Named by the type that holds most of the parameters.
-            dtype = max(types, key=types.get)
-            if "mtp" in arrays:
-                mtp = _core.Weights(config.mtp_config(), arrays.pop("mtp"), seq_len, threads, kv_dtype,
-                                    activations == "f32", max_batch)
-        else:
-            arrays = load_weights(config, folder, bf16=(dtype == "bf16"),
-                                  mix=dtype if dtype in QUANT_MIXES else None)
-        weights = _core.Weights(config, arrays, seq_len, threads, kv_dtype, activations == "f32", max_batch)
         # A folder without tokenizer.json still runs on token ids (logits,
-        # generate_tokens); the text methods then say what is missing.
+        # generate_tokens); the text methods then say what is missing. The
+        # tokenizer is read first: parsing tokenizer.json takes a few times
+        # the memory it leaves in use, which is then free again before the
+        # weights come in.
         tokenizer = None
         if (folder / "tokenizer.json").exists():
             from .tokenizer import Tokenizer
             tokenizer = Tokenizer.from_pretrained(folder)
-        return cls(weights, config, tokenizer, folder, dtype, end_of_generation_ids(gen_config, config, tokenizer),
-                   gen_config, max_batch, name=model_name(source), source=source, mtp=mtp)
+        arrays, types, cached = _packed_weights(config, gguf if native else folder, dtype, pack_cache)
+        if native:   # named by the type that holds most of the parameters
+            dtype = max(types, key=types.get)
+        mtp = arrays.pop("mtp", None)
+        if mtp is not None:
+            mtp = _core.Weights(config.mtp_config(), mtp, seq_len, threads, kv_dtype, activations == "f32",
+                                max_pass)
+        weights = _core.Weights(config, arrays, seq_len, threads, kv_dtype, activations == "f32", max_pass)
+        if max_batch is None:
+            max_batch = pass_tokens(weights)
+        model = cls(weights, config, tokenizer, folder, dtype, end_of_generation_ids(gen_config, config, tokenizer),
+                    gen_config, max_batch, name=model_name(source), source=source, mtp=mtp)
+        model.pack_cache_file = cached
+        return model
 
     # ------------------------------------------------------------ settings
 

@@ -1,8 +1,8 @@
-"""The seed corpora of fuzz_safetensors, fuzz_gguf and fuzz_gguf_load,
+"""The seed corpora of fuzz_safetensors, fuzz_gguf, fuzz_gguf_load and fuzz_pack_cache,
 rebuilt by running this file: a tiny model checkpoint in each format and its
 variants.
 
-    python tests/fuzz/file_seeds.py      # rewrites tests/fuzz/corpus/{safetensors,gguf,gguf_load}/
+    python tests/fuzz/file_seeds.py      # rewrites tests/fuzz/corpus/{safetensors,gguf,gguf_load,pack_cache}/
 """
 import json
 import struct
@@ -159,3 +159,5 @@ if __name__ == "__main__":
     write("safetensors", safetensors_seeds())
     write("gguf", gguf_seeds())
     write("gguf_load", gguf_load_seeds())
+    import fuzz_pack_cache
+    write("pack_cache", fuzz_pack_cache.seeds())

@@ -46,6 +46,8 @@ Known limits of exactness:
   a piece: ``tokenizers`` inserts the replacement twice there (and can then
   crash); fastllm inserts it once.
 """
+import contextlib
+import gc
 import json
 import numbers
 import os
@@ -82,6 +84,20 @@ def _token_str(v):
 # tens of megabytes, their configs and templates far less.
 TOKENIZER_JSON_LIMIT = 256 << 20
 CONFIG_JSON_LIMIT = 32 << 20
+
+
+@contextlib.contextmanager
+def _collector_paused():
+    """No garbage collection while a tokenizer is read: parsing a large
+    tokenizer.json makes millions of objects, none of them garbage, and the
+    collector's passes over them as they are made cost as much as the parse."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _read_json(path, what, limit=CONFIG_JSON_LIMIT):
@@ -291,13 +307,14 @@ class Tokenizer:
     def from_file(cls, path):
         """Load a tokenizer.json file.
 
-        The merge table is built on first use (it is most of the work for
-        large vocabularies), so a merge naming a token that is not in the
-        vocabulary is reported by the first encode(), or by validate().
+        A merge naming a token that is not in the vocabulary is reported by
+        the first encode(), or by validate().
         """
+        from . import compact
         path = os.fspath(path)
-        spec = _read_json(path, "tokenizer.json", TOKENIZER_JSON_LIMIT)
-        return cls(spec, path)
+        with _collector_paused():
+            spec = compact.read_spec(path, lambda: _read_json(path, "tokenizer.json", TOKENIZER_JSON_LIMIT))
+            return cls(spec, path)
 
     @classmethod
     def from_str(cls, json_text):

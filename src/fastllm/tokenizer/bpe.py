@@ -1,9 +1,36 @@
 """The BPE model: ids of one pre-token, merged by the Cython module _bpe."""
+import contextlib
 from array import array
 
 from .. import _bpe
 from .chars import BYTE_CHARS, byte_level
 from .errors import TokenizerError, UnsupportedTokenizerError
+
+
+class TokensById:
+    """The tokens of a vocabulary by id, with dict's get: a list where the
+    ids are dense (as in every vocabulary in use: 2 MB for 262k tokens,
+    against 16 MB as a dict), else a dict. An id two tokens share gives the
+    later one, as {id: token for token, id in vocab.items()} does."""
+    __slots__ = ("_by_id",)
+
+    def __init__(self, vocab: dict):
+        n = max(vocab.values(), default=-1) + 1
+        if n > 2 * len(vocab) + 1024:
+            self._by_id = {i: t for t, i in vocab.items()}
+            return
+        self._by_id = [None] * n
+        for t, i in vocab.items():
+            self._by_id[i] = t
+
+    def get(self, i, default=None):
+        if isinstance(self._by_id, dict):
+            return self._by_id.get(i, default)
+        try:
+            token = self._by_id[i] if i >= 0 else None
+        except (IndexError, TypeError):
+            return default
+        return default if token is None else token
 
 
 class BPE:
@@ -19,14 +46,17 @@ class BPE:
             raise UnsupportedTokenizerError(
                 f"{where}: BPE dropout={dropout!r} is random at encode time; fastllm refuses it")
         self.vocab = d["vocab"]
-        if not isinstance(self.vocab, dict):
+        if not isinstance(self.vocab, (dict, _bpe.Vocab)):
             raise TokenizerError(f"{where}.vocab: expected an object mapping tokens to ids")
-        for token, i in self.vocab.items():
+        # merges may be a merge table already made of this vocabulary (the
+        # compact form of a tokenizer.json that passed these checks).
+        self.merges = d["merges"]
+        made = isinstance(self.merges, _bpe.MergeTable)
+        for token, i in () if made else self.vocab.items():
             if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < 2**32:
                 raise TokenizerError(f"{where}.vocab: the id of {token!r} must be a whole number "
                                      f"from 0 to 2**32-1, got {i!r}")
-        self.merges = d["merges"]
-        if not isinstance(self.merges, list):
+        if not made and not isinstance(self.merges, list):
             raise TokenizerError(f"{where}.merges: expected a list")
         self.unk_token = d.get("unk_token")
         self.prefix = d.get("continuing_subword_prefix") or ""
@@ -39,23 +69,34 @@ class BPE:
         self.byte_fallback = bool(d.get("byte_fallback", False))
         self.ignore_merges = bool(d.get("ignore_merges", False))
         self.where = where
-        self._table = None
         self._vocab_r = None
         self._byte_ids = None
+        # The merges go into the merge table now (16 bytes a merge), and the
+        # list of them is dropped: as tokenizer.json's Python strings and
+        # lists it took ~200 bytes a merge (112 MB for a 262k vocabulary's
+        # 515k merges). A list the table cannot be made of is kept, and its
+        # error raised where it always was: at the first encode, or validate().
+        if made:
+            table, self._merge_error = self.merges, None
+        else:
+            table = _bpe.MergeTable(len(self.merges))
+            self._merge_error = table.load_merges(self.merges, self.vocab, len(self.prefix))
+        self._table = table if self._merge_error is None else None
+        if self._table is not None:
+            self.merges = None
+            # The vocabulary kept compact too (a dict of 248k tokens is 30 MB).
+            # A token with a lone surrogate has no UTF-8: such a vocabulary stays a dict.
+            if isinstance(self.vocab, dict):
+                with contextlib.suppress(UnicodeEncodeError):
+                    self.vocab = _bpe.Vocab.from_dict(self.vocab)
 
-    # Building the merge table costs ~0.2 s for a 250k-merge file, so it is
-    # deferred to the first encode that misses the cache.
     @property
     def table(self):
         if self._table is None:
-            table = _bpe.MergeTable(len(self.merges))
-            err = table.load_merges(self.merges, self.vocab, len(self.prefix))
-            if err is not None:
-                i, tok = err
-                if tok is None:
-                    raise TokenizerError(f"{self.where}.merges[{i}]: {self.merges[i]!r} is not a pair of tokens")
-                raise TokenizerError(f"{self.where}.merges[{i}]: token {tok!r} is not in the vocabulary")
-            self._table = table
+            i, tok = self._merge_error
+            if tok is None:
+                raise TokenizerError(f"{self.where}.merges[{i}]: {self.merges[i]!r} is not a pair of tokens")
+            raise TokenizerError(f"{self.where}.merges[{i}]: token {tok!r} is not in the vocabulary")
         return self._table
 
     def validate(self):
@@ -64,7 +105,7 @@ class BPE:
     @property
     def vocab_r(self):
         if self._vocab_r is None:
-            self._vocab_r = {v: k for k, v in self.vocab.items()}
+            self._vocab_r = TokensById(self.vocab)
         return self._vocab_r
 
     def byte_ids(self):
