@@ -223,6 +223,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--request-timeout", type=float, default=SERVE.request_timeout, metavar="S",
                    help="seconds a generation may run; then it ends with finish_reason \"length\" "
                         "(default: no limit)")
+    p.add_argument("--cors-origins", default=SERVE.cors_origins, metavar="ORIGINS",
+                   help="web pages that may call the server from a browser (CORS), comma-separated "
+                        "origins such as http://localhost:3000; '*' for any, 'localhost' for any port "
+                        "of this machine (default: none)")
 
     p = sub.add_parser("perplexity", help="perplexity on a text, and KL divergence from a base model, "
                                           "measured as llama.cpp's llama-perplexity measures them")

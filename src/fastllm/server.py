@@ -20,6 +20,7 @@ import asyncio
 import collections
 import json
 import os
+import re
 import sys
 import time
 import uuid
@@ -45,6 +46,9 @@ class ServeOptions:
     keep_alive: float = 5.0             # seconds an idle connection stays open
     max_connections: int = 512          # open connections (more: 503)
     request_timeout: float | None = None   # seconds a generation may run (then "length")
+    # Origins whose web pages may call the server (CORS), comma-separated:
+    # "*" for any, "localhost" for any port of this machine's own names.
+    cors_origins: str | None = None
 
     def __post_init__(self):
         for name in ("parallel", "max_queue", "max_body", "max_connections"):
@@ -54,6 +58,8 @@ class ServeOptions:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
+        if self.cors_origins is not None:
+            cors_origins(self.cors_origins)   # refused now, not at the first request
 
 
 DEFAULTS = ServeOptions()
@@ -106,6 +112,62 @@ class Metrics:
         return "\n".join(lines) + "\n"
 
 
+# An origin is scheme://host[:port], nothing after (a browser's Origin header).
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/?#\s]+")
+# "localhost": http(s) pages of this machine, on any port.
+_LOCAL_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:[0-9]+)?"
+# The methods a page may use (DELETE: for routes that remove what a client stored).
+CORS_METHODS = ("GET", "POST", "DELETE", "OPTIONS")
+
+
+def cors_origins(text: str) -> tuple:
+    """(exact origins, a regular expression of origins or None) of
+    --cors-origins; ValueError names an entry that is not an origin."""
+    exact, pattern = [], None
+    for entry in (e.strip() for e in text.split(",")):
+        if entry == "localhost":
+            pattern = _LOCAL_ORIGINS
+        elif entry == "*" or _ORIGIN.fullmatch(entry):
+            exact.append(entry)
+        else:
+            raise ValueError(f"cors_origins: {entry!r} is not an origin (scheme://host[:port], with no "
+                             "path or trailing slash), '*' or 'localhost'")
+    return tuple(exact), pattern
+
+
+def cors_middleware(options: ServeOptions):
+    """The Starlette middleware that lets the pages of options.cors_origins
+    call the server (None when no origin may): preflight requests answered
+    without the API key, which the real request still needs, and every
+    response, streams included, marked for the origin that asked."""
+    if options.cors_origins is None:
+        return None
+    from starlette.middleware import Middleware
+    from starlette.middleware.cors import CORSMiddleware
+    from starlette.responses import Response
+
+    class CORS(CORSMiddleware):
+        def preflight_response(self, request_headers):
+            answer = super().preflight_response(request_headers)
+            if answer.status_code < 400:
+                return answer
+            # Starlette says why in plain text; this server's errors are OpenAI's JSON.
+            what = answer.body.decode().removeprefix("Disallowed CORS ")
+            asked = {"origin": f"origin {request_headers.get('origin')!r} (allowed: {options.cors_origins})",
+                     "method": f"method {request_headers.get('access-control-request-method')!r}",
+                     "headers": "headers " + repr(request_headers.get("access-control-request-headers")),
+                     "private-network": "private network access"}
+            reasons = ", ".join(asked[w.strip()] for w in what.split(",") if w.strip() in asked)
+            e = APIError(403, f"cross-origin request refused: {reasons or what}")
+            return Response(json.dumps(api.error_body(e)), status_code=403, media_type="application/json")
+
+    exact, pattern = cors_origins(options.cors_origins)
+    # Every header may be asked for: the preflight names them back (a "*"
+    # would not cover Authorization in a browser).
+    return Middleware(CORS, allow_origins=exact, allow_origin_regex=pattern, allow_methods=CORS_METHODS,
+                      allow_headers=["*"], allow_credentials=True, expose_headers=["Retry-After"])
+
+
 def engine_error(e: BaseException) -> APIError:
     """An error the engine met while running a request: the caller's fault
     (ValueError) is a 400, anything else a 500."""
@@ -152,19 +214,27 @@ class Completions:
         self.metrics, self.options = metrics, options
 
     def submit(self, g: api.Generation) -> list:
+        """One engine request per choice of every prompt, in the order of
+        the choices' indexes, all queued or none."""
         from .serving import QueueFull
+        prompts = g.prompts
         if len(g.samplings) > self.engine.max_queue:
             raise APIError(400, f"'n' must be at most {self.engine.max_queue} on this server "
                                 "(its --max-queue)", param="n")
+        if len(prompts) * len(g.samplings) > self.engine.max_queue:
+            raise APIError(400, f"{len(prompts)} prompts of n={len(g.samplings)} choices each are more "
+                                f"than the {self.engine.max_queue} this server queues (its --max-queue)",
+                           param="prompt")
+        prompt_logprobs = g.top_logprobs if g.echo is not None else None
         try:
-            requests = self.engine.submit_many(g.prompt_ids, g.max_tokens, g.samplings, g.stop_ids,
-                                               g.top_logprobs, g.constraints, g.draft_max)
+            requests = self.engine.submit_prompts(prompts, g.max_tokens, g.samplings, g.stop_ids,
+                                                  g.top_logprobs, g.constraints, g.draft_max, prompt_logprobs)
         except QueueFull as e:
             raise APIError(503, str(e), type="server_error", code="overloaded",
                            headers={"Retry-After": "1"}) from None
         except ValueError as e:
             raise APIError(400, str(e)) from None
-        self.metrics.prompt_tokens += len(g.prompt_ids)
+        self.metrics.prompt_tokens += g.prompt_tokens
         return requests
 
     async def _watch(self, requests, http_request, state):
@@ -186,9 +256,12 @@ class Completions:
         """Put (index, text, [(token, logprob entry)]) on out as tokens come,
         then (index, None, error or None)."""
         text = TextStream(self.model.tokenizer, g.stops, keep=api.kept_specials(g))
-        got, error = 0, None
+        got, error, echoed = 0, None, g.echo is None
         try:
             async for token in _then_none(request):
+                if not echoed:   # the prompt's logprobs are whole once its first token, or its end, came
+                    echoed = True
+                    await out.put((index, g.echo[index // len(g.samplings)], _prompt_entries(g, request)))
                 entry = None
                 if token is not None:
                     if got == 0:
@@ -208,6 +281,10 @@ class Completions:
             request.cancel()   # a no-op once it has ended; else frees the slot
         if text.stopped:
             state["stopped"].add(index)
+        elif not g.chat and request.stop_logprobs is not None:
+            # a completion's logprobs end with the token that stopped it, as
+            # OpenAI's do (lm-evaluation-harness counts on that token)
+            await out.put((index, "", [request.stop_logprobs]))
         await out.put((index, None, error))
 
     async def run(self, g, requests, http_request, state: dict):
@@ -257,7 +334,7 @@ class Completions:
                               api.logprobs_of(g, tokenizer, entries[i]))
                    for i, r in enumerate(requests)]
         return api.response(g, _id(g), int(time.time()), self.model_name, choices,
-                            sum(r.generated for r in requests))
+                            sum(r.generated for r in requests), _cached(g, requests))
 
     async def events(self, g, requests, http_request):
         rid, created, name = _id(g), int(time.time()), self.model_name
@@ -291,11 +368,26 @@ class Completions:
                     yield api.chunk(g, rid, created, name, [c])
             if g.include_usage:
                 yield api.chunk(g, rid, created, name, [],
-                                usage=api.usage(len(g.prompt_ids), sum(r.generated for r in requests)))
+                                usage=api.usage(g.prompt_tokens, sum(r.generated for r in requests),
+                                                _cached(g, requests)))
             yield "data: [DONE]\n\n"
         finally:
             for r in requests:
                 r.cancel()   # a client gone mid-stream frees its slot at the next step
+
+
+def _prompt_entries(g, request) -> list:
+    """[(token, logprob entry)] of the prompt a choice echoes: None for
+    its first token, which nothing predicts; none without logprobs."""
+    if g.top_logprobs is None:
+        return []
+    return list(zip(request.prompt_ids, [None, *request.prompt_logprob_entries]))
+
+
+def _cached(g, requests) -> int:
+    """Prompt tokens the server already held: those of each prompt's first
+    choice (the others copy its prompt)."""
+    return sum(r.prompt_reused for r in requests[::len(g.samplings)])
 
 
 async def _then_none(request):
@@ -335,7 +427,7 @@ def create_app(model, engine, model_name: str | None = None, api_key: str | None
             raise APIError(401, "invalid or missing API key", code="invalid_api_key")
 
     def parse(raw: bytes, chat: bool) -> api.Generation:
-        return api.parse_request(api.parse_json(raw), chat, model)
+        return api.parse_request(api.parse_json(raw), chat, model, max_prompts=engine.max_queue)
 
     async def generate(http_request, endpoint):
         check_key(http_request)
@@ -387,13 +479,15 @@ def create_app(model, engine, model_name: str | None = None, api_key: str | None
     async def internal_error(request, exc):
         return error(api.server_error(f"internal error: {type(exc).__name__}"))
 
+    cors = cors_middleware(options)
     return Starlette(routes=[
         Route("/v1/models", endpoint("models", models), methods=["GET"]),
         Route("/v1/completions", endpoint("completions", generate), methods=["POST"]),
         Route("/v1/chat/completions", endpoint("chat", generate), methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", prometheus, methods=["GET"]),
-    ], exception_handlers={HTTPException: http_error, Exception: internal_error})
+    ], exception_handlers={HTTPException: http_error, Exception: internal_error},
+        middleware=[cors] if cors else [])
 
 
 def startup_line(model, options: ServeOptions) -> str:
