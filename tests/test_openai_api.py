@@ -301,7 +301,8 @@ def test_chat_replies_shaped_with_tool_calls_and_reasoning():
     # streamed: one chunk choice per delta, the logprobs on the first
     stream = api.reply_stream(g)
     chunks = api.delta_choices(g, 2, stream.feed(text), logprobs={"content": []})
-    assert [c["delta"].keys() for c in chunks] == [{"reasoning_content"}, {"tool_calls"}]
+    assert [c["delta"].keys() for c in chunks] == [{"reasoning_content"}, {"tool_calls"}, {"tool_calls"}]
+    assert chunks[2]["delta"]["tool_calls"] == [{"index": 0, "function": {"arguments": "{}"}}]
     assert chunks[0]["logprobs"] == {"content": []} and chunks[1]["logprobs"] is None
     assert chunks[1]["delta"]["tool_calls"][0]["index"] == 0 and stream.called
     # text held back still carries its logprobs

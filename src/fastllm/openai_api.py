@@ -387,7 +387,7 @@ def reply_options(model, prompt: str, tools: dict | None, choice: str | None) ->
     """How the reply to prompt is read (toolcalls.ReplyStream's options)."""
     template = model.tokenizer.chat_template
     return {"reasoning": toolcalls.reasoning_mode(template, prompt),
-            "tools": list(tools) if tools and choice != "none" else None,
+            "tools": dict(tools) if tools and choice != "none" else None,
             "fmt": toolcalls.tool_format(template)}
 
 
