@@ -162,8 +162,8 @@ def cors_middleware(options: ServeOptions):
             return Response(json.dumps(api.error_body(e)), status_code=403, media_type="application/json")
 
     exact, pattern = cors_origins(options.cors_origins)
-    # Every header may be asked for: the preflight names them back (a "*"
-    # would not cover Authorization in a browser).
+    # Every header may be asked for: the preflight names them back (the
+    # Fetch standard does not let a "*" cover Authorization).
     return Middleware(CORS, allow_origins=exact, allow_origin_regex=pattern, allow_methods=CORS_METHODS,
                       allow_headers=["*"], allow_credentials=True, expose_headers=["Retry-After"])
 
@@ -484,6 +484,10 @@ def create_app(model, engine, model_name: str | None = None, api_key: str | None
         Route("/v1/models", endpoint("models", models), methods=["GET"]),
         Route("/v1/completions", endpoint("completions", generate), methods=["POST"]),
         Route("/v1/chat/completions", endpoint("chat", generate), methods=["POST"]),
+        # the same without /v1, as llama-server serves them, for clients given a base URL without it
+        Route("/models", endpoint("models", models), methods=["GET"]),
+        Route("/completions", endpoint("completions", generate), methods=["POST"]),
+        Route("/chat/completions", endpoint("chat", generate), methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", prometheus, methods=["GET"]),
     ], exception_handlers={HTTPException: http_error, Exception: internal_error},
