@@ -71,7 +71,8 @@ LOG_EVERY = 10_000
 # Findings already reported and not fixed yet, matched by a regular expression,
 # are counted (the log's "known") instead of ending the run.
 KNOWN = re.compile(os.environ["FASTLLM_FUZZ_HTTP_KNOWN"]) if os.environ.get("FASTLLM_FUZZ_HTTP_KNOWN") else None
-GENERATE_PATHS = ("/v1/chat/completions", "/v1/completions")
+# (the first two are what clients mostly call; the server takes them without /v1 too)
+GENERATE_PATHS = ("/v1/chat/completions", "/v1/completions", "/chat/completions", "/completions")
 CORS_ORIGINS = "http://localhost:3000,localhost"   # the second app's: web pages that may call it
 
 
@@ -457,7 +458,8 @@ def recipe_request(r: Recipe):
         path = GENERATE_PATHS[r.below(2)]
         method = "POST" if not r.chance(8) else r.pick(["GET", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"])
     else:
-        path = r.pick(["/v1/models", "/health", "/metrics", "/", "/v1/embeddings", "/v1/chat/completions/",
+        path = r.pick(["/v1/models", "/models", "/completions", "/chat/completions", "/health", "/metrics", "/",
+                       "/v1/embeddings", "/v1/chat/completions/",
                        "/v1/models/tiny", "/v1//completions", "/V1/COMPLETIONS", "/%00", "/v1/completions%20",
                        "/v1/chat/completions/../completions", "/docs", "/v1/responses"])
         method = r.pick(["GET", "POST", "HEAD", "DELETE", "OPTIONS"])
