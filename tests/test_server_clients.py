@@ -305,6 +305,25 @@ def test_lists_of_prompts_for_scoring_are_bounded(server, model):
         assert time.monotonic() - start < 30 and engine.active == 0 and engine.queue_depth == 0
 
 
+def test_a_body_over_the_limit_reaches_the_client_as_413(model):
+    """Clients send their whole body before they read the answer: the
+    server reads (and drops) the rest, so they get the 413, not a
+    connection reset by peer."""
+    with running(model, max_body=100_000) as (url, engine):
+        body = {"prompt": "ab " * 3_000_000, "max_tokens": 1}   # past what socket buffers hold
+        for headers in ({"Content-Type": "application/json"}, {"Content-Type": "application/json",
+                                                               "Transfer-Encoding": "chunked"}):
+            data = json.dumps(body).encode()
+            if "Transfer-Encoding" in headers:   # urllib sends an iterable as chunks
+                data = iter([data[i:i + 65536] for i in range(0, len(data), 65536)])
+            req = urllib.request.Request(url + "/completions", data=data, headers=headers)
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(req, timeout=60)
+            assert "larger than 100000 bytes" in openai_error(e.value.code, json.loads(e.value.read()), 413)["message"]
+        status, _, _ = request(url, "/v1/models")
+        assert status == 200 and engine.active == 0
+
+
 def test_usage_names_the_cached_prompt_and_the_fingerprint(server, model):
     url, _ = server
     c = client(url, api_key="sesame")

@@ -176,19 +176,32 @@ def engine_error(e: BaseException) -> APIError:
     return api.server_error(f"generation failed: {type(e).__name__}: {e}")
 
 
+# A body over max_body is still read, and thrown away, up to this many more
+# bytes while it keeps coming: a client sends its whole body before it reads
+# the answer, and a connection closed on unread data reaches it as a reset,
+# not as the 413.
+DISCARD_LIMIT = 16 * 2**20
+DISCARD_IDLE = 0.5   # seconds without more of it: the answer goes out
+
+
 async def read_body(request, options: ServeOptions) -> bytes:
     """The body, at most options.max_body bytes (413), received within
     options.body_timeout seconds (408)."""
     from starlette.requests import ClientDisconnect
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > options.max_body:
-        raise _too_large(options)
+    too_large = declared.isdigit() and int(declared) > options.max_body
 
     async def receive():
+        pieces = request.stream().__aiter__()
+        if too_large:
+            if int(declared) <= options.max_body + DISCARD_LIMIT:
+                await _discard(pieces, int(declared))
+            raise _too_large(options)
         chunks, size = [], 0
-        async for piece in request.stream():
+        async for piece in pieces:
             size += len(piece)
             if size > options.max_body:
+                await _discard(pieces, DISCARD_LIMIT)
                 raise _too_large(options)
             chunks.append(piece)
         return b"".join(chunks)
@@ -198,6 +211,17 @@ async def read_body(request, options: ServeOptions) -> bytes:
         raise APIError(408, f"the request body did not arrive within {options.body_timeout:g} s") from None
     except ClientDisconnect:
         raise APIError(400, "the client went away while sending the body") from None
+
+
+async def _discard(pieces, limit: int):
+    """Read and drop what more of a refused body comes: at most limit
+    bytes, while pieces keep coming."""
+    from starlette.requests import ClientDisconnect
+    while limit > 0:
+        try:
+            limit -= len(await asyncio.wait_for(pieces.__anext__(), DISCARD_IDLE))
+        except (StopAsyncIteration, asyncio.TimeoutError, ClientDisconnect):
+            return
 
 
 def _too_large(options: ServeOptions) -> APIError:
