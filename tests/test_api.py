@@ -63,8 +63,25 @@ def test_bad_settings_raise_at_the_call(model):
             call("hi", temperature=-1)   # not at the first next()
     with pytest.raises(ValueError, match="top_p"):
         model.chat([{"role": "user", "content": "hi"}], stream=True, top_p=0)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="unknown setting 'temprature'; the settings are max_new_tokens"):
         model.generate("hi", temprature=0.5)
+    with pytest.raises(TypeError, match="not both"):
+        model.generate("hi", 4, max_tokens=4)
+
+
+def test_the_front_door_takes_what_other_libraries_users_type(model, smollm2_dir):
+    """Model(path) as llama-cpp-python's Llama(path); max_tokens as
+    OpenAI's API names the token limit; chat(stream=True) as pieces."""
+    same = Model(smollm2_dir, n_ctx=256, threads=2)
+    assert type(same) is Model and same.n_ctx == 256 and same.path == model.path
+    want = model.generate("The sea is", 6, temperature=0)
+    assert same.generate("The sea is", max_tokens=6, temperature=0) == want
+    assert model.generate("The sea is", max_tokens=6, temperature=0) == want
+    messages = [{"role": "user", "content": "Say hi."}]
+    pieces = list(model.chat(messages, max_tokens=8, stream=True, temperature=0))
+    assert len(pieces) > 1 and "".join(pieces) == model.chat(messages, 8, temperature=0)
+    with pytest.raises(FileNotFoundError):
+        Model("no/such/model.gguf")
 
 
 @pytest.mark.slow
