@@ -74,7 +74,10 @@ static size_t lin_state_floats(const FlmConfig *c) {
     return (size_t)conv_dim(c) * imax(c->conv_kernel - 1, 0)
          + (size_t)c->lin_v_heads * c->lin_k_dim * c->lin_v_dim;
 }
-static int mixer_dim(const FlmConfig *c) { return imax(c->dim, imax(q_dim(c), lin_value_dim(c))); }
+/* Width of xb: a mixer's input or output, or a nextn model's joined input. */
+static int mixer_dim(const FlmConfig *c) {
+    return imax((c->nextn ? 2 : 1) * c->dim, imax(q_dim(c), lin_value_dim(c)));
+}
 /* Width of the dense MLP's (or the shared expert's) hidden buffers. */
 static int mlp_dim(const FlmConfig *c) { return imax(c->hidden_dim, c->shared_dim); }
 /* Rows of the work buffers a matmul input may fill: a token per expert it chose. */
@@ -175,7 +178,8 @@ void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, int max_thre
     s->trace_tokens = s->trace_offset = 0;
     s->rope_long = 0;
     s->profile = NULL;
-    s->lin_saved = s->lin_keep = NULL;
+    s->hidden = s->lin_saved = s->lin_keep = NULL;
+    s->nextn_h = NULL;
     s->keep_rows = s->keep = 0;
     s->kept = -1;
     s->lin_state = cache;
@@ -1156,7 +1160,7 @@ static int logit_row(const FlmSeq *seqs, int n_seqs, int r) {
 static void forward_rows(const FlmConfig *c, const FlmWeights *w, FlmState *s, const FlmSeq *seqs,
                          int n_seqs, float *logits, int n_threads) {
     const int dim = c->dim;
-    int T = 0, rows = 0, any_keeps = 0;
+    int T = 0, rows = 0, any_keeps = 0, any_hidden = 0;
     for (int k = 0; k < n_seqs; k++) {
         for (int i = 0; i < seqs[k].n; i++, T++) {
             s->row_seq[T] = k;
@@ -1165,6 +1169,7 @@ static void forward_rows(const FlmConfig *c, const FlmWeights *w, FlmState *s, c
         rows += seqs[k].n_logits;
         seqs[k].state->kept = keeps(&seqs[k]) ? seqs[k].n : -1;
         any_keeps |= keeps(&seqs[k]);
+        any_hidden |= seqs[k].state->hidden != NULL;
     }
 
     if (s->profile) s->profile_mark = wall_time();
@@ -1177,7 +1182,14 @@ static void forward_rows(const FlmConfig *c, const FlmWeights *w, FlmState *s, c
             embed_row(x, w, q->tokens[s->row_pos[t] - q->pos], dim);
             if (c->embed_scale != 1.0f)
                 for (int i = 0; i < dim; i++) x[i] *= c->embed_scale;
+            if (c->nextn) {
+                float *joined = s->xb + (size_t)t * 2 * dim;
+                rmsnorm(joined, x, w->enorm, dim, c->norm_eps);
+                rmsnorm(joined + dim, q->state->nextn_h + (size_t)(s->row_pos[t] - q->pos) * dim, w->hnorm, dim,
+                        c->norm_eps);
+            }
         }
+        if (c->nextn) matmul(c, s, s->x, s->xb, w->eh_proj, NULL, T, 2 * dim, dim);
         if (c->per_layer_dim) per_layer_inputs(c, w, s, seqs, T);
 
         for (int l = 0; l < c->n_layers; l++) {
@@ -1218,6 +1230,17 @@ static void forward_rows(const FlmConfig *c, const FlmWeights *w, FlmState *s, c
             mark(s, FLM_PHASE_NORMS);
         }
 
+        /* The final-normed hidden states of the sequences that want them. */
+        if (any_hidden) {
+#pragma omp for schedule(static)
+            for (int t = 0; t < T; t++) {
+                const FlmSeq *q = &seqs[s->row_seq[t]];
+                if (q->state->hidden)
+                    rmsnorm(q->state->hidden + (size_t)(s->row_pos[t] - q->pos) * dim, s->x + (size_t)t * dim,
+                            w->norm, dim, c->norm_eps);
+            }
+        }
+
         /* Only the tokens whose logits are wanted go through the LM head
          * (row r of xb for the r-th). */
         if (logits && rows) {
@@ -1251,13 +1274,20 @@ void flm_forward(const FlmConfig *c, const FlmWeights *w, FlmState *s,
     if (!kernels_ready) { flm_kernels_init(); kernels_ready = 1; }
     if (n_threads < 1) n_threads = 1;
     if (n_threads > s->max_threads) n_threads = s->max_threads;
+    float *hidden = s->hidden;
+    const float *nextn_h = s->nextn_h;
     for (int done = 0; done < n;) {
         FlmSeq seq = {s, tokens + done, imin(s->max_batch, n - done), pos + done, 0};
-        seq.n_logits = all_logits ? seq.n : done + seq.n == n;
+        seq.n_logits = !logits ? 0 : all_logits ? seq.n : done + seq.n == n;
         s->trace_offset = done;
-        forward_rows(c, w, s, &seq, 1, logits + (all_logits ? (size_t)done * c->vocab_size : 0), n_threads);
+        if (hidden) s->hidden = hidden + (size_t)done * c->dim;   /* this chunk's rows */
+        if (nextn_h) s->nextn_h = nextn_h + (size_t)done * c->dim;
+        forward_rows(c, w, s, &seq, 1, logits ? logits + (all_logits ? (size_t)done * c->vocab_size : 0) : NULL,
+                     n_threads);
         done += seq.n;
     }
+    s->hidden = hidden;
+    s->nextn_h = nextn_h;
 }
 
 void flm_forward_batch(const FlmConfig *c, const FlmWeights *w, FlmState *work, const FlmSeq *seqs,

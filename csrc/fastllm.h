@@ -73,6 +73,11 @@ typedef struct {
      * projection of a per_layer_dim slice of its own (FlmWeights.embed_per_layer
      * and per_layer_proj); 0 where a model has none. */
     int per_layer_dim;
+    /* A multi-token-prediction block (Qwen3.5's MTP, DeepSeek's NextN): each
+     * token's embedding, RMS-normed by enorm, is joined by the hidden state
+     * it follows (FlmState.nextn_h, RMS-normed by hnorm) and projected back
+     * to dim by eh_proj before the layers; 0 where a model is not one. */
+    int nextn;
 } FlmConfig;
 
 typedef struct {
@@ -156,6 +161,9 @@ typedef struct {
     const FlmMatrix *embed_per_layer; /* (vocab_size, n_layers*P) plain rows */
     const FlmMatrix *per_layer_proj;  /* (n_layers*P, dim), packed */
     const float *per_layer_norm;      /* (P) */
+    /* nextn: */
+    const FlmMatrix *eh_proj;         /* (dim, 2*dim): [enorm(embedding) | hnorm(h)] -> dim */
+    const float *enorm, *hnorm;       /* (dim) */
 } FlmWeights;
 
 typedef struct {
@@ -229,6 +237,12 @@ typedef struct {
      * from, laid out as lin_state, and its recurrent layers' inputs, so
      * that flm_state_rollback can keep any prefix of its tokens. NULL and 0
      * where unused. */
+    /* Optional, per sequence: when not NULL, a pass writes the final-normed
+     * hidden state of each of this sequence's tokens (what the LM head
+     * multiplies) to hidden[i*dim], i counting its tokens in the pass; and
+     * a nextn model reads the hidden state token i follows at nextn_h[i*dim]. */
+    float *hidden;
+    const float *nextn_h;
     float *lin_saved;   /* (n_layers, (K-1)*conv_dim + Hv*dk*dv) */
     float *lin_keep;    /* (n_layers, keep_rows, conv_dim + 2*Hv) */
     int keep_rows;
@@ -275,7 +289,8 @@ void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, int max_thre
  * a state instead of a cache: pos == 0 starts it afresh, and pos > 0 must
  * continue right after the last token run. Writes the logits of
  * the last token to logits[vocab_size], or of every token to
- * logits[n*vocab_size] when all_logits is nonzero. The caller guarantees
+ * logits[n*vocab_size] when all_logits is nonzero, or none with logits NULL
+ * (then the LM head is skipped: a pass for FlmState.hidden alone). The caller guarantees
  * 0 <= tokens[i] < vocab_size, n >= 1 and pos + n <= seq_len. The result is
  * the same, bit for bit, for any n_threads and any split of the tokens into
  * calls. n_threads above the state's max_threads is capped. */

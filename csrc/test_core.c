@@ -142,6 +142,16 @@ static void run(const FlmConfig *c, const FlmWeights *w, const int32_t *tok, int
 }
 
 /* A Gated DeltaNet layer's mixer, as in Qwen3.5 (Hv != Hk, dk != dv). */
+/* Three run states of 16 tokens a pass and 4 threads, zeroed; bufs gets
+ * their memory, to free. */
+static void three_states(const FlmConfig *c, FlmState st[3], float *bufs[6]) {
+    for (int i = 0; i < 3; i++) {
+        bufs[2 * i] = calloc(flm_state_work_floats(c, 16, 4), 4);
+        bufs[2 * i + 1] = calloc(flm_state_cache_floats(c), 4);
+        flm_state_init(&st[i], c, 16, 4, bufs[2 * i], bufs[2 * i + 1]);
+    }
+}
+
 /* Continuous batching: sequence A prefills 5 tokens, then B joins with 3 while A
  * decodes, then both decode one token per pass. Each sequence's logits must
  * be, bit for bit, those of the same steps run alone. */
@@ -150,11 +160,7 @@ static void test_batch(const FlmConfig *c, const FlmWeights *w, const int32_t *t
     const size_t V = (size_t)c->vocab_size;
     FlmState st[3];
     float *bufs[6];
-    for (int i = 0; i < 3; i++) {
-        bufs[2 * i] = calloc(flm_state_work_floats(c, 16, 4), 4);
-        bufs[2 * i + 1] = calloc(flm_state_cache_floats(c), 4);
-        flm_state_init(&st[i], c, 16, 4, bufs[2 * i], bufs[2 * i + 1]);
-    }
+    three_states(c, st, bufs);
     const int32_t *ta = tok, *tb = tok + 20;
     float *batched = malloc(2 * V * 4 * STEPS), *alone = malloc(2 * V * 4 * STEPS), *out = malloc(2 * V * 4);
     int posa = 0, posb = 0, same = 1;
@@ -193,16 +199,11 @@ static void test_batch(const FlmConfig *c, const FlmWeights *w, const int32_t *t
  * bit for bit, those of the kept tokens run alone. */
 static void test_rollback(const FlmConfig *c, const FlmWeights *w, const int32_t *tok, const char *path) {
     enum { PROMPT = 5, DRAFT = 6, MORE = 3, ROWS = 8 };
-    const size_t V = (size_t)c->vocab_size, lin = flm_state_cache_floats(c);
-    const int ld = 2 * c->lin_k_heads * c->lin_k_dim + c->lin_v_heads * c->lin_v_dim + 2 * c->lin_v_heads;
+    const size_t V = (size_t)c->vocab_size;
     FlmState st[3];
     float *bufs[6];
-    for (int i = 0; i < 3; i++) {
-        bufs[2 * i] = calloc(flm_state_work_floats(c, 16, 4), 4);
-        bufs[2 * i + 1] = calloc(flm_state_cache_floats(c), 4);
-        flm_state_init(&st[i], c, 16, 4, bufs[2 * i], bufs[2 * i + 1]);
-    }
-    float *saved = calloc(lin, 4), *kept = calloc((size_t)c->n_layers * ROWS * ld + 1, 4);
+    three_states(c, st, bufs);
+    float *saved = calloc(flm_state_saved_floats(c) + 1, 4), *kept = calloc(flm_state_keep_floats(c, ROWS) + 1, 4);
     st[0].lin_saved = saved;
     st[0].lin_keep = kept;
     st[0].keep_rows = ROWS;

@@ -593,6 +593,16 @@ def test_bench_prints_a_plain_markdown_table(tiny_dir, capsys):
     assert len(lines) == 6 and all(line.startswith("| tiny | f32 | 1 | ") for line in lines[4:])
 
 
+def test_bench_at_depth_starts_each_test_after_that_much_context(tiny_dir, capsys, tiny_model_dir):
+    """-d as llama-bench's: each test after D tokens (run once, untimed); a
+    hybrid model's recurrent layers start each run from a checkpoint there."""
+    for model in (tiny_dir, tiny_model_dir("qwen3_5-text")):
+        assert cli.main(["bench", "--model", str(model), "-p", "4", "-n", "2", "-r", "1", "-t", "1",
+                         "-d", "0,20", "--json"]) == 0
+        tests = [(r["test"], r["depth"]) for r in json.loads(capsys.readouterr().out)["results"]]
+        assert tests == [("pp4", 0), ("tg2", 0), ("pp4 @ d20", 20), ("tg2 @ d20", 20)]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["run", "-n", "-5", "hi"], "argument --max-tokens/-n/--steps: must be at least 1, got -5"),
     (["run", "--ctx", "0", "hi"], "argument --ctx/-c: must be at least 1, got 0"),
@@ -603,6 +613,7 @@ def test_bench_prints_a_plain_markdown_table(tiny_dir, capsys):
     (["run", "--ctx", "2k", "hi"], "argument --ctx/-c: expected a whole number, got '2k'"),
     (["bench", "-p", "-5"], "argument -p/--n-prompt: must be at least 0, got -5"),
     (["bench", "-t", "1,-5"], "argument -t/--threads: must be at least 1, got -5"),
+    (["bench", "-d", "8,-1"], "argument -d/--n-depth: must be at least 0, got -1"),
     (["bench", "-r", "0"], "argument -r/--repetitions: must be at least 1, got 0"),
     (["perplexity", "--chunks", "-5"], "argument --chunks: must be at least 1, got -5"),
 ])
@@ -617,3 +628,13 @@ def test_a_negative_seed_is_refused_at_the_call():
     # numpy's generators take none: refused with the other settings, not at the first draw
     with pytest.raises(ValueError, match=r"seed must be a whole number from 0 to 2\*\*64-1, or None, got -5"):
         SamplingParams(seed=-5)
+
+
+@pytest.mark.parametrize("flag", [["--temp", "-1"], ["--top-p", "2"], ["--min-p", "1.5"],
+                                  ["--json-schema", "/nonexistent/schema.json"]])
+def test_bad_settings_are_refused_before_the_model_loads(flag, monkeypatch, capsys):
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the settings were checked")
+    monkeypatch.setattr(Model, "from_pretrained", no_load)
+    assert cli.main(["run"] + flag + ["hi"]) == 1
+    assert "fastllm: error:" in capsys.readouterr().err

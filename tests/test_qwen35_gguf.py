@@ -124,15 +124,75 @@ def test_quantized_files_give_the_same_bits_however_split_or_threaded(quant):
     assert_same_bits_for_thread_counts(path, 37)
 
 
-def test_mtp_layers_are_ignored_with_one_notice():
-    """The MTP file is the text checkpoint plus one MTP layer, in BF16."""
-    with pytest.warns(IgnoredTensorsWarning, match="multi-token-prediction layer blk.4 is ignored") as caught:
+def test_the_mtp_block_is_loaded_and_leaves_the_model_as_it_was():
+    """The MTP file is the text checkpoint plus one MTP layer, in BF16: the
+    block is loaded (for speculative="mtp"), without a notice, and the
+    model's logits are the text checkpoint's."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", IgnoredTensorsWarning)
         model = Model.from_pretrained(DATA / "mtp-BF16.gguf", threads=2)
-    assert len([w for w in caught if issubclass(w.category, IgnoredTensorsWarning)]) == 1
-    assert model.config.num_hidden_layers == 4
+    assert model.config.num_hidden_layers == 4 and model.has_mtp
     plain = Model.from_pretrained(DATA / "text-BF16.gguf", threads=2)
+    assert not plain.has_mtp
     ids = sequences(4)[2]
     assert np.array_equal(model.logits(ids), plain.logits(ids))
+
+
+def mtp_checkpoint(tmp_path):
+    """The text folder with the MTP tensors make.py adds (the same seeded
+    draw), their matrices rounded to bf16 as the converter wrote them."""
+    import importlib.util
+    import shutil
+    import torch
+    from safetensors.torch import load_file
+    spec = importlib.util.spec_from_file_location("qwen35_make", DATA / "make.py")
+    make = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make)
+    folder = tmp_path / "mtp"
+    shutil.copytree(DATA / "text", folder)
+    make.add_mtp_layer(folder, make.SEEDS["text"] + 1000)
+    from oracles.mtp_reference import mtp_tensors
+    mtp = mtp_tensors(load_file(folder / "model.safetensors"))
+    return {k: v.to(torch.bfloat16).to(torch.float64) if v.dim() == 2 else v.double() for k, v in mtp.items()}
+
+
+def test_the_mtp_block_matches_a_float64_reference(tmp_path):
+    """fastllm's MTP block (the file's BF16 weights) against the block put
+    together from transformers' Qwen3.5 layer in float64 (oracles/mtp_reference.py),
+    on the model's own hidden states: every pair of a 40-token sequence, and
+    two chained steps that feed the block its own output, within the
+    bound of the model's logits."""
+    from fastllm import _core
+    from oracles.mtp_reference import mtp_reference
+    model = Model.from_pretrained(DATA / "mtp-BF16.gguf", threads=2, activations="f32")
+    ref = bf16_reference(DATA / "text")
+    mtp = mtp_checkpoint(tmp_path)
+    ids = sequences(5)[2]
+    _, hidden = model.new_session().prefill(ids, hidden=True)
+    state = _core.State(model._mtp, 64)
+    got, out = state.run(np.asarray(ids[1:], np.int32), 0, True, False, False, True, hidden[:-1])
+    want, _ = mtp_reference(ref, mtp, ids)
+    ok, err, ratio = within(got, want)
+    assert ok, f"MTP logits: max |err| {err:.3g} exceeds the bound (worst ratio {ratio:.2f})"
+    top2 = np.sort(want, axis=1)[:, -2:]
+    assert np.median(top2[:, 1] - top2[:, 0]) > 1e-2, "flat logits"
+    chain = [int(np.argmax(got[-1]))]
+    logits, out = state.run(np.asarray(chain, np.int32), len(ids) - 1, False, False, False, True, out[-1:])
+    chain.append(int(np.argmax(logits)))
+    logits, _ = state.run(np.asarray(chain[1:], np.int32), len(ids), False, False, False, True, out[-1:])
+    want, _ = mtp_reference(ref, mtp, ids, extra=chain)
+    ok, err, ratio = within(logits[None], want[-1:])
+    assert ok, f"chained MTP logits: max |err| {err:.3g} exceeds the bound (worst ratio {ratio:.2f})"
+
+
+def test_mtp_speculation_gives_the_plain_tokens():
+    model = Model.from_pretrained(DATA / "mtp-BF16.gguf", threads=2)
+    for seed in range(3):
+        ids = sequences(seed)[2]
+        plain = list(model.generate_tokens(ids, 30, stop_token_ids=(), speculative=False))
+        assert list(model.generate_tokens(ids, 30, stop_token_ids=(), speculative="mtp")) == plain
+    with pytest.raises(ValueError, match="no multi-token-prediction block"):
+        list(Model.from_pretrained(DATA / "text-BF16.gguf", threads=2).generate_tokens(ids, 3, speculative="mtp"))
 
 
 def rewrite(src: Path, dst: Path, arch: str = None, drop=(), ints=None, values=None) -> Path:

@@ -150,6 +150,22 @@ def test_top_k_one_is_greedy():
     assert all(s(logits) == int(np.argmax(logits)) for _ in range(20))
 
 
+def test_a_temperature_so_small_the_scores_overflow_is_greedy():
+    # 5e-324 divides every logit into infinities: the mass goes to the best
+    # token (the limit), masked tokens keep none, and the mask is obeyed
+    rng = np.random.default_rng(4)
+    logits = rng.standard_normal(300).astype(np.float32)
+    for t in (5e-324, 1e-310):
+        probs = apply_warpers(logits, SamplingParams(temperature=t))
+        assert probs[int(np.argmax(logits))] == 1.0 and probs.sum() == 1.0
+        masked = np.where(np.arange(300) % 7 == 0, logits, -np.inf).astype(np.float32)
+        assert Sampler(SamplingParams(temperature=t, seed=1))(masked) == int(np.argmax(masked))
+        negative = logits - 100
+        assert Sampler(SamplingParams(temperature=t, seed=1))(negative) == int(np.argmax(negative))
+    probs = apply_warpers(np.array([2.0, 2.0, 1.0], np.float32), SamplingParams(temperature=5e-324))
+    assert probs.tolist() == [0.5, 0.5, 0.0]
+
+
 @pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(top_k=-2),
                                  dict(top_k=2.5), dict(min_p=2), dict(repetition_penalty=0),
                                  dict(temperature=float("nan")), dict(repeat_last_n=-2), dict(seed=1.5),

@@ -27,7 +27,16 @@ GREEDY = SamplingParams(temperature=0)
 def running(model, parallel=4, max_queue=32, api_key=None, **options):
     """A server on a free port of 127.0.0.1; yields (base_url, engine)."""
     engine = BatchEngine(model, parallel=parallel, max_queue=max_queue)
-    app = create_app(model, engine, "smollm2", api_key, ServeOptions(**options))
+    try:
+        with serving(create_app(model, engine, "smollm2", api_key, ServeOptions(**options))) as url:
+            yield url, engine
+    finally:
+        engine.close()
+
+
+@contextmanager
+def serving(app):
+    """app served on a free port of 127.0.0.1; yields its base URL."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
@@ -38,11 +47,10 @@ def running(model, parallel=4, max_queue=32, api_key=None, **options):
         assert time.monotonic() < end, "the server did not start"
         time.sleep(0.01)
     try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1", engine
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
     finally:
         server.should_exit = True
         thread.join(30)
-        engine.close()
         sock.close()
 
 

@@ -354,3 +354,47 @@ def test_the_server_speculates_per_request_and_counts_guesses():
         thread.join(30)
         engine.close()
         sock.close()
+
+
+@pytest.mark.parametrize("name", ["qwen35", "llama"])
+def test_the_engine_drafts_with_a_draft_model_for_every_request_together(name):
+    """The same file with f32 activations drafting for its int8 self: three
+    requests guess together, one pass of the draft model a step, and each
+    gets its tokens alone (a recurrent draft model resumes from its saved
+    state between proposals)."""
+    m, draft = model(name), model(name, "f32")
+    prompts = [prompt_of(m, 12 + 5 * i, seed=50 + i) for i in range(3)]
+    samplings = [GREEDY, SEEDED, GREEDY]
+    plains = [plain_tokens(m, p, s) for p, s in zip(prompts, samplings)]
+    engine = BatchEngine(m, parallel=3, prefill_chunk=16, speculative=draft, draft_max=4)
+    try:
+        outs = [list(r) for r in [engine.submit(p, N, s, stop_ids=[]) for p, s in zip(prompts, samplings)]]
+    finally:
+        engine.close()
+    assert outs == plains
+    assert engine.accepted > 0
+
+
+def test_the_engine_masks_every_verified_position_of_a_constrained_request():
+    """JSON Schema output in the engine with n-gram guesses (the prompt holds
+    the JSON to repeat): the text is the constrained text without them."""
+    pytest.importorskip("llguidance")
+    from fastllm.constrain import reply_grammar
+    m = Model.from_pretrained(n_ctx=2048, threads=2)
+    schema = {"type": "json_schema", "json_schema": {"name": "p", "schema": {
+        "type": "object", "properties": {"name": {"type": "string"}, "tags": {"type": "array",
+                                                                             "items": {"type": "string"}}},
+        "required": ["name", "tags"]}}}
+    grammar = reply_grammar(m, response_format=schema)
+    messages = [{"role": "user", "content": 'Repeat {"name": "Ada Lovelace", "tags": ["math", "engines", '
+                                            '"poetry"]} as JSON.'}]
+    ids = m.tokenizer.encode(m.tokenizer.apply_chat_template(messages, add_generation_prompt=True),
+                             add_special_tokens=False)
+    plain = list(m.generate_tokens(ids, 60, constraint=grammar.start(), speculative=False))
+    engine = BatchEngine(m, parallel=2, speculative="ngram")
+    try:
+        request = engine.submit(ids, 60, constraint=grammar.start())
+        assert list(request) == plain
+        assert request.drafted > 0
+    finally:
+        engine.close()

@@ -505,6 +505,7 @@ cdef class Weights:
         c.expert_dim, c.norm_topk_prob = config.moe_intermediate_size, config.norm_topk_prob
         c.shared_dim = config.shared_expert_intermediate_size
         c.per_layer_dim = config.hidden_size_per_layer_input
+        c.nextn = "eh_proj" in weights
 
         self.layers = <flm.FlmLayer *>calloc(c.n_layers, sizeof(flm.FlmLayer))
         if self.layers == NULL:
@@ -577,6 +578,12 @@ cdef class Weights:
                 weights["per_layer_proj"], ple["per_layer_proj"], config, "per-layer projection")
             self.w.per_layer_norm = <const float *>_array_ptr(
                 weights["per_layer_norm"], ple["per_layer_norm"], config, "per-layer projection norm")
+        if c.nextn:
+            dim = config.hidden_size
+            self.w.eh_proj = <const flm.FlmMatrix *>_matrix_ptr(weights["eh_proj"], (dim, 2 * dim), True,
+                                                                 "nextn projection")
+            self.w.enorm = <const float *>_ptr(weights["enorm"], np.float32, (dim,), "nextn embedding norm")
+            self.w.hnorm = <const float *>_ptr(weights["hnorm"], np.float32, (dim,), "nextn hidden norm")
         # Copies of the containers: the arrays stay alive whatever the caller
         # later does with its dict and lists.
         self._keep = (dict(weights, embed=embed, layers=[dict(d) for d in layers]), tables, q_scales, value_norms)
@@ -705,6 +712,18 @@ cdef class State:
         self.s.kept = -1
 
     @property
+    def cache_bytes_per_position(self):
+        """Bytes of keys and values one position takes in the cache."""
+        cdef Weights w = self.weights
+        return (flm.flm_state_cache_floats(&w.cfg) - flm.flm_state_saved_floats(&w.cfg)) * 4 \
+            // (((w.cfg.seq_len + 15) // 16) * 16)
+
+    @property
+    def recurrent_bytes(self):
+        """Bytes of the recurrent layers' states (0 for a model without them)."""
+        return flm.flm_state_saved_floats(&self.weights.cfg) * 4
+
+    @property
     def rollback_bytes(self):
         """Bytes of the rollback buffers (0 until enable_rollback, and for a
         model without recurrent layers)."""
@@ -760,13 +779,16 @@ cdef class State:
         flm.flm_state_copy(&self.weights.cfg, &self.s, &other.s, n, whole)
 
     def run(self, const int32_t[::1] tokens, int pos, bint all_logits=False, bint hidden_states=False,
-            bint keep=False):
+            bint keep=False, bint hidden=False, nextn_h=None, bint logits=True):
         """Run tokens (ids checked by check_token_ids) at positions pos.. and
         return float32 logits: (vocab,) for the last token, or (n, vocab)
         with all_logits. With hidden_states, also each layer's output,
         (n_layers, n, dim). Linear layers start afresh at pos 0 and must
         otherwise continue right after the last token run. keep: the pass
-        may be rolled back (see rollback)."""
+        may be rolled back (see rollback). hidden: also the final-normed
+        hidden state of every token, (n, dim), after the logits. nextn_h:
+        for a nextn model, the hidden state each token follows, (n, dim).
+        logits False: no LM head, and only the hidden states come back."""
         cdef Weights w = self.weights
         cdef int n = tokens.shape[0]
         if n < 1 or pos < 0 or pos > w.cfg.seq_len - n:
@@ -781,17 +803,50 @@ cdef class State:
             trace = np.empty((w.cfg.n_layers, n, w.cfg.dim), np.float32)
             self.s.trace = <float *>cnp.PyArray_DATA(trace)
             self.s.trace_tokens = n
+        cdef cnp.ndarray normed = None
+        if hidden:
+            normed = np.empty((n, w.cfg.dim), np.float32)
+            self.s.hidden = <float *>cnp.PyArray_DATA(normed)
+        cdef cnp.ndarray follows = _nextn_input(w, nextn_h, n)
+        if follows is not None:
+            self.s.nextn_h = <const float *>cnp.PyArray_DATA(follows)
         cdef ForwardArgs job
         job.cfg, job.w, job.s, job.tokens, job.seqs = &w.cfg, &w.w, &self.s, &tokens[0], NULL
-        job.n, job.pos, job.all_logits, job.n_threads, job.logits = n, pos, all_logits, nt, &out[0, 0]
+        job.n, job.pos, job.all_logits, job.n_threads = n, pos, all_logits, nt
+        job.logits = &out[0, 0] if logits else NULL
         self.s.keep = keep
         try:
             _run_job(_forward_job, &job)
         finally:
             self.s.trace = NULL
+            self.s.hidden = NULL
+            self.s.nextn_h = NULL
             self.s.keep = 0
         result = out if all_logits else out[0]
+        if hidden:
+            result = (result, normed) if logits else normed
         return (result, trace) if hidden_states else result
+
+    def hidden(self, const int32_t[::1] tokens, int pos):
+        """Run tokens (ids checked by check_token_ids) at positions pos.. as
+        run() does, without the LM head: the final-normed hidden state of
+        every token, float32 (n, dim)."""
+        return self.run(tokens, pos, hidden=True, logits=False)
+
+
+cdef cnp.ndarray _nextn_input(Weights w, h, int n):
+    """h as the (n, dim) float32 rows a nextn model reads, checked; None
+    where the model is not one (and then h must be None)."""
+    if not w.cfg.nextn:
+        if h is not None:
+            raise ValueError("hidden states to follow are for a multi-token-prediction block")
+        return None
+    if h is None:
+        raise ValueError("a multi-token-prediction block needs the hidden state each token follows")
+    arr = np.ascontiguousarray(h, np.float32)
+    if arr.shape != (n, w.cfg.dim):
+        raise ValueError(f"the hidden states to follow must be ({n}, {w.cfg.dim}), got {arr.shape}")
+    return arr
 
 
 def run_batch(list states, list tokens, list positions, State work=None, list n_logits=None,

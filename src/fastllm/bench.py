@@ -2,6 +2,8 @@
 
 pp N: one forward pass over an N-token prompt from an empty cache.
 tg N: N single-token steps from an empty cache, as in generation.
+With -d D (llama-bench's --n-depth), both start after D tokens of context
+instead ("pp512 @ d8192"), run once beforehand and not timed.
 Each figure is tokens per second over several repetitions after one warm-up.
 """
 from __future__ import annotations
@@ -24,6 +26,8 @@ def add_bench_parser(sub):
     p.add_argument("-n", "--n-gen", type=whole_number(0), default=128, help="generated tokens (0 skips tg)")
     p.add_argument("-t", "--threads", type=_thread_counts, default=None,
                    help="comma-separated thread counts (default: physical cores)")
+    p.add_argument("-d", "--n-depth", type=_depths, default=[0],
+                   help="comma-separated context depths the tests start at (default: 0)")
     p.add_argument("-r", "--repetitions", type=whole_number(1), default=5,
                    help="timed runs per test, after one warm-up run (default: 5)")
     p.add_argument("--dtype", default=None,
@@ -35,6 +39,13 @@ def add_bench_parser(sub):
     return p
 
 
+def _depths(text) -> list:
+    depths = [whole_number(0)(x.strip()) for x in text.split(",") if x.strip()]
+    if not depths:
+        raise argparse.ArgumentTypeError(f"expected depths such as 0,8192, got {text!r}")
+    return depths
+
+
 def _thread_counts(text) -> list:
     counts = [whole_number(1)(x.strip()) for x in text.split(",") if x.strip()]
     if not counts:
@@ -42,20 +53,25 @@ def _thread_counts(text) -> list:
     return counts
 
 
-def bench_model(model, n_prompt: int, n_gen: int, repetitions: int) -> list[dict]:
-    """Measure pp and tg on a loaded model at its current thread count."""
+def bench_model(model, n_prompt: int, n_gen: int, repetitions: int, depth: int = 0) -> list[dict]:
+    """Measure pp and tg on a loaded model at its current thread count,
+    after depth tokens of context."""
     session = model.new_session()
     rng = np.random.default_rng(0)
     results = []
+    context = rng.integers(0, session.vocab_size, depth).astype(np.int32)
+    if depth:
+        session.prefill(context)
+        session.checkpoint()   # recurrent layers start each run from here
     for test, n in (("pp", n_prompt), ("tg", n_gen)):
         if n <= 0:
             continue
-        if n > session.n_ctx:
-            raise ValueError(f"{test}{n} does not fit the context of {session.n_ctx}")
+        if depth + n > session.n_ctx:
+            raise ValueError(f"{test}{n} at depth {depth} does not fit the context of {session.n_ctx}")
         tokens = rng.integers(0, session.vocab_size, n).astype(np.int32)
         speeds = []
         for rep in range(repetitions + 1):  # the first run warms caches and pages
-            session.reset()
+            session.rewind(depth)
             t0 = time.perf_counter()
             if test == "pp":
                 session.extend(tokens)
@@ -66,7 +82,8 @@ def bench_model(model, n_prompt: int, n_gen: int, repetitions: int) -> list[dict
             if rep:
                 speeds.append(n / dt)
         results.append({
-            "test": f"{test}{n}", "threads": model.threads, "dtype": model.dtype, "kv_dtype": model.kv_dtype,
+            "test": f"{test}{n}" + (f" @ d{depth}" if depth else ""), "depth": depth,
+            "threads": model.threads, "dtype": model.dtype, "kv_dtype": model.kv_dtype,
             "tokens_per_s_mean": statistics.mean(speeds),
             "tokens_per_s_sd": statistics.stdev(speeds) if len(speeds) > 1 else 0.0,
             "tokens_per_s_median": statistics.median(speeds),
@@ -76,19 +93,20 @@ def bench_model(model, n_prompt: int, n_gen: int, repetitions: int) -> list[dict
 
 
 def run_bench(model_path, n_prompt=512, n_gen=128, threads=None, repetitions=5, dtypes=(None,),
-              kv_dtype="f32"):
-    """Yield one result per (dtype, threads, test), loading each dtype once."""
+              kv_dtype="f32", depths=(0,)):
+    """Yield one result per (dtype, threads, depth, test), loading each dtype once."""
     from .model import Model, physical_cores
     threads = threads or [physical_cores()]
     for dtype in dtypes:
-        ctx = max(n_prompt, n_gen, 1)
+        ctx = max(depths) + max(n_prompt, n_gen, 1)
         model = Model.from_pretrained(model_path, n_ctx=ctx, threads=threads[0], dtype=dtype,
                                       kv_dtype=kv_dtype)
         for t in threads:
             model.threads = t
-            for r in bench_model(model, n_prompt, n_gen, repetitions):
-                r["model"] = model.name
-                yield r
+            for depth in depths:
+                for r in bench_model(model, n_prompt, n_gen, repetitions, depth):
+                    r["model"] = model.name
+                    yield r
         del model
 
 
@@ -106,7 +124,7 @@ def cmd_bench(args) -> int:
         print("| model | dtype | threads | test | t/s (mean ± sd) | median |")
         print("|---|---|---|---|---|---|")
     for r in run_bench(args.model, args.n_prompt, args.n_gen, threads, args.repetitions, dtypes,
-                       args.kv_dtype):
+                       args.kv_dtype, args.n_depth):
         rows.append(r)
         if not args.json:
             print(f"| {r['model']} | {r['dtype']} | {r['threads']} | {r['test']} | "

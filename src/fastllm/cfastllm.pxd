@@ -55,6 +55,7 @@ cdef extern from "fastllm.h" nogil:
         int shared_dim
         int norm_topk_prob
         int per_layer_dim
+        int nextn
 
     ctypedef struct FlmMatrix:
         const void *data
@@ -86,6 +87,9 @@ cdef extern from "fastllm.h" nogil:
         const FlmMatrix *embed_per_layer
         const FlmMatrix *per_layer_proj
         const float *per_layer_norm
+        const FlmMatrix *eh_proj
+        const float *enorm
+        const float *hnorm
 
     ctypedef struct FlmState:
         int max_batch
@@ -94,6 +98,8 @@ cdef extern from "fastllm.h" nogil:
         int trace_offset
         int rope_long
         float *lin_state
+        float *hidden
+        const float *nextn_h
         float *lin_saved
         float *lin_keep
         int keep_rows

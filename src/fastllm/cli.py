@@ -58,10 +58,11 @@ def whole_number(minimum: int, maximum: int | None = None):
     return parse
 
 
-def _model_args(p: argparse.ArgumentParser):
-    p.add_argument("--model", "-m", default=None,
+def _model_args(p: argparse.ArgumentParser, several: bool = False):
+    p.add_argument("--model", "-m", default=None, action="append" if several else "store",
                    help="HF model folder, .gguf file, or Hugging Face repo id org/name[:QUANT or "
-                        "FILE GLOB] (default: SmolLM2-135M-Instruct)")
+                        "FILE GLOB] (default: SmolLM2-135M-Instruct)"
+                        + ("; repeat it to serve several models" if several else ""))
     p.add_argument("--threads", "-t", type=whole_number(1), default=None,
                    help="threads for the run loop (default: physical cores)")
     p.add_argument("--ctx", "-c", type=whole_number(1), default=None,
@@ -79,10 +80,16 @@ def _model_args(p: argparse.ArgumentParser):
                    help="KV cache precision: bf16/f16 halve what attention reads (default: f32)")
 
 
+def _set_help(p: argparse.ArgumentParser, flag: str, text: str):
+    """Give an option of a shared group (_model_args) its own help in one command."""
+    next(a for a in p._actions if flag in a.option_strings).help = text
+
+
 def _spec_args(p: argparse.ArgumentParser):
-    p.add_argument("--spec", choices=("ngram", "none"), default=None,
-                   help="speculative decoding: ngram guesses the next tokens from earlier text (the "
-                        "output is exactly the same, faster where the reply repeats its input)")
+    p.add_argument("--spec", choices=("ngram", "mtp", "none"), default=None,
+                   help="speculative decoding (the output is exactly the same): ngram guesses the next "
+                        "tokens from earlier text (faster where the reply repeats its input), mtp with the "
+                        "model's own multi-token-prediction block (Qwen3.5 GGUF files that have one)")
     p.add_argument("--draft", "-md", default=None, metavar="MODEL",
                    help="speculative decoding with a smaller draft model of the same vocabulary "
                         "(a folder, .gguf or repo id, as --model)")
@@ -199,9 +206,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching "
                                      "(needs the serve extra: starlette, uvicorn)")
-    _model_args(p)
+    _model_args(p, several=True)
     _spec_args(p)
-    from .server import DEFAULTS as SERVE
+    from .server import DEFAULTS as SERVE, SLOT_CTX
+    # A server's slots hold long conversations: its cache defaults to f16
+    # (half of f32's memory; how little it moves the logits: README).
+    p.set_defaults(kv_dtype="f16")
+    _set_help(p, "--ctx", f"context length of each slot in tokens (default: the model's "
+                          f"max_position_embeddings, at most {SLOT_CTX})")
+    _set_help(p, "--kv-dtype", "KV cache precision (default here: f16; f32 keeps attention exact)")
     p.add_argument("--host", default=SERVE.host, help=f"address to bind (default: {SERVE.host})")
     p.add_argument("--port", type=int, default=SERVE.port, help=f"port (default: {SERVE.port})")
     p.add_argument("--parallel", "-np", type=int, default=SERVE.parallel,
@@ -209,9 +222,18 @@ def build_parser() -> argparse.ArgumentParser:
                         f"(default: {SERVE.parallel})")
     p.add_argument("--max-queue", type=int, default=SERVE.max_queue,
                    help=f"requests that may wait for a slot; more get 503 (default: {SERVE.max_queue})")
-    p.add_argument("--api-key", default=SERVE.api_key, help="require this bearer token")
-    p.add_argument("--model-name", default=SERVE.model_name,
-                   help="the model's id in the API (default: folder or file name)")
+    p.add_argument("--api-key", default=SERVE.api_key,
+                   help="require this key, as a bearer token or in an x-api-key header")
+    p.add_argument("--model-name", default=SERVE.model_name, action="append",
+                   help="the model's id in the API (default: folder or file name); one per --model, "
+                        "in their order, where several are served")
+    p.add_argument("--models-file", metavar="FILE",
+                   help="models to serve, as JSON: a list of model names or of objects {\"model\": ..., "
+                        "\"name\": ...} that may also set ctx, dtype, kv_dtype, activations, threads and "
+                        "pooling; the request's \"model\" picks one (the first by default)")
+    p.add_argument("--pooling", default=None,
+                   help="how /v1/embeddings pools hidden states: mean, cls, last, max, ... (default: the "
+                        "model's sentence-transformers or GGUF pooling, else its last token)")
     p.add_argument("--max-body", type=int, default=SERVE.max_body, metavar="BYTES",
                    help=f"largest request body; larger ones get 413 (default: {SERVE.max_body})")
     p.add_argument("--body-timeout", type=float, default=SERVE.body_timeout, metavar="S",
@@ -227,6 +249,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="web pages that may call the server from a browser (CORS), comma-separated "
                         "origins such as http://localhost:3000; '*' for any, 'localhost' for any port "
                         "of this machine (default: none)")
+    p.add_argument("--cache-ram", type=whole_number(0), default=SERVE.cache_ram, metavar="MIB",
+                   help="MiB of what slots held kept in RAM beyond them, so that a known prefix (system "
+                        "prompt, tools, a conversation) is not run again when a request lands on another "
+                        f"slot (default: {SERVE.cache_ram}; 0: off)")
+    p.add_argument("--ctx-checkpoints", type=whole_number(0), default=SERVE.ctx_checkpoints, metavar="N",
+                   help="recurrent-state checkpoints each slot keeps, for models with recurrent layers "
+                        f"(Qwen3.5) to resume a conversation mid-way (default: {SERVE.ctx_checkpoints})")
 
     p = sub.add_parser("perplexity", help="perplexity on a text, and KL divergence from a base model, "
                                           "measured as llama.cpp's llama-perplexity measures them")
@@ -243,6 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "next-token distributions with: KL divergence, top-1 agreement, PPL of both")
     p.add_argument("--threads", "-t", type=whole_number(1), default=None,
                    help="threads for the run loop (default: physical cores)")
+    p.add_argument("--kv-dtype", choices=("f32", "bf16", "f16"), default="f32",
+                   help="the model's KV cache precision (the base's is f32): with --kl-divergence-base "
+                        "the same file, what the cache's rounding costs (default: f32)")
 
     from .bench import add_bench_parser
     add_bench_parser(sub)
@@ -289,10 +321,20 @@ def _dispatch(args) -> int:
         return 130
 
 
-def _load(args):
+def _check_settings(args):
+    """The sampling flags and --json-schema, checked before the model is
+    loaded (a typo should not cost a load); the model's defaults are applied
+    over them later, by Settings."""
+    given = {k: getattr(args, k) for k in _SAMPLING_KEYS if getattr(args, k, None) is not None}
+    SamplingParams().replace(**given)
+    _response_format(getattr(args, "json_schema", None))
+
+
+def _load(args, max_n_ctx: int | None = None):
     from .model import Model
+    _check_settings(args)
     model = Model.from_pretrained(args.model, n_ctx=args.ctx, threads=args.threads, dtype=args.dtype,
-                                  kv_dtype=args.kv_dtype, activations=args.activations)
+                                  kv_dtype=args.kv_dtype, activations=args.activations, max_n_ctx=max_n_ctx)
     _check_ctx(model, args.ctx)
     if getattr(args, "draft", None) is not None:
         if args.spec == "none":
@@ -302,8 +344,11 @@ def _load(args):
                                       kv_dtype=args.kv_dtype, activations=args.activations)
         check_same_vocabulary(draft, model)
         model.speculative = draft
-    elif getattr(args, "spec", None) == "ngram":
-        model.speculative = "ngram"
+    elif getattr(args, "spec", None) in ("ngram", "mtp"):
+        if args.spec == "mtp" and not model.has_mtp:
+            raise FastLLMError(f"--spec mtp: {model.name} has no multi-token-prediction block (a Qwen3.5 GGUF "
+                               "file converted with it, without --no-mtp, has one)")
+        model.speculative = args.spec
     model.draft_max = getattr(args, "draft_max", model.draft_max)
     return model
 
@@ -668,12 +713,75 @@ def cmd_serve(args) -> int:
     except ImportError as e:
         raise FastLLMError(f"fastllm serve needs starlette and uvicorn: pip install 'fastllm-engine[serve]' "
                            f"({e})") from None
+    names = args.model_name or []
     try:
-        options = ServeOptions(**{k: getattr(args, k) for k in OPTION_NAMES})
+        options = ServeOptions(**{k: getattr(args, k) for k in OPTION_NAMES if k != "model_name"},
+                               model_name=names[0] if len(names) == 1 and len(args.model or [None]) == 1 else None)
     except ValueError as e:
         raise FastLLMError(f"fastllm serve: {e}") from None
-    serve(_load(args), options)
+    from .server import SLOT_CTX
+    entries = _served_entries(args)
+    models = []
+    for entry in entries:
+        model = _load(argparse.Namespace(**{**vars(args), **entry}), SLOT_CTX)
+        pooling = entry.get("pooling")
+        if pooling is not None:
+            try:
+                model.pooling = pooling
+            except ValueError as e:
+                raise FastLLMError(f"fastllm serve: {e}") from None
+        models.append((entry.get("name") or model.name, model))
+    serve(models if len(models) > 1 else models[0][1], options)
     return 0
+
+
+# What an entry of --models-file may set, and its command-line option.
+_MODEL_FILE_KEYS = {"model": "model", "name": "name", "ctx": "ctx", "dtype": "dtype", "kv_dtype": "kv_dtype",
+                    "activations": "activations", "threads": "threads", "pooling": "pooling"}
+
+
+def _served_entries(args) -> list:
+    """The models `fastllm serve` loads, as dicts of _load's arguments (and
+    name, pooling): from --models-file, or one per --model (each named by
+    the --model-name in its place)."""
+    if args.models_file:
+        if args.model:
+            raise FastLLMError("fastllm serve: give models with --model or with --models-file, not both")
+        return [{"pooling": args.pooling, **e} for e in _models_file(Path(args.models_file))]
+    paths = args.model or [None]
+    names = args.model_name or []
+    if len(names) > 1 and len(names) != len(paths):
+        raise FastLLMError(f"fastllm serve: {len(names)} --model-name for {len(paths)} --model: give one "
+                           "per model, in their order")
+    if len(paths) == 1:
+        names = names[:1]
+    return [{"model": p, "name": names[i] if i < len(names) else None, "pooling": args.pooling}
+            for i, p in enumerate(paths)]
+
+
+def _models_file(path: Path) -> list:
+    try:
+        listed = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        raise FastLLMError(f"fastllm serve: --models-file {path}: {e}") from None
+    if isinstance(listed, dict):
+        listed = listed.get("models")
+    if not isinstance(listed, list) or not listed:
+        raise FastLLMError(f"fastllm serve: --models-file {path} must hold a non-empty list of models "
+                           "(or {\"models\": [...]})")
+    entries = []
+    for i, entry in enumerate(listed):
+        if isinstance(entry, str):
+            entry = {"model": entry}
+        if not isinstance(entry, dict) or not isinstance(entry.get("model"), str):
+            raise FastLLMError(f"fastllm serve: --models-file {path}: entry {i} must be a model name or an "
+                               "object with a \"model\"")
+        unknown = [k for k in entry if k not in _MODEL_FILE_KEYS]
+        if unknown:
+            raise FastLLMError(f"fastllm serve: --models-file {path}: entry {i} sets {unknown[0]!r}; an entry "
+                               f"may set {', '.join(_MODEL_FILE_KEYS)}")
+        entries.append(dict(entry))
+    return entries
 
 
 def cmd_convert(args) -> int:
@@ -704,7 +812,7 @@ def cmd_perplexity(args) -> int:
     from . import perplexity
     from .model import Model
     text = perplexity.corpus_text() if args.file is None else perplexity.read_text(args.file)
-    model = Model.from_pretrained(args.model, n_ctx=args.ctx, threads=args.threads)
+    model = Model.from_pretrained(args.model, n_ctx=args.ctx, threads=args.threads, kv_dtype=args.kv_dtype)
     _check_ctx(model, args.ctx)
     base = (None if args.kl_divergence_base is None else
             Model.from_pretrained(args.kl_divergence_base, n_ctx=args.ctx, threads=args.threads))

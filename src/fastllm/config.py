@@ -527,6 +527,14 @@ class ModelConfig:
     def layer_configs(self) -> list:
         return [self.layer_config(i) for i in range(self.num_hidden_layers)]
 
+    def mtp_config(self) -> "ModelConfig":
+        """The config of the model's multi-token-prediction block as a model
+        of its own: one full-attention layer of the model's sizes (see
+        schema.NEXTN)."""
+        return replace(self, num_hidden_layers=1, layer_types=["full_attention"],
+                                   linear_num_key_heads=0, linear_num_value_heads=0, linear_key_head_dim=0,
+                                   linear_value_head_dim=0, linear_conv_kernel_dim=0)
+
     # Switches of schema tensors that some layers of a model lack.
     @property
     def per_layer_inputs(self) -> bool:

@@ -106,17 +106,19 @@ def check_sizes(config: ModelConfig, folder: Path):
                                          f"config.json implies {list(shape)}")
 
 
-def context_size(config: ModelConfig, n_ctx, kv_dtype: str, threads: int) -> int:
+def context_size(config: ModelConfig, n_ctx, kv_dtype: str, threads: int, max_n_ctx: int | None = None) -> int:
     """The context length to load with, checked before anything is allocated.
 
-    n_ctx None means the model's max_position_embeddings; where that context
+    n_ctx None means the model's max_position_embeddings (at most
+    max_n_ctx, where given); where that context
     (RoPE tables, a full KV cache) would need more than half the RAM, it is
     capped to what fits, with a warning. An n_ctx asked for explicitly that
     needs more than the RAM is refused."""
     memory = physical_memory()
     per_token = config.context_bytes(1, kv_dtype, threads)
     if n_ctx is None:
-        n_ctx = config.max_position_embeddings
+        n_ctx = config.max_position_embeddings if max_n_ctx is None else \
+            min(config.max_position_embeddings, max_n_ctx)
         fits = max(1, memory // 2 // per_token)
         if n_ctx > fits:
             warnings.warn(f"{config.path}: max_position_embeddings is {n_ctx}, a context of "
@@ -195,8 +197,10 @@ class Model:
 
     def _build(self, weights: _core.Weights, config: ModelConfig, tokenizer, path: Path, dtype: str,
                eos_token_ids: set, generation_config: dict | None = None, max_batch: int = 512,
-               name: str | None = None, source: Path | None = None):
+               name: str | None = None, source: Path | None = None, mtp: _core.Weights | None = None):
         self._weights = weights
+        # The multi-token-prediction block, where the file has one (speculative="mtp").
+        self._mtp = mtp
         self.config = config
         self.tokenizer = tokenizer
         self.path = path
@@ -224,6 +228,7 @@ class Model:
         # at most draft_max guesses a pass.
         self.speculative = None
         self.draft_max = 16
+        self._drafters = {}   # the default session's drafters, kept from call to call
         self._session = Session(self)
         self._lock = threading.Lock()   # held while the default session is in use
         self._holder = None             # the thread that holds it
@@ -233,7 +238,8 @@ class Model:
     @classmethod
     def from_pretrained(cls, path=None, n_ctx: int | None = None, threads: int | None = None,
                         dtype: str | None = None, max_batch: int = 512, kv_dtype: str = "f32",
-                        activations: str = "int8", filename: str | None = None) -> "Model":
+                        activations: str = "int8", filename: str | None = None,
+                        max_n_ctx: int | None = None) -> "Model":
         """Load a HF model folder (config.json, model.safetensors, tokenizer.json),
         a .gguf file, a Hugging Face repo ("org/name", fetched into the
         Hugging Face cache with huggingface_hub), or with no path the default
@@ -253,7 +259,9 @@ class Model:
         dequantized first) at load.
         activations: what quantized weights multiply: "int8" blocks of the
         activations (fast), or "f32" activations with the exact dequantized
-        weights (the results of the dequantized float32 model, bit for bit)."""
+        weights (the results of the dequantized float32 model, bit for bit).
+        max_n_ctx: without n_ctx, the context is the model's
+        max_position_embeddings, or this many positions where fewer."""
         from .hub import gguf_metadata_dir, locate, model_name, resolve_model
 
         if dtype is not None and dtype not in DTYPES:
@@ -277,14 +285,18 @@ class Model:
         threads = physical_cores() if threads is None else usable_threads(threads)
         if not native:
             check_sizes(config, folder)
-        seq_len = context_size(config, n_ctx, kv_dtype, threads)
+        seq_len = context_size(config, n_ctx, kv_dtype, threads, max_n_ctx)
         if not _whole(max_batch) or not 1 <= max_batch <= 1 << 16:
             raise ValueError(f"max_batch must be a whole number from 1 to 65536, got {max_batch!r}")
 
+        mtp = None
         if native:
-            arrays, types = load_gguf_weights(config, gguf)
+            arrays, types = load_gguf_weights(config, gguf, mtp=True)
             # Named by the type that holds most of the parameters.
             dtype = max(types, key=types.get)
+            if "mtp" in arrays:
+                mtp = _core.Weights(config.mtp_config(), arrays.pop("mtp"), seq_len, threads, kv_dtype,
+                                    activations == "f32")
         else:
             arrays = load_weights(config, folder, bf16=(dtype == "bf16"),
                                   mix=dtype if dtype in QUANT_MIXES else None)
@@ -296,7 +308,7 @@ class Model:
             from .tokenizer import Tokenizer
             tokenizer = Tokenizer.from_pretrained(folder)
         return cls(weights, config, tokenizer, folder, dtype, end_of_generation_ids(gen_config, config, tokenizer),
-                   gen_config, max_batch, name=model_name(source), source=source)
+                   gen_config, max_batch, name=model_name(source), source=source, mtp=mtp)
 
     # ------------------------------------------------------------ settings
 
@@ -327,6 +339,14 @@ class Model:
     @threads.setter
     def threads(self, n: int):
         self._weights.n_threads = usable_threads(n)
+        if self._mtp is not None:
+            self._mtp.n_threads = self._weights.n_threads
+
+    @property
+    def has_mtp(self) -> bool:
+        """Whether the model has a multi-token-prediction block to draft with
+        (speculative="mtp")."""
+        return self._mtp is not None
 
     def new_session(self, max_batch: int | None = None) -> Session:
         """A Session of its own (KV cache and recurrent state) on these weights."""
@@ -381,50 +401,25 @@ class Model:
         if len(prompt_ids) >= self.n_ctx:
             raise ValueError(f"the prompt has {len(prompt_ids)} tokens: no room left in the context of "
                              f"{self.n_ctx} (load the model with a larger n_ctx)")
-        spec = speculation(self.speculative if speculative is None else speculative, self, self.draft_max)
-        if spec is not None:
-            return self._generate_speculative(prompt_ids, max_new_tokens, sampler, stop_ids, session, spec)
-        return self._generate(prompt_ids, max_new_tokens, sampler, stop_ids, session)
+        spec = speculation(self.speculative if speculative is None else speculative, self, self.draft_max,
+                           self._drafters if session is None else None)
+        return self._generate(prompt_ids, max_new_tokens, sampler, stop_ids, session, spec)
 
-    def _generate(self, prompt_ids, max_new_tokens, sampler, stop_ids, session) -> Iterator[int]:
+    def _generate(self, prompt_ids, max_new_tokens, sampler, stop_ids, session,
+                  spec: Speculation | None = None) -> Iterator[int]:
+        """The tokens after prompt_ids, one step a token; with spec, after
+        each token it drafts the next few, one pass runs the token and the
+        guesses (Session.verify), and the sampler picks from those logits,
+        position by position, as from plain steps; the pass keeps the
+        guesses up to the first the sampler did not pick (Session.keep)."""
+        hidden = spec is not None and getattr(spec.drafter, "wants_hidden", False)   # it reads hidden states
         with self._use(session) as s:
             stats = self.last_stats = GenerationStats(prompt_tokens=len(prompt_ids), finish_reason="length")
             t0 = time.perf_counter()
-            logits = s.prefill(prompt_ids)
-            stats.prompt_seconds = time.perf_counter() - t0
-            ids = list(s.tokens)
-            for i in range(max_new_tokens):
-                t0 = time.perf_counter()
-                token = sampler(logits, ids)
-                stats.generate_seconds += time.perf_counter() - t0
-                if token in stop_ids:
-                    stats.finish_reason = "stop"
-                    return
-                stats.generated_tokens += 1
-                yield token
-                ids.append(token)
-                if len(ids) >= self.n_ctx:
-                    stats.finish_reason = "context"
-                    return
-                if sampler.done:
-                    stats.finish_reason = "stop"
-                    return
-                if i + 1 < max_new_tokens:  # the last token's logits would go unused
-                    t0 = time.perf_counter()
-                    logits = s.step(token)
-                    stats.generate_seconds += time.perf_counter() - t0
-
-    def _generate_speculative(self, prompt_ids, max_new_tokens, sampler, stop_ids, session,
-                              spec: Speculation) -> Iterator[int]:
-        """_generate with guesses: after each token, spec drafts the next
-        few, one pass runs the token and the guesses (Session.verify), and
-        the sampler picks from those logits, position by position, as from
-        plain steps; the pass keeps the guesses up to the first the
-        sampler did not pick (Session.keep)."""
-        with self._use(session) as s:
-            stats = self.last_stats = GenerationStats(prompt_tokens=len(prompt_ids), finish_reason="length")
-            t0 = time.perf_counter()
-            logits = s.prefill(prompt_ids)
+            logits = s.prefill(prompt_ids, hidden)
+            if hidden:
+                logits, states = logits
+                spec.drafter.observe(s.position - len(states), states)
             stats.prompt_seconds = time.perf_counter() - t0
             ids = list(s.tokens)
             rows, guesses = [], []   # the open pass: logits not yet used, guesses not yet checked
@@ -435,6 +430,8 @@ class Model:
             def close_pass(checked):
                 # hold its first token and the guesses taken, as if only they had run
                 s.keep(1 + taken)
+                if hidden:
+                    spec.drafter.observe(s.position - 1 - taken, states[:1 + taken])
                 spec.verified(checked, taken, seconds)
 
             try:
@@ -454,7 +451,7 @@ class Model:
                     if sampler.done:
                         stats.finish_reason = "stop"
                         return
-                    if i + 1 == max_new_tokens:
+                    if i + 1 == max_new_tokens:   # the last token's logits would go unused
                         return
                     if guesses and token == guesses[0]:   # its logits are in the pass
                         guesses.pop(0)
@@ -466,22 +463,31 @@ class Model:
                         open_pass = False
                         close_pass(drafted)
                     room = min(max_new_tokens - i - 2, self.n_ctx - len(ids), s.pass_room() - 1)
-                    guesses = spec.draft(ids, room)
+                    guesses = spec.draft(ids, room) if spec is not None else []
                     t1 = time.perf_counter()
                     if guesses:
-                        rows = list(s.verify([token] + guesses))
+                        rows = s.verify([token] + guesses, hidden)
+                        if hidden:
+                            rows, states = rows
+                        rows = list(rows)
                         open_pass, drafted, taken = True, len(guesses), 0
                         logits = rows.pop(0)
                         seconds = time.perf_counter() - t1
                     else:
-                        logits = s.step(token)
-                        spec.plain_step(time.perf_counter() - t1)
+                        logits = s.step(token, hidden)
+                        if hidden:
+                            logits, states = logits
+                            spec.drafter.observe(s.position - 1, states)
+                        if spec is not None:
+                            spec.plain_step(time.perf_counter() - t1)
                     stats.generate_seconds += time.perf_counter() - t0
             finally:
                 if open_pass:
                     close_pass(taken)
-                stats.drafted_tokens = spec.stats.drafted
-                stats.accepted_tokens = spec.stats.accepted
+                s.checkpoint()   # where the reply ends: the next turn resumes there
+                if spec is not None:
+                    stats.drafted_tokens = spec.stats.drafted
+                    stats.accepted_tokens = spec.stats.accepted
 
     def generate_tokens_batch(self, prompts_ids, max_new_tokens: int = 128,
                               sampling: SamplingParams | None = None, stop_token_ids=None,
@@ -499,7 +505,9 @@ class Model:
         if n == 0:
             return []
         chunk = min(max(len(p) for p in prompts_ids), self.max_batch)
-        spec = self.speculative if speculative is None else speculative or None
+        # (the model's "mtp" setting is Model.generate's alone: the engine drafts otherwise)
+        spec = (None if self.speculative == "mtp" else self.speculative) if speculative is None \
+            else speculative or None
         engine = BatchEngine(self, parallel=n, max_queue=n, prefill_chunk=max(chunk, self.draft_max + 1, 1),
                              speculative=spec, draft_max=self.draft_max)
         try:
@@ -650,6 +658,55 @@ class Model:
                               "load the model with a larger n_ctx", ContextFullWarning, stacklevel=3)
         finally:
             tokens.close()
+
+    # ---------------------------------------------------------- embeddings
+
+    @property
+    def pooling(self):
+        """How embed() pools hidden states (an embeddings.Pooling): read on
+        first use from the model's sentence-transformers files, or a GGUF
+        file's pooling_type; settable with a mode name ("mean", "cls",
+        "last", ...)."""
+        if self._pooling is None:
+            from .embeddings import gguf_pooling, read_pooling
+            if self.source.is_file():
+                from .formats.gguf_tensors import read_contents
+                self._pooling = gguf_pooling(read_contents(self.source, string_arrays=False).metadata)
+            else:
+                self._pooling = read_pooling(self.source)
+        return self._pooling
+
+    @pooling.setter
+    def pooling(self, mode):
+        from .embeddings import Pooling
+        self._pooling = mode if isinstance(mode, Pooling) else Pooling.of(mode)
+
+    _pooling = None
+
+    def embed(self, texts, *, pooling=None, normalize: bool = True, dimensions: int | None = None,
+              session: Session | None = None) -> np.ndarray:
+        """Embeddings of texts (a string, or a list of them): float32, (dim,)
+        for a string, (len(texts), dim) for a list. Each text is encoded with
+        its special tokens, run alone, and its final-normed hidden states
+        pooled (pooling: a mode such as "mean", "cls", "last"; else the
+        model's own, see pooling), cut to the first dimensions values where
+        given, then scaled to length 1 unless normalize is False."""
+        from .embeddings import embed_ids
+        one = isinstance(texts, str)
+        items = [texts] if one else texts
+        if not isinstance(items, (list, tuple)) or not all(isinstance(t, str) for t in items):
+            raise TypeError(f"texts must be a string or a list of strings, got {type(texts).__name__}")
+        ids = [self._encode(t, True) for t in items]
+        with self._use(session) as s:
+            out = [embed_ids(self, s, i, pooling, normalize, dimensions) for i in ids]
+        if one:
+            return out[0]
+        if not out:
+            from .embeddings import Pooling
+            chosen = self.pooling if pooling is None else pooling if isinstance(pooling, Pooling) else \
+                Pooling.of(pooling)
+            return np.zeros((0, dimensions or self.config.hidden_size * len(chosen.modes)), np.float32)
+        return np.stack(out)
 
     def __repr__(self):
         return (f"Model({str(self.path)!r}, model_type={self.config.model_type!r}, "

@@ -345,8 +345,8 @@ def encode(model, text: str, add_special_tokens: bool, param: str) -> list:
 
 def fit_context(n: int, model, param: str):
     if n >= model.n_ctx:
-        raise APIError(400, f"the {param} has {n} tokens: the context holds {model.n_ctx}",
-                       param=param, code="context_length_exceeded")
+        raise APIError(400, f"the {param} has {n} tokens: the context holds {model.n_ctx} "
+                            f"(the server's --ctx)", param=param, code="context_length_exceeded")
 
 
 def chat_prompt(body: dict, model, tools: dict | None = None) -> tuple:
@@ -422,7 +422,7 @@ def message_of(m, i: int) -> dict:
         raise APIError(400, f"'{where}.role' must be one of {', '.join(ROLES)}, got {_short(role)}",
                        param="messages")
     out = {"role": role, "content": content_of(m.get("content"), role, where)}
-    for key in ("name", "tool_call_id"):
+    for key in ("name", "tool_call_id", "reasoning_content"):
         if m.get(key) is not None:
             if not isinstance(m[key], str):
                 raise APIError(400, f"'{where}.{key}' must be a string", param="messages")

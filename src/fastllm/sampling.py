@@ -273,7 +273,12 @@ class Sampler:
 
 def apply_warpers(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
     """Probabilities after temperature, top-k, top-p and min-p filtering."""
-    scores = logits.astype(np.float64) / p.temperature
+    with np.errstate(over="ignore"):
+        scores = logits.astype(np.float64) / p.temperature
+    if not np.isfinite(scores.max()):
+        # A temperature so small (5e-324) that the scores overflow: all the
+        # mass goes to the best tokens, as it does in the limit.
+        scores = np.where(logits == logits.max(), 0.0, -np.inf)
     if p.top_k and p.top_k < scores.size:
         kth = np.partition(scores, -p.top_k)[-p.top_k]
         scores = np.where(scores < kth, -np.inf, scores)

@@ -162,6 +162,18 @@ PER_LAYER_MODEL = (
     _t("per_layer_norm", "per_layer_projection_norm.weight", "per_layer_proj_norm.weight",
        lambda c: (c.hidden_size_per_layer_input,), False, switch="per_layer_inputs", norm=True),
 )
+# A multi-token-prediction block (Qwen3.5's mtp.*, llama.cpp's NextN): one
+# more attention layer of the model's sizes, stored past the model's own
+# (blk.N, N = num_hidden_layers), whose input joins each token's embedding
+# and the hidden state it follows; its own final norm replaces the model's
+# (FlmWeights.norm), the embedding and LM head are the model's.
+NEXTN = (
+    _t("eh_proj", "fc.weight", "nextn.eh_proj.weight", lambda c: (c.hidden_size, 2 * c.hidden_size), True),
+    _t("enorm", "pre_fc_norm_embedding.weight", "nextn.enorm.weight", lambda c: (c.hidden_size,), False,
+       norm=True),
+    _t("hnorm", "pre_fc_norm_hidden.weight", "nextn.hnorm.weight", lambda c: (c.hidden_size,), False, norm=True),
+    _t("norm", "norm.weight", "nextn.shared_head_norm.weight", lambda c: (c.hidden_size,), False, norm=True),
+)
 # Tensors some families store fused, rows of one after the other's: each
 # is split at load into the LAYER tensors it names. llama.cpp keeps them
 # fused too (ffn_up holding gate and up, as HF's gate_up_proj does).

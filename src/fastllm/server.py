@@ -49,11 +49,16 @@ class ServeOptions:
     # Origins whose web pages may call the server (CORS), comma-separated:
     # "*" for any, "localhost" for any port of this machine's own names.
     cors_origins: str | None = None
+    cache_ram: int = 2048               # MiB of slots' sequences kept beyond the slots (0: none)
+    ctx_checkpoints: int = 8            # recurrent-state checkpoints a slot keeps
 
     def __post_init__(self):
         for name in ("parallel", "max_queue", "max_body", "max_connections"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        for name in ("cache_ram", "ctx_checkpoints"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be 0 or more, got {getattr(self, name)!r}")
         for name in ("body_timeout", "keep_alive", "request_timeout"):
             value = getattr(self, name)
             if value is not None and not value > 0:
@@ -63,6 +68,11 @@ class ServeOptions:
 
 
 DEFAULTS = ServeOptions()
+# Each slot's context without --ctx: the model's max_position_embeddings up
+# to this many positions. Agents' prompts (a 10-20k-token system prompt and
+# tools, then the turns) fit; a model's full window (262,144 for Qwen3.5)
+# in every slot would let one conversation take gigabytes of KV cache.
+SLOT_CTX = 32768
 OPTION_NAMES = tuple(f.name for f in fields(ServeOptions))
 
 
@@ -103,6 +113,10 @@ class Metrics:
                   "# TYPE fastllm_generated_tokens_total counter",
                   f"fastllm_generated_tokens_total {self.generated_tokens}",
                   "# TYPE fastllm_tokens_per_second gauge", f"fastllm_tokens_per_second {rate:.3f}",
+                  "# TYPE fastllm_prompt_cache_bytes gauge",
+                  f"fastllm_prompt_cache_bytes {engine.cache.nbytes if engine.cache else 0}",
+                  "# TYPE fastllm_prompt_cache_hits_total counter",
+                  f"fastllm_prompt_cache_hits_total {engine.cache.hits if engine.cache else 0}",
                   "# TYPE fastllm_draft_tokens_total counter", f"fastllm_draft_tokens_total {engine.drafted}",
                   "# TYPE fastllm_draft_accepted_tokens_total counter",
                   f"fastllm_draft_accepted_tokens_total {engine.accepted}",
@@ -304,7 +318,7 @@ class Completions:
         finally:
             request.cancel()   # a no-op once it has ended; else frees the slot
         if text.stopped:
-            state["stopped"].add(index)
+            state["stopped"][index] = text.stop
         elif not g.chat and request.stop_logprobs is not None:
             # a completion's logprobs end with the token that stopped it, as
             # OpenAI's do (lm-evaluation-harness counts on that token)
@@ -332,7 +346,7 @@ class Completions:
 
     @staticmethod
     def new_state() -> dict:
-        return {"timed_out": False, "stopped": set()}   # stopped: choices a stop string ended
+        return {"timed_out": False, "stopped": {}}   # stopped: choice -> the stop string that ended it
 
     @staticmethod
     def finish(index: int, request, state: dict) -> str:
@@ -359,6 +373,17 @@ class Completions:
                    for i, r in enumerate(requests)]
         return api.response(g, _id(g), int(time.time()), self.model_name, choices,
                             sum(r.generated for r in requests), _cached(g, requests))
+
+    async def reply(self, g, requests, http_request) -> tuple:
+        """(text, state) of a one-choice request, run to its end."""
+        texts, state = [], self.new_state()
+        async for _, piece, extra in self.run(g, requests, http_request, state):
+            if piece is None:
+                if extra is not None:
+                    raise engine_error(extra)
+                continue
+            texts.append(piece)
+        return "".join(texts), state
 
     async def events(self, g, requests, http_request):
         rid, created, name = _id(g), int(time.time()), self.model_name
@@ -414,6 +439,28 @@ def _cached(g, requests) -> int:
     return sum(r.prompt_reused for r in requests[::len(g.samplings)])
 
 
+async def _cancellable(work, job, served, http_request, options: ServeOptions):
+    """work(job, served, cancelled) on a worker thread: cancelled (a
+    threading.Event, which work looks at between its steps) is set when the
+    client goes away or the request's time (options.request_timeout) runs
+    out, which answers 408."""
+    import threading
+    cancelled = threading.Event()
+    task = asyncio.ensure_future(asyncio.to_thread(work, job, served, cancelled))
+    deadline = None if options.request_timeout is None else time.monotonic() + options.request_timeout
+    try:
+        while not (await asyncio.wait({task}, timeout=0.1))[0]:
+            if (deadline is not None and time.monotonic() > deadline) or await http_request.is_disconnected():
+                cancelled.set()
+        result = task.result()
+    finally:
+        cancelled.set()
+    if result is None:
+        raise APIError(408, f"the request did not finish within {options.request_timeout:g} s"
+                       if options.request_timeout else "the client went away")
+    return result
+
+
 async def _then_none(request):
     """request's tokens, then None."""
     async for token in request:
@@ -426,38 +473,57 @@ def _id(g) -> str:
 
 
 def create_app(model, engine, model_name: str | None = None, api_key: str | None = None,
-               options: ServeOptions = DEFAULTS):
+               options: ServeOptions = DEFAULTS, models=None):
     """The Starlette application serving model through engine (a
-    serving.BatchEngine). model_name and api_key override options'."""
+    serving.BatchEngine). model_name and api_key override options'.
+    models: several models instead, as [(name, model, engine), ...], the
+    request's `model` choosing (the first where it names none)."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
     from starlette.routing import Route
 
-    api_key = options.api_key if api_key is None else api_key
-    model_name = model_name or options.model_name or model.name
-    metrics = Metrics()
-    completions = Completions(model, engine, model_name, metrics, options)
+    from . import anthropic_api, embeddings_api, responses_api
+    from .served import ModelSet, ServedModel
 
-    def error(e: APIError, endpoint: str | None = None):
+    api_key = options.api_key if api_key is None else api_key
+    if models is None:
+        models = [(model_name or options.model_name or model.name, model, engine)]
+    models = ModelSet([ServedModel(*m) for m in models])
+    engine = models   # /health and /metrics report the engines together
+    metrics = Metrics()
+    for served in models.served:
+        served.completions = Completions(served.model, served.engine, served.name, metrics, options)
+    stored = responses_api.ResponseStore()
+
+    def error(e: APIError, endpoint: str | None = None, shape=api.error_body):
         if endpoint is not None:
             metrics.request(endpoint, e.status)
         # ASCII JSON: a message may quote the client's text, lone surrogates included
-        return Response(json.dumps(api.error_body(e)), status_code=e.status, headers=e.headers,
+        return Response(json.dumps(shape(e)), status_code=e.status, headers=e.headers,
                         media_type="application/json")
 
+    def ascii_json(body):
+        # a reply that repeats the request's fields may hold its lone surrogates
+        return Response(json.dumps(body), media_type="application/json")
+
     def check_key(request):
-        if api_key is not None and request.headers.get("authorization", "") != f"Bearer {api_key}":
+        # a bearer token (OpenAI's clients), or x-api-key (Anthropic's)
+        if api_key is not None and request.headers.get("authorization", "") != f"Bearer {api_key}" \
+                and request.headers.get("x-api-key") != api_key:
             raise APIError(401, "invalid or missing API key", code="invalid_api_key")
 
-    def parse(raw: bytes, chat: bool) -> api.Generation:
-        return api.parse_request(api.parse_json(raw), chat, model, max_prompts=engine.max_queue)
+    def parse(raw: bytes, chat: bool):
+        body = api.parse_json(raw)
+        served = models.pick(body.get("model"))
+        return served, api.parse_request(body, chat, served.model, max_prompts=served.engine.max_queue)
 
     async def generate(http_request, endpoint):
         check_key(http_request)
         raw = await read_body(http_request, options)
         # JSON, the chat template and the tokenizer run off the event loop.
-        g = await asyncio.to_thread(parse, raw, endpoint == "chat")
+        served, g = await asyncio.to_thread(parse, raw, endpoint == "chat")
+        completions = served.completions
         requests = completions.submit(g)
         if g.stream:
             metrics.request(endpoint, 200)
@@ -467,20 +533,73 @@ def create_app(model, engine, model_name: str | None = None, api_key: str | None
         metrics.request(endpoint, 200)
         return JSONResponse(body)
 
-    def endpoint(name, handler):
+    def endpoint(name, handler, shape=api.error_body):
         async def handle(request):
             try:
                 return await handler(request, name)
             except APIError as e:
-                return error(e, name)
-            except Exception as e:   # a fault of the server's own: the answer keeps OpenAI's shape
-                return error(api.server_error(f"internal error: {type(e).__name__}: {e}"), name)
+                return error(e, name, shape)
+            except Exception as e:   # a fault of the server's own: the answer keeps the API's shape
+                return error(api.server_error(f"internal error: {type(e).__name__}: {e}"), name, shape)
         return handle
 
-    async def models(request, name):
+    async def listing(request, name):
         check_key(request)
-        return JSONResponse({"object": "list", "data": [
-            {"id": model_name, "object": "model", "created": 0, "owned_by": "fastllm"}]})
+        return JSONResponse({"object": "list", "data": models.listing()})
+
+    async def body_of(http_request) -> dict:
+        check_key(http_request)
+        return await asyncio.to_thread(api.parse_json, await read_body(http_request, options))
+
+    def generation(module, store=None):
+        """A handler that runs module's requests (module.read_request, whole
+        and events: anthropic_api, responses_api) on the model they name."""
+        async def handle(http_request, endpoint):
+            body = await body_of(http_request)
+            served = models.pick(body.get("model"))
+            extra = () if store is None else (store,)
+            job = await asyncio.to_thread(module.read_request, body, served.model, served.name, *extra)
+            requests = served.completions.submit(job.g)
+            if job.g.stream:
+                metrics.request(endpoint, 200)
+                return StreamingResponse(module.events(job, served.completions, requests, http_request),
+                                         media_type="text/event-stream")
+            reply = await module.whole(job, served.completions, requests, http_request)
+            metrics.request(endpoint, 200)
+            return ascii_json(reply)
+        return handle
+
+    async def count_tokens(http_request, endpoint):
+        body = await body_of(http_request)
+        served = models.pick(body.get("model"))
+        reply = await asyncio.to_thread(anthropic_api.count_tokens, body, served.model)
+        metrics.request(endpoint, 200)
+        return JSONResponse(reply)
+
+    async def stored_response(http_request, endpoint):
+        check_key(http_request)
+        rid = http_request.path_params["rid"]
+        if http_request.method == "DELETE":
+            return ascii_json(stored.delete(rid))
+        return ascii_json(stored.get(rid))
+
+    async def embed(http_request, endpoint):
+        body = await body_of(http_request)
+        served = models.pick(body.get("model"))
+        job = await asyncio.to_thread(embeddings_api.read_request, body, served.model)
+        async with served.embed_lock:
+            vectors = await _cancellable(embeddings_api.run, job, served, http_request, options)
+        metrics.request(endpoint, 200)
+        return JSONResponse(embeddings_api.response(job, vectors, served.name))
+
+    def tokens(work):
+        async def handle(http_request, endpoint):
+            body = await body_of(http_request)
+            served = models.pick(body.get("model"))
+            reply = await asyncio.to_thread(work, body, served.model)
+            metrics.request(endpoint, 200)
+            return JSONResponse(reply)
+        return handle
 
     async def health(request):
         # The process id tells replicas apart behind a load balancer.
@@ -498,18 +617,33 @@ def create_app(model, engine, model_name: str | None = None, api_key: str | None
         message = {404: f"no route {request.url.path}",
                    405: f"{request.method} is not allowed on {request.url.path}"}.get(
             exc.status_code, str(exc.detail))
-        return error(APIError(exc.status_code, message, type=kind))
+        return error(APIError(exc.status_code, message, type=kind), shape=shape_of(request))
 
     async def internal_error(request, exc):
-        return error(api.server_error(f"internal error: {type(exc).__name__}"))
+        return error(api.server_error(f"internal error: {type(exc).__name__}"), shape=shape_of(request))
+
+    def shape_of(request):
+        """The error shape of the API a path belongs to."""
+        path = request.url.path
+        return anthropic if path == "/v1/messages" or path.startswith("/v1/messages/") else api.error_body
+
+    anthropic = anthropic_api.error_body
 
     cors = cors_middleware(options)
     return Starlette(routes=[
-        Route("/v1/models", endpoint("models", models), methods=["GET"]),
+        Route("/v1/models", endpoint("models", listing), methods=["GET"]),
         Route("/v1/completions", endpoint("completions", generate), methods=["POST"]),
         Route("/v1/chat/completions", endpoint("chat", generate), methods=["POST"]),
+        Route("/v1/messages", endpoint("messages", generation(anthropic_api), anthropic), methods=["POST"]),
+        Route("/v1/messages/count_tokens", endpoint("count_tokens", count_tokens, anthropic),
+              methods=["POST"]),
+        Route("/v1/responses", endpoint("responses", generation(responses_api, stored)), methods=["POST"]),
+        Route("/v1/responses/{rid}", endpoint("responses", stored_response), methods=["GET", "DELETE"]),
+        Route("/v1/embeddings", endpoint("embeddings", embed), methods=["POST"]),
+        Route("/tokenize", endpoint("tokenize", tokens(embeddings_api.tokenize)), methods=["POST"]),
+        Route("/detokenize", endpoint("detokenize", tokens(embeddings_api.detokenize)), methods=["POST"]),
         # the same without /v1, as llama-server serves them, for clients given a base URL without it
-        Route("/models", endpoint("models", models), methods=["GET"]),
+        Route("/models", endpoint("models", listing), methods=["GET"]),
         Route("/completions", endpoint("completions", generate), methods=["POST"]),
         Route("/chat/completions", endpoint("chat", generate), methods=["POST"]),
         Route("/health", health, methods=["GET"]),
@@ -518,26 +652,37 @@ def create_app(model, engine, model_name: str | None = None, api_key: str | None
         middleware=[cors] if cors else [])
 
 
-def startup_line(model, options: ServeOptions) -> str:
+def startup_line(model, options: ServeOptions, name: str | None = None) -> str:
     """What `fastllm serve` prints as it starts: model file, weight types,
-    slots, context, URL and whether a key is needed."""
+    slots, context, URL and whether a key is needed (and the name a model
+    is served under, where there are several)."""
     types = ", ".join(model.weight_types) or model.dtype
     key = "an API key is required" if options.api_key else "no API key"
-    return (f"fastllm serve: {model.source} ({types} weights, {model.activations} activations), "
-            f"{options.parallel} slots of {model.n_ctx} tokens of context, "
+    served = f" as {name!r}" if name is not None else ""
+    return (f"fastllm serve: {model.source}{served} ({types} weights, {model.activations} activations), "
+            f"{options.parallel} slots of {model.n_ctx} tokens of context ({model.kv_dtype} KV cache), "
             f"http://{options.host}:{options.port}/v1, {key}")
 
 
 def serve(model, options: ServeOptions = DEFAULTS):
-    """Run the server until interrupted."""
+    """Run the server until interrupted. model: a Model, or [(name, Model),
+    ...] to serve several, each with an engine of its own."""
     import uvicorn
     from .serving import BatchEngine
-    engine = BatchEngine(model, parallel=options.parallel, max_queue=options.max_queue,
-                         speculative=model.speculative, draft_max=model.draft_max)
+    several = isinstance(model, list)
+    entries = model if several else [(options.model_name or model.name, model)]
+    engines = []
     try:
-        app = create_app(model, engine, options=options)
-        print(startup_line(model, options), file=sys.stderr, flush=True)
+        for _, m in entries:
+            engines.append(BatchEngine(m, parallel=options.parallel, max_queue=options.max_queue,
+                                       speculative=m.speculative, draft_max=m.draft_max,
+                                       cache_bytes=options.cache_ram << 20, checkpoints=options.ctx_checkpoints))
+        app = create_app(None, None, options=options,
+                         models=[(name, m, e) for (name, m), e in zip(entries, engines)])
+        for name, m in entries:
+            print(startup_line(m, options, name if several else None), file=sys.stderr, flush=True)
         uvicorn.run(app, host=options.host, port=options.port, log_level="info",
                     timeout_keep_alive=options.keep_alive, limit_concurrency=options.max_connections)
     finally:
-        engine.close()
+        for e in engines:
+            e.close()

@@ -31,11 +31,66 @@ import numpy as np
 from . import _core
 from .sampling import Constraint, Sampler, SamplingParams, _whole
 from .session import extend_together
-from .speculative import DraftModel, NgramDrafter, Speculation, check_same_vocabulary
+from .speculative import DraftModel, NgramDrafter, Speculation, check_same_vocabulary, draft_together
 
 
 class QueueFull(Exception):
     """Every slot is busy and the waiting queue is full: try again later."""
+
+
+class PromptCache:
+    """What slots held, kept in RAM beyond the slots: before a slot takes a
+    request that keeps little of what it holds, its sequence (keys and
+    values, recurrent states and checkpoints) is copied here, so that a
+    later request that lands on another slot, or comes back after other
+    conversations used the slots, still skips its known prefix (a system
+    prompt and tools, a conversation so far). Least recently used entries go
+    first once their bytes pass the budget."""
+
+    # Sequences shorter than this are cheaper to run again than to keep.
+    MIN_TOKENS = 64
+
+    def __init__(self, model, budget_bytes: int):
+        self.model, self.budget = model, budget_bytes
+        self._entries = []   # sessions, least recently used first
+        self.hits = self.saved = 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(e.memory_bytes for e in self._entries)
+
+    def __len__(self):
+        return len(self._entries)
+
+    def best(self, prompt_ids):
+        """(entry, tokens it lets prompt_ids skip), the most of any entry."""
+        best = max(self._entries, key=lambda e: e.reusable(prompt_ids), default=None)
+        return (best, best.reusable(prompt_ids)) if best is not None else (None, 0)
+
+    def touch(self, entry):
+        self._entries.remove(entry)
+        self._entries.append(entry)
+        self.hits += 1
+
+    def save(self, session):
+        """Keep a copy of what session holds (unless an entry already holds
+        it all, or it is short, or alone over the budget)."""
+        held = session.tokens
+        if len(held) < self.MIN_TOKENS or session.memory_bytes > self.budget:
+            return
+        for e in self._entries:
+            if e.tokens[:len(held)] == held:
+                self.touch(e)
+                return
+        # entries that hold a prefix of it are superseded
+        self._entries = [e for e in self._entries if held[:e.position] != e.tokens]
+        entry = self.model.new_session(1)
+        entry.max_checkpoints = session.max_checkpoints
+        entry.copy_prefix(session, len(held))
+        self._entries.append(entry)
+        self.saved += 1
+        while self.nbytes > self.budget:
+            self._entries.pop(0)
 
 
 @dataclass(eq=False)
@@ -127,6 +182,7 @@ class _Running:
     sampler: Sampler
     fed: int = 0          # prompt tokens run so far
     last: int | None = None   # the token to run next, once the prompt is in
+    branch: int = 0       # where its prompt parts from the longest sequence known (a checkpoint goes there)
     spec: Speculation | None = None   # its guesses' drafter and policy
     guesses: list = field(default_factory=list)   # the guesses of the pass being run
     leader: "_Running | None" = None   # waits for it to run the prompt (see Request.leader)
@@ -140,11 +196,14 @@ class BatchEngine:
     prompt comes in."""
 
     def __init__(self, model, parallel: int = 4, max_queue: int = 64, prefill_chunk: int = 128,
-                 speculative=None, draft_max: int = 16):
+                 speculative=None, draft_max: int = 16, cache_bytes: int = 0, checkpoints: int = 8):
         if parallel < 1 or max_queue < 1 or prefill_chunk < 1:
             raise ValueError("parallel, max_queue and prefill_chunk must be positive")
         if not 0 <= draft_max <= 64:
             raise ValueError(f"draft_max must be from 0 to 64, got {draft_max!r}")
+        if speculative == "mtp":
+            raise ValueError("the batch engine speculates with n-gram lookup or a draft model; a model's "
+                             "multi-token-prediction block drafts in Model.generate only")
         if speculative not in (None, "ngram") and not hasattr(speculative, "new_session"):
             raise ValueError(f"speculative must be None, 'ngram' or a draft Model, got {speculative!r}")
         if hasattr(speculative, "new_session"):
@@ -159,6 +218,10 @@ class BatchEngine:
         # fill); every step runs in the one work session's buffers.
         self._work = model.new_session(parallel * prefill_chunk)
         self._free = [model.new_session(1) for _ in range(parallel)]
+        for slot in self._free:
+            slot.max_checkpoints = checkpoints
+        # What the slots held, kept beyond them (see PromptCache); None: off.
+        self.cache = PromptCache(model, cache_bytes) if cache_bytes > 0 else None
         self._running: list[_Running] = []
         self._waiting: queue.Queue = queue.Queue(max_queue)
         self.prefill_chunk = prefill_chunk
@@ -279,7 +342,7 @@ class BatchEngine:
             if request._cancelled.is_set():
                 self._finish_waiting(request)
                 continue
-            slot = max(self._free, key=lambda s: _reusable(s, request.prompt_ids))
+            slot = max(self._free, key=lambda s: s.reusable(request.prompt_ids))
             self._free.remove(slot)
             run = _Running(request, slot, request.sampler, spec=self._speculation(slot, request))
             self._running.append(run)
@@ -294,18 +357,33 @@ class BatchEngine:
             run.leader = leader
             leader.followers.append(run)
             return
-        keep = _reusable(slot, request.prompt_ids) if request.prompt_logprobs is None else 0
-        # Another slot, running or free, may hold more of the prompt
-        # (a system prompt shared by many requests): copy it over. A prompt
-        # to score runs whole: a prefix held has no logits left.
+        prompt = request.prompt_ids
+        # A prompt to score (echo with logprobs) runs whole: of a prefix
+        # held no logits are left.
+        scored = request.prompt_logprobs is not None
+        keep = slot.reusable(prompt) if not scored else 0
+        # Another slot, running or free, may hold more of the prompt (a
+        # system prompt shared by many requests), or the prompt cache: copy
+        # it over.
         others = [r.session for r in self._running if r is not run] + self._free
-        donor = max(others, key=lambda s: _reusable(s, request.prompt_ids), default=None)
-        if request.prompt_logprobs is None and donor is not None and \
-                _reusable(donor, request.prompt_ids) > keep:
-            keep = _reusable(donor, request.prompt_ids)
-            slot.copy_prefix(donor, keep)
+        donor = max(others, key=lambda s: s.reusable(prompt), default=None)
+        donated = donor.reusable(prompt) if donor is not None and not scored else 0
+        cached, from_cache = self.cache.best(prompt) if self.cache is not None and not scored else (None, 0)
+        run.branch = max([s.shared(prompt) for s in others + [slot]] + [e.shared(prompt) for e in (
+            self.cache._entries if self.cache is not None else ())])
+        if self.cache is not None and slot.position - keep >= PromptCache.MIN_TOKENS:
+            self.cache.save(slot)   # what this slot held beyond the prompt, before it is lost
+        if from_cache > max(keep, donated):
+            self.cache.touch(cached)
+            slot.copy_prefix(cached, from_cache)
+            keep = from_cache
+        elif donated > keep:
+            slot.copy_prefix(donor, donated)
+            keep = donated
+        elif scored:
+            slot.reset()
         else:
-            slot.rewind(keep)
+            keep = slot.resume(prompt)
         request.prompt_reused = run.fed = keep
 
     def _speculation(self, slot, request) -> Speculation | None:
@@ -319,7 +397,7 @@ class BatchEngine:
             return Speculation(NgramDrafter(), limit)
         drafter = self._drafters.get(id(slot))
         if drafter is None:
-            drafter = self._drafters[id(slot)] = DraftModel(self.speculative)
+            drafter = self._drafters[id(slot)] = DraftModel(self.speculative, self.model)
         return Speculation(drafter, limit)
 
     def _finish_waiting(self, request):
@@ -334,6 +412,11 @@ class BatchEngine:
         run.request.error = error
         run.request._put(None)
         self._running.remove(run)
+        if error is None:
+            try:   # where its reply ends: the next turn of the conversation resumes there
+                run.session.checkpoint()
+            except Exception:
+                run.session.reset()
         self._free.append(run.session)
         followers, run.followers = run.followers, []
         for follower in followers:   # they run the prompt themselves
@@ -352,14 +435,18 @@ class BatchEngine:
         for run in [r for r in self._running if r.request._cancelled.is_set()]:
             self._release(run, "cancelled")
         batch, feeds = [], []
+        decoding = [r for r in self._running if r.leader is None and r.fed >= len(r.request.prompt_ids)]
+        self._draft(decoding)
         for run in self._running:
             prompt = run.request.prompt_ids
             if run.leader is not None:
                 continue   # it copies the prompt from its leader
             if run.fed < len(prompt):
-                feeds.append(prompt[run.fed:run.fed + self.prefill_chunk])
+                end = min(run.fed + self.prefill_chunk, len(prompt))
+                end = next(p for p in run.session.cut_points(run.fed, len(prompt), run.branch) + [end]
+                           if p <= end)
+                feeds.append(prompt[run.fed:end])
             else:
-                run.guesses = self._guesses(run)
                 feeds.append([run.last] + run.guesses)
             batch.append(run)
         if not batch:
@@ -388,6 +475,8 @@ class BatchEngine:
                 logits = rows[at + n - 1]
                 at += n
                 run.fed += len(fed)
+                if run.fed in run.session.cut_points(run.fed - len(fed), len(request.prompt_ids), run.branch):
+                    run.session.checkpoint()
                 if run.fed < len(request.prompt_ids):
                     continue   # more of the prompt to come
                 followers, run.followers = run.followers, []
@@ -399,21 +488,42 @@ class BatchEngine:
                 self._decode(run, rows[at:at + n], seconds)
                 at += n
 
-    def _guesses(self, run: _Running) -> list:
-        """run's guesses for after its last token: as many as its policy
-        chooses, that fit its max_new_tokens, the context and a chunk."""
-        if run.spec is None:
-            return []
-        request, held = run.request, run.session.position
-        room = min(request.max_new_tokens - request.generated - 1, self.model.n_ctx - 1 - held - 1,
-                   _long_rope_room(run.session, held) - 1)
-        if room <= 0:
-            return []
+    def _draft(self, runs):
+        """Each decoding run's guesses for after its last token: as many as
+        its policy chooses, that fit its max_new_tokens, the context and a
+        chunk. A draft model's requests guess together, each step one pass
+        over its weights for all of them."""
+        jobs = []
+        for run in runs:
+            run.guesses = []
+            if run.spec is None:
+                continue
+            request, held = run.request, run.session.position
+            room = min(request.max_new_tokens - request.generated - 1, self.model.n_ctx - 1 - held - 1,
+                       _long_rope_room(run.session, held) - 1)
+            tokens = run.session.tokens + (run.last,)
+            try:
+                if isinstance(run.spec.drafter, DraftModel):
+                    k = run.spec.plan(room)
+                    if k > 0:
+                        jobs.append((run, tokens, k))
+                elif room > 0:
+                    run.guesses = run.spec.draft(tokens, room)
+            except Exception:   # a drafter's failure costs the guesses, not the request
+                run.spec = None
+        if not jobs:
+            return
+        t0 = time.perf_counter()
         try:
-            return run.spec.draft(run.session.tokens + (run.last,), room)
-        except Exception:   # a drafter's failure costs the guesses, not the request
-            run.spec = None
-            return []
+            outs = draft_together([(run.spec.drafter, tokens, k) for run, tokens, k in jobs])
+        except Exception:
+            for run, _, _ in jobs:
+                run.spec = None
+            return
+        seconds = (time.perf_counter() - t0) / len(jobs)
+        for (run, _, _), out in zip(jobs, outs):
+            run.guesses = out
+            run.spec.policy.guessed(len(out), seconds)
 
     def _decode(self, run: _Running, rows, seconds: float):
         """Sample run's next tokens from the logits of its last token and of
@@ -564,17 +674,3 @@ def _logprob_rows(logits, tokens, top: int) -> list:
         out.append((float(token_lp), [(i, float(row[i])) for i in best]))
     return out
 
-
-def _reusable(session, prompt_ids) -> int:
-    """Prompt tokens whose keys/values session already holds and may keep:
-    the common prefix, less one so the prompt's last token is run for its
-    logits; a recurrent state only when the prompt extends all it holds."""
-    held = session.tokens
-    common = 0
-    for a, b in zip(held, prompt_ids):
-        if a != b:
-            break
-        common += 1
-    if not session.can_rewind and (common < len(held) or common >= len(prompt_ids)):
-        return 0
-    return min(common, len(prompt_ids) - 1)

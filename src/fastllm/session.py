@@ -19,6 +19,13 @@ from .schema import LINEAR
 _IN_USE = ("this Session is in use by another thread: a Session serves one thread at a time "
            "(give each thread its own, model.new_session())")
 
+# Recurrent states are saved (checkpoints) every this many tokens of a long
+# prompt, and this many tokens before a prompt's end, where the next turn's
+# rendering of a conversation may already differ (a chat template that
+# renders the previous reply otherwise: Qwen3.5 drops its thinking).
+CHECKPOINT_EVERY = 2048
+CHECKPOINT_BEFORE_END = 4
+
 
 class Session:
     """One sequence's state on a Model, sharing the model's weights.
@@ -32,7 +39,12 @@ class Session:
     while it runs, or while a generation holds it, raises RuntimeError
     rather than mixing the two sequences. Layers with a recurrent state
     (Gated DeltaNet) cannot forget their last tokens, so a session of such a
-    model can only be reset (can_rewind is False).
+    model can only be reset (can_rewind is False); instead it saves its
+    recurrent states at a few positions (checkpoints: where a prompt ends
+    and a reply ends, CHECKPOINT_BEFORE_END tokens before a prompt's end and
+    every CHECKPOINT_EVERY tokens of a long one), at most max_checkpoints of
+    them, and a prompt that shares only part of what it holds resumes from
+    the nearest checkpoint inside the shared part.
 
     Interrupts: tokens go to C in chunks of max_batch, so Ctrl-C returns
     within one chunk. A KeyboardInterrupt can land after C has run a chunk
@@ -55,6 +67,8 @@ class Session:
         self._long_rope_after = (config.rope_scaling["original_max_position_embeddings"]
                                  if config.longrope else None)
         self._tokens = []
+        self.max_checkpoints = 8
+        self._checkpoints = []   # (position, recurrent states), by position
         # (start, n): the last pass ran n tokens from position start as a
         # draft (verify), and any prefix of them may still be kept.
         self._verified = None
@@ -110,6 +124,7 @@ class Session:
         if self._unsettled:
             if not self.can_rewind:
                 self._tokens = []
+                self._checkpoints = [c for c in self._checkpoints if c[0] <= len(self._tokens)]
             self._unsettled = False
             self._verified = None
 
@@ -135,14 +150,14 @@ class Session:
                              f"{self.n_ctx} (load the model with a larger n_ctx)")
         return ids
 
-    def _run(self, ids: np.ndarray, all_logits=False, hidden_states=False):
+    def _run(self, ids: np.ndarray, all_logits=False, hidden_states=False, hidden=False):
         with self._use():
-            return self._run_held(ids, all_logits, hidden_states)
+            return self._run_held(ids, all_logits, hidden_states, hidden)
 
-    def _run_held(self, ids, all_logits, hidden_states):
+    def _run_held(self, ids, all_logits, hidden_states, hidden=False):
         self._settle()
         self._match_rope(len(self._tokens) + ids.size)
-        return self._run_chunks(ids, all_logits, hidden_states)
+        return self._run_chunks(ids, all_logits, hidden_states, hidden)
 
     def _match_rope(self, total: int):
         """LongRoPE rotates every position of a sequence with the short
@@ -161,46 +176,135 @@ class Session:
         if held.size:
             self._run_chunks(held, False, False)
 
-    def _run_chunks(self, ids, all_logits, hidden_states):
+    def _run_chunks(self, ids, all_logits, hidden_states, hidden=False):
         self._verified = None
-        logits, traces = [], []
+        logits, traces, normed = [], [], []
         for start in range(0, ids.size, self.max_batch):
             chunk = ids[start:start + self.max_batch]
             self._unsettled = True
-            out = self._state.run(chunk, len(self._tokens), all_logits, hidden_states)
+            out = self._state.run(chunk, len(self._tokens), all_logits, hidden_states, hidden=hidden)
             self._tokens += chunk.tolist()
             self._unsettled = False
             if hidden_states:
                 out, trace = out
                 traces.append(trace)
+            if hidden:
+                out, rows = out
+                normed.append(rows)
             logits.append(out)
         if not all_logits:
             logits = logits[-1:]
         out = logits[0] if len(logits) == 1 else np.concatenate(logits)
         if hidden_states:
             return out, traces[0] if len(traces) == 1 else np.concatenate(traces, axis=1)
+        if hidden:
+            return out, normed[0] if len(normed) == 1 else np.concatenate(normed)
         return out
 
-    def prefill(self, token_ids) -> np.ndarray:
-        """Logits after token_ids, (vocab_size,) float32. The keys/values of
-        the longest common prefix with the tokens held are reused; a
-        recurrent state only when token_ids extend everything it has seen."""
-        ids = self.check(token_ids)
-        self._settle()
+    def shared(self, token_ids) -> int:
+        """The length of the prefix token_ids share with the tokens held."""
         common = 0
-        for held, new in zip(self._tokens, ids.tolist()):
-            if held != new:
+        for a, b in zip(self._tokens, token_ids):
+            if a != b:
                 break
             common += 1
-        if not self.can_rewind and (common < len(self._tokens) or common == ids.size):
-            common = 0
-        common = min(common, ids.size - 1)  # run at least one token to get logits
-        self.rewind(common)
-        return self._run(ids[common:])
+        return common
 
-    def step(self, token: int) -> np.ndarray:
-        """Logits after one more token."""
-        return self._run(_core.check_token_ids((token,), self.vocab_size))
+    def reusable(self, token_ids) -> int:
+        """How many of token_ids' first tokens a prefill would not run again:
+        the prefix it shares with the tokens held, or for a recurrent state,
+        all it holds when token_ids extend it, else the nearest checkpoint
+        inside the shared prefix; always one token less than them all (a
+        prefill runs at least one, for the logits)."""
+        common, limit = self.shared(token_ids), len(token_ids) - 1
+        if self.can_rewind or (common == len(self._tokens) and common <= limit):
+            return min(common, limit)
+        return max((p for p, _ in self._checkpoints if p <= min(common, limit)), default=0)
+
+    def resume(self, token_ids) -> int:
+        """Hold the first reusable(token_ids) tokens of token_ids (forgetting
+        the rest, or going back to a checkpoint); returns how many."""
+        with self._use():
+            self._settle()
+            n = self.reusable(token_ids)
+            if self.can_rewind or n == len(self._tokens):
+                del self._tokens[n:]
+            elif n == 0:
+                del self._tokens[:]
+            else:
+                self._state.restore_recurrent(dict(self._checkpoints)[n])
+                del self._tokens[n:]
+            self._checkpoints = [c for c in self._checkpoints if c[0] <= n]
+            self._verified = None
+            return n
+
+    def checkpoint(self):
+        """Save the recurrent states where the session is now (nothing to do
+        for a model without them), keeping the latest max_checkpoints."""
+        with self._use():
+            self._settle()
+            p = len(self._tokens)
+            if self.can_rewind or p == 0 or self.max_checkpoints <= 0:
+                return
+            kept = [c for c in self._checkpoints if c[0] != p] + [(p, self._state.save_recurrent())]
+            self._checkpoints = kept[-self.max_checkpoints:]
+
+    @property
+    def checkpoints(self) -> tuple:
+        """The positions of the recurrent states saved (see checkpoint)."""
+        return tuple(p for p, _ in self._checkpoints)
+
+    @property
+    def checkpoint_bytes(self) -> int:
+        """Memory the saved recurrent states take."""
+        return sum(states.nbytes for _, states in self._checkpoints)
+
+    @property
+    def memory_bytes(self) -> int:
+        """Memory what the session holds takes: the keys and values of its
+        positions, its recurrent states and checkpoints."""
+        return self.position * self._state.cache_bytes_per_position + self._state.recurrent_bytes \
+            + self.checkpoint_bytes
+
+    def cut_points(self, start: int, end: int, branch: int = 0) -> list:
+        """Where a prompt run from start to end stops to save a checkpoint
+        (none for a model that can rewind), the end included. branch: where
+        the prompt parts from a sequence known before (what the session
+        held, another slot's): the next prompt that shares that much, such
+        as another conversation under the same system prompt, resumes there
+        (or a few tokens before: the next one may share a token less)."""
+        if self.can_rewind or self.max_checkpoints <= 0:
+            return []
+        points = set(range((start // CHECKPOINT_EVERY + 1) * CHECKPOINT_EVERY, end, CHECKPOINT_EVERY))
+        points.update((end - CHECKPOINT_BEFORE_END, branch, branch - CHECKPOINT_BEFORE_END))
+        return sorted(p for p in points if start < p < end) + [end]
+
+    def prefill(self, token_ids, hidden: bool = False) -> np.ndarray:
+        """Logits after token_ids, (vocab_size,) float32. What reusable()
+        says is kept (the keys/values of the longest common prefix with the
+        tokens held; for recurrent states, a checkpoint or all they hold),
+        and the rest runs, saving checkpoints on the way (see Session).
+        hidden: (logits, the final-normed hidden states of the tokens run,
+        the last ones of token_ids)."""
+        ids = self.check(token_ids)
+        branch = self.shared(ids)
+        start = self.resume(ids)
+        cuts = self.cut_points(start, ids.size, branch)
+        if not cuts:
+            return self._run(ids[start:], hidden=hidden)
+        outs = []
+        for end in cuts:
+            outs.append(self._run(ids[start:end], hidden=hidden))
+            self.checkpoint()
+            start = end
+        if hidden:
+            return outs[-1][0], np.concatenate([out[1] for out in outs])
+        return outs[-1]
+
+    def step(self, token: int, hidden: bool = False) -> np.ndarray:
+        """Logits after one more token (hidden: and its final-normed hidden
+        state, (1, dim))."""
+        return self._run(_core.check_token_ids((token,), self.vocab_size), hidden=hidden)
 
     def extend(self, token_ids, all_logits: bool = False) -> np.ndarray:
         """Run token_ids after the tokens held: the logits of the last one,
@@ -215,6 +319,23 @@ class Session:
         self.reset()
         return self._run(ids, True, hidden_states)
 
+    def hidden(self, token_ids) -> np.ndarray:
+        """The final-normed hidden state of every position of token_ids run
+        from position 0 (what the LM head reads, and what embedding models
+        pool), shape (n, dim) float32."""
+        ids = self.check(token_ids)
+        self.reset()
+        with self._use():
+            self._match_rope(ids.size)
+            out = []
+            for start in range(0, ids.size, self.max_batch):
+                chunk = ids[start:start + self.max_batch]
+                self._unsettled = True
+                out.append(self._state.hidden(chunk, len(self._tokens)))
+                self._tokens += chunk.tolist()
+                self._unsettled = False
+        return out[0] if len(out) == 1 else np.concatenate(out)
+
     def pass_room(self) -> int:
         """The most tokens a verify() may run now: one pass of max_batch, and
         under LongRoPE, whose tables are those of the sequence's length,
@@ -226,12 +347,13 @@ class Session:
             room = min(room, self._long_rope_after - position)
         return room
 
-    def verify(self, token_ids) -> np.ndarray:
+    def verify(self, token_ids, hidden: bool = False) -> np.ndarray:
         """Run token_ids after the tokens held, in one pass, as a draft to
         check (speculative decoding): the logits of every one, shape (n,
         vocab_size). keep() then holds only a prefix of them, recurrent
         layers included, bit for bit as if only that prefix had run.
-        At most pass_room() tokens."""
+        At most pass_room() tokens. hidden: (logits, final-normed hidden
+        states), both (n, ...)."""
         ids = self.check(token_ids)
         if ids.size > self.pass_room():
             raise ValueError(f"a draft of {ids.size} tokens does not fit one pass of this session "
@@ -243,7 +365,7 @@ class Session:
                 self._state.enable_rollback(ids.size)
             start = len(self._tokens)
             self._unsettled = True
-            out = self._state.run(ids, start, True, False, True)
+            out = self._state.run(ids, start, True, False, True, hidden)
             self._tokens += ids.tolist()
             self._unsettled = False
             self._verified = (start, ids.size)
@@ -285,6 +407,7 @@ class Session:
                 raise ValueError("the session no longer holds the tokens it held when saved")
             self._state.restore_recurrent(states)
             del self._tokens[len(tokens):]
+            self._checkpoints = [c for c in self._checkpoints if c[0] <= len(tokens)]
             self._verified = None
 
     def rewind(self, position: int):
@@ -297,9 +420,13 @@ class Session:
         if not 0 <= position <= len(self._tokens):
             raise ValueError(f"cannot rewind to {position}: the session holds {len(self._tokens)} tokens")
         if not self.can_rewind and 0 < position < len(self._tokens):
-            raise ValueError("this model's recurrent layers cannot forget their last tokens: "
-                             "reset() the session instead")
+            if position not in self.checkpoints:
+                raise ValueError("this model's recurrent layers cannot forget their last tokens: "
+                                 "reset() the session instead, or rewind to a checkpoint "
+                                 f"({', '.join(map(str, self.checkpoints)) or 'none saved'})")
+            self._state.restore_recurrent(dict(self._checkpoints)[position])
         del self._tokens[position:]
+        self._checkpoints = [c for c in self._checkpoints if c[0] <= position]
 
     def reset(self):
         """Forget every token: the next one goes to position 0."""
@@ -309,15 +436,19 @@ class Session:
         """Hold other's first n tokens, copied rather than run again (a
         shared system prompt is then prefilled once). A recurrent state holds
         all it has seen, so with Gated DeltaNet layers n must be all of
-        other's tokens."""
+        other's tokens or one of its checkpoints (whose states come along
+        with the keys and values; so do its checkpoints up to n)."""
         if not 0 <= n <= other.position:
             raise ValueError(f"the other session holds {other.position} tokens, not {n}")
         whole = not self.can_rewind
-        if whole and n != other.position:
-            raise ValueError("a recurrent state can only be copied whole")
+        if whole and n != other.position and n not in other.checkpoints:
+            raise ValueError("a recurrent state can only be copied whole, or at a checkpoint")
         with self._use():
-            self._state.copy_from(other._state, n, whole)
+            self._state.copy_from(other._state, n, whole and n == other.position)
+            if whole and n != other.position:
+                self._state.restore_recurrent(dict(other._checkpoints)[n])
         self._tokens = list(other.tokens[:n])
+        self._checkpoints = [c for c in other._checkpoints if c[0] <= n]
         self._unsettled = False
         self._verified = None
 

@@ -16,6 +16,8 @@ Drafters:
   text's last tokens, in the prompt or the reply (no second model): code
   edits, summaries, answers that quote their input.
 - DraftModel: a smaller model with the same vocabulary, decoding greedily.
+- MtpDrafter: the model's own multi-token-prediction block (Qwen3.5's MTP
+  layer), which reads the model's last hidden state and the token it chose.
 
 DraftPolicy chooses how many tokens to draft from the acceptance seen so
 far and the measured cost of passes of each size, and drafts nothing when
@@ -118,15 +120,18 @@ class DraftModel:
         if target is not None:
             check_same_vocabulary(model, target)
         self.model = model
+        # Guesses are ids of the target's vocabulary (a draft's head may have more rows).
+        self.vocab_size = min(model.config.vocab_size, (target or model).config.vocab_size)
         self.session = model.new_session()
         self._saved = None   # the recurrent state before the last guesses
 
     def propose(self, tokens: Sequence[int], k: int) -> list:
-        if k <= 0:
-            return []
+        return draft_together([(self, tokens, k)])[0]
+
+    def _catch_up(self, tokens: Sequence[int]) -> np.ndarray:
+        """Run what the session lacks of tokens (going back where it ran
+        past them): the logits after them."""
         s = self.session
-        if len(tokens) + k > s.n_ctx:
-            return []
         held = s.tokens
         common = 0
         for a, b in zip(held, tokens):
@@ -147,16 +152,92 @@ class DraftModel:
                 s.reset()
         logits = s.extend(list(tokens[s.position:]))
         self._saved = s.save_recurrent() if not s.can_rewind else None
-        out = []
-        vocab = self.model.config.vocab_size
-        for i in range(k):
-            token = int(np.argmax(logits))
-            if token >= vocab:
+        return logits
+
+
+def draft_together(jobs) -> list:
+    """The guesses of several DraftModels of one draft model, jobs being
+    (drafter, tokens, k): each catches up with its tokens, then each greedy
+    step runs every drafter still guessing in one pass over the draft
+    model's weights (a server's requests draft together)."""
+    from .session import extend_together
+    out = [[] for _ in jobs]
+    logits = {i: d._catch_up(tokens) for i, (d, tokens, k) in enumerate(jobs)
+              if k > 0 and len(tokens) + k <= d.session.n_ctx}
+    while logits:
+        live = []
+        for i, row in logits.items():
+            token = int(np.argmax(row))
+            if token >= jobs[i][0].vocab_size:
+                continue   # a row past the tokenizer's (padding): no guess, and no more
+            out[i].append(token)
+            if len(out[i]) < jobs[i][2]:
+                live.append(i)
+        if not live:
+            break
+        rows = extend_together([jobs[i][0].session for i in live], [[out[i][-1]] for i in live])
+        logits = dict(zip(live, rows))
+    return out
+
+
+class MtpDrafter:
+    """Guesses with the model's multi-token-prediction block: the pair (h_q,
+    x_{q+1}) of the model's final-normed hidden state at position q and the
+    token after it goes through the block at position q (its own KV cache),
+    whose logits guess x_{q+2}; further guesses chain the block's own
+    output hidden state with its last guess, as llama.cpp's draft-mtp does.
+
+    The generation loop hands it the hidden states of the positions the
+    model runs (observe); each proposal first runs the pairs whose second
+    token has come since, then k greedy steps. Positions whose hidden state
+    it never saw (a prefix another call left in the session) keep what its
+    cache held: guesses suffer, never the text."""
+    wants_hidden = True
+
+    def __init__(self, model):
+        if model._mtp is None:
+            raise ValueError(f"{model.name} has no multi-token-prediction block to draft with (a Qwen3.5 "
+                             "GGUF file converted with it, without --no-mtp, has one)")
+        from . import _core
+        self._core = _core
+        self.state = _core.State(model._mtp, model.max_batch)
+        self.n_ctx = model.n_ctx
+        self._pairs = []     # x_{q+1} of the pairs the block's cache holds at positions q
+        self._h = None       # the model's hidden states not yet paired, from position _h_start
+        self._h_start = 0
+
+    def observe(self, start: int, rows: np.ndarray):
+        """The model ran positions start .. start+len(rows)-1 (and keeps them):
+        their final-normed hidden states."""
+        if self._h is not None and self._h_start <= start <= self._h_start + len(self._h):
+            self._h = np.concatenate([self._h[:start - self._h_start], rows])
+        else:
+            self._h, self._h_start = np.asarray(rows, np.float32), start
+
+    def propose(self, tokens: Sequence[int], k: int) -> list:
+        p = len(tokens) - 2     # the model has run positions .. p; tokens[p + 1] is its newest choice
+        if k <= 0 or p < 0 or self._h is None or not self._h_start <= p < self._h_start + len(self._h):
+            return []
+        common = 0
+        for a, b in zip(self._pairs, tokens[1:]):
+            if a != b:
                 break
-            out.append(token)
-            if i + 1 < k:
-                logits = s.step(token)
-        return out
+            common += 1
+        first = max(min(common, p), self._h_start)
+        ids = np.asarray(tokens[first + 1:p + 2], np.int32)
+        h = self._h[first - self._h_start:p + 1 - self._h_start]
+        logits, out = self.state.run(ids, first, False, False, False, True, h)
+        self._pairs = list(tokens[1:p + 2])
+        self._h, self._h_start = self._h[p + 1 - self._h_start:], p + 1
+        guesses = []
+        for i in range(k):
+            guesses.append(int(np.argmax(logits)))
+            at = p + 1 + i
+            if i + 1 == k or at + 1 >= self.n_ctx:
+                break
+            logits, out = self.state.run(np.asarray(guesses[-1:], np.int32), at, False, False, False, True,
+                                         out[-1:])
+        return guesses
 
 
 def check_same_vocabulary(draft, target):
@@ -199,6 +280,7 @@ class DraftPolicy:
     kept: float = 1.0          # decayed counts: guesses kept, refused
     refused: float = 1.0
     _times: dict = field(default_factory=dict)   # pass size -> (decayed seconds, decayed count)
+    _line: tuple | None = None                    # cost()'s fit, until the next time measured
     _guess_seconds: float = 0.0                   # decayed per-guess seconds of a draft model
     _gap: int = 4
     _plain: int = 0
@@ -226,24 +308,31 @@ class DraftPolicy:
         """Seconds of a pass of n tokens: the line through the measured
         sizes (least squares, weighted by their counts), or before two sizes
         are known, one step plus a tenth of a step per extra token."""
+        if self._line is None:
+            self._line = self._fit()
+        one, slope = self._line
+        return max(one + slope * (n - 1), 1e-9)
+
+    def _fit(self) -> tuple:
+        """(cost of 1 token, cost of each more) from the measured passes."""
         pts = [(size, t / c, c) for size, (t, c) in self._times.items() if c > 0]
         if not pts:
-            return 1.0 + 0.1 * (n - 1)
+            return 1.0, 0.1
         if len(pts) == 1:
             size, t, _ = pts[0]
             one = t / (1 + 0.1 * (size - 1))
-            return one * (1 + 0.1 * (n - 1))
-        w = np.array([c for _, _, c in pts])
-        x = np.array([s for s, _, _ in pts], np.float64)
-        y = np.array([t for _, t, _ in pts])
-        xm, ym = (w * x).sum() / w.sum(), (w * y).sum() / w.sum()
-        var = (w * (x - xm) ** 2).sum()
-        slope = max((w * (x - xm) * (y - ym)).sum() / var, 0.0) if var > 0 else 0.0
-        return max(ym + slope * (n - xm), 1e-9)
+            return one, 0.1 * one
+        w = sum(c for _, _, c in pts)
+        xm = sum(c * x for x, _, c in pts) / w
+        ym = sum(c * y for _, y, c in pts) / w
+        var = sum(c * (x - xm) ** 2 for x, _, c in pts)
+        slope = max(sum(c * (x - xm) * (y - ym) for x, y, c in pts) / var, 0.0) if var > 0 else 0.0
+        return ym + slope * (1 - xm), slope
 
     def timed(self, n: int, seconds: float):
         t, c = self._times.get(n, (0.0, 0.0))
         self._times[n] = (t * self.decay + seconds, c * self.decay + 1.0)
+        self._line = None
 
     def guessed(self, n: int, seconds: float):
         """A draft model took seconds to guess n tokens."""
@@ -282,14 +371,18 @@ class Speculation:
         self.policy = DraftPolicy(max_draft)
         self.stats = SpecStats()
 
+    def plan(self, limit: int) -> int:
+        """How many guesses to draft now: what the policy chooses, at most limit."""
+        return max(min(self.policy.length(), limit), 0)
+
     def draft(self, tokens: Sequence[int], limit: int) -> list:
         """The guesses for after tokens: at most limit of them."""
-        k = min(self.policy.length(), limit)
+        k = self.plan(limit)
         if k <= 0:
             return []
         t0 = time.perf_counter()
         out = list(self.drafter.propose(tokens, k))[:k]
-        if isinstance(self.drafter, DraftModel):
+        if isinstance(self.drafter, (DraftModel, MtpDrafter)):
             self.policy.guessed(len(out), time.perf_counter() - t0)
         return out
 
@@ -305,19 +398,31 @@ class Speculation:
         self.stats.plain_steps += 1
 
 
-SPEC_KINDS = ("ngram", "draft")
+SPEC_KINDS = ("ngram", "mtp")
 
 
-def speculation(spec, target, max_draft: int = 16) -> Speculation | None:
+def speculation(spec, target, max_draft: int = 16, drafters: dict | None = None) -> Speculation | None:
     """A Speculation from what a caller passes as speculative=: None or
-    False (none), "ngram", a draft Model (same vocabulary as target), or a
-    Speculation (used as it is)."""
+    False (none), "ngram", "mtp" (the target's multi-token-prediction
+    block), a draft Model (same vocabulary as target), or a Speculation
+    (used as it is). drafters: where to keep the drafter for the next call
+    on the same sequence (a draft model's session then reuses what it ran)."""
     if spec is None or spec is False:
         return None
     if isinstance(spec, Speculation):
         return spec
     if spec == "ngram":
-        return Speculation(NgramDrafter(), max_draft)
-    if hasattr(spec, "new_session") and hasattr(spec, "tokenizer"):
-        return Speculation(DraftModel(spec, target), max_draft)
-    raise ValueError(f"speculative must be None, 'ngram', a draft Model or a Speculation, got {spec!r}")
+        make = NgramDrafter
+    elif spec == "mtp":
+        make = lambda: MtpDrafter(target)   # noqa: E731
+    elif hasattr(spec, "new_session") and hasattr(spec, "tokenizer"):
+        make = lambda: DraftModel(spec, target)   # noqa: E731
+    else:
+        raise ValueError(f"speculative must be None, 'ngram', 'mtp', a draft Model or a Speculation, "
+                         f"got {spec!r}")
+    if drafters is None:
+        return Speculation(make(), max_draft)
+    key = spec if isinstance(spec, str) else id(spec)
+    if key not in drafters:
+        drafters[key] = make()
+    return Speculation(drafters[key], max_draft)

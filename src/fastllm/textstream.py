@@ -26,6 +26,7 @@ class TextStream:
         self.stops = [stops] if isinstance(stops, str) else list(stops or ())
         self._held = ""
         self.stopped = False
+        self.stop = None     # the stop string that came, once stopped
         self.ended = False   # a stop string came, or the end was fed
 
     def feed(self, token: int | None) -> str:
@@ -45,9 +46,10 @@ class TextStream:
         if self.stopped:
             return ""
         held = self._held + text
-        hit = min((i for i in (held.find(s) for s in self.stops) if i >= 0), default=-1)
+        hit, stop = min(((i, s) for i, s in ((held.find(s), s) for s in self.stops) if i >= 0),
+                        default=(-1, None))
         if hit >= 0:
-            self.stopped, self._held = True, ""
+            self.stopped, self.stop, self._held = True, stop, ""
             return held[:hit]
         keep = 0 if final else partial_stop_suffix(held, self.stops)
         self._held = held[len(held) - keep:]

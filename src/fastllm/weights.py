@@ -245,7 +245,11 @@ def _finite_blocks(blocks: np.ndarray, dtype: str) -> bool:
 _HEAD_CHUNK_BYTES = 16 << 20
 
 
-def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
+# The families whose multi-token-prediction block fastllm runs (as a drafter).
+MTP_FAMILIES = ("qwen3_5_text",)
+
+
+def load_gguf_weights(cfg: ModelConfig, path, mtp: bool = False) -> tuple:
     """The arrays for fastllm._core.Weights from a GGUF file's own tensors,
     each matrix in its own type (quantized ones stay quantized; types
     without native kernels are dequantized to float32, with one warning per
@@ -254,7 +258,10 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
     time, or where an ssm_out's heads split its blocks, all left in
     llama.cpp's order, which "v_heads_tiled" then tells the run loop.
     Vectors are read as stored, llama.cpp's converter having formed (1 + w)
-    and -exp(A_log) already."""
+    and -exp(A_log) already. mtp: where the file has a multi-token-prediction
+    block (Qwen3.5's), its arrays too, under "mtp", for Weights of
+    cfg.mtp_config() (sharing the embedding and the head); else it is left
+    out with a warning."""
     import warnings
     from collections import Counter
 
@@ -267,9 +274,14 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
     for name in ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"):
         tensors.pop(name, None)   # read into config.json by the importer
     arch = contents.metadata.get("general.architecture")
-    planned = gguf_tensors.plan_tensors(tensors, gguf_tensors.tensor_shapes(contents.tensors), cfg, path,
-                                        n_mtp=int(contents.metadata.get(f"{arch}.nextn_predict_layers", 0)),
-                                        notify=True)
+    shapes = gguf_tensors.tensor_shapes(contents.tensors)
+    n_mtp = int(contents.metadata.get(f"{arch}.nextn_predict_layers", 0))
+    block = {}   # the multi-token-prediction block's tensors, as blk.0 of mtp_config()
+    if mtp and n_mtp == 1 and cfg.model_type in MTP_FAMILIES:
+        first = f"blk.{cfg.num_hidden_layers}."
+        block = {"blk.0." + n[len(first):]: tensors.pop(n) for n in list(tensors) if n.startswith(first)}
+        n_mtp = 0
+    planned = gguf_tensors.plan_tensors(tensors, shapes, cfg, path, n_mtp=n_mtp, notify=True)
     by_hf = {hf: g for hf, g, _, _ in planned}
     views = {hf: lc for hf, _, _, lc in planned}   # the config each tensor's layer sees
     interleaved = cfg.family.gguf_qk_interleaved
@@ -437,24 +449,27 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
         except (TypeError, ValueError) as e:
             raise ModelFileError(path, f"tensor {g.name!r}: {e}") from None
 
-    layers = []
-    for i, lc in enumerate(cfg.layer_configs()):
-        kind = cfg.layer_kind(i)
+    def load_layer(c: ModelConfig, i: int, lc: ModelConfig, key=lambda hf: hf) -> dict:
+        """Layer i of c, its tensors found under key(their HF name)."""
+        kind = c.layer_kind(i)
         layer = {"kind": kind}
-        fused_experts = schema.hf_name(schema.FUSED_GATE_UP_EXPERTS, cfg, i)
-        for t in schema.file_tensors(lc, kind, cfg.layer_ffn(i)):
+        fused_experts = key(schema.hf_name(schema.FUSED_GATE_UP_EXPERTS, c, i))
+        for t in schema.file_tensors(lc, kind, c.layer_ffn(i)):
+            hf = key(schema.hf_name(t, c, i))
             if t.field in schema.FUSED_GATE_UP_EXPERTS.parts and fused_experts in by_hf:
                 if t.field not in layer:
                     layer.update(experts(schema.FUSED_GATE_UP_EXPERTS, fused_experts))
             elif t.experts:
-                layer.update(experts(t, schema.hf_name(t, cfg, i)))
+                layer.update(experts(t, hf))
             elif t.parts:
-                layer.update(get_fused(t, schema.hf_name(t, cfg, i)))
-            elif t.field == "wq" and cfg.attn_output_gate:
-                layer.update(query_and_gate(t, schema.hf_name(t, cfg, i)))
+                layer.update(get_fused(t, hf))
+            elif t.field == "wq" and c.attn_output_gate:
+                layer.update(query_and_gate(t, hf))
             elif t.field not in layer:
-                layer[t.field] = get(t, schema.hf_name(t, cfg, i))
-        layers.append(layer)
+                layer[t.field] = get(t, hf)
+        return layer
+
+    layers = [load_layer(cfg, i, lc) for i, lc in enumerate(cfg.layer_configs())]
     out = {"layers": layers, "norm": get(schema.NORM, schema.hf_name(schema.NORM, cfg)), "v_heads_tiled": tiled}
     out.update({t.field: get(t, schema.hf_name(t, cfg)) for t in model_tensors(cfg)})
     embed_hf = schema.hf_name(schema.EMBED, cfg)
@@ -463,6 +478,27 @@ def load_gguf_weights(cfg: ModelConfig, path) -> tuple:
         out.update(embed=get(schema.EMBED, embed_hf), lm_head=get(schema.LM_HEAD, head_hf))
     else:   # tied: the packed head's rows serve as the embedding
         out.update(embed=None, lm_head=get(schema.LM_HEAD, embed_hf))
+    if block:
+        # The block's own tensors go by the names they have under mtp. (its
+        # layer's under mtp.model.layers.0.), the same plan and checks as the model's.
+        mc = cfg.mtp_config()
+        plan = {n: v for n, v in gguf_tensors.gguf_names(mc).items() if n.startswith("blk.0.")}
+        plan.update({f"blk.0.{t.gguf}": (t.hf, t, mc) for t in schema.NEXTN})
+        missing, unexpected = sorted(plan.keys() - block.keys()), sorted(block.keys() - plan.keys())
+        if missing or unexpected:
+            raise ModelFileError(path, f"its multi-token-prediction block blk.{cfg.num_hidden_layers} does not "
+                                       f"fit the model: " + "; ".join(
+                                           f"{what} {', '.join(n.replace('blk.0.', '') for n in names[:6])}"
+                                           for what, names in (("missing", missing), ("unexpected", unexpected))
+                                           if names))
+        for name, (hf, t, lc) in plan.items():
+            if shapes[block[name].name] != schema.gguf_shape(t, lc):
+                raise ModelFileError(path, f"tensor {block[name].name} has shape {list(shapes[block[name].name])}, "
+                                           f"the metadata implies {list(schema.gguf_shape(t, lc))}")
+            by_hf["mtp." + hf], views["mtp." + hf] = block[name], lc
+        own = {t.field: get(t, "mtp." + t.hf) for t in schema.NEXTN}
+        out["mtp"] = dict(own, layers=[load_layer(mc, 0, mc.layer_config(0), lambda hf: "mtp." + hf)],
+                          embed=out["embed"], lm_head=out["lm_head"], v_heads_tiled=False)
     if dequantized:
         warnings.warn(f"{path.name}: tensors of type {', '.join(sorted(dequantized))} have no native kernels "
                       f"in fastllm and were dequantized to float32", DequantizedTypeWarning, stacklevel=3)

@@ -1,8 +1,9 @@
 """The HTTP layer: generated requests through the OpenAI-compatible server
 in-process - its Starlette app called as ASGI (scope, receive, send), no
-sockets - on the tiny model in tests/data, served twice: with its own chat
-template and a 128-token context, and with Qwen3.5's template (tools,
-content parts, thinking), an API key and a 512-token context.
+sockets - on the tiny model in tests/data, served three times: with its own
+chat template and a 128-token context; with Qwen3.5's template (tools,
+content parts, thinking), an API key and a 512-token context; and both
+behind one app, as "tiny" and "qwen", picked by the request's model.
 
 Each input is a recipe read byte by byte (`Recipe`): the app, method, path
 and headers, then a body that is one of
@@ -12,6 +13,9 @@ and headers, then a body that is one of
   logit_bias, stop, seed -1, max_tokens 0, unknown fields...;
 - the same serialized, then mutated byte by byte;
 - malformed JSON: deep nesting, invalid UTF-8, cut short, not an object.
+The other APIs get requests of their own shapes, as generated and mutated:
+Anthropic's /v1/messages and count_tokens, /v1/responses (previous_response_id
+now and then one the server made), /v1/embeddings, /tokenize, /detokenize.
 The body comes in one or more chunks, and some clients go away before or
 while the answer comes. Valid requests mostly ask for 1 to 3 tokens. An
 input that starts with "REQ " is a request written out instead
@@ -20,10 +24,15 @@ input that starts with "REQ " is a request written out instead
 A finding (`Finding`, raised) is:
 - an exception out of the app, or any 5xx;
 - an error that is not JSON in OpenAI's shape
-  ({"error": {"message", "type", "param", "code"}});
+  ({"error": {"message", "type", "param", "code"}}), or under /v1/messages
+  in Anthropic's ({"type": "error", "error": {"type", "message"}});
 - a 200 that is not a completion: JSON with choices and usage, or with
   "stream": true server-sent events of chunks that end in [DONE]; output
   that does not parse as JSON although response_format asked for JSON;
+  likewise for the other APIs: a Message or its event sequence (blocks
+  opened, extended and closed in order), a Response or its events (in
+  sequence, the streamed text the final output's), embeddings of one
+  length and unit norm, tokens and text;
 - a request refused with a 4xx whose generation is still queued or running;
 - a request that takes longer than LIMIT seconds; an engine still busy a
   moment after every request ended; a /health that is not ok; RSS that
@@ -38,6 +47,7 @@ far. FASTLLM_FUZZ_HTTP_KNOWN=REGEX: findings that match it (bugs reported
 and not fixed yet) are counted, not raised. FASTLLM_FUZZ_HTTP_LIMIT: LIMIT.
 """
 import asyncio
+import base64
 import json
 import math
 import os
@@ -47,6 +57,8 @@ import sys
 import tempfile
 import time
 import traceback
+
+import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _target import ROOT, instrumented, main  # noqa: E402
@@ -59,6 +71,10 @@ from fastllm.serving import BatchEngine  # noqa: E402
 
 with instrumented():
     import fastllm.server as server_module  # noqa: E402
+    import fastllm.anthropic_api  # noqa: E402,F401
+    import fastllm.embeddings_api  # noqa: E402,F401
+    import fastllm.responses_api  # noqa: E402,F401
+    import fastllm.served  # noqa: E402,F401
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TINY = os.path.join(ROOT, "tests", "data", "tiny-llama")
@@ -74,6 +90,8 @@ KNOWN = re.compile(os.environ["FASTLLM_FUZZ_HTTP_KNOWN"]) if os.environ.get("FAS
 # (the first two are what clients mostly call; the server takes them without /v1 too)
 GENERATE_PATHS = ("/v1/chat/completions", "/v1/completions", "/chat/completions", "/completions")
 CORS_ORIGINS = "http://localhost:3000,localhost"   # the second app's: web pages that may call it
+OTHER_PATHS = ("/v1/messages", "/v1/responses", "/v1/embeddings", "/v1/messages/count_tokens", "/tokenize",
+               "/detokenize")
 
 
 class Finding(Exception):
@@ -371,6 +389,326 @@ def completion_body(r: Recipe) -> dict:
     return body
 
 
+# ------------------------------------------------ the other APIs' requests
+
+RECENT = []   # ids of responses the server made (kept), for previous_response_id
+MODELS = ["tiny", "qwen", "gpt-4o", ""]
+
+
+def mostly(r: Recipe, good, bad):
+    """One of good, now and then one of bad: for the parts of a request
+    that come several times, which either() would make bad too often for
+    the whole to be valid."""
+    return r.pick(bad) if r.chance(12) else r.pick(good)
+
+
+def anthropic_block(r: Recipe, role: str):
+    good = [{"type": "text", "text": text(r)}]
+    if role == "assistant":
+        good += [{"type": "tool_use", "id": either(r, ["toolu_1", "call_1"]), "name": either(r, ["get_weather", "f"]),
+                  "input": either(r, [{"city": "Paris"}, {}], ["x", None, [1]])},
+                 {"type": "thinking", "thinking": either(r, ["Hmm.", ""]), "signature": ""},
+                 {"type": "redacted_thinking", "data": "xx"}]
+    else:
+        good += [{"type": "tool_result", "tool_use_id": either(r, ["toolu_1", ""], [None, 5]),
+                  "content": either(r, ["sunny", [{"type": "text", "text": "21 C"}], ""],
+                                    [[{"type": "image", "source": {}}], 5, [5]]),
+                  **({"is_error": either(r, [True, False], ["x"])} if r.chance(32) else {})}]
+    return mostly(r, good, [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA"}},
+                            {"type": "document"}, {"type": "text"}, {"type": "tool_use"}, {"type": "server_tool_use"},
+                            {"text": "x"}, {"type": "tool_result"}, {"type": "thinking", "thinking": 5}, value(r)])
+
+
+def anthropic_message(r: Recipe, i: int):
+    role = mostly(r, ["user", "assistant"] if i else ["user"], ["system", "tool", "", None, 3])
+    b = r.byte()
+    content = text(r) if b < 120 else [anthropic_block(r, role) for _ in range(r.below(4))] if b < 230 else value(r)
+    return {"role": role, "content": content}
+
+
+def anthropic_body(r: Recipe, count_only: bool = False) -> dict:
+    body = {"model": r.pick(MODELS) if not r.chance(16) else either(r, MODELS, [None, 5]),
+            "stream": True if r.chance(64) else None,
+            "messages": [anthropic_message(r, i) for i in range(1 + r.below(4) if not r.chance(8) else 0)]}
+    if not count_only or r.chance(16):
+        body["max_tokens"] = either(r, [1, 2, 3], BAD_COUNTS) if not r.chance(4) else None
+    extra = {
+        "system": lambda: either(r, ["Be brief.", [{"type": "text", "text": "Be brief."}], ""],
+                                 [[{"type": "image"}], 5, [{"text": "x"}]]),
+        "stop_sequences": lambda: either(r, [["\n"], ["e", "."], []], ["", [""], [1], "x" * 300, ["x"] * 100]),
+        "temperature": lambda: either(r, [0, 0.5, 1], BAD_FLOATS + [1.5]),
+        "top_p": lambda: either(r, [1, 0.9], BAD_FLOATS),
+        "top_k": lambda: either(r, [0, 1, 40], [-1, 1.5, "40"]),
+        "stream": lambda: either(r, [False, True], ["true", 1]),
+        "tools": lambda: either(r, [[{"name": either(r, ["get_weather", "f"], ["", "a b", None]),
+                                      "description": "Look it up",
+                                      "input_schema": either(r, [{"type": "object", "properties": {
+                                          "city": {"type": "string"}}, "required": ["city"]}], [schema(r)])}]],
+                                [[], [{"type": "web_search_20250305", "name": "web_search"}], [{"name": "f"}],
+                                 {"name": "f"}, [None]]),
+        "tool_choice": lambda: either(r, [{"type": "auto"}, {"type": "any"}, {"type": "none"},
+                                          {"type": "tool", "name": "get_weather"},
+                                          {"type": "any", "disable_parallel_tool_use": True}],
+                                      [{"type": "tool"}, {"type": "tool", "name": "nope"}, "auto",
+                                       {"type": "auto", "disable_parallel_tool_use": "x"}]),
+        "thinking": lambda: either(r, [{"type": "enabled", "budget_tokens": 1024}, {"type": "disabled"}],
+                                   [{"type": "sometimes"}, True, {}]),
+        "metadata": lambda: either(r, [{"user_id": "u"}], [5]),
+        "output_config": lambda: either(r, [{"format": {"type": "json_schema", "schema": schema(r)}},
+                                            {"effort": "low"}], [{"format": {"type": "xml"}}, 5]),
+    }
+    for name, make in extra.items():
+        if r.chance(40):
+            body[name] = make()
+    if r.chance(8):
+        body[r.pick(["n", "service_tier", "container", "mcp_servers", "logprobs"])] = value(r)
+    return {k: v for k, v in body.items() if v is not None or r.chance(8)}
+
+
+def responses_item(r: Recipe):
+    good = [{"role": either(r, ["user", "assistant", "system", "developer"]), "content": text(r)},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text(r)}]},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text(r)}]},
+            {"type": "function_call", "call_id": "call_1", "name": either(r, ["get_weather", "f"]),
+             "arguments": either(r, ['{"city": "Paris"}', "{}", "not json"])},
+            {"type": "function_call_output", "call_id": either(r, ["call_1", ""]), "output": either(r, ["sunny", ""])},
+            {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "Hmm."}]}]
+    return mostly(r, good, [{"role": "tool", "content": "x"}, {"type": "item_reference", "id": "x"},
+                            {"type": "web_search_call"}, {"role": "user", "content": [{"type": "input_image"}]},
+                            {"type": "function_call"}, {"type": "function_call_output", "call_id": 5}, "x"])
+
+
+def responses_body(r: Recipe) -> dict:
+    b = r.byte()
+    body = {"model": r.pick(MODELS) if not r.chance(16) else either(r, MODELS, [None, 5]),
+            "stream": True if r.chance(64) else None,
+            "input": text(r) if b < 110 else [responses_item(r) for _ in range(1 + r.below(4))] if b < 235
+            else either(r, [""], [[], None, 5, {"role": "user"}])}
+    body["max_output_tokens"] = either(r, [1, 2, 3], BAD_COUNTS) if not r.chance(8) else None
+    extra = {
+        "instructions": lambda: either(r, ["Be brief.", ""], [5, ["x"]]),
+        "previous_response_id": lambda: either(r, RECENT[-4:] or ["resp_x"], ["resp_x", "", 5]),
+        "store": lambda: either(r, [True, False], ["x"]),
+        "stream": lambda: either(r, [False, True], ["true", 1]),
+        "temperature": lambda: either(r, [0, 1], BAD_FLOATS),
+        "top_p": lambda: either(r, [1, 0.9], BAD_FLOATS),
+        "tools": lambda: either(r, [[{"type": "function", "name": either(r, ["get_weather", "f"], ["", None]),
+                                      "parameters": either(r, [{"type": "object", "properties": {
+                                          "city": {"type": "string"}}}], [schema(r)])}], []],
+                                [[{"type": "web_search"}], [{"name": "f"}], "x", [None]]),
+        "tool_choice": lambda: either(r, ["auto", "none", "required", {"type": "function", "name": "get_weather"}],
+                                      [{"type": "function"}, {"type": "allowed_tools"}, "any"]),
+        "parallel_tool_calls": lambda: either(r, [True, False], ["x"]),
+        "text": lambda: either(r, [{"format": {"type": "text"}}, {"format": {"type": "json_object"}},
+                                   {"format": {"type": "json_schema", "name": "out", "schema": schema(r)}}],
+                               [{"format": {"type": "xml"}}, {"format": None}, "x", {"format": 5}]),
+        "reasoning": lambda: either(r, [{"effort": "none"}, {"effort": "low"}, {}], [{"effort": "max"}, 5]),
+        "metadata": lambda: either(r, [{"a": "b"}], [5]),
+        "background": lambda: either(r, [False], [True]),
+        "truncation": lambda: either(r, ["disabled", "auto"]),
+    }
+    for name, make in extra.items():
+        if r.chance(40):
+            body[name] = make()
+    return {k: v for k, v in body.items() if v is not None or r.chance(8)}
+
+
+def embedding_input(r: Recipe):
+    return either(r, [text(r), [5, 6, 7], {"prompt_string": text(r)}, {"content": [{"type": "text", "text": "hi"}]}],
+                  [[], [-1], [300], [2**40], [1.5], [True], "", {"content": "x"},
+                   {"content": [{"type": "image_url"}]}, None])
+
+
+def embeddings_body(r: Recipe) -> dict:
+    b = r.byte()
+    body = {"model": r.pick(MODELS) if not r.chance(16) else either(r, MODELS, [None, 5]),
+            "input": embedding_input(r) if b < 120 else [embedding_input(r) for _ in range(r.below(5))]
+            if b < 230 else either(r, [[1, "a", 2]], [["a"] * 3000, [[1] * 200] * 3, value(r)])}
+    if r.chance(48):
+        body["encoding_format"] = either(r, ["float", "base64"], ["int8", 5])
+    if r.chance(48):
+        body["dimensions"] = either(r, [1, 8, 64], [0, -1, 65, 10**9, 1.5, "8"])
+    if r.chance(32):
+        body["normalize"] = either(r, [True, False], ["x"])
+    return body
+
+
+def tokenize_body(r: Recipe) -> dict:
+    body = {"content": either(r, [text(r), ["a", 5, "b"], [5, 6]], [[-1], [2**40], 5, [None], {}])}
+    for name in ("add_special", "with_pieces", "parse_special"):
+        if r.chance(64):
+            body[name] = either(r, [True, False], ["x", 1])
+    return body
+
+
+def detokenize_body(r: Recipe) -> dict:
+    return {"tokens": either(r, [[5, 6, 7], [], list(range(250))], [[-1], [2**40], ["a"], "x", [1.5], [True]])}
+
+
+def body_for(r: Recipe, path: str) -> dict:
+    if path.endswith("chat/completions"):
+        return chat_body(r)
+    if path == "/v1/completions":
+        return completion_body(r)
+    return {"/v1/messages": anthropic_body, "/v1/messages/count_tokens": lambda r: anthropic_body(r, True),
+            "/v1/responses": responses_body, "/v1/embeddings": embeddings_body, "/tokenize": tokenize_body,
+            "/detokenize": detokenize_body}.get(path, completion_body)(r)
+
+
+# ------------------------------------------------ the other APIs' answers
+
+def sse(data: bytes) -> list:
+    """(event name, data) of each server-sent event, the name the data's type."""
+    out = []
+    blocks = data.decode().split("\n\n")
+    assert blocks[-1] == "", blocks[-1:]
+    for block in blocks[:-1]:
+        name, line = block.split("\n")
+        assert name.startswith("event: ") and line.startswith("data: "), block[:100]
+        event = json.loads(line[6:])
+        assert event["type"] == name[7:], (name, event)
+        out.append(event)
+    return out
+
+
+def _stops(intent, key):
+    stops = intent.get(key)
+    return [s for s in stops if isinstance(s, str) and s] if isinstance(stops, list) else []
+
+
+def _json_format(intent) -> bool:
+    fmt = (intent.get("text") or {}).get("format") if isinstance(intent.get("text"), dict) else None
+    return isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema")
+
+
+def check_message(m: dict, intent: dict):
+    assert m["type"] == "message" and m["role"] == "assistant" and isinstance(m["content"], list), m
+    assert m["stop_reason"] in ("end_turn", "max_tokens", "stop_sequence", "tool_use"), m["stop_reason"]
+    for b in m["content"]:
+        assert b["type"] in ("text", "thinking", "tool_use"), b
+        if b["type"] == "tool_use":
+            assert isinstance(b["input"], dict) and isinstance(b["name"], str), b
+        if b["type"] == "text":
+            for stop in _stops(intent, "stop_sequences"):
+                if stop in b["text"]:
+                    raise Finding(f"the text holds the stop sequence {stop!r}: {b['text'][:300]!r}")
+    limit = intent.get("max_tokens")
+    if type(limit) is int and m["usage"]["output_tokens"] > limit:
+        raise Finding(f"{m['usage']['output_tokens']} tokens with max_tokens {limit}")
+
+
+def check_message_events(events: list, intent: dict):
+    assert events[0]["type"] == "message_start", events[0]
+    if events[-1]["type"] == "error":   # the caller's fault found late may end a stream; the server's may not
+        if events[-1]["error"]["type"] == "api_error":
+            raise Finding(f"a server error in the stream: {events[-1]}\n" + "".join(server_tracebacks[-1:]))
+        return
+    assert [e["type"] for e in events[-2:]] == ["message_delta", "message_stop"], events[-2:]
+    blocks, open_index = [], None
+    for e in events[1:-2]:
+        kind = e["type"]
+        if kind == "content_block_start":
+            assert open_index is None and e["index"] == len(blocks), e
+            open_index = e["index"]
+            blocks.append(dict(e["content_block"]))
+        elif kind == "content_block_delta":
+            assert e["index"] == open_index, e
+            delta, block = e["delta"], blocks[open_index]
+            field = {"text_delta": "text", "thinking_delta": "thinking", "input_json_delta": "partial_json",
+                     "signature_delta": "signature"}[delta["type"]]
+            block[field] = block.get(field, "") + delta[field]
+        elif kind == "content_block_stop":
+            assert e["index"] == open_index, e
+            open_index = None
+        else:
+            assert kind == "ping", e
+    assert open_index is None and blocks, "a block left open, or none"
+    for b in blocks:
+        if b["type"] == "tool_use":
+            b["input"] = json.loads(b.pop("partial_json", "") or "{}")
+    message = dict(events[0]["message"], content=blocks, **events[-2]["delta"])
+    message["usage"] = dict(message["usage"], **events[-2]["usage"])
+    check_message(message, intent)
+
+
+def check_response(resp: dict, intent: dict):
+    assert resp["object"] == "response" and isinstance(resp["output"], list), resp
+    assert resp["status"] in ("completed", "incomplete"), resp["status"]
+    text = ""
+    for item in resp["output"]:
+        assert item["type"] in ("message", "reasoning", "function_call"), item
+        if item["type"] == "message":
+            text += "".join(p["text"] for p in item["content"])
+        if item["type"] == "function_call":
+            assert isinstance(item["arguments"], str) and item["call_id"], item
+    if resp["status"] == "completed" and _json_format(intent) and resp["output"][-1]["type"] == "message":
+        try:
+            json.loads(text)
+        except ValueError:
+            raise Finding(f"text.format asked for JSON but the output is not: {text[:300]!r}") from None
+    u = resp["usage"]
+    assert u["total_tokens"] == u["input_tokens"] + u["output_tokens"], u
+    if resp.get("store"):
+        RECENT.append(resp["id"])
+        del RECENT[:-16]
+
+
+def check_response_events(events: list, intent: dict):
+    assert [e["sequence_number"] for e in events] == list(range(len(events))), "sequence numbers"
+    assert events[0]["type"] == "response.created", events[0]
+    last = events[-1]
+    if last["type"] == "response.failed":
+        if last["response"]["error"]["code"] == "server_error":
+            raise Finding(f"a server error in the stream: {last}\n" + "".join(server_tracebacks[-1:]))
+        return
+    assert last["type"] in ("response.completed", "response.incomplete"), last["type"]
+    deltas = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    final = "".join(p["text"] for item in last["response"]["output"] if item["type"] == "message"
+                    for p in item["content"])
+    assert deltas == final, (deltas, final)
+    added = [e["output_index"] for e in events if e["type"] == "response.output_item.added"]
+    done = [e["output_index"] for e in events if e["type"] == "response.output_item.done"]
+    assert added == done == list(range(len(last["response"]["output"]))), (added, done)
+    check_response(last["response"], intent)
+
+
+def check_embeddings(reply: dict, intent: dict):
+    assert reply["object"] == "list" and reply["data"], reply
+    sizes = set()
+    for i, d in enumerate(reply["data"]):
+        assert d["index"] == i and d["object"] == "embedding", d
+        v = d["embedding"]
+        v = np.frombuffer(base64.b64decode(v), "<f4") if isinstance(v, str) else np.array(v, np.float64)
+        assert np.isfinite(v).all(), v
+        sizes.add(v.size)
+        if intent.get("normalize") is not False:
+            assert abs(np.linalg.norm(v) - 1) < 1e-3, np.linalg.norm(v)
+    assert len(sizes) == 1, sizes
+    u = reply["usage"]
+    assert u["prompt_tokens"] == u["total_tokens"] > 0, u
+
+
+def check_other(path: str, data: bytes, content_type: str, intent: dict):
+    """A 200 of one of OTHER_PATHS is what that API answers."""
+    streamed = content_type.startswith("text/event-stream")
+    if streamed != (intent.get("stream") is True and path in ("/v1/messages", "/v1/responses")):
+        raise Finding(f"content-type {content_type} for \"stream\": {intent.get('stream')!r}")
+    if path == "/v1/messages":
+        check_message_events(sse(data), intent) if streamed else check_message(json.loads(data), intent)
+    elif path == "/v1/responses":
+        check_response_events(sse(data), intent) if streamed else check_response(json.loads(data), intent)
+    elif path == "/v1/embeddings":
+        check_embeddings(json.loads(data), intent)
+    elif path == "/v1/messages/count_tokens":
+        n = json.loads(data)["input_tokens"]
+        assert type(n) is int and n > 0, n
+    elif path == "/tokenize":
+        tokens = json.loads(data)["tokens"]
+        assert all(type(t) is int or (type(t["id"]) is int and isinstance(t["piece"], (str, list))) for t in tokens)
+    else:
+        assert isinstance(json.loads(data)["content"], str)
+
+
 def serialize(obj) -> bytes:
     text = json.dumps(obj, ensure_ascii=bool(len(obj) % 2) if isinstance(obj, dict) else True)
     for sentinel, raw in zip(RAW, RAW_NUMBERS):
@@ -435,7 +773,7 @@ def written_request(data: bytes):
     its first line, then the body), as the inputs that found bugs are kept."""
     head, _, body = data.partition(b"\n")
     _, app, method, path = (head.decode("latin-1").split(" ", 3) + ["", "", ""])[:4]
-    app = 1 if app == "1" else 0
+    app = {"1": 1, "2": 2}.get(app, 0)
     headers = [(b"host", b"testserver"), (b"content-type", b"application/json"),
                (b"content-length", str(len(body)).encode())]
     if app == 1:
@@ -452,26 +790,30 @@ def recipe_request(r: Recipe):
     """(app index, method, path, query, headers, body, chunks, disconnect, intent)."""
     if r.data.startswith(b"REQ "):
         return written_request(r.data)
-    app = r.below(2)
+    app = r.below(3)
     b = r.byte()
     if b < 232:
-        path = GENERATE_PATHS[r.below(2)]
+        k = r.byte()
+        path = GENERATE_PATHS[k % 2] if k < 128 else OTHER_PATHS[k % len(OTHER_PATHS)]
         method = "POST" if not r.chance(8) else r.pick(["GET", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"])
     else:
         path = r.pick(["/v1/models", "/models", "/completions", "/chat/completions", "/health", "/metrics", "/",
                        "/v1/embeddings", "/v1/chat/completions/",
                        "/v1/models/tiny", "/v1//completions", "/V1/COMPLETIONS", "/%00", "/v1/completions%20",
-                       "/v1/chat/completions/../completions", "/docs", "/v1/responses"])
+                       "/v1/chat/completions/../completions", "/docs", "/v1/responses", "/v1/messages/",
+                       "/v1/messages/x", "/v1/responses/resp_x", "/v1/responses/" + (RECENT[-1] if RECENT else "r"),
+                       "/tokenize/"])
         method = r.pick(["GET", "POST", "HEAD", "DELETE", "OPTIONS"])
     kind = r.byte()
     intent = None
     if r.chance(1) and r.chance(64):
         body = huge(r)
     elif kind < 200:
-        intent = chat_body(r) if path.endswith("chat/completions") else completion_body(r)
+        intent = body_for(r, path)
         body = serialize(intent)
     elif kind < 235:
-        body = mutate(r, serialize(chat_body(r) if r.below(2) else completion_body(r)))
+        body = mutate(r, serialize(body_for(r, path) if path in OTHER_PATHS else
+                                   chat_body(r) if r.below(2) else completion_body(r)))
     else:
         body = malformed(r)
     query = b"" if not r.chance(8) else r.pick([b"stream=true", b"a=%ff", b"x" * 1000])
@@ -495,7 +837,10 @@ def recipe_request(r: Recipe):
     if app == 1:
         auth = b"Bearer " + API_KEY.encode() if not r.chance(16) else r.pick(
             [b"", b"Bearer", b"Bearer wrong", b"Basic eA==", b"bearer " + API_KEY.encode(), b"\xff"])
-        headers.append((b"authorization", auth))
+        if r.chance(64):   # Anthropic's clients send the key as x-api-key
+            headers.append((b"x-api-key", r.pick([API_KEY.encode(), b"wrong", b""])))
+        else:
+            headers.append((b"authorization", auth))
     if not r.chance(16):
         headers.append((b"content-length", str(len(body)).encode()))
     cuts = sorted(r.below(len(body) + 1) for _ in range(r.below(4) if r.chance(32) else 0))
@@ -530,18 +875,26 @@ def tiny_with_qwen_template(folder: str) -> str:
 
 
 class Served:
-    """One model, its engine and its app; every request the engine is given
-    is kept in `submitted` until the HTTP request ends."""
+    """An app of one model or of several ([(name, model), ...]), an engine
+    each; every request an engine is given is kept in `submitted` until
+    the HTTP request ends."""
 
     def __init__(self, model, api_key, cors_origins=None):
-        self.model = model
-        self.engine = BatchEngine(model, parallel=4, max_queue=16)
+        entries = model if isinstance(model, list) else [("tiny", model)]
+        self.model = entries[0][1]
+        self.engines = [BatchEngine(m, parallel=4, max_queue=16) for _, m in entries]
+        self.engine = self.engines[0]
         self.submitted = []
-        for name in ("submit", "submit_many", "submit_prompts"):
-            if hasattr(self.engine, name):
-                setattr(self.engine, name, self._tracked(getattr(self.engine, name)))
+        for engine in self.engines:
+            for name in ("submit", "submit_many", "submit_prompts"):
+                if hasattr(engine, name):
+                    setattr(engine, name, self._tracked(getattr(engine, name)))
         options = server_module.ServeOptions(cors_origins=cors_origins)
-        self.app = server_module.create_app(model, self.engine, "tiny", api_key, options)
+        if isinstance(model, list):
+            self.app = server_module.create_app(None, None, api_key=api_key, options=options, models=[
+                (n, m, e) for (n, m), e in zip(entries, self.engines)])
+        else:
+            self.app = server_module.create_app(model, self.engine, "tiny", api_key, options)
 
     def _tracked(self, submit):
         def tracked(*args, **kwargs):
@@ -551,7 +904,8 @@ class Served:
         return tracked
 
     def close(self):
-        self.engine.close()
+        for engine in self.engines:
+            engine.close()
 
 
 def prompt_count(intent, chat: bool) -> int:
@@ -596,7 +950,8 @@ class Harness:
         self.log = os.environ.get("FASTLLM_FUZZ_HTTP_LOG")
 
     def start(self):
-        self.served = [Served(self.models[0], None), Served(self.models[1], API_KEY, CORS_ORIGINS)]
+        self.served = [Served(self.models[0], None), Served(self.models[1], API_KEY, CORS_ORIGINS),
+                       Served([("tiny", self.models[0]), ("qwen", self.models[1])], None)]
 
     def close(self):
         for s in self.served:
@@ -698,14 +1053,19 @@ class Harness:
                 raise Finding(f"refused with {status}, but its generation is still queued or running")
             if method == "HEAD":
                 return
+            anthropic = path == "/v1/messages" or path.startswith("/v1/messages/")
             try:
-                err = json.loads(data)["error"]
+                reply = json.loads(data)
+                err = reply["error"]
                 assert isinstance(err["message"], str) and err["message"], "message"
                 assert isinstance(err["type"], str), "type"
-                assert "param" in err and "code" in err, "param and code"
+                if anthropic:
+                    assert reply["type"] == "error" and set(err) == {"type", "message"}, "Anthropic's shape"
+                else:
+                    assert "param" in err and "code" in err, "param and code"
             except Exception as e:
-                raise Finding(f"{status} error not in OpenAI's shape ({e!r}); content-type "
-                              f"{headers.get('content-type')}: {data[:300]!r}") from None
+                raise Finding(f"{status} error not in {'Anthropic' if anthropic else 'OpenAI'}'s shape ({e!r}); "
+                              f"content-type {headers.get('content-type')}: {data[:300]!r}") from None
             if not headers.get("content-type", "").startswith("application/json"):
                 raise Finding(f"{status} error with content-type {headers.get('content-type')}")
             return
@@ -724,7 +1084,23 @@ class Harness:
                 intent = json.loads(body)
             except ValueError:
                 pass
+        if intent is None and path in OTHER_PATHS:
+            try:
+                intent = json.loads(body)
+            except (ValueError, RecursionError):
+                pass
         if method == "HEAD" or disconnect:
+            return
+        if path in OTHER_PATHS:
+            try:
+                check_other(path, data, headers.get("content-type", ""), intent if isinstance(intent, dict) else {})
+            except Finding:
+                raise
+            except Exception as e:
+                raise Finding(f"a 200 of {path} that is not what the API answers ({e!r}): {data[:600]!r}\n"
+                              + "".join(server_tracebacks[-1:])) from None
+            if any(not _done(q) for q in submitted):
+                raise Finding("the response ended, but its generation is still running")
             return
         if path not in GENERATE_PATHS:
             if path != "/metrics":
@@ -827,10 +1203,10 @@ class Harness:
         """Every engine idle soon after its requests ended, and /health ok."""
         for i, s in enumerate(self.served):
             end = time.monotonic() + 5
-            while s.engine.active or s.engine.queue_depth:
+            while any(e.active or e.queue_depth for e in s.engines):
                 if time.monotonic() > end:
-                    raise Finding(f"engine {i} still has {s.engine.active} running and {s.engine.queue_depth} "
-                                  "waiting with no request open")
+                    raise Finding(f"app {i}'s engines still have {[e.active for e in s.engines]} running and "
+                                  f"{[e.queue_depth for e in s.engines]} waiting with no request open")
                 time.sleep(0.01)
             sent, _ = self.request(i, "GET", "/health", b"", [(b"host", b"x")], [b""], None)
             if sent["status"] != 200 or json.loads(b"".join(sent["body"])).get("status") != "ok":
