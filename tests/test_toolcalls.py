@@ -68,14 +68,6 @@ QWEN_CASES = [
 ]
 
 
-@pytest.mark.parametrize("text, content, calls", QWEN_CASES)
-def test_qwen_tool_calls_whole_and_streamed(text, content, calls):
-    want = (content, None, calls)
-    assert plain(parse_reply(text, tools=NAMES)) == want
-    for pieces in (1, 3, 17, len(text)):
-        assert plain(streamed(text, pieces, tools=NAMES)) == want, pieces
-
-
 def test_calls_have_ids_and_indexes_in_order():
     stream = ReplyStream(tools=NAMES)
     deltas = stream.feed('<tool_call>{"name": "now", "arguments": {}}</tool_call>\n'
@@ -123,14 +115,6 @@ BARE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("text, content, calls", BARE_CASES)
-def test_bare_json_calls_whole_and_streamed(text, content, calls):
-    want = (content, None, calls)
-    assert plain(parse_reply(text, tools=NAMES)) == want
-    for pieces in (1, 3, 17, len(text)):
-        assert plain(streamed(text, pieces, tools=NAMES)) == want, pieces
-
-
 XML_TOOLS = check_tools(TOOLS + [{"type": "function", "function": {
     "name": "plot", "parameters": {"type": "object", "properties": {
         "points": {"type": "array"}, "scale": {"type": "number"}, "title": {"type": "string"},
@@ -153,12 +137,14 @@ XML_CASES = [
 ]
 
 
-@pytest.mark.parametrize("text, content, calls", XML_CASES)
-def test_qwen35_xml_calls_whole_and_streamed(text, content, calls):
+@pytest.mark.parametrize("tools, text, content, calls", [(NAMES, *c) for c in QWEN_CASES + BARE_CASES] +
+                         [(XML_TOOLS, *c) for c in XML_CASES])
+def test_qwen_tool_calls_whole_and_streamed(tools, text, content, calls):
+    """<tool_call> with JSON or Qwen3.5's XML inside, and bare calls."""
     want = (content, None, calls)
-    assert plain(parse_reply(text, tools=XML_TOOLS)) == want
+    assert plain(parse_reply(text, tools=tools)) == want
     for pieces in (1, 3, 17, len(text)):
-        assert plain(streamed(text, pieces, tools=XML_TOOLS)) == want, pieces
+        assert plain(streamed(text, pieces, tools=tools)) == want, pieces
 
 
 def test_text_that_may_begin_a_call_is_held_back_and_no_more():

@@ -533,6 +533,24 @@ class _JsonEnd:
         return None
 
 
+class _Arguments:
+    """A call's arguments, the JSON object that starts at a given place of
+    the text: read() gives out what more of it came, and where it ended."""
+
+    def __init__(self, stream: ReplyStream, start: int):
+        self.stream, self.start, self.sent, self.scan = stream, start, 0, _JsonEnd(start)
+
+    def read(self, text: str, out: list):
+        """Puts the new piece of the arguments on out; the index just past
+        them once they closed, else None."""
+        end = self.scan.find(text)
+        piece = text[self.start + self.sent:self.scan.pos if end is None else end]
+        if piece:
+            self.sent += len(piece)
+            out.append(self.stream._arguments(piece))
+        return end
+
+
 class _JsonCall:
     """A call as JSON: {"name": ..., "arguments": {...}} (or "parameters").
     Read at once where the name does not come first or the arguments are
@@ -540,8 +558,7 @@ class _JsonCall:
 
     def __init__(self, stream: ReplyStream, start: int = 0):
         self.stream, self.start = stream, start
-        self.args = self.close = None     # _JsonEnd of the arguments, then of the call
-        self.args_at = self.sent = 0
+        self.args = self.close = None     # the _Arguments, then the _JsonEnd of the call
 
     def read(self, text: str, final: bool) -> tuple:
         if self.args is not None:
@@ -554,7 +571,7 @@ class _JsonCall:
             except ValueError:
                 name = None
             if name in self.stream._tools:
-                self.args, self.args_at = _JsonEnd(head.end()), head.end()
+                self.args = _Arguments(self.stream, head.end())
                 return self._go_on(text, final, [self.stream._opening(name)])
         try:
             obj, end = _DECODER.raw_decode(text, i)
@@ -566,12 +583,7 @@ class _JsonCall:
         return [self.stream._call_delta(call)], "done", end
 
     def _go_on(self, text: str, final: bool, out: list) -> tuple:
-        end = self.args.find(text)
-        upto = self.args.pos if end is None else end
-        piece = text[self.args_at + self.sent:upto]
-        if piece:
-            self.sent += len(piece)
-            out.append(self.stream._arguments(piece))
+        end = self.args.read(text, out)
         if end is not None:
             if self.close is None:
                 self.close = _JsonEnd(end, depth=1)
@@ -658,19 +670,12 @@ class _MistralCall:
                 return [], "more", 0
             if name not in stream._tools or not text.startswith("{", start):
                 return [], "not", 0
-            self.args = _JsonCall(stream)
-            self.args.args, self.args.args_at, self.args.close = _JsonEnd(start), start, None
+            self.args = _Arguments(stream, start)
             return self._arguments(text, final, [stream._opening(name)])
         return self._arguments(text, final, [])
 
     def _arguments(self, text: str, final: bool, out: list) -> tuple:
-        args = self.args
-        end = args.args.find(text)
-        upto = args.args.pos if end is None else end
-        piece = text[args.args_at + args.sent:upto]
-        if piece:
-            args.sent += len(piece)
-            out.append(self.stream._arguments(piece))
+        end = self.args.read(text, out)
         if end is not None:
             return out, "done", end
         return out, "done" if final else "more", len(text)
