@@ -88,7 +88,8 @@ def template_of(server) -> str | None:
 
 def variant(model: str, template: str | None, generation: dict) -> str:
     """model (a folder) as served with this template and these request
-    defaults: a folder of copies of its small files, its weights linked."""
+    defaults: a folder of copies of its small files, its weights and
+    subfolders linked."""
     global _tmp
     if template is None and not generation:
         return model
@@ -102,7 +103,7 @@ def variant(model: str, template: str | None, generation: dict) -> str:
     out = Path(_tmp) / key
     out.mkdir()
     for f in Path(model).iterdir():
-        if f.suffix == ".safetensors" or f.name.endswith(".safetensors.index.json"):
+        if f.is_dir() or f.suffix == ".safetensors":   # weights, and sentence-transformers' modules
             (out / f.name).symlink_to(f.resolve())
         elif f.is_file():
             shutil.copy(f, out / f.name)
