@@ -84,6 +84,24 @@ def test_the_front_door_takes_what_other_libraries_users_type(model, smollm2_dir
         Model("no/such/model.gguf")
 
 
+def test_model_of_a_gguf_file_and_max_tokens_everywhere(model):
+    """Model("x.gguf") on a quantized file, as llama-cpp-python's users
+    write it, is from_pretrained's model of that file; max_tokens limits
+    stream and generate_batch as it does generate; a llama.cpp name for the
+    limit is pointed to max_new_tokens."""
+    from fastllm.hub import default_gguf_path
+    gguf = str(default_gguf_path())
+    door, loaded = Model(gguf, n_ctx=128, threads=2), Model.from_pretrained(gguf, n_ctx=128, threads=2)
+    assert door.dtype == loaded.dtype == "q4_1" and door.n_ctx == 128 and door.path == loaded.path
+    want = loaded.generate("The sea is", max_new_tokens=5, temperature=0)
+    assert door.generate("The sea is", max_tokens=5, temperature=0) == want
+    assert loaded.last_stats.generated_tokens == 5
+    assert "".join(door.stream("The sea is", max_tokens=5, temperature=0)) == want
+    assert door.generate_batch(["The sea is", "Hello"], max_tokens=5, temperature=0)[0] == want
+    with pytest.raises(TypeError, match="unknown setting 'n_predict' \\(the token limit is max_new_tokens\\)"):
+        model.generate("hi", n_predict=4)
+
+
 @pytest.mark.slow
 def test_sampling_object_and_overrides(model):
     params = SamplingParams(temperature=0.8, top_k=20, seed=11)
