@@ -214,8 +214,8 @@ int main(int argc, char **argv) {
     const int batch = pp > 0 ? pp : 1;
     FlmState s;
     float *work = calloc(flm_state_work_floats(&c, batch, threads), sizeof(float));
-    float *cache = calloc(flm_state_cache_floats(&c), sizeof(float));
-    flm_state_init(&s, &c, batch, threads, work, cache);
+    float *cache = calloc(flm_state_cache_floats(&c, layers), sizeof(float));
+    flm_state_init(&s, &c, layers, batch, threads, work, cache);
     float *logits = malloc(sizeof(float) * c.vocab_size);
     int32_t *tokens = malloc(sizeof(int32_t) * (batch > tg ? batch : tg));
     for (int i = 0; i < (batch > tg ? batch : tg); i++) tokens[i] = (int32_t)((i * 7919) % c.vocab_size);

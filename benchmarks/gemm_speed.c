@@ -86,7 +86,7 @@ int main(int argc, char **argv) {
                            .head_dim = 16, .vocab_size = N, .seq_len = 16, .rope_dim = 16};
             FlmState st;
             float *work = calloc(flm_state_work_floats(&c, T, threads), 4);
-            flm_state_init(&st, &c, T, threads, work, NULL);
+            flm_state_init(&st, &c, NULL, T, threads, work, NULL);
             for (size_t j = 0; j < (size_t)T * K; j++) x[j] = (float)(j % 97) / 97.0f - 0.5f;
             double flop = 2.0 * T * N * K, t[9];
             int reps = 0;

@@ -9,7 +9,7 @@
 set -u
 KB=${1:-${TMPDIR:-/tmp}/fastllm-kernels}
 mkdir -p "$KB"
-CORE="csrc/fastllm.c csrc/kernels.c csrc/gemm.c csrc/quant.c csrc/kernels_arm64.c csrc/quant_arm64.c"
+CORE=$(ls csrc/*.c | grep -v '^csrc/test_')   # every csrc/*.c but the tests, as setup.py takes them
 cc -O2 -fopenmp $CORE csrc/test_core.c -lm -o "$KB/test_core" &
 cc -O2 -fopenmp -Icsrc $CORE benchmarks/gemm_speed.c -lm -o "$KB/gemm_speed" &
 cc -O2 -fopenmp -Icsrc $CORE benchmarks/forward_speed.c -lm -o "$KB/forward_speed" &

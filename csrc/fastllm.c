@@ -9,12 +9,14 @@
  * the number of threads. */
 #include "fastllm.h"
 
+#include <limits.h>
 #include <math.h>
 #include <string.h>
 #include <time.h>
 
 #include "kernels.h"
 #include "quant.h"
+#include "topk.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -64,8 +66,23 @@ static void mark(FlmState *s, int phase) {
 /* ------------------------------------------------------------ run state */
 
 static int q_dim(const FlmConfig *c) { return c->n_heads * c->head_dim; }
-/* Positions held by the cache, rounded up to whole blocks of 16 keys. */
-static size_t seq_cap(const FlmConfig *c) { return ((size_t)c->seq_len + 15) / 16 * 16; }
+/* Attention is computed block by block of KEY_BLOCK keys (see attention);
+ * a tile of at most TILE_QUERIES queries shares the keys and values it
+ * reads; a sequence of at most SPLIT_ROWS tokens in a pass splits its key
+ * blocks over threads, and SPLIT_BUDGET such rows fit the work buffers. */
+#define KEY_BLOCK FLM_KEY_BLOCK
+#define TILE_QUERIES 64
+#define SPLIT_ROWS 16
+#define SPLIT_BUDGET 32
+static int key_blocks(const FlmConfig *c) { return (c->seq_len + KEY_BLOCK - 1) / KEY_BLOCK; }
+static int split_rows(int max_batch) { return imin(max_batch, SPLIT_BUDGET); }
+/* A thread's attention scratch: scores of a tile over a block, and its
+ * block partials and running results (head_dim + 2 floats a query). */
+static size_t att_floats(const FlmConfig *c) {
+    return (size_t)TILE_QUERIES * KEY_BLOCK + 2 * (size_t)TILE_QUERIES * (c->head_dim + 2);
+}
+/* The FlmKV table, in floats of the work buffers (pointers stay aligned). */
+static size_t kv_table_floats(const FlmConfig *c) { return ((size_t)c->n_layers * sizeof(FlmKV) + 7) / 8 * 2; }
 static int kv_dim(const FlmConfig *c) { return c->n_kv_heads * c->head_dim; }
 static int lin_key_dim(const FlmConfig *c) { return c->lin_k_heads * c->lin_k_dim; }
 static int lin_value_dim(const FlmConfig *c) { return c->lin_v_heads * c->lin_v_dim; }
@@ -103,7 +120,8 @@ static size_t moe_floats(const FlmConfig *c, int max_batch) {
 
 size_t flm_state_work_floats(const FlmConfig *c, int max_batch, int max_threads) {
     size_t b = (size_t)max_batch;
-    return b * c->dim                         /* x */
+    return kv_table_floats(c)                 /* kv */
+         + b * c->dim                         /* x */
          + b * mixer_dim(c)                   /* xb */
          + b * c->dim                         /* xb2 */
          + b * q_dim(c) + 2 * b * kv_dim(c)   /* q, k, v */
@@ -116,16 +134,39 @@ size_t flm_state_work_floats(const FlmConfig *c, int max_batch, int max_threads)
          + (size_t)max_threads * PANEL_FLOATS(c) /* wide */
          + 2 * b                              /* row_seq, row_pos */
          + moe_floats(c, max_batch)
-         + 2 * (size_t)max_threads * seq_cap(c); /* att: two rows per thread */
+         + 3 * (b + 1)                        /* plan */
+         + (size_t)split_rows(max_batch) * c->n_heads * key_blocks(c) * (c->head_dim + 2) /* part */
+         + (size_t)max_threads * att_floats(c); /* att */
 }
 
 /* Bytes of one value of the KV cache, and the address of element i of it. */
 static size_t kv_size(const FlmConfig *c) { return c->kv_type == FLM_F32 ? 4 : 2; }
 static void *kv_elem(const FlmConfig *c, void *base, size_t i) { return (char *)base + i * kv_size(c); }
 
-/* Keys and values of one layer: elements, and floats of storage. */
-static size_t layer_kv(const FlmConfig *c) { return seq_cap(c) * kv_dim(c); }
-static size_t kv_floats(const FlmConfig *c) { return (2 * c->n_layers * layer_kv(c) * kv_size(c) + 3) / 4; }
+/* Whether layer l keeps keys and values of its own. */
+static int owns_cache(const FlmLayer *L, int l) { return L->kind == FLM_ATTENTION && L->kv_layer == l; }
+
+/* The slots of layer L's cache: its window and one pass, in whole key
+ * blocks, where that is less than the whole context (a ring), else every
+ * position rounded up to 16. */
+static int cache_slots(const FlmConfig *c, const FlmLayer *L) {
+    const int whole = (c->seq_len + 15) / 16 * 16;
+    if (L->window <= 0 || c->max_pass <= 0) return whole;
+    const long ring = ((long)L->window - 1 + c->max_pass + KEY_BLOCK - 1) / KEY_BLOCK * KEY_BLOCK;
+    return ring < whole ? (int)ring : whole;
+}
+
+/* Bytes of one layer's keys (or values), rounded up to whole cache lines. */
+static size_t layer_bytes(const FlmConfig *c, const FlmLayer *L) {
+    return ((size_t)cache_slots(c, L) * L->n_kv_heads * L->head_dim * kv_size(c) + 63) / 64 * 64;
+}
+
+static size_t kv_floats(const FlmConfig *c, const FlmLayer *layers) {
+    size_t bytes = 0;
+    for (int l = 0; layers && l < c->n_layers; l++)
+        if (owns_cache(&layers[l], l)) bytes += 2 * layer_bytes(c, &layers[l]);
+    return bytes / 4;
+}
 
 size_t flm_state_saved_floats(const FlmConfig *c) {
     return c->lin_v_heads ? c->n_layers * lin_state_floats(c) : 0;
@@ -134,15 +175,18 @@ size_t flm_state_keep_floats(const FlmConfig *c, int keep_rows) {
     return c->lin_v_heads ? (size_t)c->n_layers * keep_rows * (conv_dim(c) + 2 * (size_t)c->lin_v_heads) : 0;
 }
 
-size_t flm_state_cache_floats(const FlmConfig *c) {
-    return c->n_layers * lin_state_floats(c) + kv_floats(c);
+/* The recurrent states first, then each layer's keys and values (64-byte
+ * aligned where the cache is). */
+size_t flm_state_cache_floats(const FlmConfig *c, const FlmLayer *layers) {
+    return c->n_layers * lin_state_floats(c) + kv_floats(c, layers);
 }
 
-void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, int max_threads,
+void flm_state_init(FlmState *s, const FlmConfig *c, const FlmLayer *layers, int max_batch, int max_threads,
                     float *work, float *cache) {
     size_t b = (size_t)max_batch;
     s->max_batch = max_batch;
     s->max_threads = max_threads;
+    s->kv = (FlmKV *)work; work += kv_table_floats(c);
     s->x = work;    work += b * c->dim;
     s->xb = work;   work += b * mixer_dim(c);
     s->xb2 = work;  work += b * c->dim;
@@ -173,6 +217,8 @@ void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, int max_thre
         s->moe_h = work;                  work += rows * c->expert_dim;
         s->moe_h2 = work;                 work += rows * c->expert_dim;
     }
+    s->plan = (int32_t *)work; work += 3 * (b + 1);
+    s->part = work; work += (size_t)split_rows(max_batch) * c->n_heads * key_blocks(c) * (c->head_dim + 2);
     s->att = work;
     s->trace = NULL;
     s->trace_tokens = s->trace_offset = 0;
@@ -183,21 +229,105 @@ void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, int max_thre
     s->keep_rows = s->keep = 0;
     s->kept = -1;
     s->lin_state = cache;
-    s->key_cache = cache + c->n_layers * lin_state_floats(c);
-    s->value_cache = kv_elem(c, s->key_cache, c->n_layers * layer_kv(c));
+    char *at = cache ? (char *)(cache + c->n_layers * lin_state_floats(c)) : NULL;
+    for (int l = 0; l < c->n_layers; l++) {
+        FlmKV *kv = &s->kv[l];
+        memset(kv, 0, sizeof *kv);
+        if (!at || !layers || !owns_cache(&layers[l], l)) continue;
+        const FlmLayer *L = &layers[l];
+        kv->cap = cache_slots(c, L);
+        kv->window = kv->cap < c->seq_len ? L->window : 0;
+        kv->head_dim = L->head_dim;
+        kv->n_kv_heads = L->n_kv_heads;
+        kv->keys = at;
+        kv->values = at + layer_bytes(c, L);
+        at += 2 * layer_bytes(c, L);
+    }
+}
+
+size_t flm_state_kv_bytes(const FlmConfig *c, const FlmState *s, int n) {
+    size_t bytes = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const FlmKV *kv = &s->kv[l];
+        bytes += 2 * (size_t)imin((n + 15) / 16 * 16, kv->cap) * kv->n_kv_heads * kv->head_dim * kv_size(c);
+    }
+    return bytes;
+}
+
+int flm_state_rewind_room(const FlmConfig *c, const FlmState *s) {
+    int room = -1;
+    for (int l = 0; l < c->n_layers; l++)
+        if (s->kv[l].window) {
+            const int r = s->kv[l].cap - s->kv[l].window + 1;
+            room = room < 0 ? r : imin(room, r);
+        }
+    return room;
+}
+
+/* Copy n positions' worth of 16-slot blocks of each head of kv's keys and
+ * values, from slot block `from` on (wrapping around a ring), between a
+ * cache and a buffer laid out block after block: save copies into buf.
+ * Returns the elements copied. */
+static size_t copy_blocks(const FlmConfig *c, const FlmKV *kv, int from, int blocks, void *buf, int save) {
+    const size_t block = 16 * (size_t)kv->head_dim, sz = kv_size(c), ring = kv->cap / 16;
+    size_t done = 0;
+    for (int h = 0; h < kv->n_kv_heads; h++)
+        for (int part = 0; part < 2; part++) {
+            char *base = (char *)(part ? kv->values : kv->keys) + (size_t)h * kv->cap * kv->head_dim * sz;
+            for (int i = 0; i < blocks; i++, done += block) {
+                char *slot = base + ((size_t)(from + i) % ring) * block * sz, *other = (char *)buf + done * sz;
+                if (save) memcpy(other, slot, block * sz);
+                else memcpy(slot, other, block * sz);
+            }
+        }
+    return done;
+}
+
+/* The slot blocks of a ring's window before pos: from the block of its
+ * first key to the block of pos - 1. */
+static int window_first(const FlmKV *kv, int pos) { return imax(0, pos - kv->window + 1) / 16; }
+static int window_blocks(const FlmKV *kv, int pos) {
+    return pos > 0 ? (pos - 1) / 16 - window_first(kv, pos) + 1 : 0;
+}
+
+size_t flm_state_window_floats(const FlmConfig *c, const FlmState *s) {
+    size_t elems = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const FlmKV *kv = &s->kv[l];
+        if (kv->window)   /* at most: the window's keys fill at most this many blocks */
+            elems += 2 * (size_t)((kv->window + 14) / 16 + 1) * 16 * kv->head_dim * kv->n_kv_heads;
+    }
+    return (elems * kv_size(c) + 3) / 4;
+}
+
+void flm_state_window(const FlmConfig *c, FlmState *s, int pos, float *buf, int save) {
+    size_t done = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const FlmKV *kv = &s->kv[l];
+        if (kv->window)
+            done += copy_blocks(c, kv, window_first(kv, pos), window_blocks(kv, pos), kv_elem(c, buf, done), save);
+    }
 }
 
 void flm_state_copy(const FlmConfig *c, FlmState *dst, const FlmState *src, int n, int whole) {
-    const size_t blocks = ((size_t)n + 15) / 16, hd = c->head_dim, kvd = kv_dim(c);
     for (int l = 0; l < c->n_layers; l++) {
-        /* Keys in blocks of 16 positions per head: whole blocks (a block's
-         * later positions are written before they are ever read). */
-        for (int h = 0; h < c->n_kv_heads; h++) {
-            size_t at = l * layer_kv(c) + h * seq_cap(c) * hd;
-            memcpy(kv_elem(c, dst->key_cache, at), kv_elem(c, src->key_cache, at), blocks * 16 * hd * kv_size(c));
-        }
-        size_t at = l * layer_kv(c);
-        memcpy(kv_elem(c, dst->value_cache, at), kv_elem(c, src->value_cache, at), (size_t)n * kvd * kv_size(c));
+        const FlmKV *from = &src->kv[l], *to = &dst->kv[l];
+        if (!from->cap || n == 0) continue;
+        /* Whole blocks of 16 positions (a block's later positions are
+         * written before they are ever read); of a ring, the last cap
+         * positions before n at most. */
+        const int last = (n - 1) / 16, first = imax(0, last + 1 - from->cap / 16);
+        for (int h = 0; h < from->n_kv_heads; h++)
+            for (int part = 0; part < 2; part++) {
+                const size_t head = (size_t)h * from->cap * from->head_dim, block = 16 * (size_t)from->head_dim;
+                char *d = kv_elem(c, part ? to->values : to->keys, head);
+                const char *f = kv_elem(c, part ? from->values : from->keys, head);
+                for (int b = first; b <= last;) {   /* runs of consecutive slots */
+                    const int slot = b % (from->cap / 16), run = imin(last + 1 - b, from->cap / 16 - slot);
+                    memcpy(d + slot * block * kv_size(c), f + slot * block * kv_size(c), run * block * kv_size(c));
+                    b += run;
+                }
+            }
     }
     dst->rope_long = src->rope_long;
     if (whole)
@@ -401,65 +531,6 @@ static void embed_row(float *out, const FlmWeights *w, int token, int dim) {
         table_row(out, w->embed, token, dim);
 }
 
-/* One query head of one token against its cached keys/values (up to pos). Keys
- * are stored in blocks of 16 positions, each block (head_dim, 16), so the
- * scores of 16 keys come from one multiply-add per dimension; each score is
- * the same chain over the dimensions however the blocks are grouped, so
- * batched and one-token passes agree bit for bit. */
-static void softmax(const FlmConfig *c, float *att, int n) {
-    float max;
-    if (c->attn_softcap > 0.0f) {   /* the scaled scores soft-capped, as Gemma 2 does */
-        flm_kernels->scale(att, n, c->attn_scale);
-        max = flm_kernels->softcap_max(att, n, c->attn_softcap);
-    } else {
-        max = flm_kernels->scale_max(att, n, c->attn_scale);
-    }
-    flm_kernels->scale(att, n, 1.0f / flm_kernels->exp_sum(att, n, max));
-}
-
-/* The first cached position a query at pos attends to: 0, or under a
- * sliding window of `window` positions the keys after pos - window (the
- * query's own key and the window - 1 before it). */
-static int first_key(int pos, int window) { return window > 0 ? imax(0, pos - window + 1) : 0; }
-
-/* Scores of keys first .. last start at first's block of 16: att[j - base]
- * for key j, base = first rounded down to a block; those before first are
- * computed and left unused. Each score, softmax and weighted sum depends on
- * the query's position alone, not on which keys the call was given. */
-static int key_block(int first) { return first / 16 * 16; }
-
-static void attend(const FlmConfig *c, float *out, const float *q, void *kblocks, void *vc, float *att,
-                   int pos, int window, int hd) {
-    const int first = first_key(pos, window), base = key_block(first), n = pos + 1 - first;
-    const int kvd = kv_dim(c);
-    flm_kernels->key_scores(att, q, kv_elem(c, kblocks, (size_t)base * hd), pos + 1 - base, hd, c->kv_type);
-    softmax(c, att + first - base, n);
-    flm_kernels->weighted_sum(out, att + first - base, kv_elem(c, vc, (size_t)first * kvd), n, kvd, hd,
-                              c->kv_type);
-}
-
-/* Two queries of one head at positions pos and pos + 1 of one sequence:
- * each key is read once for both, and each value too while both attend
- * from the same first key (a sliding window moves the second's on by
- * one); each output is what attend gives it, bit for bit. */
-static void attend2(const FlmConfig *c, float *out0, float *out1, const float *q0, const float *q1,
-                    void *kblocks, void *vc, float *att0, float *att1, int pos, int window, int hd) {
-    const int first0 = first_key(pos, window), first1 = first_key(pos + 1, window), base = key_block(first0);
-    const int n0 = pos + 1 - first0, n1 = pos + 2 - first1, kvd = kv_dim(c);
-    float *p0 = att0 + first0 - base, *p1 = att1 + first1 - base;
-    flm_kernels->key_scores2(att0, att1, q0, q1, kv_elem(c, kblocks, (size_t)base * hd), pos + 2 - base, hd,
-                             c->kv_type);
-    softmax(c, p0, n0);
-    softmax(c, p1, n1);
-    if (first0 == first1) {
-        flm_kernels->weighted_sum2(out0, out1, p0, p1, kv_elem(c, vc, (size_t)first0 * kvd), n0, kvd, hd,
-                                   c->kv_type);
-    } else {
-        flm_kernels->weighted_sum(out0, p0, kv_elem(c, vc, (size_t)first0 * kvd), n0, kvd, hd, c->kv_type);
-        flm_kernels->weighted_sum(out1, p1, kv_elem(c, vc, (size_t)first1 * kvd), n1, kvd, hd, c->kv_type);
-    }
-}
-
 /* Store n values into the KV cache at element i (stride elements apart),
  * rounded to its type. */
 static void kv_store(const FlmConfig *c, void *cache, size_t i, size_t stride, const float *x, int n) {
@@ -486,23 +557,259 @@ static void values_of_keys(float *v, const float *k, int hd, int rope_dim) {
     memcpy(v + rope_dim, k + rope_dim, sizeof(float) * (hd - rope_dim));
 }
 
+/* ----------------------------------------------------------- attention
+ *
+ * A query at position p attends to the keys first_key(p) .. p, cut at
+ * fixed positions into blocks of KEY_BLOCK keys. Each block gives the
+ * query a partial result: the largest of its scaled scores m, the sum s of
+ * exp(score - m), and the values summed with those weights; the partials
+ * are folded into one in block order (an online softmax), and the output
+ * is its weighted sum over its s. Each step depends on the query's position
+ * alone, so however the work is scheduled (threads, a prompt cut into
+ * passes, other sequences in the pass, queries computed together) every
+ * output has the same bits. Work items share what they read among several
+ * queries: the query heads of one KV head, and consecutive positions. Two
+ * schedules:
+ *  - tiles: an item is a run of positions of one sequence and (some of)
+ *    the query heads of one KV head, at most TILE_QUERIES queries, that
+ *    walks its key blocks in order (a prompt, whose many queries share
+ *    each key: no row of scores longer than a block is ever held);
+ *  - split: an item is one key block of one KV head for all the queries of
+ *    a short pass of one sequence (decoding, a speculative draft), whose
+ *    partials are kept, then folded in block order, so that a long
+ *    context's keys and values stream on every thread.
+ */
+
+static int first_key(int pos, int window) { return window > 0 ? imax(0, pos - window + 1) : 0; }
+static int first_block(int pos, int window) { return first_key(pos, window) / KEY_BLOCK; }
+static int last_block(int pos) { return pos / KEY_BLOCK; }
+
+/* The partial results of nq queries of KV head kvh over key block b:
+ * query i (q[i], at position pos[i], reading some key of the block) gets
+ * at out[i * (hd + 2)] its hd weighted sums, its largest scaled score and
+ * its sum of exponentials. The scores of the keys from the first 16-key
+ * boundary at or before any query's first key to the last any reads are
+ * computed for all the queries at once (those outside a query's range
+ * are left unused); each value then goes into the sums of the queries
+ * that read it, in order of position: those before the range all queries
+ * share one query at a time, the shared range for all at once, then the
+ * rest. */
+static void block_partial(const FlmConfig *c, const FlmKV *kv, int kvh, int window, int b, const float *const *q,
+                          const int *pos, int nq, float *att, float *out) {
+    const int hd = kv->head_dim, ld = hd + 2;
+    int lo[TILE_QUERIES], hi[TILE_QUERIES], from = INT_MAX, to = 0, shared_lo = 0, shared_hi = INT_MAX;
+    for (int i = 0; i < nq; i++) {
+        lo[i] = imax(first_key(pos[i], window), b * KEY_BLOCK);
+        hi[i] = imin(pos[i] + 1, (b + 1) * KEY_BLOCK);
+        from = imin(from, lo[i]);
+        to = imax(to, hi[i]);
+        shared_lo = imax(shared_lo, lo[i]);
+        shared_hi = imin(shared_hi, hi[i]);
+    }
+    /* The block's positions are consecutive slots, a ring's too (its slots
+     * are a whole number of blocks). */
+    const int base = from / 16 * 16;
+    const size_t first_slot = (size_t)kvh * kv->cap + (size_t)(base % kv->cap);
+    void *keys = kv_elem(c, kv->keys, first_slot * hd), *values = kv_elem(c, kv->values, first_slot * hd);
+    flm_kernels->key_scores(att, KEY_BLOCK, q, nq, keys, to - base, hd, c->kv_type);
+    for (int i = 0; i < nq; i++) {
+        float *a = att + (size_t)i * KEY_BLOCK + (lo[i] - base), *o = out + (size_t)i * ld;
+        const int n = hi[i] - lo[i];
+        float m;
+        if (c->attn_softcap > 0.0f) {   /* the scaled scores soft-capped, as Gemma 2 does */
+            flm_kernels->scale(a, n, c->attn_scale);
+            m = flm_kernels->softcap_max(a, n, c->attn_softcap);
+        } else {
+            m = flm_kernels->scale_max(a, n, c->attn_scale);
+        }
+        o[hd] = m;
+        o[hd + 1] = flm_kernels->exp_sum(a, n, m);
+        memset(o, 0, sizeof(float) * hd);
+    }
+#define WSUM(i0, count, j0, n) \
+    flm_kernels->weighted_sum(out + (size_t)(i0) * ld, ld, att + (size_t)(i0) * KEY_BLOCK + ((j0) - base), KEY_BLOCK, \
+                              count, kv_elem(c, values, (size_t)((j0) - base) * hd), n, hd, hd, c->kv_type)
+    if (shared_lo >= shared_hi) {
+        for (int i = 0; i < nq; i++) WSUM(i, 1, lo[i], hi[i] - lo[i]);
+        return;
+    }
+    for (int i = 0; i < nq; i++)
+        if (lo[i] < shared_lo) WSUM(i, 1, lo[i], shared_lo - lo[i]);
+    WSUM(0, nq, shared_lo, shared_hi - shared_lo);
+    for (int i = 0; i < nq; i++)
+        if (hi[i] > shared_hi) WSUM(i, 1, shared_hi, hi[i] - shared_hi);
+#undef WSUM
+}
+
+/* run (hd sums, max, sum of exponentials) takes in the next block's partial. */
+static void fold(float *run, const float *part, int hd) {
+    const float m = fmaxf(run[hd], part[hd]), a = expf(run[hd] - m), b = expf(part[hd] - m);
+    for (int d = 0; d < hd; d++) run[d] = run[d] * a + part[d] * b;
+    run[hd] = m;
+    run[hd + 1] = run[hd + 1] * a + part[hd + 1] * b;
+}
+
+/* A query's output from its folded partials, times sigmoid(gate) where the
+ * layer gates its attention. */
+static void finish(float *out, const float *run, int hd, const float *gate) {
+    const float inv = 1.0f / run[hd + 1];
+    for (int d = 0; d < hd; d++) out[d] = run[d] * inv;
+    if (gate)
+        for (int d = 0; d < hd; d++) out[d] *= sigmoid(gate[d]);
+}
+
+/* One layer's attention over the rows of a pass, as the work items see it. */
+typedef struct {
+    const FlmConfig *c;
+    const FlmLayer *L;
+    FlmState *s;
+    const FlmSeq *seqs;
+    int n_seqs, hd, qd, group, window, heads_per_item, rows_per_tile, blocks;
+    const int32_t *items;   /* (n_seqs + 1) each sequence's first work item */
+    const int32_t *split;   /* (n_seqs) each sequence's first row of partials, or -1: tiles */
+    const int32_t *row0;    /* (n_seqs) each sequence's first row of the pass */
+} Attn;
+
+/* The rows r0 .. r1-1 of sequence k that read key block b: those from the
+ * block's first position on, up to the last whose window reaches it. */
+static void rows_reading(const Attn *a, int k, int b, int *r0, int *r1) {
+    const int p0 = a->seqs[k].pos;
+    while (*r0 < *r1 && p0 + *r0 < b * KEY_BLOCK) (*r0)++;
+    while (*r1 > *r0 && first_block(p0 + *r1 - 1, a->window) > b) (*r1)--;
+}
+
+/* The queries of rows r0 .. r1-1 of sequence k and query heads g0 ..
+ * g0+gn-1 of KV head kvh's group, row by row. */
+static int gather(const Attn *a, int k, int kvh, int g0, int gn, int r0, int r1, const float **q, int *pos) {
+    int n = 0;
+    for (int r = r0; r < r1; r++)
+        for (int g = g0; g < g0 + gn; g++, n++) {
+            q[n] = a->s->q + (size_t)(a->row0[k] + r) * a->qd + (size_t)(kvh * a->group + g) * a->hd;
+            pos[n] = a->seqs[k].pos + r;
+        }
+    return n;
+}
+
+static float *thread_att(const Attn *a) { return a->s->att + (size_t)thread_num() * att_floats(a->c); }
+
+static float *out_row(const Attn *a, int t, int h) { return a->s->xb + (size_t)t * a->qd + (size_t)h * a->hd; }
+static const float *gate_row(const Attn *a, int t, int h) {
+    return a->L->w_attn_gate ? a->s->gate + (size_t)t * a->qd + (size_t)h * a->hd : NULL;
+}
+
+/* A tile: rows r0 .. r1-1 of sequence k, query heads g0 .. g0+gn-1 of KV
+ * head kvh's group, block after block. */
+static void attend_tile(const Attn *a, int k, int kvh, int g0, int gn, int r0, int r1) {
+    const FlmKV *kv = &a->seqs[k].state->kv[a->L->kv_layer];
+    const int hd = a->hd, ld = hd + 2, p0 = a->seqs[k].pos;
+    float *att = thread_att(a), *run = att + (size_t)TILE_QUERIES * KEY_BLOCK, *part = run + (size_t)TILE_QUERIES * ld;
+    const float *q[TILE_QUERIES];
+    int pos[TILE_QUERIES];
+    const int nq = gather(a, k, kvh, g0, gn, r0, r1, q, pos);
+    for (int b = first_block(p0 + r0, a->window); b <= last_block(p0 + r1 - 1); b++) {
+        int ra = r0, rb = r1;
+        rows_reading(a, k, b, &ra, &rb);
+        const int i0 = (ra - r0) * gn, n = (rb - ra) * gn;
+        block_partial(a->c, kv, kvh, a->window, b, q + i0, pos + i0, n, att, part + (size_t)i0 * ld);
+        for (int i = i0; i < i0 + n; i++) {
+            if (b == first_block(pos[i], a->window))
+                memcpy(run + (size_t)i * ld, part + (size_t)i * ld, sizeof(float) * ld);
+            else
+                fold(run + (size_t)i * ld, part + (size_t)i * ld, hd);
+        }
+    }
+    for (int i = 0; i < nq; i++) {
+        const int t = a->row0[k] + r0 + i / gn, h = kvh * a->group + g0 + i % gn;
+        finish(out_row(a, t, h), run + (size_t)i * ld, hd, gate_row(a, t, h));
+    }
+}
+
+/* Where the partial of block b of the query of row r of a split sequence
+ * (its rows of partials from split) and head h is kept. */
+static float *partial_at(const Attn *a, int split, int r, int h, int b) {
+    return a->s->part + (((size_t)(split + r) * a->c->n_heads + h) * a->blocks + b) * (a->hd + 2);
+}
+
+/* Key block b of KV head kvh for every query of sequence k that reads it. */
+static void attend_split(const Attn *a, int k, int kvh, int b) {
+    const FlmKV *kv = &a->seqs[k].state->kv[a->L->kv_layer];
+    const int ld = a->hd + 2;
+    float *att = thread_att(a), *part = att + (size_t)TILE_QUERIES * KEY_BLOCK;
+    const float *q[TILE_QUERIES];
+    int pos[TILE_QUERIES], ra = 0, rb = a->seqs[k].n;
+    rows_reading(a, k, b, &ra, &rb);
+    /* Rows at a time, as many as TILE_QUERIES queries take (at least one
+     * row: a group wider than that goes in parts). */
+    const int per = imax(1, TILE_QUERIES / a->group), gn = imin(a->group, TILE_QUERIES);
+    for (int r = ra; r < rb; r += per)
+        for (int g = 0; g < a->group; g += gn) {
+            const int rows = imin(per, rb - r), heads = imin(gn, a->group - g);
+            const int n = gather(a, k, kvh, g, heads, r, r + rows, q, pos);
+            block_partial(a->c, kv, kvh, a->window, b, q, pos, n, att, part);
+            for (int i = 0; i < n; i++)
+                memcpy(partial_at(a, a->split[k], r + i / heads, kvh * a->group + g + i % heads, b),
+                       part + (size_t)i * ld, sizeof(float) * ld);
+        }
+}
+
+/* Work items of sequence k, given its schedule. */
+static int seq_items(const Attn *a, int k, int split) {
+    const FlmSeq *q = &a->seqs[k];
+    const int nkv = a->L->n_kv_heads;
+    if (split) return nkv * (last_block(q->pos + q->n - 1) - first_block(q->pos, a->window) + 1);
+    const int head_parts = (a->group + a->heads_per_item - 1) / a->heads_per_item;
+    return nkv * head_parts * ((q->n + a->rows_per_tile - 1) / a->rows_per_tile);
+}
+
+/* Work item g, of sequence k, whose first item is `first`. */
+static void attend_item(const Attn *a, int k, int g) {
+    const FlmSeq *q = &a->seqs[k];
+    const int local = g - a->items[k];
+    if (a->split[k] >= 0) {
+        const int fb = first_block(q->pos, a->window), nb = last_block(q->pos + q->n - 1) - fb + 1;
+        attend_split(a, k, local / nb, fb + local % nb);
+        return;
+    }
+    const int tiles = (q->n + a->rows_per_tile - 1) / a->rows_per_tile;
+    const int head_parts = (a->group + a->heads_per_item - 1) / a->heads_per_item;
+    const int kvh = local / (head_parts * tiles), part = local / tiles % head_parts, tile = local % tiles;
+    const int g0 = part * a->heads_per_item, r0 = tile * a->rows_per_tile;
+    attend_tile(a, k, kvh, g0, imin(a->heads_per_item, a->group - g0), r0, imin(q->n, r0 + a->rows_per_tile));
+}
+
+/* The schedule of one layer's attention: which sequences split their
+ * blocks (short passes over more than one block, while the partials fit),
+ * the tiles' rows (fewer where there would be too few items for the
+ * threads: the results are the same), and each sequence's first item.
+ * Called by one thread. */
+static void plan_attention(Attn *a, int32_t *items, int32_t *split, int threads) {
+    int used = 0;
+    for (int k = 0; k < a->n_seqs; k++) {
+        const FlmSeq *q = &a->seqs[k];
+        const int blocks = last_block(q->pos + q->n - 1) - first_block(q->pos, a->window) + 1;
+        split[k] = -1;
+        if (q->n <= SPLIT_ROWS && blocks > 1 && used + q->n <= split_rows(a->s->max_batch)) {
+            split[k] = used;
+            used += q->n;
+        }
+    }
+    for (a->rows_per_tile = imax(1, TILE_QUERIES / a->heads_per_item);; a->rows_per_tile = (a->rows_per_tile + 1) / 2) {
+        items[0] = 0;
+        for (int k = 0; k < a->n_seqs; k++) items[k + 1] = items[k] + seq_items(a, k, split[k] >= 0);
+        if (a->rows_per_tile == 1 || items[a->n_seqs] >= 4 * threads) break;
+    }
+}
+
 /* Softmax attention over the KV cache, with optional q/k norms (per head, or
  * over the whole projection), the layer's RoPE (none in a NoPE layer), value
  * norms and an output gate (Qwen3.5), in the layer's own sizes. A layer that
  * shares an earlier layer's cache projects queries only. Reads xb, leaves
  * the layer's output in xb2. */
 static void attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
-                      const FlmSeq *seqs, int l, int T) {
+                      const FlmSeq *seqs, int n_seqs, int l, int T) {
     const int dim = c->dim, hd = L->head_dim, nh = c->n_heads, nkv = L->n_kv_heads;
     const int qd = nh * hd, kvd = nkv * hd, group = nh / nkv, half = L->rope_dim / 2;
     const int own_kv = L->kv_layer == l, heads = nh + (own_kv ? nkv : 0);
-    /* The cache's strides are the config's (the widest layer's): key head h
-     * at h * head_keys, the values of position p at p * kv_dim(c). */
-    const size_t head_keys = seq_cap(c) * c->head_dim, value_row = kv_dim(c);
-    /* The keys (nkv, seq_cap/16, hd, 16) and values (seq_cap, nkv*hd) this
-     * layer attends to, in the cache of row t's sequence. */
-#define KCACHE(t) kv_elem(c, seqs[s->row_seq[t]].state->key_cache, L->kv_layer * layer_kv(c))
-#define VCACHE(t) kv_elem(c, seqs[s->row_seq[t]].state->value_cache, L->kv_layer * layer_kv(c))
 
     MatJob jobs[4];
     int njobs = 0;
@@ -523,7 +830,8 @@ static void attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
         }
     }
 
-    /* Per-head norm and RoPE; keys and values go into the cache. */
+    /* Per-head norm and RoPE; keys and values go into the cache, position p
+     * at slot p % cap. */
 #pragma omp for schedule(static)
     for (int i = 0; i < T * heads; i++) {
         int t = i / heads, h = i % heads, p = s->row_pos[t];
@@ -547,44 +855,43 @@ static void attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
             if (L->v_norm) rmsnorm(vh, vh, L->v_norm, hd, c->norm_eps);
             if (head_norms) rmsnorm(kh_src, kh_src, L->k_norm, hd, c->norm_eps);
             if (cr) rope(kh_src, cr, sr, L->rope_dim);
-            kv_store(c, KCACHE(t), kh * head_keys + (size_t)(p / 16) * hd * 16 + p % 16, 16, kh_src, hd);
-            kv_store(c, VCACHE(t), (size_t)p * value_row + kh * hd, 1, vh, hd);
+            const FlmKV *kv = &seqs[s->row_seq[t]].state->kv[l];
+            const size_t slot = (size_t)kh * kv->cap + (size_t)(p % kv->cap);
+            kv_store(c, kv->keys, (slot / 16 * hd) * 16 + slot % 16, 16, kh_src, hd);
+            kv_store(c, kv->values, slot * hd, 1, vh, hd);
         }
     }
 
-    /* Work items are runs of consecutive queries of one head, so a head's
-     * keys and values stay in this core's cache from one query to the next
-     * (a long prompt's would otherwise stream from memory once per query).
-     * Runs shrink until every thread has several; causal attention costs more
-     * for later tokens, so the items are dealt out round-robin. */
-    int run = 16;
-    while (run > 1 && (T + run - 1) / run * nh < 4 * num_threads()) run /= 2;
-#pragma omp for schedule(static, 1)
-    for (int i = 0; i < (T + run - 1) / run * nh; i++) {
-        const int h = i % nh, kvh = h / group;
-        const int end = imin(T, (i / nh + 1) * run);
-        float *att = s->att + 2 * (size_t)thread_num() * seq_cap(c);
-        for (int t = i / nh * run; t < end;) {
-            float *out = s->xb + (size_t)t * qd + h * hd;
-            const float *q = s->q + (size_t)t * qd + h * hd;
-            void *kb = kv_elem(c, KCACHE(t), kvh * head_keys), *vc = kv_elem(c, VCACHE(t), (size_t)kvh * hd);
-            /* The next row the same sequence's next position: both at once. */
-            const int pair = flm_kernels->key_scores2 && t + 1 < end && s->row_seq[t + 1] == s->row_seq[t] &&
-                             s->row_pos[t + 1] == s->row_pos[t] + 1;
-            if (pair)
-                attend2(c, out, out + qd, q, q + qd, kb, vc, att, att + seq_cap(c), s->row_pos[t], L->window, hd);
-            else
-                attend(c, out, q, kb, vc, att, s->row_pos[t], L->window, hd);
-            for (int u = t; u <= t + pair && L->w_attn_gate; u++) {
-                float *o = s->xb + (size_t)u * qd + h * hd;
-                const float *g = s->gate + (size_t)u * qd + h * hd;
-                for (int d = 0; d < hd; d++) o[d] *= sigmoid(g[d]);
-            }
-            t += 1 + pair;
-        }
+    Attn a = {c, L, s, seqs, n_seqs, hd, qd, group, L->window, imin(group, TILE_QUERIES), 1, key_blocks(c),
+              s->plan, s->plan + (s->max_batch + 1), s->plan + 2 * (s->max_batch + 1)};
+    int32_t *items = s->plan, *split = s->plan + (s->max_batch + 1);
+#pragma omp single
+    {
+        plan_attention(&a, items, split, num_threads());
+        split[s->max_batch] = a.rows_per_tile;   /* past the last sequence's entry */
     }
-#undef KCACHE
-#undef VCACHE
+    a.rows_per_tile = split[s->max_batch];
+#pragma omp for schedule(static, 1)
+    for (int g = 0; g < items[n_seqs]; g++) {
+        int lo = 0, hi = n_seqs - 1;   /* the sequence whose items hold g */
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            if (items[mid] <= g) lo = mid;
+            else hi = mid - 1;
+        }
+        attend_item(&a, lo, g);
+    }
+    /* The split sequences' partials, folded in block order. */
+#pragma omp for schedule(static)
+    for (int i = 0; i < T * nh; i++) {
+        const int t = i / nh, h = i % nh, k = s->row_seq[t];
+        if (split[k] < 0) continue;
+        const int p = s->row_pos[t], r = t - a.row0[k];
+        float *run = partial_at(&a, split[k], r, h, first_block(p, a.window));
+        for (int b = first_block(p, a.window) + 1; b <= last_block(p); b++)
+            fold(run, partial_at(&a, split[k], r, h, b), hd);
+        finish(out_row(&a, t, h), run, hd, gate_row(&a, t, h));
+    }
     mark(s, FLM_PHASE_ATTENTION);
     matmul(c, s, s->xb2, s->xb, L->wo, L->bo, T, qd, dim);
     mark(s, FLM_PHASE_OUT_PROJ);
@@ -753,7 +1060,7 @@ int flm_state_rollback(const FlmConfig *c, const FlmWeights *w, FlmState *s, Flm
  *
  * Each token's router logits (fp32) go through a softmax, and the top
  * n_experts_used probabilities choose its experts (ties as torch.topk
- * breaks them: see top_k), their weights divided by their sum with
+ * breaks them: see topk.h), their weights divided by their sum with
  * norm_topk_prob. The tokens of a pass are then grouped by expert (in
  * token order within one), so each chosen expert's matrices are read once
  * per pass: one
@@ -770,147 +1077,6 @@ static FlmMatrix expert_matrix(const FlmMatrix *m, int e, int N, int K) {
     return out;
 }
 
-/* The top k of the router's probabilities, chosen and ordered exactly as
- * torch.topk chooses them on a CPU, ties included: it runs libstdc++'s
- * nth_element then sort over (value, index) pairs compared by value alone
- * (partial_sort where k * 64 <= n), so a tie falls to whichever element
- * those algorithms leave in front. What follows mirrors them step by step. */
-typedef struct { float v; int i; } Ranked;
-
-static int ranks_before(Ranked a, Ranked b) { return (isnan(a.v) && !isnan(b.v)) || a.v > b.v; }
-static void swap_ranked(Ranked *a, Ranked *b) { Ranked t = *a; *a = *b; *b = t; }
-static int floor_log2(int n) { int l = 0; while (n >>= 1) l++; return l; }
-
-static void insertion_sort(Ranked *q, int f, int l) {
-    if (f == l) return;
-    for (int i = f + 1; i < l; i++) {
-        Ranked v = q[i];
-        if (ranks_before(v, q[f])) {
-            memmove(q + f + 1, q + f, sizeof(Ranked) * (i - f));
-            q[f] = v;
-        } else {
-            int j = i;
-            while (ranks_before(v, q[j - 1])) { q[j] = q[j - 1]; j--; }
-            q[j] = v;
-        }
-    }
-}
-
-static int partition_pivot(Ranked *q, int f, int l) {
-    const int a = f + 1, b = f + (l - f) / 2, c = l - 1;
-    int m;   /* the median of a, b, c moves to f */
-    if (ranks_before(q[a], q[b])) m = ranks_before(q[b], q[c]) ? b : ranks_before(q[a], q[c]) ? c : a;
-    else m = ranks_before(q[a], q[c]) ? a : ranks_before(q[b], q[c]) ? c : b;
-    swap_ranked(&q[f], &q[m]);
-    int lo = f + 1, hi = l;
-    for (;;) {
-        while (ranks_before(q[lo], q[f])) lo++;
-        hi--;
-        while (ranks_before(q[f], q[hi])) hi--;
-        if (!(lo < hi)) return lo;
-        swap_ranked(&q[lo], &q[hi]);
-        lo++;
-    }
-}
-
-static void sift(Ranked *q, int f, int hole, int len, Ranked v) {
-    const int top = hole;
-    int child = hole;
-    while (child < (len - 1) / 2) {
-        child = 2 * (child + 1);
-        if (ranks_before(q[f + child], q[f + child - 1])) child--;
-        q[f + hole] = q[f + child];
-        hole = child;
-    }
-    if ((len & 1) == 0 && child == (len - 2) / 2) {
-        child = 2 * (child + 1);
-        q[f + hole] = q[f + child - 1];
-        hole = child - 1;
-    }
-    int parent = (hole - 1) / 2;
-    while (hole > top && ranks_before(q[f + parent], v)) {
-        q[f + hole] = q[f + parent];
-        hole = parent;
-        parent = (hole - 1) / 2;
-    }
-    q[f + hole] = v;
-}
-
-static void pop_heap_to(Ranked *q, int f, int l, int r) {
-    Ranked v = q[r];
-    q[r] = q[f];
-    sift(q, f, 0, l - f, v);
-}
-
-/* partial_sort(f, m, l): heap_select then sort_heap. */
-static void partial_sort(Ranked *q, int f, int m, int l) {
-    const int len = m - f;
-    for (int parent = (len - 2) / 2; len >= 2 && parent >= 0; parent--) sift(q, f, parent, len, q[f + parent]);
-    for (int i = m; i < l; i++)
-        if (ranks_before(q[i], q[f])) pop_heap_to(q, f, m, i);
-    for (int e = m; e - f > 1;) {
-        e--;
-        pop_heap_to(q, f, e, e);
-    }
-}
-
-static void introselect(Ranked *q, int f, int nth, int l, int depth) {
-    while (l - f > 3) {
-        if (depth == 0) {
-            const int len = nth + 1 - f;   /* heap_select(f, nth + 1, l), then nth to the front */
-            for (int parent = (len - 2) / 2; len >= 2 && parent >= 0; parent--)
-                sift(q, f, parent, len, q[f + parent]);
-            for (int i = nth + 1; i < l; i++)
-                if (ranks_before(q[i], q[f])) pop_heap_to(q, f, nth + 1, i);
-            swap_ranked(&q[f], &q[nth]);
-            return;
-        }
-        depth--;
-        const int cut = partition_pivot(q, f, l);
-        if (cut <= nth) f = cut;
-        else l = cut;
-    }
-    insertion_sort(q, f, l);
-}
-
-static void introsort(Ranked *q, int f, int l, int depth) {
-    while (l - f > 16) {
-        if (depth == 0) {
-            partial_sort(q, f, l, l);
-            return;
-        }
-        depth--;
-        const int cut = partition_pivot(q, f, l);
-        introsort(q, cut, l, depth);
-        l = cut;
-    }
-}
-
-static void sort_ranked(Ranked *q, int f, int l) {
-    if (f == l) return;
-    introsort(q, f, l, 2 * floor_log2(l - f));
-    if (l - f > 16) {
-        insertion_sort(q, f, f + 16);
-        for (int i = f + 16; i < l; i++) {
-            Ranked v = q[i];
-            int j = i;
-            while (ranks_before(v, q[j - 1])) { q[j] = q[j - 1]; j--; }
-            q[j] = v;
-        }
-    } else {
-        insertion_sort(q, f, l);
-    }
-}
-
-static void top_k(Ranked *q, int n, int k) {
-    if ((long)k * 64 <= n) {
-        partial_sort(q, 0, k, n);
-        return;
-    }
-    if (k - 1 != n) introselect(q, 0, k - 1, n, 2 * floor_log2(n));
-    sort_ranked(q, 0, k - 1);
-}
-
 /* One token's router logits p (overwritten by its probabilities) -> its
  * chosen experts and their weights, by rank. */
 static void route(const FlmConfig *c, float *p, int32_t *chosen, float *weight) {
@@ -921,13 +1087,13 @@ static void route(const FlmConfig *c, float *p, int32_t *chosen, float *weight) 
         p[e] = expf(p[e] - max);
         sum += p[e];
     }
-    Ranked q[E];
+    FlmRanked q[E];
     for (int e = 0; e < E; e++) {
         p[e] /= sum;
         q[e].v = p[e];
         q[e].i = e;
     }
-    top_k(q, E, k);
+    flm_top_k(q, E, k);
     float total = 0.0f;
     for (int r = 0; r < k; r++) {
         chosen[r] = q[r].i;
@@ -1162,6 +1328,7 @@ static void forward_rows(const FlmConfig *c, const FlmWeights *w, FlmState *s, c
     const int dim = c->dim;
     int T = 0, rows = 0, any_keeps = 0, any_hidden = 0;
     for (int k = 0; k < n_seqs; k++) {
+        s->plan[2 * (s->max_batch + 1) + k] = T;   /* the sequence's first row, for attention */
         for (int i = 0; i < seqs[k].n; i++, T++) {
             s->row_seq[T] = k;
             s->row_pos[T] = seqs[k].pos + i;
@@ -1203,7 +1370,7 @@ static void forward_rows(const FlmConfig *c, const FlmWeights *w, FlmState *s, c
             if (L->kind == FLM_LINEAR_ATTENTION)
                 linear_attention(c, L, s, seqs, n_seqs, l, T, any_keeps);
             else
-                attention(c, L, s, seqs, l, T);
+                attention(c, L, s, seqs, n_seqs, l, T);
 
 #pragma omp for schedule(static)
             for (int t = 0; t < T; t++) {
@@ -1276,8 +1443,12 @@ void flm_forward(const FlmConfig *c, const FlmWeights *w, FlmState *s,
     if (n_threads > s->max_threads) n_threads = s->max_threads;
     float *hidden = s->hidden;
     const float *nextn_h = s->nextn_h;
+    /* A pass holds at most max_batch tokens, and where a cache is a ring,
+     * at most max_pass (its window before the first must survive the last). */
+    const int most = flm_state_rewind_room(c, s) >= 0 && c->max_pass > 0 ? imin(s->max_batch, c->max_pass)
+                                                                          : s->max_batch;
     for (int done = 0; done < n;) {
-        FlmSeq seq = {s, tokens + done, imin(s->max_batch, n - done), pos + done, 0};
+        FlmSeq seq = {s, tokens + done, imin(most, n - done), pos + done, 0};
         seq.n_logits = !logits ? 0 : all_logits ? seq.n : done + seq.n == n;
         s->trace_offset = done;
         if (hidden) s->hidden = hidden + (size_t)done * c->dim;   /* this chunk's rows */

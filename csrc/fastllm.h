@@ -26,6 +26,10 @@ extern "C" {
 #endif
 
 enum { FLM_ATTENTION = 0, FLM_LINEAR_ATTENTION = 1 };
+/* Keys per block of attention's online softmax (fastllm.c), fixed so that
+ * a query's result does not depend on how its work is scheduled; a
+ * sliding-window layer's ring holds a whole number of them. */
+enum { FLM_KEY_BLOCK = 256 };
 /* The MLP's gate activation: act(x @ w_gate^T) * (x @ w_up^T). */
 enum { FLM_SILU = 0, FLM_GELU_TANH = 1 };
 
@@ -43,6 +47,10 @@ typedef struct {
                          dequantized weights) instead of int8 blocks of them */
     int kv_type;      /* FLM_F32, FLM_BF16 or FLM_F16: storage of the KV cache (keys and
                          values are rounded to it, nearest-even, when written) */
+    int max_pass;     /* most tokens of one sequence in one pass (all its keys are written
+                         before any query reads): a sliding-window layer's cache holds its
+                         window - 1 + max_pass positions, in whole key blocks, as a ring,
+                         where that is less than seq_len; 0: every layer holds seq_len */
     float norm_eps;   /* RMSNorm epsilon */
     float attn_scale; /* softmax scale, usually 1/sqrt(head_dim) */
     /* Gated DeltaNet (linear attention) layers, as in Qwen3.5; all 0 when
@@ -166,6 +174,18 @@ typedef struct {
     const float *enorm, *hnorm;       /* (dim) */
 } FlmWeights;
 
+/* The keys and values one layer keeps (a layer that attends to an earlier
+ * layer's cache has none of its own: all 0). Position p is at slot p % cap:
+ * a sliding-window layer's cache is a ring of cap slots, the others hold
+ * every position (cap >= seq_len). */
+typedef struct {
+    void *keys;       /* (n_kv_heads, cap/16, head_dim, 16): blocks of 16 keys, in kv_type */
+    void *values;     /* (n_kv_heads, cap, head_dim), in kv_type */
+    int cap;          /* slots: a multiple of 16, and of the key block where it is a ring */
+    int window;       /* the layer's window where the cache is a ring, else 0 */
+    int head_dim, n_kv_heads;
+} FlmKV;
+
 typedef struct {
     int max_batch;    /* tokens processed per pass over the weights */
     int max_threads;  /* most threads a call may use (one score row each) */
@@ -177,8 +197,12 @@ typedef struct {
     float *v;         /* (max_batch, n_kv_heads*head_dim) */
     float *hb;        /* (max_batch, hidden_dim) */
     float *hb2;       /* (max_batch, hidden_dim) */
-    float *att;       /* (max_threads, 2, seq_cap) attention scores of one or two queries;
-                         seq_cap = seq_len rounded up to a multiple of 16 */
+    float *att;       /* (max_threads, ...) each thread's attention scratch: the scores of a
+                         tile of queries over one key block, and their partial results */
+    float *part;      /* (split_rows, n_heads, key blocks of seq_len, head_dim + 2) the partial
+                         results of each key block of the queries of short passes */
+    int32_t *plan;    /* (3, max_batch + 1) how a layer's attention is cut into work items */
+    FlmKV *kv;        /* (n_layers) each layer's keys and values, in the cache */
     float *gate;      /* (max_batch, max(q_dim, Hv*dv)) attention gate or z */
     float *lin;       /* (max_batch, conv_dim + 2*Hv) projections of a linear layer */
     float *ple;       /* (max_batch, n_layers*per_layer_dim) the per-layer inputs */
@@ -191,12 +215,6 @@ typedef struct {
     float *lin_state; /* (n_layers, (K-1)*conv_dim + Hv*dk*dv) conv windows (K-1 rows
                          of conv_dim inputs, oldest first) and recurrent states of
                          the linear layers */
-    /* In kv_type: */
-    void *key_cache;    /* (n_layers, n_kv_heads, seq_cap/16, head_dim, 16): blocks of 16 keys */
-    void *value_cache;  /* (n_layers, seq_cap, n_kv_heads*head_dim) */
-                        /* (a layer of smaller sizes uses the start of each head's and each
-                           position's slot: its head h at h*seq_cap*head_dim, its blocks of
-                           16 keys its own head_dim apart) */
     /* Optional, for oracles: when not NULL, each layer's output (the
      * residual stream) of the n tokens of a flm_forward call is copied to
      * trace[(layer*trace_tokens + i) * dim], i = 0..n-1 (trace_tokens = n). */
@@ -268,10 +286,11 @@ enum {
  * next's: its packed bytes rounded up to whole cache lines. */
 size_t flm_expert_bytes(int N, int K, int type);
 
-/* Floats needed by the run state's work buffers (everything but the KV
- * cache), and by the KV cache (keys and values together). */
+/* Floats needed by the run state's work buffers (everything but the
+ * caches), and by the caches: the recurrent states, and each attention
+ * layer's keys and values in its own sizes (FlmKV). */
 size_t flm_state_work_floats(const FlmConfig *c, int max_batch, int max_threads);
-size_t flm_state_cache_floats(const FlmConfig *c);
+size_t flm_state_cache_floats(const FlmConfig *c, const FlmLayer *layers);
 
 /* Floats of FlmState.lin_saved, and of lin_keep for keep_rows rows (both 0
  * for a model without recurrent layers: it needs no rollback buffers). */
@@ -281,8 +300,25 @@ size_t flm_state_keep_floats(const FlmConfig *c, int keep_rows);
 /* Carve the state out of caller-owned memory: work must hold
  * flm_state_work_floats() floats, cache flm_state_cache_floats() floats
  * (zeroed or not: only positions already written are ever read). */
-void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, int max_threads,
+void flm_state_init(FlmState *s, const FlmConfig *c, const FlmLayer *layers, int max_batch, int max_threads,
                     float *work, float *cache);
+
+/* Bytes of keys and values the first n positions take in s's cache (a
+ * ring takes at most its slots). */
+size_t flm_state_kv_bytes(const FlmConfig *c, const FlmState *s, int n);
+
+/* How many tokens back from the furthest position it has written a state
+ * can always go: the ring caches still hold the window before it (a ring
+ * of cap slots and window w: cap - w + 1, at least max_pass); -1 where no
+ * layer's cache is a ring. */
+int flm_state_rewind_room(const FlmConfig *c, const FlmState *s);
+
+/* The windows the ring caches hold before position pos (the keys and
+ * values a query at pos reads from them), to or from buf, which holds
+ * flm_state_window_floats() floats: a checkpoint, with which a sequence
+ * can go back to pos after its rings have moved on. */
+size_t flm_state_window_floats(const FlmConfig *c, const FlmState *s);
+void flm_state_window(const FlmConfig *c, FlmState *s, int pos, float *buf, int save);
 
 /* Run n tokens at positions pos .. pos+n-1 (their keys/values are written to
  * the cache; positions < pos must hold earlier tokens). Linear layers carry
@@ -299,9 +335,10 @@ void flm_forward(const FlmConfig *c, const FlmWeights *w, FlmState *s,
                  float *logits, int all_logits, int n_threads);
 
 /* Make dst hold what src holds for positions 0 .. n-1: their keys and
- * values, and where n is all src has run, its recurrent states too (a
- * recurrent state holds every token it has seen: it can only be copied
- * whole). Both states have the config c. */
+ * values (of a ring, the slots of the last positions before n), and where
+ * n is all src has run, its recurrent states too (a recurrent state holds
+ * every token it has seen: it can only be copied whole). Both states have
+ * the config c and the same layers. */
 void flm_state_copy(const FlmConfig *c, FlmState *dst, const FlmState *src, int n, int whole);
 
 /* One sequence of a batched pass: its own caches (the KV cache, or the

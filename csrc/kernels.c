@@ -17,14 +17,16 @@ static inline float reduce8(const float *acc) {
     return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 
-static void key_scores_generic(float *att, const float *q, const void *kb, int n, int hd, int kv) {
-    for (int b = 0; b < n; b += 16) {
-        float acc[16] = {0};
-        const size_t blk = (size_t)b * hd;
-        for (int d = 0; d < hd; d++)
-            for (int i = 0; i < 16; i++) acc[i] += q[d] * flm_kv_at(kb, blk + d * 16 + i, kv);
-        for (int i = 0; i < 16; i++) att[b + i] = acc[i];
-    }
+static void key_scores_generic(float *att, size_t lda, const float *const *q, int nq, const void *kb, int n,
+                               int hd, int kv) {
+    for (int i = 0; i < nq; i++)
+        for (int b = 0; b < n; b += 16) {
+            float acc[16] = {0};
+            const size_t blk = (size_t)b * hd;
+            for (int d = 0; d < hd; d++)
+                for (int j = 0; j < 16; j++) acc[j] += q[i][d] * flm_kv_at(kb, blk + d * 16 + j, kv);
+            for (int j = 0; j < 16; j++) att[i * lda + b + j] = acc[j];
+        }
 }
 
 static float exp_sum_generic(float *x, int n, float max) {
@@ -49,11 +51,11 @@ static void scale_generic(float *x, int n, float s) {
     for (int i = 0; i < n; i++) x[i] *= s;
 }
 
-static void weighted_sum_generic(float *out, const float *p, const void *v, int n, size_t ldv, int dim,
-                                 int kv) {
-    for (int d = 0; d < dim; d++) out[d] = 0.0f;
-    for (int j = 0; j < n; j++)
-        for (int d = 0; d < dim; d++) out[d] += p[j] * flm_kv_at(v, j * ldv + d, kv);
+static void weighted_sum_generic(float *out, size_t ldo, const float *p, size_t ldp, int nq, const void *v, int n,
+                                 size_t ldv, int dim, int kv) {
+    for (int i = 0; i < nq; i++)
+        for (int j = 0; j < n; j++)
+            for (int d = 0; d < dim; d++) out[i * ldo + d] += p[i * ldp + j] * flm_kv_at(v, j * ldv + d, kv);
 }
 
 /* Column j of S only ever meets column j of the update, so each column is
@@ -120,7 +122,7 @@ static float softcap_max_generic(float *x, int n, float cap) {
 static const FlmKernels kernels_generic = {
     "generic", flm_gemm_f32_generic, flm_gemm_bf16_generic, NULL,
     "generic", flm_qgemm_generic, flm_quantize_q8_generic,
-    key_scores_generic, exp_sum_generic, NULL, NULL, scale_max_generic, scale_generic,
+    key_scores_generic, exp_sum_generic, scale_max_generic, scale_generic,
     weighted_sum_generic, delta_rule_generic, flm_conv_silu_generic, rmsnorm_generic, silu_mul_generic,
     gelu_tanh_mul_generic, softcap_max_generic,
     60,
@@ -145,43 +147,110 @@ INLINE AVX2 __m256 kv_load8(const void *p, size_t i, int kv) {
     return _mm256_cvtph_ps(h);
 }
 
-INLINE AVX2 void key_scores_avx2_kv(float *att, const float *q, const void *kb, int n, int hd, int kv) {
+/* Q queries (1 to 4) against every block of 16 keys, each key vector
+ * loaded once for all of them. */
+INLINE AVX2 void key_scores_avx2_q(float *att, size_t lda, const float *const *q, const int Q, const void *kb, int n,
+                                   int hd, int kv) {
     for (int b = 0; b < n; b += 16) {
         const size_t blk = (size_t)b * hd;
-        __m256 lo = _mm256_setzero_ps(), hi = lo;
+        __m256 lo[4], hi[4];
+        for (int i = 0; i < Q; i++) lo[i] = hi[i] = _mm256_setzero_ps();
         for (int d = 0; d < hd; d++) {
-            __m256 qd = _mm256_set1_ps(q[d]);
-            lo = _mm256_fmadd_ps(qd, kv_load8(kb, blk + d * 16, kv), lo);
-            hi = _mm256_fmadd_ps(qd, kv_load8(kb, blk + d * 16 + 8, kv), hi);
+            const __m256 k0 = kv_load8(kb, blk + d * 16, kv), k1 = kv_load8(kb, blk + d * 16 + 8, kv);
+            for (int i = 0; i < Q; i++) {
+                const __m256 qd = _mm256_set1_ps(q[i][d]);
+                lo[i] = _mm256_fmadd_ps(qd, k0, lo[i]);
+                hi[i] = _mm256_fmadd_ps(qd, k1, hi[i]);
+            }
         }
-        _mm256_storeu_ps(att + b, lo);
-        _mm256_storeu_ps(att + b + 8, hi);
+        for (int i = 0; i < Q; i++) {
+            _mm256_storeu_ps(att + i * lda + b, lo[i]);
+            _mm256_storeu_ps(att + i * lda + b + 8, hi[i]);
+        }
     }
 }
 
-INLINE AVX2 void weighted_sum_avx2_kv(float *out, const float *p, const void *v, int n, size_t ldv, int dim,
-                                      int kv) {
+/* Q queries' (1 to 4) weighted sums over the same values, each value
+ * vector loaded once for all of them. */
+INLINE AVX2 void weighted_sum_avx2_q(float *out, size_t ldo, const float *p, size_t ldp, const int Q, const void *v,
+                                     int n, size_t ldv, int dim, int kv) {
     int d = 0;
-    for (; d + 8 <= dim; d += 8) {
-        __m256 a = _mm256_setzero_ps();
-        for (int j = 0; j < n; j++) a = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), kv_load8(v, j * ldv + d, kv), a);
-        _mm256_storeu_ps(out + d, a);
+    for (; d + 16 <= dim; d += 16) {
+        __m256 a[4], c[4];
+        for (int i = 0; i < Q; i++) {
+            a[i] = _mm256_loadu_ps(out + i * ldo + d);
+            c[i] = _mm256_loadu_ps(out + i * ldo + d + 8);
+        }
+        for (int j = 0; j < n; j++) {
+            const __m256 v0 = kv_load8(v, j * ldv + d, kv), v1 = kv_load8(v, j * ldv + d + 8, kv);
+            for (int i = 0; i < Q; i++) {
+                const __m256 pj = _mm256_set1_ps(p[i * ldp + j]);
+                a[i] = _mm256_fmadd_ps(pj, v0, a[i]);
+                c[i] = _mm256_fmadd_ps(pj, v1, c[i]);
+            }
+        }
+        for (int i = 0; i < Q; i++) {
+            _mm256_storeu_ps(out + i * ldo + d, a[i]);
+            _mm256_storeu_ps(out + i * ldo + d + 8, c[i]);
+        }
     }
-    for (; d < dim; d++) {
-        float a = 0.0f;
-        for (int j = 0; j < n; j++) a = __builtin_fmaf(p[j], flm_kv_at(v, j * ldv + d, kv), a);
-        out[d] = a;
+    for (; d + 8 <= dim; d += 8) {
+        __m256 a[4];
+        for (int i = 0; i < Q; i++) a[i] = _mm256_loadu_ps(out + i * ldo + d);
+        for (int j = 0; j < n; j++) {
+            const __m256 v0 = kv_load8(v, j * ldv + d, kv);
+            for (int i = 0; i < Q; i++) a[i] = _mm256_fmadd_ps(_mm256_set1_ps(p[i * ldp + j]), v0, a[i]);
+        }
+        for (int i = 0; i < Q; i++) _mm256_storeu_ps(out + i * ldo + d, a[i]);
+    }
+    for (; d < dim; d++)
+        for (int i = 0; i < Q; i++) {
+            float a = out[i * ldo + d];
+            for (int j = 0; j < n; j++) a = __builtin_fmaf(p[i * ldp + j], flm_kv_at(v, j * ldv + d, kv), a);
+            out[i * ldo + d] = a;
+        }
+}
+
+/* 64 keys (values) at a time for every query, so that they stay in L1
+ * while all the queries read them (each sum goes on from where the last
+ * part left it). */
+INLINE AVX2 void key_scores_avx2_kv(float *att, size_t lda, const float *const *q, int nq, const void *kb, int n,
+                                    int hd, int kv) {
+    for (int b = 0; b < n; b += 64) {
+        const int m = n - b < 64 ? n - b : 64;
+        const void *k = (const char *)kb + (size_t)b * hd * (kv == FLM_F32 ? 4 : 2);
+        float *a = att + b;
+        int i = 0;
+        for (; i + 4 <= nq; i += 4) key_scores_avx2_q(a + i * lda, lda, q + i, 4, k, m, hd, kv);
+        if (nq - i == 3) key_scores_avx2_q(a + i * lda, lda, q + i, 3, k, m, hd, kv);
+        if (nq - i == 2) key_scores_avx2_q(a + i * lda, lda, q + i, 2, k, m, hd, kv);
+        if (nq - i == 1) key_scores_avx2_q(a + i * lda, lda, q + i, 1, k, m, hd, kv);
     }
 }
 
-static AVX2 void key_scores_avx2(float *att, const float *q, const void *kb, int n, int hd, int kv) {
-#define CALL(t) key_scores_avx2_kv(att, q, kb, n, hd, t)
+INLINE AVX2 void weighted_sum_avx2_kv(float *out, size_t ldo, const float *p, size_t ldp, int nq, const void *v,
+                                      int n, size_t ldv, int dim, int kv) {
+    for (int j = 0; j < n; j += 64) {
+        const int m = n - j < 64 ? n - j : 64;
+        const void *vj = (const char *)v + j * ldv * (kv == FLM_F32 ? 4 : 2);
+        int i = 0;
+        for (; i + 4 <= nq; i += 4) weighted_sum_avx2_q(out + i * ldo, ldo, p + i * ldp + j, ldp, 4, vj, m, ldv, dim, kv);
+        if (nq - i == 3) weighted_sum_avx2_q(out + i * ldo, ldo, p + i * ldp + j, ldp, 3, vj, m, ldv, dim, kv);
+        if (nq - i == 2) weighted_sum_avx2_q(out + i * ldo, ldo, p + i * ldp + j, ldp, 2, vj, m, ldv, dim, kv);
+        if (nq - i == 1) weighted_sum_avx2_q(out + i * ldo, ldo, p + i * ldp + j, ldp, 1, vj, m, ldv, dim, kv);
+    }
+}
+
+static AVX2 void key_scores_avx2(float *att, size_t lda, const float *const *q, int nq, const void *kb, int n,
+                                 int hd, int kv) {
+#define CALL(t) key_scores_avx2_kv(att, lda, q, nq, kb, n, hd, t)
     KV_DISPATCH(CALL, kv);
 #undef CALL
 }
 
-static AVX2 void weighted_sum_avx2(float *out, const float *p, const void *v, int n, size_t ldv, int dim, int kv) {
-#define CALL(t) weighted_sum_avx2_kv(out, p, v, n, ldv, dim, t)
+static AVX2 void weighted_sum_avx2(float *out, size_t ldo, const float *p, size_t ldp, int nq, const void *v, int n,
+                                   size_t ldv, int dim, int kv) {
+#define CALL(t) weighted_sum_avx2_kv(out, ldo, p, ldp, nq, v, n, ldv, dim, t)
     KV_DISPATCH(CALL, kv);
 #undef CALL
 }
@@ -267,7 +336,7 @@ static const FlmKernels kernels_avx2 = {
     "avx2", flm_gemm_f32_avx2, flm_gemm_bf16_avx2, NULL,
     "avx2", flm_qgemm_avx2, flm_quantize_q8_generic,
     key_scores_avx2,
-    exp_sum_generic, NULL, NULL, scale_max_generic, scale_generic, weighted_sum_avx2,
+    exp_sum_generic, scale_max_generic, scale_generic, weighted_sum_avx2,
     delta_rule_generic, flm_conv_silu_generic, rmsnorm_generic, silu_mul_generic, gelu_tanh_mul_avx2, softcap_max_avx2,
     60,
 };
@@ -302,75 +371,61 @@ INLINE AVX512 __m512 kv_load16(__mmask16 m, const void *p, size_t i, int kv) {
 }
 #define KV16(p, i, kv) kv_load16((__mmask16)0xFFFF, p, i, kv)
 
-/* Four blocks of 16 keys at a time: four independent chains. */
-INLINE AVX512 void key_scores_avx512_kv(float *att, const float *q, const void *kb, int n, int hd, int kv) {
+/* Q queries (1 to 4) against four blocks of 16 keys at a time: each key
+ * vector loaded once for all the queries, 4 Q independent chains. */
+INLINE AVX512 void key_scores_avx512_q(float *att, size_t lda, const float *const *q, const int Q, const void *kb,
+                                       int n, int hd, int kv) {
     int b = 0;
-    for (; b + 64 <= n + 15; b += 64) {
+    for (; b + 48 < n; b += 64) {
         const size_t k0 = (size_t)b * hd, k1 = k0 + 16 * hd, k2 = k1 + 16 * hd, k3 = k2 + 16 * hd;
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        __m512 a[4][4];
+        for (int i = 0; i < Q; i++) a[i][0] = a[i][1] = a[i][2] = a[i][3] = _mm512_setzero_ps();
         for (int d = 0; d < hd; d++) {
-            __m512 qd = _mm512_set1_ps(q[d]);
-            a0 = _mm512_fmadd_ps(qd, KV16(kb, k0 + d * 16, kv), a0);
-            a1 = _mm512_fmadd_ps(qd, KV16(kb, k1 + d * 16, kv), a1);
-            a2 = _mm512_fmadd_ps(qd, KV16(kb, k2 + d * 16, kv), a2);
-            a3 = _mm512_fmadd_ps(qd, KV16(kb, k3 + d * 16, kv), a3);
-        }
-        _mm512_storeu_ps(att + b, a0);
-        _mm512_storeu_ps(att + b + 16, a1);
-        _mm512_storeu_ps(att + b + 32, a2);
-        _mm512_storeu_ps(att + b + 48, a3);
-    }
-    for (; b < n; b += 16) {
-        const size_t k0 = (size_t)b * hd;
-        __m512 a0 = _mm512_setzero_ps();
-        for (int d = 0; d < hd; d++) a0 = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), KV16(kb, k0 + d * 16, kv), a0);
-        _mm512_storeu_ps(att + b, a0);
-    }
-}
-
-/* Two queries against the same keys: each key block is loaded once for
- * both, and the two queries' chains run side by side. */
-INLINE AVX512 void key_scores2_avx512_kv(float *att0, float *att1, const float *q0, const float *q1,
-                                         const void *kb, int n, int hd, int kv) {
-    int b = 0;
-    for (; b + 32 <= n + 15; b += 32) {
-        const size_t k0 = (size_t)b * hd, k1 = k0 + 16 * hd;
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, c0 = a0, c1 = a0;
-        for (int d = 0; d < hd; d++) {
-            const __m512 x = _mm512_set1_ps(q0[d]), y = _mm512_set1_ps(q1[d]);
             const __m512 w0 = KV16(kb, k0 + d * 16, kv), w1 = KV16(kb, k1 + d * 16, kv);
-            a0 = _mm512_fmadd_ps(x, w0, a0);
-            a1 = _mm512_fmadd_ps(x, w1, a1);
-            c0 = _mm512_fmadd_ps(y, w0, c0);
-            c1 = _mm512_fmadd_ps(y, w1, c1);
+            const __m512 w2 = KV16(kb, k2 + d * 16, kv), w3 = KV16(kb, k3 + d * 16, kv);
+            for (int i = 0; i < Q; i++) {
+                const __m512 qd = _mm512_set1_ps(q[i][d]);
+                a[i][0] = _mm512_fmadd_ps(qd, w0, a[i][0]);
+                a[i][1] = _mm512_fmadd_ps(qd, w1, a[i][1]);
+                a[i][2] = _mm512_fmadd_ps(qd, w2, a[i][2]);
+                a[i][3] = _mm512_fmadd_ps(qd, w3, a[i][3]);
+            }
         }
-        _mm512_storeu_ps(att0 + b, a0);
-        _mm512_storeu_ps(att0 + b + 16, a1);
-        _mm512_storeu_ps(att1 + b, c0);
-        _mm512_storeu_ps(att1 + b + 16, c1);
+        for (int i = 0; i < Q; i++)
+            for (int g = 0; g < 4; g++) _mm512_storeu_ps(att + i * lda + b + 16 * g, a[i][g]);
     }
     for (; b < n; b += 16) {
         const size_t k0 = (size_t)b * hd;
-        __m512 a0 = _mm512_setzero_ps(), c0 = a0;
+        __m512 a[4];
+        for (int i = 0; i < Q; i++) a[i] = _mm512_setzero_ps();
         for (int d = 0; d < hd; d++) {
             const __m512 w0 = KV16(kb, k0 + d * 16, kv);
-            a0 = _mm512_fmadd_ps(_mm512_set1_ps(q0[d]), w0, a0);
-            c0 = _mm512_fmadd_ps(_mm512_set1_ps(q1[d]), w0, c0);
+            for (int i = 0; i < Q; i++) a[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[i][d]), w0, a[i]);
         }
-        _mm512_storeu_ps(att0 + b, a0);
-        _mm512_storeu_ps(att1 + b, c0);
+        for (int i = 0; i < Q; i++) _mm512_storeu_ps(att + i * lda + b, a[i]);
     }
 }
 
-static AVX512 void key_scores2_avx512(float *att0, float *att1, const float *q0, const float *q1, const void *kb,
-                                      int n, int hd, int kv) {
-#define CALL(t) key_scores2_avx512_kv(att0, att1, q0, q1, kb, n, hd, t)
-    KV_DISPATCH(CALL, kv);
-#undef CALL
+/* 64 keys (values) at a time for every query, so that they stay in L1
+ * while all the queries read them (each sum goes on from where the last
+ * part left it). */
+INLINE AVX512 void key_scores_avx512_kv(float *att, size_t lda, const float *const *q, int nq, const void *kb, int n,
+                                        int hd, int kv) {
+    for (int b = 0; b < n; b += 64) {
+        const int m = n - b < 64 ? n - b : 64;
+        const void *k = (const char *)kb + (size_t)b * hd * (kv == FLM_F32 ? 4 : 2);
+        float *a = att + b;
+        int i = 0;
+        for (; i + 4 <= nq; i += 4) key_scores_avx512_q(a + i * lda, lda, q + i, 4, k, m, hd, kv);
+        if (nq - i == 3) key_scores_avx512_q(a + i * lda, lda, q + i, 3, k, m, hd, kv);
+        if (nq - i == 2) key_scores_avx512_q(a + i * lda, lda, q + i, 2, k, m, hd, kv);
+        if (nq - i == 1) key_scores_avx512_q(a + i * lda, lda, q + i, 1, k, m, hd, kv);
+    }
 }
 
-static AVX512 void key_scores_avx512(float *att, const float *q, const void *kb, int n, int hd, int kv) {
-#define CALL(t) key_scores_avx512_kv(att, q, kb, n, hd, t)
+static AVX512 void key_scores_avx512(float *att, size_t lda, const float *const *q, int nq, const void *kb, int n,
+                                     int hd, int kv) {
+#define CALL(t) key_scores_avx512_kv(att, lda, q, nq, kb, n, hd, t)
     KV_DISPATCH(CALL, kv);
 #undef CALL
 }
@@ -406,76 +461,49 @@ static AVX512 float exp_sum_avx512(float *x, int n, float max) {
     return _mm512_reduce_add_ps(acc);
 }
 
-INLINE AVX512 void weighted_sum_avx512_kv(float *out, const float *p, const void *v, int n, size_t ldv,
-                                          int dim, int kv) {
+/* Q queries' (1 to 4) weighted sums over the same values, 64 dims at a
+ * time: each value vector loaded once for all the queries. */
+INLINE AVX512 void weighted_sum_avx512_q(float *out, size_t ldo, const float *p, size_t ldp, const int Q,
+                                         const void *v, int n, size_t ldv, int dim, int kv) {
     for (int d = 0; d < dim; d += 64) {
         __mmask16 m[4];
-        for (int i = 0; i < 4; i++) m[i] = tail_mask(dim - d - 16 * i);
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int g = 0; g < 4; g++) m[g] = tail_mask(dim - d - 16 * g);
+        __m512 a[4][4];
+        for (int i = 0; i < Q; i++)
+            for (int g = 0; g < 4; g++) a[i][g] = _mm512_maskz_loadu_ps(m[g], out + i * ldo + d + 16 * g);
         for (int j = 0; j < n; j++) {
             const size_t vd = j * ldv + d;
-            __m512 pj = _mm512_set1_ps(p[j]);
-            a0 = _mm512_fmadd_ps(pj, kv_load16(m[0], v, vd, kv), a0);
-            a1 = _mm512_fmadd_ps(pj, kv_load16(m[1], v, vd + 16, kv), a1);
-            a2 = _mm512_fmadd_ps(pj, kv_load16(m[2], v, vd + 32, kv), a2);
-            a3 = _mm512_fmadd_ps(pj, kv_load16(m[3], v, vd + 48, kv), a3);
-        }
-        _mm512_mask_storeu_ps(out + d, m[0], a0);
-        _mm512_mask_storeu_ps(out + d + 16, m[1], a1);
-        _mm512_mask_storeu_ps(out + d + 32, m[2], a2);
-        _mm512_mask_storeu_ps(out + d + 48, m[3], a3);
-    }
-}
-
-/* Two queries' weighted sums over the same values: p0 over n of them, p1
- * over n + 1, each value vector loaded once for both. */
-INLINE AVX512 void weighted_sum2_avx512_kv(float *out0, float *out1, const float *p0, const float *p1,
-                                           const void *v, int n, size_t ldv, int dim, int kv) {
-    for (int d = 0; d < dim; d += 64) {
-        __mmask16 m[4];
-        for (int i = 0; i < 4; i++) m[i] = tail_mask(dim - d - 16 * i);
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
-        for (int j = 0; j < n; j++) {
-            const size_t vd = j * ldv + d;
-            const __m512 x = _mm512_set1_ps(p0[j]), y = _mm512_set1_ps(p1[j]);
             const __m512 v0 = kv_load16(m[0], v, vd, kv), v1 = kv_load16(m[1], v, vd + 16, kv);
             const __m512 v2 = kv_load16(m[2], v, vd + 32, kv), v3 = kv_load16(m[3], v, vd + 48, kv);
-            a0 = _mm512_fmadd_ps(x, v0, a0);
-            a1 = _mm512_fmadd_ps(x, v1, a1);
-            a2 = _mm512_fmadd_ps(x, v2, a2);
-            a3 = _mm512_fmadd_ps(x, v3, a3);
-            c0 = _mm512_fmadd_ps(y, v0, c0);
-            c1 = _mm512_fmadd_ps(y, v1, c1);
-            c2 = _mm512_fmadd_ps(y, v2, c2);
-            c3 = _mm512_fmadd_ps(y, v3, c3);
+            for (int i = 0; i < Q; i++) {
+                const __m512 pj = _mm512_set1_ps(p[i * ldp + j]);
+                a[i][0] = _mm512_fmadd_ps(pj, v0, a[i][0]);
+                a[i][1] = _mm512_fmadd_ps(pj, v1, a[i][1]);
+                a[i][2] = _mm512_fmadd_ps(pj, v2, a[i][2]);
+                a[i][3] = _mm512_fmadd_ps(pj, v3, a[i][3]);
+            }
         }
-        const size_t vd = (size_t)n * ldv + d;
-        const __m512 y = _mm512_set1_ps(p1[n]);
-        c0 = _mm512_fmadd_ps(y, kv_load16(m[0], v, vd, kv), c0);
-        c1 = _mm512_fmadd_ps(y, kv_load16(m[1], v, vd + 16, kv), c1);
-        c2 = _mm512_fmadd_ps(y, kv_load16(m[2], v, vd + 32, kv), c2);
-        c3 = _mm512_fmadd_ps(y, kv_load16(m[3], v, vd + 48, kv), c3);
-        _mm512_mask_storeu_ps(out0 + d, m[0], a0);
-        _mm512_mask_storeu_ps(out0 + d + 16, m[1], a1);
-        _mm512_mask_storeu_ps(out0 + d + 32, m[2], a2);
-        _mm512_mask_storeu_ps(out0 + d + 48, m[3], a3);
-        _mm512_mask_storeu_ps(out1 + d, m[0], c0);
-        _mm512_mask_storeu_ps(out1 + d + 16, m[1], c1);
-        _mm512_mask_storeu_ps(out1 + d + 32, m[2], c2);
-        _mm512_mask_storeu_ps(out1 + d + 48, m[3], c3);
+        for (int i = 0; i < Q; i++)
+            for (int g = 0; g < 4; g++) _mm512_mask_storeu_ps(out + i * ldo + d + 16 * g, m[g], a[i][g]);
     }
 }
 
-static AVX512 void weighted_sum2_avx512(float *out0, float *out1, const float *p0, const float *p1, const void *v,
-                                        int n, size_t ldv, int dim, int kv) {
-#define CALL(t) weighted_sum2_avx512_kv(out0, out1, p0, p1, v, n, ldv, dim, t)
-    KV_DISPATCH(CALL, kv);
-#undef CALL
+INLINE AVX512 void weighted_sum_avx512_kv(float *out, size_t ldo, const float *p, size_t ldp, int nq, const void *v,
+                                          int n, size_t ldv, int dim, int kv) {
+    for (int j = 0; j < n; j += 64) {
+        const int m = n - j < 64 ? n - j : 64;
+        const void *vj = (const char *)v + j * ldv * (kv == FLM_F32 ? 4 : 2);
+        int i = 0;
+        for (; i + 4 <= nq; i += 4) weighted_sum_avx512_q(out + i * ldo, ldo, p + i * ldp + j, ldp, 4, vj, m, ldv, dim, kv);
+        if (nq - i == 3) weighted_sum_avx512_q(out + i * ldo, ldo, p + i * ldp + j, ldp, 3, vj, m, ldv, dim, kv);
+        if (nq - i == 2) weighted_sum_avx512_q(out + i * ldo, ldo, p + i * ldp + j, ldp, 2, vj, m, ldv, dim, kv);
+        if (nq - i == 1) weighted_sum_avx512_q(out + i * ldo, ldo, p + i * ldp + j, ldp, 1, vj, m, ldv, dim, kv);
+    }
 }
 
-static AVX512 void weighted_sum_avx512(float *out, const float *p, const void *v, int n, size_t ldv, int dim,
-                                       int kv) {
-#define CALL(t) weighted_sum_avx512_kv(out, p, v, n, ldv, dim, t)
+static AVX512 void weighted_sum_avx512(float *out, size_t ldo, const float *p, size_t ldp, int nq, const void *v,
+                                       int n, size_t ldv, int dim, int kv) {
+#define CALL(t) weighted_sum_avx512_kv(out, ldo, p, ldp, nq, v, n, ldv, dim, t)
     KV_DISPATCH(CALL, kv);
 #undef CALL
 }
@@ -624,9 +652,9 @@ static const FlmKernels kernels_avx512 = {
     "avx512", flm_gemm_f32_avx512, flm_gemm_bf16_avx512, NULL,
     "avx512_vnni", flm_qgemm_avx512_vnni, flm_quantize_q8_avx512,
     key_scores_avx512,
-    exp_sum_avx512, key_scores2_avx512, weighted_sum2_avx512, scale_max_avx512, scale_avx512,
-    weighted_sum_avx512, delta_rule_avx512, conv_silu_avx512, rmsnorm_avx512, silu_mul_avx512,
-    gelu_tanh_mul_avx512, softcap_max_avx512,
+    exp_sum_avx512, scale_max_avx512, scale_avx512,
+    weighted_sum_avx512, delta_rule_avx512, conv_silu_avx512, rmsnorm_avx512,
+    silu_mul_avx512, gelu_tanh_mul_avx512, softcap_max_avx512,
     60,
 };
 
@@ -635,9 +663,9 @@ static const FlmKernels kernels_avx512 = {
 static const FlmKernels kernels_avx512_bf16 = {
     "avx512_bf16", flm_gemm_f32_avx512, flm_gemm_bf16_dp_avx512, flm_to_bf16_avx512,
     "avx512_vnni", flm_qgemm_avx512_vnni, flm_quantize_q8_avx512,
-    key_scores_avx512, exp_sum_avx512, key_scores2_avx512, weighted_sum2_avx512, scale_max_avx512,
-    scale_avx512, weighted_sum_avx512, delta_rule_avx512, conv_silu_avx512, rmsnorm_avx512, silu_mul_avx512,
-    gelu_tanh_mul_avx512, softcap_max_avx512,
+    key_scores_avx512, exp_sum_avx512, scale_max_avx512,
+    scale_avx512, weighted_sum_avx512, delta_rule_avx512, conv_silu_avx512, rmsnorm_avx512,
+    silu_mul_avx512, gelu_tanh_mul_avx512, softcap_max_avx512,
     60,
 };
 
@@ -653,9 +681,9 @@ static int has_f16c(void) {
 static const FlmKernels kernels_amx_bf16 = {
     "amx_bf16", flm_gemm_f32_avx512, flm_gemm_bf16_amx, flm_to_bf16_avx512,
     "avx512_vnni", flm_qgemm_avx512_vnni, flm_quantize_q8_avx512,
-    key_scores_avx512, exp_sum_avx512, key_scores2_avx512, weighted_sum2_avx512, scale_max_avx512,
-    scale_avx512, weighted_sum_avx512, delta_rule_avx512, conv_silu_avx512, rmsnorm_avx512, silu_mul_avx512,
-    gelu_tanh_mul_avx512, softcap_max_avx512,
+    key_scores_avx512, exp_sum_avx512, scale_max_avx512,
+    scale_avx512, weighted_sum_avx512, delta_rule_avx512, conv_silu_avx512, rmsnorm_avx512,
+    silu_mul_avx512, gelu_tanh_mul_avx512, softcap_max_avx512,
     64,
 };
 
@@ -681,9 +709,9 @@ static int amx_usable(void) {
  * moved int8 activations by whole steps (Q6_K beside a Gated DeltaNet
  * layer in test_core.c) for a kernel that costs little anyway. */
 #define ARM_FLOAT_KERNELS                                                                                     \
-    flm_key_scores_neon, flm_exp_sum_neon, flm_key_scores2_neon, flm_weighted_sum2_neon, flm_scale_max_neon,  \
-        flm_scale_neon, flm_weighted_sum_neon, flm_delta_rule_neon, flm_conv_silu_neon, rmsnorm_generic,       \
-        flm_silu_mul_neon, flm_gelu_tanh_mul_neon, flm_softcap_max_neon, 60
+    flm_key_scores_neon, flm_exp_sum_neon, flm_scale_max_neon, flm_scale_neon, flm_weighted_sum_neon,         \
+        flm_delta_rule_neon, flm_conv_silu_neon, rmsnorm_generic, flm_silu_mul_neon, flm_gelu_tanh_mul_neon,  \
+        flm_softcap_max_neon, 60
 
 static const FlmKernels kernels_neon = {
     "neon", flm_gemm_f32_neon, flm_gemm_bf16_neon, NULL,

@@ -28,27 +28,25 @@ typedef struct {
     const char *int8_name;
     flm_qgemm_fn qgemm;
     void (*quantize_q8)(FlmQ8 *dst, const float *x, int K);
-    /* att[j] = q . key j for j < n, keys in blocks of 16 ((hd, 16) each),
-     * stored as kv (FLM_F32, FLM_BF16, FLM_F16); att must have room for n
-     * rounded up to 16. */
-    void (*key_scores)(float *att, const float *q, const void *kblocks, int n, int hd, int kv);
+    /* Scores of nq queries against the same keys: att[i*lda + j] = q[i] .
+     * key j for j < n, keys in blocks of 16 ((hd, 16) each) stored as kv
+     * (FLM_F32, FLM_BF16, FLM_F16); each row of att must have room for n
+     * rounded up to 16. Each score is one chain of multiply-adds over the
+     * dims in order, whatever nq: a query's scores are those it gets alone. */
+    void (*key_scores)(float *att, size_t lda, const float *const *q, int nq, const void *kblocks, int n, int hd,
+                       int kv);
     /* x[i] = exp(x[i] - max) for i < n; returns the sum of the new x. */
     float (*exp_sum)(float *x, int n, float max);
-    /* Two queries of one head at consecutive positions, where a path has
-     * them (else NULL): key_scores of q0 and of q1 over the same n keys,
-     * and weighted_sum of p0 over n keys and of p1 over n + 1, each output
-     * summed exactly as the one-query kernels sum it. */
-    void (*key_scores2)(float *att0, float *att1, const float *q0, const float *q1, const void *kblocks, int n,
-                        int hd, int kv);
-    void (*weighted_sum2)(float *out0, float *out1, const float *p0, const float *p1, const void *v, int n,
-                          size_t ldv, int dim, int kv);
     /* x[i] *= s for i < n; returns the largest new x (NaN ignored). */
     float (*scale_max)(float *x, int n, float s);
     /* x[i] *= s for i < n. */
     void (*scale)(float *x, int n, float s);
-    /* out[d] = sum_j p[j] * v[j*ldv + d] for d < dim, j < n (j in order), v
-     * stored as kv. */
-    void (*weighted_sum)(float *out, const float *p, const void *v, int n, size_t ldv, int dim, int kv);
+    /* out[i*ldo + d] += sum_j p[i*ldp + j] * v[j*ldv + d] for i < nq, d <
+     * dim, j < n, v stored as kv: each output one chain of multiply-adds
+     * over j in order, continuing from what out holds (so a range of
+     * values summed in parts gives the bits of one call), whatever nq. */
+    void (*weighted_sum)(float *out, size_t ldo, const float *p, size_t ldp, int nq, const void *v, int n,
+                         size_t ldv, int dim, int kv);
     /* One token of the gated delta rule on a (dk, dv) state S:
      * S = decay*S; d = beta*(v - S^T k); S += k d^T; o = S^T q. */
     void (*delta_rule)(float *S, const float *q, const float *k, const float *v, float beta,

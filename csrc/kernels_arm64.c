@@ -215,109 +215,92 @@ ARM_INLINE float32x4_t kv_load4(const void *p, size_t i, const int kv) {
     return vcvt_f32_f16(vreinterpret_f16_u16(h));
 }
 
-ARM_INLINE void key_scores_kv(float *att, const float *q, const void *kb, int n, int hd, const int kv) {
+/* Q queries (1 to 4) against every block of 16 keys, each key vector
+ * loaded once for all of them. */
+ARM_INLINE void key_scores_q(float *att, size_t lda, const float *const *q, const int Q, const void *kb, int n,
+                             int hd, const int kv) {
     for (int b = 0; b < n; b += 16) {
         const size_t blk = (size_t)b * hd;
-        float32x4_t a[4] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
-        for (int d = 0; d < hd; d++)
-            for (int g = 0; g < 4; g++) a[g] = vfmaq_n_f32(a[g], kv_load4(kb, blk + (size_t)d * 16 + 4 * g, kv), q[d]);
-        for (int g = 0; g < 4; g++) vst1q_f32(att + b + 4 * g, a[g]);
-    }
-}
-
-ARM_INLINE void weighted_sum_kv(float *out, const float *p, const void *v, int n, size_t ldv, int dim, const int kv) {
-    int d = 0;
-    for (; d + 16 <= dim; d += 16) {
-        float32x4_t a[4] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
-        for (int j = 0; j < n; j++)
-            for (int g = 0; g < 4; g++) a[g] = vfmaq_n_f32(a[g], kv_load4(v, (size_t)j * ldv + d + 4 * g, kv), p[j]);
-        for (int g = 0; g < 4; g++) vst1q_f32(out + d + 4 * g, a[g]);
-    }
-    for (; d < dim; d++) {
-        float a = 0.0f;
-        for (int j = 0; j < n; j++) a = fmaf(p[j], flm_kv_at(v, (size_t)j * ldv + d, kv), a);
-        out[d] = a;
-    }
-}
-
-/* Two queries against the same keys (positions pos and pos + 1 of one
- * head): each block of keys loaded once for both, each query's scores the
- * chain key_scores_kv gives it. */
-ARM_INLINE void key_scores2_kv(float *att0, float *att1, const float *q0, const float *q1, const void *kb, int n,
-                               int hd, const int kv) {
-    for (int b = 0; b < n; b += 16) {
-        const size_t blk = (size_t)b * hd;
-        float32x4_t a[4], c[4];
-        for (int g = 0; g < 4; g++) a[g] = c[g] = vdupq_n_f32(0.0f);
+        float32x4_t a[4][4];
+        for (int i = 0; i < Q; i++)
+            for (int g = 0; g < 4; g++) a[i][g] = vdupq_n_f32(0.0f);
         for (int d = 0; d < hd; d++)
             for (int g = 0; g < 4; g++) {
                 const float32x4_t k = kv_load4(kb, blk + (size_t)d * 16 + 4 * g, kv);
-                a[g] = vfmaq_n_f32(a[g], k, q0[d]);
-                c[g] = vfmaq_n_f32(c[g], k, q1[d]);
+                for (int i = 0; i < Q; i++) a[i][g] = vfmaq_n_f32(a[i][g], k, q[i][d]);
             }
-        for (int g = 0; g < 4; g++) {
-            vst1q_f32(att0 + b + 4 * g, a[g]);
-            vst1q_f32(att1 + b + 4 * g, c[g]);
-        }
+        for (int i = 0; i < Q; i++)
+            for (int g = 0; g < 4; g++) vst1q_f32(att + i * lda + b + 4 * g, a[i][g]);
     }
 }
 
-/* Two queries' weighted sums over the same values, p0 over n of them and
- * p1 over n + 1: each value vector loaded once for both, each output the
- * chain weighted_sum_kv gives it (the dims past the last 16 as its fmaf
- * loop sums them). */
-ARM_INLINE void weighted_sum2_kv(float *out0, float *out1, const float *p0, const float *p1, const void *v, int n,
-                                 size_t ldv, int dim, const int kv) {
+/* Q queries' (1 to 4) weighted sums over the same values, 16 dims at a
+ * time, each value vector loaded once for all of them (the dims past the
+ * last 16 one by one, as fmaf sums them). */
+ARM_INLINE void weighted_sum_q(float *out, size_t ldo, const float *p, size_t ldp, const int Q, const void *v, int n,
+                               size_t ldv, int dim, const int kv) {
     int d = 0;
     for (; d + 16 <= dim; d += 16) {
-        float32x4_t a[4], c[4];
-        for (int g = 0; g < 4; g++) a[g] = c[g] = vdupq_n_f32(0.0f);
+        float32x4_t a[4][4];
+        for (int i = 0; i < Q; i++)
+            for (int g = 0; g < 4; g++) a[i][g] = vld1q_f32(out + i * ldo + d + 4 * g);
         for (int j = 0; j < n; j++)
             for (int g = 0; g < 4; g++) {
                 const float32x4_t x = kv_load4(v, (size_t)j * ldv + d + 4 * g, kv);
-                a[g] = vfmaq_n_f32(a[g], x, p0[j]);
-                c[g] = vfmaq_n_f32(c[g], x, p1[j]);
+                for (int i = 0; i < Q; i++) a[i][g] = vfmaq_n_f32(a[i][g], x, p[i * ldp + j]);
             }
-        for (int g = 0; g < 4; g++) {
-            vst1q_f32(out0 + d + 4 * g, a[g]);
-            vst1q_f32(out1 + d + 4 * g, vfmaq_n_f32(c[g], kv_load4(v, (size_t)n * ldv + d + 4 * g, kv), p1[n]));
-        }
+        for (int i = 0; i < Q; i++)
+            for (int g = 0; g < 4; g++) vst1q_f32(out + i * ldo + d + 4 * g, a[i][g]);
     }
-    for (; d < dim; d++) {
-        float a = 0.0f, c = 0.0f;
-        for (int j = 0; j < n; j++) {
-            const float x = flm_kv_at(v, (size_t)j * ldv + d, kv);
-            a = fmaf(p0[j], x, a);
-            c = fmaf(p1[j], x, c);
+    for (; d < dim; d++)
+        for (int i = 0; i < Q; i++) {
+            float a = out[i * ldo + d];
+            for (int j = 0; j < n; j++) a = fmaf(p[i * ldp + j], flm_kv_at(v, (size_t)j * ldv + d, kv), a);
+            out[i * ldo + d] = a;
         }
-        out0[d] = a;
-        out1[d] = fmaf(p1[n], flm_kv_at(v, (size_t)n * ldv + d, kv), c);
+}
+
+/* 64 keys (values) at a time for every query, so that they stay in L1
+ * while all the queries read them (each sum goes on from where the last
+ * part left it). */
+ARM_INLINE void key_scores_kv(float *att, size_t lda, const float *const *q, int nq, const void *kb, int n, int hd,
+                              const int kv) {
+    for (int b = 0; b < n; b += 64) {
+        const int m = imin(n - b, 64);
+        const void *k = (const char *)kb + (size_t)b * hd * (kv == FLM_F32 ? 4 : 2);
+        float *a = att + b;
+        int i = 0;
+        for (; i + 4 <= nq; i += 4) key_scores_q(a + i * lda, lda, q + i, 4, k, m, hd, kv);
+        if (nq - i == 3) key_scores_q(a + i * lda, lda, q + i, 3, k, m, hd, kv);
+        if (nq - i == 2) key_scores_q(a + i * lda, lda, q + i, 2, k, m, hd, kv);
+        if (nq - i == 1) key_scores_q(a + i * lda, lda, q + i, 1, k, m, hd, kv);
+    }
+}
+
+ARM_INLINE void weighted_sum_kv(float *out, size_t ldo, const float *p, size_t ldp, int nq, const void *v, int n,
+                                size_t ldv, int dim, const int kv) {
+    for (int j = 0; j < n; j += 64) {
+        const int m = imin(n - j, 64);
+        const void *vj = (const char *)v + j * ldv * (kv == FLM_F32 ? 4 : 2);
+        int i = 0;
+        for (; i + 4 <= nq; i += 4) weighted_sum_q(out + i * ldo, ldo, p + i * ldp + j, ldp, 4, vj, m, ldv, dim, kv);
+        if (nq - i == 3) weighted_sum_q(out + i * ldo, ldo, p + i * ldp + j, ldp, 3, vj, m, ldv, dim, kv);
+        if (nq - i == 2) weighted_sum_q(out + i * ldo, ldo, p + i * ldp + j, ldp, 2, vj, m, ldv, dim, kv);
+        if (nq - i == 1) weighted_sum_q(out + i * ldo, ldo, p + i * ldp + j, ldp, 1, vj, m, ldv, dim, kv);
     }
 }
 
 /* One copy of each loop per storage type (KV_DISPATCH: kernels.h). */
-void flm_key_scores2_neon(float *att0, float *att1, const float *q0, const float *q1, const void *kb, int n, int hd,
-                          int kv) {
-#define CALL(t) key_scores2_kv(att0, att1, q0, q1, kb, n, hd, t)
+void flm_key_scores_neon(float *att, size_t lda, const float *const *q, int nq, const void *kb, int n, int hd,
+                         int kv) {
+#define CALL(t) key_scores_kv(att, lda, q, nq, kb, n, hd, t)
     KV_DISPATCH(CALL, kv);
 #undef CALL
 }
 
-void flm_weighted_sum2_neon(float *out0, float *out1, const float *p0, const float *p1, const void *v, int n,
-                            size_t ldv, int dim, int kv) {
-#define CALL(t) weighted_sum2_kv(out0, out1, p0, p1, v, n, ldv, dim, t)
-    KV_DISPATCH(CALL, kv);
-#undef CALL
-}
-
-void flm_key_scores_neon(float *att, const float *q, const void *kb, int n, int hd, int kv) {
-#define CALL(t) key_scores_kv(att, q, kb, n, hd, t)
-    KV_DISPATCH(CALL, kv);
-#undef CALL
-}
-
-void flm_weighted_sum_neon(float *out, const float *p, const void *v, int n, size_t ldv, int dim, int kv) {
-#define CALL(t) weighted_sum_kv(out, p, v, n, ldv, dim, t)
+void flm_weighted_sum_neon(float *out, size_t ldo, const float *p, size_t ldp, int nq, const void *v, int n,
+                           size_t ldv, int dim, int kv) {
+#define CALL(t) weighted_sum_kv(out, ldo, p, ldp, nq, v, n, ldv, dim, t)
     KV_DISPATCH(CALL, kv);
 #undef CALL
 }

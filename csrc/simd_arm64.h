@@ -47,13 +47,11 @@ void flm_gemm_bf16_neon(float *, int, const float *, int, const void *, int, int
 /* x as bf16 pairs (ldx counted in pairs), made by flm_to_bf16_neon. */
 void flm_gemm_bf16_bfdot(float *, int, const float *, int, const void *, int, int, int, int, int);
 void flm_to_bf16_neon(uint16_t *dst, const float *src, int n);
-void flm_key_scores_neon(float *att, const float *q, const void *kblocks, int n, int hd, int kv);
-void flm_weighted_sum_neon(float *out, const float *p, const void *v, int n, size_t ldv, int dim, int kv);
+void flm_key_scores_neon(float *att, size_t lda, const float *const *q, int nq, const void *kblocks, int n, int hd,
+                         int kv);
+void flm_weighted_sum_neon(float *out, size_t ldo, const float *p, size_t ldp, int nq, const void *v, int n,
+                           size_t ldv, int dim, int kv);
 void flm_scale_neon(float *x, int n, float s);
-void flm_key_scores2_neon(float *att0, float *att1, const float *q0, const float *q1, const void *kblocks, int n,
-                          int hd, int kv);
-void flm_weighted_sum2_neon(float *out0, float *out1, const float *p0, const float *p1, const void *v, int n,
-                            size_t ldv, int dim, int kv);
 float flm_exp_sum_neon(float *x, int n, float max);
 float flm_scale_max_neon(float *x, int n, float s);
 float flm_softcap_max_neon(float *x, int n, float cap);

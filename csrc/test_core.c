@@ -122,6 +122,9 @@ static const char *paths[] = {"generic", "avx2", "avx512", "avx512_bf16", "amx_b
                               "neon", "dotprod", "i8mm", "neon_bf16"};
 #define N_PATHS (int)(sizeof paths / sizeof paths[0])
 
+static int imin(int a, int b) { return a < b ? a : b; }
+static int imax(int a, int b) { return a > b ? a : b; }
+
 static int failures = 0;
 #define CHECK(cond, ...) do { if (!(cond)) { printf("FAIL: " __VA_ARGS__); printf("\n"); failures++; } } while (0)
 
@@ -129,8 +132,8 @@ static void run(const FlmConfig *c, const FlmWeights *w, const int32_t *tok, int
                 int step, int threads, float *logits) {
     FlmState s;
     float *work = calloc(flm_state_work_floats(c, batch, 4), 4);
-    float *cache = calloc(flm_state_cache_floats(c), 4);
-    flm_state_init(&s, c, batch, 4, work, cache);
+    float *cache = calloc(flm_state_cache_floats(c, w->layers), 4);
+    flm_state_init(&s, c, w->layers, batch, 4, work, cache);
     if (step) {
         for (int i = 0; i < n; i++)
             flm_forward(c, w, &s, tok + i, 1, i, logits + (size_t)i * c->vocab_size, 0, threads);
@@ -144,11 +147,11 @@ static void run(const FlmConfig *c, const FlmWeights *w, const int32_t *tok, int
 /* A Gated DeltaNet layer's mixer, as in Qwen3.5 (Hv != Hk, dk != dv). */
 /* Three run states of 16 tokens a pass and 4 threads, zeroed; bufs gets
  * their memory, to free. */
-static void three_states(const FlmConfig *c, FlmState st[3], float *bufs[6]) {
+static void three_states(const FlmConfig *c, const FlmWeights *w, FlmState st[3], float *bufs[6]) {
     for (int i = 0; i < 3; i++) {
         bufs[2 * i] = calloc(flm_state_work_floats(c, 16, 4), 4);
-        bufs[2 * i + 1] = calloc(flm_state_cache_floats(c), 4);
-        flm_state_init(&st[i], c, 16, 4, bufs[2 * i], bufs[2 * i + 1]);
+        bufs[2 * i + 1] = calloc(flm_state_cache_floats(c, w->layers), 4);
+        flm_state_init(&st[i], c, w->layers, 16, 4, bufs[2 * i], bufs[2 * i + 1]);
     }
 }
 
@@ -160,7 +163,7 @@ static void test_batch(const FlmConfig *c, const FlmWeights *w, const int32_t *t
     const size_t V = (size_t)c->vocab_size;
     FlmState st[3];
     float *bufs[6];
-    three_states(c, st, bufs);
+    three_states(c, w, st, bufs);
     const int32_t *ta = tok, *tb = tok + 20;
     float *batched = malloc(2 * V * 4 * STEPS), *alone = malloc(2 * V * 4 * STEPS), *out = malloc(2 * V * 4);
     int posa = 0, posb = 0, same = 1;
@@ -179,7 +182,7 @@ static void test_batch(const FlmConfig *c, const FlmWeights *w, const int32_t *t
         if (step >= 1) posb += nb;
     }
     /* B alone, in a fresh state, with the same steps. */
-    memset(bufs[5], 0, flm_state_cache_floats(c) * 4);
+    memset(bufs[5], 0, flm_state_cache_floats(c, w->layers) * 4);
     for (int step = 1, pos = 0; step < STEPS; step++) {
         int nb = step == 1 ? 3 : 1;
         flm_forward(c, w, &st[2], tb + pos, nb, pos, alone + 2 * V * step + V, 0, 3);
@@ -202,7 +205,7 @@ static void test_rollback(const FlmConfig *c, const FlmWeights *w, const int32_t
     const size_t V = (size_t)c->vocab_size;
     FlmState st[3];
     float *bufs[6];
-    three_states(c, st, bufs);
+    three_states(c, w, st, bufs);
     float *saved = calloc(flm_state_saved_floats(c) + 1, 4), *kept = calloc(flm_state_keep_floats(c, ROWS) + 1, 4);
     st[0].lin_saved = saved;
     st[0].lin_keep = kept;
@@ -403,6 +406,115 @@ static void test_model(int wtype, int qk_norm, int bias, int gate, int linear, i
             CHECK(kverr <= 1.0, "%s kv_type=%d: too far from the fp32 cache (err/bound %.2f)", paths[pi], kv, kverr);
             printf("    kv_type=%d: err/bound vs fp32 cache %.3f\n", kv, kverr);
         }
+    }
+    free_owned();
+}
+
+/* One state of a test, its buffers freed with free_owned. */
+static FlmState *new_state(const FlmConfig *c, const FlmWeights *w, int batch) {
+    FlmState *s = own(malloc(sizeof *s));
+    flm_state_init(s, c, w->layers, batch, 4, own(calloc(flm_state_work_floats(c, batch, 4), 4)),
+                   own(calloc(flm_state_cache_floats(c, w->layers), 4)));
+    return s;
+}
+
+/* Long sequences: keys in several blocks (both schedules of attention: the
+ * tiles of a prompt's passes and the split blocks of short passes), GQA
+ * groups of 3, and sliding windows held in rings (of 512 and 256 slots for
+ * windows of 218 and 473, passes of at most 40 tokens: one slot more than
+ * the least each needs, and none), beside a layer that
+ * sees the whole context. Bit for bit the same logits: whole passes, one
+ * token at a time, 3 threads and passes of 5, caches that hold every
+ * position instead of rings, a sequence batched with another, a copy of a
+ * state some tokens on, and a ring's window saved and put back after the
+ * rings have moved on. */
+static void test_long(int kv_type) {
+    enum { N = 700 };
+    FlmConfig c = {.dim = 48, .hidden_dim = 64, .n_layers = 3, .n_heads = 6, .n_kv_heads = 2, .head_dim = 16,
+                   .vocab_size = 61, .seq_len = N, .rope_dim = 16, .kv_type = kv_type, .max_pass = 40,
+                   .norm_eps = 1e-5f, .attn_scale = 0.25f, .embed_scale = 1.0f, .residual_scale = 1.0f,
+                   .logits_div = 1.0f};
+    const int qd = c.n_heads * c.head_dim, kvd = c.n_kv_heads * c.head_dim, windows[3] = {0, 218, 473};
+    FlmLayer layers[3];
+    float *cosv = own(malloc((size_t)N * 8 * 4)), *sinv = own(malloc((size_t)N * 8 * 4));
+    for (int p = 0; p < N; p++)
+        for (int i = 0; i < 8; i++) {
+            cosv[p * 8 + i] = cosf(p * powf(10000.0f, -i / 8.0f));
+            sinv[p * 8 + i] = sinf(p * powf(10000.0f, -i / 8.0f));
+        }
+    for (int l = 0; l < 3; l++) {
+        FlmLayer *L = &layers[l];
+        memset(L, 0, sizeof *L);
+        L->head_dim = c.head_dim; L->n_kv_heads = c.n_kv_heads; L->rope_dim = c.rope_dim;
+        L->hidden_dim = c.hidden_dim; L->kv_layer = l; L->window = windows[l];
+        L->rope_cos = cosv; L->rope_sin = sinv;
+        L->wq = mat(qd, c.dim, FLM_F32, 0.5f);
+        L->wk = mat(kvd, c.dim, FLM_F32, 0.5f);
+        L->wv = mat(kvd, c.dim, FLM_F32, 0.5f);
+        L->wo = mat(c.dim, qd, FLM_F32, 0.3f);
+        L->w_gate = mat(c.hidden_dim, c.dim, FLM_F32, 0.3f);
+        L->w_up = mat(c.hidden_dim, c.dim, FLM_F32, 0.3f);
+        L->w_down = mat(c.dim, c.hidden_dim, FLM_F32, 0.3f);
+        L->attn_norm = vec(c.dim, 1.0f, 0.2f);
+        L->ffn_norm = vec(c.dim, 1.0f, 0.2f);
+    }
+    const void *table = own(alloc_rows(c.vocab_size, c.dim, FLM_F32, 1.0f));
+    FlmWeights w = {.embed = matrix(table, FLM_F32), .layers = layers, .norm = vec(c.dim, 1.0f, 0.2f)};
+    w.lm_head = packed(table, c.vocab_size, c.dim, FLM_F32);
+    int32_t tok[N];
+    for (int i = 0; i < N; i++) tok[i] = (int32_t)((i * 37 + i / 7) % c.vocab_size);
+    const size_t V = c.vocab_size, sz = (size_t)N * V;
+    float *ref = own(malloc(sz * 4)), *out = own(malloc(sz * 4));
+
+    for (int pi = 0; pi < N_PATHS; pi++) {
+        if (flm_set_simd_path(paths[pi]) != 0) continue;
+        FlmState *a = new_state(&c, &w, 64), *b = new_state(&c, &w, 64), *d = new_state(&c, &w, 64);
+        CHECK(flm_state_rewind_room(&c, a) == 40, "%s: rings of the wrong size", paths[pi]);
+        flm_forward(&c, &w, a, tok, N, 0, ref, 1, 2);
+        int same = 1;
+        for (int i = 0; i < N; i++) flm_forward(&c, &w, b, tok + i, 1, i, out + i * V, 0, 1);
+        same &= memcmp(ref, out, sz * 4) == 0;
+        CHECK(same, "%s kv_type=%d: one token at a time differs from whole passes", paths[pi], kv_type);
+        FlmState *five = new_state(&c, &w, 5);
+        flm_forward(&c, &w, five, tok, N, 0, out, 1, 3);
+        CHECK(memcmp(ref, out, sz * 4) == 0, "%s kv_type=%d: 3 threads / passes of 5 differ", paths[pi], kv_type);
+        FlmConfig whole = c;
+        whole.max_pass = 0;
+        FlmState *full = new_state(&whole, &w, 64);
+        CHECK(flm_state_rewind_room(&whole, full) == -1, "%s: a ring where every position is held", paths[pi]);
+        flm_forward(&whole, &w, full, tok, N, 0, out, 1, 2);
+        CHECK(memcmp(ref, out, sz * 4) == 0, "%s kv_type=%d: rings differ from whole caches", paths[pi], kv_type);
+
+        /* Sequence b in passes of 1, 3, 17 and 40 tokens beside sequence d's
+         * (the same tokens, 250 positions behind, in passes of 9). */
+        static const int sizes[] = {1, 3, 17, 40};
+        float *both = own(malloc(2 * 40 * V * 4));
+        same = 1;
+        for (int pb = 0, pd = 0, step = 0; pb < N; step++) {
+            const int nb = imin(sizes[step % 4], N - pb), nd = pb >= 250 ? imin(9, N - pd) : 0;
+            FlmSeq seqs[2] = {{b, tok + pb, nb, pb, nb}, {d, tok + pd, imax(nd, 1), pd, imax(nd, 1)}};
+            flm_forward_batch(&c, &w, a, seqs, nd ? 2 : 1, both, 3);
+            same &= memcmp(both, ref + (size_t)pb * V, nb * V * 4) == 0;
+            if (nd) same &= memcmp(both + nb * V, ref + (size_t)pd * V, nd * V * 4) == 0;
+            pb += nb;
+            pd += nd;
+        }
+        CHECK(same, "%s kv_type=%d: batched sequences differ from a sequence alone", paths[pi], kv_type);
+
+        /* d holds what b held 40 positions back (its rings still hold the
+         * window before), and goes on from there; b goes back to position
+         * 300, saved with its rings' windows, 400 positions later. */
+        flm_state_copy(&c, d, b, N - 40, 0);
+        flm_forward(&c, &w, d, tok + N - 40, 40, N - 40, out, 1, 2);
+        CHECK(memcmp(ref + (N - 40) * V, out, 40 * V * 4) == 0, "%s: a copied state differs", paths[pi]);
+        float *saved = own(malloc(flm_state_window_floats(&c, b) * 4));
+        flm_forward(&c, &w, b, tok, 300, 0, out, 0, 2);
+        flm_state_window(&c, b, 300, saved, 1);
+        flm_forward(&c, &w, b, tok + 300, 400, 300, out, 0, 2);
+        flm_state_window(&c, b, 300, saved, 0);
+        flm_forward(&c, &w, b, tok + 300, 400, 300, out, 1, 2);
+        CHECK(memcmp(ref + 300 * V, out, 400 * V * 4) == 0, "%s: a window put back differs", paths[pi]);
+        printf("ok  %-11s long sequences, kv_type=%d: rings, blocks, batches, copies\n", paths[pi], kv_type);
     }
     free_owned();
 }
@@ -699,39 +811,69 @@ static void test_conv_silu(void) {
     }
 }
 
-/* key_scores2 and weighted_sum2, where a path has them: bit for bit the
- * one-query kernels, for each KV cache type, with ragged blocks and
- * dimensions. */
-static void test_attention_pairs(void) {
-    enum { HD = 20, NMAX = 37, ROOM = 48, DIM = 69 };
+/* The attention kernels of every path, for each KV cache type, with
+ * ragged blocks and dimensions: the scores and weighted sums of several
+ * queries at once are bit for bit those of each query alone, a weighted
+ * sum in two calls is that of one, and both are near double precision. */
+static void test_attention_kernels(void) {
+    enum { HD = 20, NMAX = 37, ROOM = 48, DIM = 69, NQ = 7 };
     static const int ns[] = {1, 16, 37};
-    float q0[HD], q1[HD], p0[NMAX + 1], p1[NMAX + 1];
-    float a0[ROOM], a1[ROOM], b0[ROOM], b1[ROOM], o0[DIM], o1[DIM], r0[DIM], r1[DIM];
-    for (int d = 0; d < HD; d++) { q0[d] = frand(); q1[d] = frand(); }
-    for (int j = 0; j <= NMAX; j++) { p0[j] = 0.5f + 0.5f * frand(); p1[j] = 0.5f + 0.5f * frand(); }
+    float q[NQ][HD], p[NQ][NMAX], att[NQ][ROOM], one[ROOM], out[NQ][DIM], ref[DIM];
+    const float *qs[NQ];
+    for (int i = 0; i < NQ; i++) {
+        qs[i] = q[i];
+        for (int d = 0; d < HD; d++) q[i][d] = frand();
+        for (int j = 0; j < NMAX; j++) p[i][j] = 0.5f + 0.5f * frand();
+    }
     for (int pi = 0; pi < N_PATHS; pi++) {
-        if (flm_set_simd_path(paths[pi]) != 0 || !flm_kernels->key_scores2) continue;
+        if (flm_set_simd_path(paths[pi]) != 0) continue;
         int same = 1;
+        double err = 0;
         for (int kv = FLM_F32; kv <= FLM_F16; kv++) {
-            void *keys = alloc((size_t)ROOM * HD, kv, 1.0f), *vals = alloc((size_t)(NMAX + 1) * 2 * DIM, kv, 1.0f);
+            void *keys = alloc((size_t)ROOM * HD, kv, 1.0f), *vals = alloc((size_t)NMAX * 2 * DIM, kv, 1.0f);
             for (int t = 0; t < 3; t++) {
                 const int n = ns[t];
-                flm_kernels->key_scores2(a0, a1, q0, q1, keys, n, HD, kv);
-                flm_kernels->key_scores(b0, q0, keys, n, HD, kv);
-                flm_kernels->key_scores(b1, q1, keys, n, HD, kv);
-                same &= memcmp(a0, b0, n * 4) == 0 && memcmp(a1, b1, n * 4) == 0;
-                for (int dim = HD; dim <= DIM; dim += DIM - HD) {   /* a value row of 2*DIM, one head's dims */
-                    flm_kernels->weighted_sum2(o0, o1, p0, p1, vals, n, 2 * DIM, dim, kv);
-                    flm_kernels->weighted_sum(r0, p0, vals, n, 2 * DIM, dim, kv);
-                    flm_kernels->weighted_sum(r1, p1, vals, n + 1, 2 * DIM, dim, kv);
-                    same &= memcmp(o0, r0, dim * 4) == 0 && memcmp(o1, r1, dim * 4) == 0;
+                for (int nq = 1; nq <= NQ; nq++) {
+                    flm_kernels->key_scores(att[0], ROOM, qs, nq, keys, n, HD, kv);
+                    for (int i = 0; i < nq; i++) {
+                        flm_kernels->key_scores(one, ROOM, qs + i, 1, keys, n, HD, kv);
+                        same &= memcmp(one, att[i], n * 4) == 0;
+                        for (int j = 0; j < n; j++) {
+                            double r = 0;
+                            for (int d = 0; d < HD; d++)
+                                r += (double)q[i][d] * flm_kv_at(keys, (size_t)(j / 16 * HD + d) * 16 + j % 16, kv);
+                            err = fmax(err, fabs(att[i][j] - r) / (1e-5 + 1e-5 * fabs(r)));
+                        }
+                    }
+                    for (int dim = HD; dim <= DIM; dim += DIM - HD) {   /* a value row of 2*DIM, one head's dims */
+                        memset(out, 0, sizeof out);
+                        flm_kernels->weighted_sum(out[0], DIM, p[0], NMAX, nq, vals, n, 2 * DIM, dim, kv);
+                        for (int i = 0; i < nq; i++) {
+                            memset(ref, 0, sizeof ref);
+                            flm_kernels->weighted_sum(ref, DIM, p[i], NMAX, 1, vals, n / 3, 2 * DIM, dim, kv);
+                            flm_kernels->weighted_sum(ref, DIM, p[i] + n / 3, NMAX, 1,
+                                                      (const char *)vals + (size_t)(n / 3) * 2 * DIM * (kv ? 2 : 4),
+                                                      n - n / 3, 2 * DIM, dim, kv);
+                            same &= memcmp(ref, out[i], dim * 4) == 0;
+                            for (int d = 0; d < dim; d++) {
+                                double r = 0, mag = 0;
+                                for (int j = 0; j < n; j++) {
+                                    const double x = (double)p[i][j] * flm_kv_at(vals, (size_t)j * 2 * DIM + d, kv);
+                                    r += x;
+                                    mag += fabs(x);
+                                }
+                                err = fmax(err, fabs(out[i][d] - r) / (1e-5 * mag + 1e-30));
+                            }
+                        }
+                    }
                 }
             }
             free(keys);
             free(vals);
         }
-        CHECK(same, "%s: key_scores2 or weighted_sum2 differ from the one-query kernels", paths[pi]);
-        printf("ok  %-11s key_scores2, weighted_sum2\n", paths[pi]);
+        CHECK(same, "%s: attention kernels of several queries, or in parts, differ from one query at once", paths[pi]);
+        CHECK(err <= 1.0, "%s: attention kernels off by %.2f of their bound", paths[pi], err);
+        printf("ok  %-11s key_scores, weighted_sum (err/bound %.3f)\n", paths[pi], err);
     }
 }
 
@@ -745,7 +887,7 @@ static void test_quant_matmul(int type) {
                    .vocab_size = N, .seq_len = 16, .rope_dim = 16};
     FlmState s;
     float *work = own(calloc(flm_state_work_floats(&c, T, 4), 4));
-    flm_state_init(&s, &c, T, 4, work, NULL);
+    flm_state_init(&s, &c, NULL, T, 4, work, NULL);
     void *rows = own(alloc_rows(N, K, type, 1.0f));
     FlmMatrix *q = packed(rows, N, K, type);
     float *deq = own(malloc((size_t)N * K * 4)), *x = own(malloc((size_t)T * K * 4));
@@ -819,7 +961,10 @@ int main(void) {
     test_to_bf16();
     test_delta_rule();
     test_conv_silu();
-    test_attention_pairs();
+    test_attention_kernels();
+    /* last: the random draws of the tests above stay as they were */
+    test_long(FLM_F32);
+    test_long(FLM_F16);
     printf(failures ? "%d failed\n" : "all passed\n", failures);
     return failures != 0;
 }

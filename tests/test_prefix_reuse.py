@@ -5,7 +5,10 @@ Recurrent layers (Qwen3.5's Gated DeltaNet) cannot forget tokens, so a
 session saves their states at checkpoints (the end of a prompt and of a
 reply, a few tokens before a prompt's end, every CHECKPOINT_EVERY tokens of
 a long one) and a prompt that shares only part of what a session holds
-resumes from the nearest checkpoint inside the shared part.
+resumes from the nearest checkpoint inside the shared part. Sliding-window
+layers hold only their window and one pass (a ring): a session goes back
+as far as its rings still hold the window before, and further only to a
+checkpoint, which saves the windows.
 """
 from pathlib import Path
 
@@ -55,12 +58,12 @@ def test_a_conversation_resumes_where_it_can_and_matches_a_cold_run(name):
         got = list(m.generate_tokens(prompt, 10, stop_token_ids=(), session=s))
         assert got == list(m.generate_tokens(prompt, 10, stop_token_ids=(), session=m.new_session()))
         assert m.last_stats.prompt_tokens == len(prompt)
-        if s.can_rewind:
+        if not name.startswith("hybrid"):   # attention caches (rings: within their reach)
             assert reused == max(i for i in range(len(prompt)) if prompt[:i] == held[:i])
     # what was reused each time: all of turn 1 and its reply (minus the reply's
     # last token, never run), then the checkpoint before turn 2's end, then
     # the one before turn 1's end
-    if not s.can_rewind:
+    if name.startswith("hybrid"):
         t = m.new_session()
         t.prefill(p1)
         list(m.generate_tokens(p1, 12, stop_token_ids=(), session=t))
@@ -168,3 +171,49 @@ def test_the_prompt_cache_keeps_what_a_slot_held_for_a_later_request(name):
         assert len(small.cache) == 0
     finally:
         small.close()
+
+
+def test_sliding_window_rings_go_back_within_their_reach_and_to_checkpoints():
+    """Gemma 3's sliding layers (window 7) in rings of 256 slots (passes of at
+    most 16 tokens): a session goes back up to 250 tokens from the furthest
+    it ran without a checkpoint, further only to a checkpoint (which saves
+    the windows), and every resumed or copied run gives a cold run's logits."""
+    m = Model.from_pretrained(FILES["sliding window"], n_ctx=1024, threads=2, max_batch=16)
+    s = m.new_session()
+    assert not s.can_rewind and s.max_batch == 16
+    long = ids(m, 700, 50)
+    cold = m.new_session().logits(long)
+    assert np.array_equal(s.logits(long), cold)
+    # the rings hold 256 positions of each sliding layer, not 700
+    full = Model.from_pretrained(FILES["sliding window"], n_ctx=1024, threads=2, max_batch=1024).new_session()
+    full.prefill(long)
+    assert s.memory_bytes < 0.5 * full.memory_bytes
+    assert s.can_rewind_to(700 - 250) and not s.can_rewind_to(700 - 251)
+    s.rewind(500)
+    assert np.array_equal(s.extend(long[500:], all_logits=True), cold[500:])
+    with pytest.raises(ValueError, match="hold only their window"):
+        s.rewind(300)
+    # a prompt parting from the sequence 400 tokens back resumes from a
+    # checkpoint: none yet, so from zero; with one, from there
+    other = long[:300] + ids(m, 20, 51)
+    assert s.reusable(other) == 0
+    s.prefill(long[:300])
+    s.checkpoint()
+    s.extend(long[300:])
+    assert 300 in s.checkpoints and s.reusable(other) == 300
+    assert np.array_equal(s.prefill(other), m.new_session().prefill(other))
+    s.rewind(300)
+    assert np.array_equal(s.extend(long[300:], all_logits=True), cold[300:])
+    # a copy: from within the other's reach, or at its checkpoint
+    t = m.new_session()
+    t.copy_prefix(s, 600)
+    assert np.array_equal(t.extend(long[600:], all_logits=True), cold[600:])
+    t.copy_prefix(s, 300)
+    assert np.array_equal(t.extend(long[300:], all_logits=True), cold[300:])
+    with pytest.raises(ValueError, match="at a checkpoint"):
+        t.copy_prefix(s, 200)
+    # speculative verification: a draft of a pass, then a prefix kept
+    s.rewind(680)
+    s.verify(long[680:696])
+    s.keep(5)
+    assert np.array_equal(s.extend(long[685:], all_logits=True), cold[685:])

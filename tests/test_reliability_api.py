@@ -49,8 +49,11 @@ class InterruptAfterRun:
     def __init__(self, state, k):
         self.state, self.k, self.calls = state, k, 0
 
-    def run(self, *args):
-        out = self.state.run(*args)
+    def __getattr__(self, name):   # the rest of the state as it is
+        return getattr(self.state, name)
+
+    def run(self, *args, **kwargs):
+        out = self.state.run(*args, **kwargs)
         self.calls += 1
         if self.calls == self.k:
             raise KeyboardInterrupt
@@ -162,9 +165,9 @@ def test_long_prompts_go_to_c_in_chunks(small_batch_model):
     real, sizes = session._state, []
 
     class Spy:
-        def run(self, ids, *args):
+        def run(self, ids, *args, **kwargs):
             sizes.append(len(ids))
-            return real.run(ids, *args)
+            return real.run(ids, *args, **kwargs)
     session._state = Spy()
     logits = session.logits(PROMPT)
     session._state = real
@@ -304,7 +307,7 @@ def test_a_huge_context_is_refused_or_capped_before_allocating(tiny_model_dir, t
     monkeypatch.setattr(fastllm.model, "physical_memory", lambda: 64 << 20)
     with pytest.warns(ResourceLimitWarning, match="max_position_embeddings is 1000000000.*capped at"):
         model = Model.from_pretrained(folder, threads=1)
-    assert 0 < model.n_ctx * model.config.context_bytes(1, "f32", 1) <= 32 << 20
+    assert 0 < model.n_ctx and model.config.context_bytes(model.n_ctx, "f32", 1) <= 32 << 20
     assert model.logits(PROMPT).shape == (len(PROMPT), model.config.vocab_size)
 
 
@@ -447,3 +450,120 @@ def test_a_normalizer_chain_that_multiplies_the_text_is_refused(tmp_path):
     tok = Tokenizer.from_file(tmp_path / "tokenizer.json")
     with pytest.raises(TokenizerError, match="cannot be used"):
         tok.encode("hello world")
+
+
+# ------------------------------------------------ sessions, streams, engines
+
+from test_reliability_files import _finishes as within  # noqa: E402  (fn() or what it raised, a hang failing)
+
+def test_a_session_of_another_model_is_refused(tiny_model_dir):
+    from fastllm.session import extend_together
+    ours = Model.from_pretrained(tiny_model_dir("llama-gqa"), threads=1, n_ctx=64)
+    theirs = Model.from_pretrained(tiny_model_dir("qwen2"), threads=1, n_ctx=64)
+    foreign = theirs.new_session()
+    with pytest.raises(ValueError, match="another model"):
+        list(ours.generate_tokens(PROMPT, 2, session=foreign))
+    with pytest.raises(ValueError, match="another model"):
+        ours.logits(PROMPT, session=foreign)
+    mine = ours.new_session()
+    mine.prefill(PROMPT)
+    with pytest.raises(ValueError, match="another model"):
+        foreign.copy_prefix(mine, 3)
+    with pytest.raises(ValueError, match="another model"):
+        extend_together([mine, foreign], [[5], [6]])
+    assert mine.tokens == tuple(PROMPT) and foreign.tokens == ()
+    # the same files loaded twice are two models too: their sessions do not mix
+    twin = Model.from_pretrained(tiny_model_dir("llama-gqa"), threads=1, n_ctx=64)
+    with pytest.raises(ValueError, match="another model"):
+        list(ours.generate_tokens(PROMPT, 2, session=twin.new_session()))
+
+
+def test_a_half_read_stream_does_not_block_other_threads(tiny_model_dir):
+    """One thread reads a stream on the default session partly and stops;
+    another thread's calls run meanwhile (on a session of their own) instead
+    of waiting for ever."""
+    model = Model.from_pretrained(tiny_model_dir("llama-gqa"), threads=1, n_ctx=64)
+    want = list(model.generate_tokens(PROMPT, N_NEW))
+    stream = model.generate_tokens(PROMPT, N_NEW)
+    first = next(stream)
+    assert within(lambda: list(model.generate_tokens(PROMPT, N_NEW)), 30) == want
+    assert within(lambda: model.logits(PROMPT), 30).shape == (len(PROMPT), model.config.vocab_size)
+    assert [first] + list(stream) == want
+    # the default session is the stream's no longer: the next call takes it
+    assert list(model.generate_tokens(PROMPT, N_NEW)) == want
+    assert model._session.tokens[:len(PROMPT)] == tuple(PROMPT)
+
+
+class RulesOutEverything:
+    """A constraint under which no token may come."""
+    done = False
+
+    def mask(self, logits):
+        return np.full_like(logits, -np.inf)
+
+    def accept(self, token):
+        raise AssertionError(f"token {token} was chosen although none may come")
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_logits_with_no_token_left_raise_instead_of_choosing_one(tiny_model_dir, temperature):
+    from fastllm.serving import BatchEngine
+    model = Model.from_pretrained(tiny_model_dir("llama-gqa"), threads=1, n_ctx=64)
+    sampling = SamplingParams(temperature=temperature, seed=1)
+    for processor in (lambda tokens, logits: np.full_like(logits, -np.inf),
+                      lambda tokens, logits: np.full_like(logits, np.nan)):
+        with pytest.raises(ValueError, match="no token can be chosen"):
+            list(model.generate_tokens(PROMPT, 3, sampling, logits_processors=[processor]))
+    with pytest.raises(ValueError, match="every token is ruled out"):
+        list(model.generate_tokens(PROMPT, 3, sampling, constraint=RulesOutEverything()))
+    engine = BatchEngine(model, parallel=2)
+    try:
+        failing = engine.submit(PROMPT, 3, sampling, constraint=RulesOutEverything())
+        fine = engine.submit(PROMPT, 3, sampling)
+        with pytest.raises(ValueError, match="every token is ruled out"):
+            list(failing)
+        assert failing.finish_reason == "error"
+        assert list(fine) == list(model.generate_tokens(PROMPT, 3, sampling, session=model.new_session()))
+    finally:
+        engine.close()
+
+
+def test_a_batch_request_read_twice_and_an_engine_used_after_close(tiny_model_dir):
+    import asyncio
+    from fastllm.serving import BatchEngine
+    model = Model.from_pretrained(tiny_model_dir("llama-gqa"), threads=1, n_ctx=64)
+    engine = BatchEngine(model, parallel=1)
+    request = engine.submit(PROMPT, 3)
+    assert len(list(request)) == 3
+    assert within(lambda: list(request), 10) == []   # ended: a second reading ends at once
+
+    async def read(r):
+        return [t async for t in r]
+    again = engine.submit(PROMPT, 3)
+    assert len(asyncio.run(read(again))) == 3
+    assert within(lambda: asyncio.run(read(again)), 10) == []
+    failing = engine.submit(PROMPT, 3, constraint=RulesOutEverything())
+    for _ in range(2):
+        assert isinstance(within(lambda: list(failing), 10), ValueError)
+    engine.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.submit(PROMPT, 3)
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.submit_many(PROMPT, 3, [None, None])
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0}, "greedy", 0.7])
+def test_sampling_that_is_not_sampling_params_is_named(tiny_model_dir, sampling):
+    from fastllm.serving import BatchEngine
+    model = Model.from_pretrained(tiny_model_dir("llama-gqa"), threads=1, n_ctx=64)
+    with pytest.raises(TypeError, match="sampling must be a SamplingParams"):
+        model.generate_tokens(PROMPT, 3, sampling)
+    with pytest.raises(TypeError, match="sampling must be a SamplingParams"):
+        model.generate_tokens_batch([PROMPT], 3, sampling)
+    engine = BatchEngine(model, parallel=1)
+    try:
+        with pytest.raises(TypeError, match="sampling must be a SamplingParams"):
+            engine.submit(PROMPT, 3, sampling)
+        assert engine.queue_depth == 0 and engine.active == 0
+    finally:
+        engine.close()

@@ -175,14 +175,13 @@ def test_a_well_formed_index_loads(tmp_path):
 # ----------------------------------------------------- non-regular files
 
 def _finishes(fn, seconds=20):
-    """fn() raised ModelFileError within seconds, in a thread so that a hang
-    fails the test instead of stopping the run."""
+    """What fn() returned or raised within seconds, run in a thread so that
+    a hang fails the test instead of stopping the run."""
     outcome = []
 
     def run():
         try:
-            fn()
-            outcome.append(None)
+            outcome.append(fn())
         except BaseException as e:  # noqa: BLE001 - handed to the test
             outcome.append(e)
     t = threading.Thread(target=run, daemon=True)
@@ -488,7 +487,7 @@ def test_a_fifo_as_the_cache_stamp_is_rebuilt_not_waited_on(tmp_path, monkeypatc
     first = hub.resolve_model(tiny_gguf_file)
     (first / "fastllm_source.json").unlink()
     os.mkfifo(first / "fastllm_source.json")
-    assert _finishes(lambda: hub.resolve_model(tiny_gguf_file)) is None
+    assert not isinstance(_finishes(lambda: hub.resolve_model(tiny_gguf_file)), BaseException)
     assert (first / "fastllm_source.json").is_file()
 
 
@@ -539,9 +538,140 @@ def test_an_error_reading_the_source_is_not_blamed_on_the_cache(tmp_path, monkey
     _home(monkeypatch, tmp_path / "home")
     from fastllm.formats import gguf as gguf_format
 
-    def vanished(path):
+    def vanished(path, *args, **kwargs):
         raise FileNotFoundError(2, "No such file or directory", str(path))
     monkeypatch.setattr(gguf_format, "read_contents", vanished)
     with pytest.raises(FileNotFoundError) as e:
         hub.resolve_model(tiny_gguf_file)
     assert not isinstance(e.value, hub.CacheError)
+
+
+# ------------------------------------------------- counts a file cannot back
+
+@pytest.mark.slow
+def test_a_vocabulary_past_the_embedding_rows_is_refused_before_it_is_decoded(tmp_path):
+    """A GGUF file whose tokenizer lists 400,000 tokens for 16 embedding
+    rows: refused from the counts, before 400,000 strings are built (some
+    25 MB of them)."""
+    import tracemalloc
+    src = os.path.join(SEEDS, "gguf", "tiny-f32")
+    dst = _rewrite_gguf(src, tmp_path / "x.gguf", {"tokenizer.ggml.tokens": [f"t{i}" for i in range(400_000)]})
+    tracemalloc.start()
+    try:
+        with pytest.raises(ModelFileError, match="400000 tokens but only 16 embedding rows"):
+            convert_gguf(dst, tmp_path / "out", progress=False)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, f"{peak / 2**20:.0f} MB allocated before refusing"
+
+
+def test_a_sentencepiece_vocabulary_whose_merges_explode_is_refused():
+    """Pieces of 1 to 600 "▁": every split of each is a merge (180,000 of
+    them, 70 million characters) that the BPE rebuild would list; real
+    vocabularies give about two merges a token."""
+    from fastllm.formats.gguf_tokenizer import tokenizer_files
+    tokens = ["<unk>", "<s>", "</s>"] + ["\u2581" * k for k in range(1, 601)]
+    md = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
+          "tokenizer.ggml.scores": [0.0] * 3 + [-float(k) for k in range(1, 601)],
+          "tokenizer.ggml.token_type": [2, 3, 3] + [1] * 600}
+    with pytest.raises(ModelFileError, match="merges"):
+        tokenizer_files(md, "spm.gguf")
+
+
+def test_real_sentencepiece_vocabularies_stay_within_the_merge_bound():
+    from fastllm.formats.gguf_tokenizer import tokenizer_files
+    gguf = pytest.importorskip("gguf")
+    folder = os.path.join(os.path.dirname(__file__), "data", "spm-gguf")
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".gguf"):
+            md = read_gguf(os.path.join(folder, name), gguf).metadata
+            tokenizer_json, _ = tokenizer_files(md, name)
+            assert tokenizer_json["model"]["merges"], name
+
+
+@pytest.mark.parametrize("layers", [10**6, 2**31 - 1])
+def test_a_huge_layer_count_is_refused_before_any_per_layer_work(tiny_model_dir, tmp_path, layers):
+    from fastllm import Model
+    from fastllm.config import ModelConfig
+    from oracles import tiny_models
+    for kind in ("llama-gqa", "mistral-swa", "qwen3_5-text"):   # the latter two list a type per layer
+        folder = tiny_models.with_config(tiny_model_dir(kind), tmp_path / f"{kind}-{layers}",
+                                         num_hidden_layers=layers, layer_types=None)
+        err = _finishes(lambda: Model.from_pretrained(folder, n_ctx=32))
+        assert isinstance(err, ModelFileError) and "num_hidden_layers" in str(err), repr(err)
+        err = _finishes(lambda: ModelConfig.from_file(folder / "config.json"))
+        assert isinstance(err, ModelFileError) and "at most 4096" in str(err), repr(err)
+
+
+def test_a_layer_count_past_the_checkpoint_is_refused_from_the_tensor_count(tiny_model_dir, tmp_path):
+    from fastllm import Model
+    from oracles import tiny_models
+    folder = tiny_models.with_config(tiny_model_dir("llama-gqa"), tmp_path / "m", num_hidden_layers=4000)
+    err = _finishes(lambda: Model.from_pretrained(folder, n_ctx=32))
+    assert isinstance(err, ModelFileError), repr(err)
+    assert re.search(r"num_hidden_layers is 4000, but .* holds only \d+ tensors", str(err)), str(err)
+
+
+def test_a_huge_max_position_embeddings_gives_a_bounded_default_context(tiny_model_dir, tmp_path):
+    """The default context is max_position_embeddings up to DEFAULT_MAX_CTX;
+    beyond it, a warning, and tables sized to the context loaded."""
+    from fastllm import Model, ResourceLimitWarning
+    from fastllm.model import DEFAULT_MAX_CTX
+    from oracles import tiny_models
+    for n in (10**7, 10**9):
+        folder = tiny_models.with_config(tiny_model_dir("llama-gqa"), tmp_path / str(n), max_position_embeddings=n)
+        with pytest.warns(ResourceLimitWarning, match=f"max_position_embeddings is {n}.*n_ctx={DEFAULT_MAX_CTX}"):
+            model = Model.from_pretrained(folder, threads=1)
+        assert model.n_ctx == DEFAULT_MAX_CTX
+        assert model.logits([1, 2, 3]).shape == (3, model.config.vocab_size)
+    # a model's own context below the bound is the default, as before
+    assert Model.from_pretrained(tiny_model_dir("llama-gqa"), threads=1).n_ctx == \
+        json.loads((tiny_model_dir("llama-gqa") / "config.json").read_text())["max_position_embeddings"]
+
+
+def test_a_huge_gemma4_layer_scale_is_an_error_not_token_zero_forever(tiny_model_dir, tmp_path):
+    from fastllm import Model
+    folder = _copy_model(tiny_model_dir, "gemma4-text", tmp_path)
+    path = folder / "model.safetensors"
+    tensors = {k: np.array(v) for k, v in load_file(path).items()}
+    scales = [k for k in tensors if k.endswith("layer_scalar")]
+    assert scales
+    tensors[scales[0]][...] = 1e38
+    save_file(path, tensors)
+    model = Model.from_pretrained(folder, threads=1, n_ctx=64)
+    assert np.isnan(model.logits([1, 2, 3])[-1]).all()   # what the model computes, as it is
+    with pytest.raises(FloatingPointError, match="NaN"):
+        list(model.generate_tokens([1, 2, 3], 4))
+
+
+def _tampered_hf_cache(tmp_path, ref: str):
+    cache = tmp_path / "hub"
+    repo = cache / "models--org--name"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "snapshots" / ("0" * 40)).mkdir(parents=True)
+    (repo / "refs" / "main").write_text(ref)
+    return cache
+
+
+@pytest.mark.parametrize("ref", ["/etc", "/", "../../../outside", "../../models--org--other/snapshots/x"])
+def test_a_tampered_hugging_face_ref_cannot_leave_the_snapshot_folder(tmp_path, monkeypatch, ref):
+    pytest.importorskip("huggingface_hub")
+    from fastllm.huggingface import ModelNotFoundError
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.gguf").write_bytes(b"GGUF")
+    other = tmp_path / "hub" / "models--org--other" / "snapshots" / "x"
+    other.mkdir(parents=True)
+    (other / "model.gguf").write_bytes(b"GGUF")
+    cache = _tampered_hf_cache(tmp_path, ref)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    listed = []
+    from fastllm import huggingface
+    real = huggingface._files_under
+    monkeypatch.setattr(huggingface, "_files_under", lambda folder: listed.append(folder) or real(folder))
+    with pytest.raises(ModelNotFoundError, match="refs/main") as e:
+        hub.locate("org/name")
+    assert "snapshot" in str(e.value)
+    assert listed == []

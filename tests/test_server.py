@@ -17,7 +17,7 @@ uvicorn = pytest.importorskip("uvicorn")
 pytest.importorskip("starlette")
 
 from fastllm import Model, SamplingParams  # noqa: E402
-from fastllm.server import ServeOptions, create_app  # noqa: E402
+from fastllm.server import ServeOptions, create_app, uvicorn_config  # noqa: E402
 from fastllm.serving import BatchEngine  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0)
@@ -25,21 +25,24 @@ GREEDY = SamplingParams(temperature=0)
 
 @contextmanager
 def running(model, parallel=4, max_queue=32, api_key=None, **options):
-    """A server on a free port of 127.0.0.1; yields (base_url, engine)."""
+    """A server on a free port of 127.0.0.1, configured as `fastllm serve`
+    configures uvicorn; yields (base_url, engine)."""
     engine = BatchEngine(model, parallel=parallel, max_queue=max_queue)
+    opts = ServeOptions(**options)
     try:
-        with serving(create_app(model, engine, "smollm2", api_key, ServeOptions(**options))) as url:
+        with serving(create_app(model, engine, "smollm2", api_key, opts), opts) as url:
             yield url, engine
     finally:
         engine.close()
 
 
 @contextmanager
-def serving(app):
-    """app served on a free port of 127.0.0.1; yields its base URL."""
+def serving(app, options=ServeOptions()):
+    """app served on a free port of 127.0.0.1, with the settings `fastllm
+    serve` gives uvicorn for options; yields its base URL."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", **uvicorn_config(options)))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     end = time.monotonic() + 30
@@ -192,7 +195,8 @@ def test_api_key_and_metrics(model):
             client(url).completions.create(model="smollm2", prompt="Hi", max_tokens=2)
         r = client(url, api_key="sesame").completions.create(model="smollm2", prompt="Hi", max_tokens=3)
         assert r.usage.completion_tokens > 0
-        text = urllib.request.urlopen(url.replace("/v1", "/metrics")).read().decode()
+        metrics = urllib.request.Request(url.replace("/v1", "/metrics"), headers={"Authorization": "Bearer sesame"})
+        text = urllib.request.urlopen(metrics).read().decode()
         assert 'fastllm_requests_total{endpoint="completions",status="401"} 1' in text
         assert 'fastllm_requests_total{endpoint="completions",status="200"} 1' in text
         assert "fastllm_generated_tokens_total" in text and "fastllm_queue_depth 0" in text
@@ -432,9 +436,10 @@ def test_serve_passes_its_limits_to_uvicorn_and_says_what_it_serves(model, monke
     from fastllm import server
     got = {}
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: got.update(kw))
-    options = ServeOptions(port=8123, parallel=2, api_key="k", keep_alive=3, max_connections=50)
+    options = ServeOptions(port=8123, parallel=2, api_key="k", keep_alive=3, head_timeout=4, shutdown_timeout=6)
     server.serve(model, options)
-    assert got["timeout_keep_alive"] == 3 and got["limit_concurrency"] == 50 and got["port"] == 8123
+    assert got["timeout_keep_alive"] == 3 and got["timeout_graceful_shutdown"] == 6 and got["port"] == 8123
+    assert got["http"].__name__.startswith("HeadDeadline")
     line = capsys.readouterr().err
     assert str(model.source) in line and "2 slots of 512 tokens" in line
     assert "http://127.0.0.1:8123/v1" in line and "API key is required" in line

@@ -68,6 +68,36 @@ def test_split_or_batched_prompts_give_the_same_bits(kind, path, kv_dtype, tiny_
     assert_same_bits_however_split(tiny_model_dir(kind), dict(threads=2, kv_dtype=kv_dtype))
 
 
+@pytest.mark.parametrize("path", ["generic", "avx2", "avx512"])
+def test_long_prompts_in_rings_and_key_blocks_match_transformers(path, tiny_model_dir, simd_path):
+    """600 tokens through Qwen2's whole-context layer (its keys in three
+    blocks of the online softmax) and its sliding layers held in rings (a
+    window of 6 and passes of 16: 256 slots): within the bound of float64
+    transformers at every position, and the same bits as caches that hold
+    every position, run token by token, or beside another sequence."""
+    from fastllm.session import extend_together
+    simd_path(path)
+    folder = tiny_model_dir("qwen2-swa")
+    ringed = Model.from_pretrained(folder, threads=2, n_ctx=640, max_batch=16)
+    ids = prompt(ringed.config.vocab_size, 600, seed=7)
+    got = ringed.logits(ids)
+    ok, err, ratio = within(got, hf_logits(load_hf(folder), ids))
+    assert ok, f"{path}: max |err| {err:.3g} exceeds the bound"
+    whole = Model.from_pretrained(folder, threads=2, n_ctx=640, max_batch=640)
+    layer = whole.new_session()._state.kv_bytes(600) // 3   # 608 positions of keys and values
+    assert ringed.new_session()._state.kv_bytes(600) == layer + 2 * layer * 256 // 608
+    assert np.array_equal(whole.logits(ids), got)
+    step = Model.from_pretrained(folder, threads=1, n_ctx=640, max_batch=1).new_session()
+    step.prefill(ids[:500])
+    for i in range(500, 600):
+        assert np.array_equal(step.step(ids[i]), got[i]), f"token by token: position {i}"
+    a, b = ringed.new_session(), ringed.new_session()
+    a.prefill(ids[:590])
+    b.prefill(ids[:300])
+    together = extend_together([a, b], [ids[590:591], ids[300:309]])
+    assert np.array_equal(together[0], got[590]) and np.array_equal(together[1], got[308])
+
+
 @pytest.mark.parametrize("kind", ["mistral-swa", "qwen2-swa"])
 def test_batched_generation_equals_each_prompt_alone(kind, tiny_model_dir):
     """The server's continuous batching (BatchEngine): prompts of different

@@ -461,7 +461,9 @@ cdef class Weights:
     (weights.load_gguf_weights says when). The context holds n_ctx
     positions. With float_acts, quantized weights multiply fp32
     activations (their exact dequantized values) rather than int8 blocks
-    of them."""
+    of them. A sequence runs at most max_pass tokens in one pass: a
+    sliding-window layer's cache holds its window and one pass (a ring),
+    where that is less than n_ctx."""
     cdef flm.FlmConfig cfg
     cdef flm.FlmWeights w
     cdef flm.FlmLayer *layers
@@ -471,9 +473,11 @@ cdef class Weights:
     cdef int _n_threads
 
     def __cinit__(self, config, dict weights, int n_ctx, int n_threads=1, str kv_dtype="f32",
-                  bint float_acts=False):
+                  bint float_acts=False, int max_pass=512):
         if n_ctx < 1:
             raise ValueError(f"n_ctx must be positive, got {n_ctx}")
+        if max_pass < 1:
+            raise ValueError(f"max_pass must be positive, got {max_pass}")
         layers = weights["layers"]
         if len(layers) != config.num_hidden_layers:
             raise ValueError(f"expected {config.num_hidden_layers} layers, got {len(layers)}")
@@ -491,6 +495,7 @@ cdef class Weights:
         if kv_dtype not in kv_types:
             raise ValueError(f"kv_dtype must be one of {tuple(kv_types)}, got {kv_dtype!r}")
         c.kv_type = kv_types[kv_dtype]
+        c.max_pass = max_pass
         c.norm_eps, c.attn_scale = config.rms_norm_eps, config.attention_scale
         c.lin_k_heads, c.lin_v_heads = config.linear_num_key_heads, config.linear_num_value_heads
         c.lin_k_dim, c.lin_v_dim = config.linear_key_head_dim, config.linear_value_head_dim
@@ -607,6 +612,11 @@ cdef class Weights:
         return self.cfg.seq_len
 
     @property
+    def max_pass(self):
+        """The most tokens of one sequence one pass runs."""
+        return self.cfg.max_pass
+
+    @property
     def kv_dtype(self):
         """Storage of the KV cache: "f32", "bf16" or "f16"."""
         return {flm.FLM_F32: "f32", flm.FLM_BF16: "bf16", flm.FLM_F16: "f16"}[self.cfg.kv_type]
@@ -679,8 +689,8 @@ cdef class State:
         # One attention score row per thread that may ever run.
         max_threads = max(max_threads, weights._n_threads, os.cpu_count() or 1)
         self._work = np.zeros(flm.flm_state_work_floats(&weights.cfg, max_batch, max_threads), np.float32)
-        self._cache = _lazy_zeros(flm.flm_state_cache_floats(&weights.cfg))
-        flm.flm_state_init(&self.s, &weights.cfg, max_batch, max_threads,
+        self._cache = _lazy_zeros(flm.flm_state_cache_floats(&weights.cfg, weights.layers))
+        flm.flm_state_init(&self.s, &weights.cfg, weights.layers, max_batch, max_threads,
                            <float *>cnp.PyArray_DATA(self._work), <float *>cnp.PyArray_DATA(self._cache))
 
     @property
@@ -711,12 +721,52 @@ cdef class State:
         self.s.keep_rows = rows
         self.s.kept = -1
 
+    def kv_bytes(self, int n):
+        """Bytes of keys and values the first n positions take in the cache
+        (a sliding-window layer's ring at most its slots)."""
+        return flm.flm_state_kv_bytes(&self.weights.cfg, &self.s, max(n, 0))
+
     @property
-    def cache_bytes_per_position(self):
-        """Bytes of keys and values one position takes in the cache."""
+    def rewind_room(self):
+        """How many tokens back from the furthest position this state has
+        written it can always go: its sliding-window layers' rings still
+        hold the window before (at least max_pass); None where no cache is
+        a ring (an attention cache can go back anywhere)."""
+        room = flm.flm_state_rewind_room(&self.weights.cfg, &self.s)
+        return None if room < 0 else room
+
+    def save_position(self, int pos):
+        """What this state needs besides its attention caches to go back to
+        position pos later, as it is now at pos (the recurrent layers'
+        states, the windows before pos its rings hold), or None where it
+        needs nothing: restore_position puts it back."""
         cdef Weights w = self.weights
-        return (flm.flm_state_cache_floats(&w.cfg) - flm.flm_state_saved_floats(&w.cfg)) * 4 \
-            // (((w.cfg.seq_len + 15) // 16) * 16)
+        cdef size_t lin = flm.flm_state_saved_floats(&w.cfg), win = flm.flm_state_window_floats(&w.cfg, &self.s)
+        if not lin and not win:
+            return None
+        cdef cnp.ndarray out = np.empty(lin + win, np.float32)
+        if lin:
+            memcpy(cnp.PyArray_DATA(out), self.s.lin_state, lin * sizeof(float))
+        if win:
+            flm.flm_state_window(&w.cfg, &self.s, pos, <float *>cnp.PyArray_DATA(out) + lin, 1)
+        return out
+
+    def restore_position(self, int pos, saved):
+        """Go back to position pos with what save_position(pos) saved."""
+        cdef Weights w = self.weights
+        cdef size_t lin = flm.flm_state_saved_floats(&w.cfg), win = flm.flm_state_window_floats(&w.cfg, &self.s)
+        if saved is None and not lin and not win:
+            return
+        cdef cnp.ndarray arr = saved
+        if arr is None or arr.dtype != np.float32 or arr.size != lin + win or not arr.flags.c_contiguous:
+            raise ValueError("not what save_position saved of this model's states")
+        if not 0 <= pos <= w.cfg.seq_len:
+            raise ValueError(f"position {pos} is outside the context of {w.cfg.seq_len}")
+        if lin:
+            memcpy(self.s.lin_state, cnp.PyArray_DATA(arr), lin * sizeof(float))
+        if win:
+            flm.flm_state_window(&w.cfg, &self.s, pos, <float *>cnp.PyArray_DATA(arr) + lin, 0)
+        self.s.kept = -1
 
     @property
     def recurrent_bytes(self):
@@ -887,6 +937,9 @@ def run_batch(list states, list tokens, list positions, State work=None, list n_
             if ids.shape[0] < 1 or pos < 0 or pos + ids.shape[0] > w.cfg.seq_len:
                 raise ValueError(f"positions {pos}..{pos + ids.shape[0] - 1} do not fit the context "
                                  f"of {w.cfg.seq_len} tokens")
+            if ids.shape[0] > w.cfg.max_pass and flm.flm_state_rewind_room(&w.cfg, &st.s) >= 0:
+                raise ValueError(f"{ids.shape[0]} tokens of one sequence in one batch: more than the "
+                                 f"{w.cfg.max_pass} its sliding-window caches hold besides their window")
             _check_ids_at_boundary(ids, w.cfg.vocab_size)
             want = 1 if n_logits is None else n_logits[k]
             if not 0 <= want <= ids.shape[0]:
@@ -915,6 +968,10 @@ def run_batch(list states, list tokens, list positions, State work=None, list n_
         free(seqs)
     return out[:rows]
 
+
+# Keys per block of attention's online softmax; a sliding-window layer's ring
+# holds a whole number of them.
+KEY_BLOCK = flm.FLM_KEY_BLOCK
 
 _path_from_environment()
 flm.flm_simd_path()   # pick the kernels now, before threads may race to

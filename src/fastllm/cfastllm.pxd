@@ -19,6 +19,8 @@ cdef extern from "fastllm.h" nogil:
         FLM_ATTENTION
         FLM_LINEAR_ATTENTION
     enum:
+        FLM_KEY_BLOCK
+    enum:
         FLM_SILU
         FLM_GELU_TANH
 
@@ -34,6 +36,7 @@ cdef extern from "fastllm.h" nogil:
         int rope_dim
         int float_acts
         int kv_type
+        int max_pass
         float norm_eps
         float attn_scale
         int lin_k_heads
@@ -117,13 +120,17 @@ cdef extern from "fastllm.h" nogil:
     size_t flm_expert_bytes(int N, int K, int wtype)
     void flm_pack(void *dst, const void *src, int N, int K, int wtype, int n_threads)
     size_t flm_state_work_floats(const FlmConfig *c, int max_batch, int max_threads)
-    size_t flm_state_cache_floats(const FlmConfig *c)
+    size_t flm_state_cache_floats(const FlmConfig *c, const FlmLayer *layers)
     size_t flm_state_saved_floats(const FlmConfig *c)
     size_t flm_state_keep_floats(const FlmConfig *c, int keep_rows)
     int flm_state_rollback(const FlmConfig *c, const FlmWeights *w, FlmState *s, FlmState *work, int n,
                            int n_threads)
-    void flm_state_init(FlmState *s, const FlmConfig *c, int max_batch, int max_threads,
-                        float *work, float *cache)
+    void flm_state_init(FlmState *s, const FlmConfig *c, const FlmLayer *layers, int max_batch,
+                        int max_threads, float *work, float *cache)
+    size_t flm_state_kv_bytes(const FlmConfig *c, const FlmState *s, int n)
+    int flm_state_rewind_room(const FlmConfig *c, const FlmState *s)
+    size_t flm_state_window_floats(const FlmConfig *c, const FlmState *s)
+    void flm_state_window(const FlmConfig *c, FlmState *s, int pos, float *buf, int save)
     void flm_forward(const FlmConfig *c, const FlmWeights *w, FlmState *s,
                      const int32_t *tokens, int n, int pos,
                      float *logits, int all_logits, int n_threads)

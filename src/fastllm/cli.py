@@ -66,7 +66,8 @@ def _model_args(p: argparse.ArgumentParser, several: bool = False):
     p.add_argument("--threads", "-t", type=whole_number(1), default=None,
                    help="threads for the run loop (default: physical cores)")
     p.add_argument("--ctx", "-c", type=whole_number(1), default=None,
-                   help="context length in tokens (default: the model's max_position_embeddings)")
+                   help="context length in tokens (default: the model's max_position_embeddings, "
+                        "at most 131072)")
     from .formats.quants import MIXES
     p.add_argument("--dtype", choices=("f32", "bf16", "gguf") + tuple(m for m in MIXES if m.startswith("q")),
                    default=None,
@@ -247,7 +248,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-alive", type=float, default=SERVE.keep_alive, metavar="S",
                    help=f"seconds an idle connection stays open (default: {SERVE.keep_alive:g})")
     p.add_argument("--max-connections", type=int, default=SERVE.max_connections,
-                   help=f"open connections; more get 503 (default: {SERVE.max_connections})")
+                   help=f"requests in progress; more get 503 (default: {SERVE.max_connections})")
+    p.add_argument("--head-timeout", type=float, default=SERVE.head_timeout, metavar="S",
+                   help=f"seconds a connection may take to send a request head; then it is closed "
+                        f"(default: {SERVE.head_timeout:g})")
+    p.add_argument("--shutdown-timeout", type=float, default=SERVE.shutdown_timeout, metavar="S",
+                   help=f"seconds answers in progress get to finish on SIGTERM or Ctrl-C; then they are "
+                        f"cut (default: {SERVE.shutdown_timeout:g})")
     p.add_argument("--request-timeout", type=float, default=SERVE.request_timeout, metavar="S",
                    help="seconds a generation may run; then it ends with finish_reason \"length\" "
                         "(default: no limit)")

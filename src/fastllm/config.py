@@ -343,6 +343,9 @@ def no_rope_layers(raw: dict, n_layers: int, path) -> list:
 # Experts a router may choose from (the largest models have 512): each
 # token's probabilities are ranked on the stack.
 MAX_EXPERTS = 4096
+# Layers a config may claim (the deepest models have a few hundred): much
+# of the config is worked out layer by layer, before any file is read.
+MAX_LAYERS = 4096
 
 
 def experts_config(raw: dict, fam: Family, n_layers: int, path) -> dict:
@@ -624,6 +627,9 @@ class ModelConfig:
             raise ModelFileError(path, f"{fam.hidden_act_key} {act!r} is not supported "
                                        f"(supported: {', '.join(ACTIVATIONS)})")
 
+        if need("num_hidden_layers") > MAX_LAYERS:
+            raise ModelFileError(path, f"num_hidden_layers is {raw['num_hidden_layers']}; at most {MAX_LAYERS} "
+                                       "layers are supported")
         hidden = need("hidden_size")
         heads = need("num_attention_heads")
         kv_heads = raw.get("num_key_value_heads") or heads
@@ -779,15 +785,28 @@ class ModelConfig:
                                            "whose head_dim or num_key_value_heads differ from its own")
         return cfg
 
-    def context_bytes(self, n_ctx: int, kv_dtype: str = "f32", threads: int = 1) -> int:
+    def context_bytes(self, n_ctx: int, kv_dtype: str = "f32", threads: int = 1, max_pass: int | None = None,
+                      key_block: int = 256) -> int:
         """Memory a context of n_ctx positions takes: the RoPE tables (and
-        their temporaries while they are computed) and query scales, one session's KV cache
-        when full, and an attention score row per thread."""
+        their temporaries while they are computed) and query scales, one
+        session's KV cache when full (each layer in its own sizes; with
+        max_pass, a sliding-window layer's cache a ring of its window and one
+        pass, in whole key blocks, where that is smaller, as the C core
+        sizes it), and the partial results of its short passes' attention."""
         kv_bytes = {"f32": 4, "bf16": 2, "f16": 2}[kv_dtype]
-        kv = 2 * self.num_hidden_layers * self.max_size("num_key_value_heads") * self.max_size("head_dim") * kv_bytes
+        whole = -(-n_ctx // 16) * 16
+        kv = 0
+        for i in range(self.num_hidden_layers):
+            if self.layer_kind(i) == "linear_attention" or self.kv_layer(i) != i:
+                continue
+            layer, slots, window = self.layer_config(i), whole, self.attention_window(i)
+            if window and max_pass:
+                slots = min(whole, -(-(window - 1 + max_pass) // key_block) * key_block)
+            kv += 2 * slots * layer.num_key_value_heads * layer.head_dim * kv_bytes
         tables = (2 if self.longrope else 1) * (2 if self.local_rope_theta is not None else 1)
         rope = 3 * self.rope_dim // 2 * 4 * tables + (4 if self.query_scale_beta else 0)
-        return n_ctx * (kv + rope + 4 * threads)
+        partials = 32 * self.num_attention_heads * (self.max_size("head_dim") + 2) * 4 // key_block
+        return kv + n_ctx * (rope + partials)
 
     # ------------------------------------------------------------------ RoPE
     # rope_inv_freq reads rope_scaling as check_rope_scaling has checked it.

@@ -15,12 +15,23 @@ block of a model that thinks first.
 
 llguidance works on the bytes of each token id, which come from fastllm's
 own tokenizer (built once per tokenizer, vocabulary size and end tokens).
+
+llguidance builds parts of a grammar lazily, while decoding: a schema it
+accepts may still admit no reply at all (a $ref to itself), or exceed its
+limits at the first token of some part (a pattern of a million repetitions,
+a megabyte const). A grammar is therefore probed before any request uses
+it: decoding is walked a bounded way into it, trying at each step a token
+for every byte that may come next, and a grammar that fails is refused
+then (ValueError). llguidance's limits are set so that no step of it holds
+the GIL for long; a failure the probe did not reach is a ConstraintError,
+a ValueError too: the request's fault, not the server's.
 """
 from __future__ import annotations
 
 import json
 import re
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 
@@ -37,6 +48,23 @@ COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separ
 # llguidance's special-token marker, before the text of a special token.
 SPECIAL = b"\xff"
 _MAX_MESSAGE = 500   # characters of llguidance's message in an error
+# The lexer's work at the first token of a part of the grammar (llguidance's
+# "initial lexer fuel", ~50 per microsecond; its default is a million: a
+# second, GIL held, for a pattern of a million repetitions). Real schemas
+# need a small fraction of it.
+LEXER_FUEL = 100_000
+# How far a probe walks into a grammar, and the time it may take.
+PROBE_TOKENS = 256
+PROBE_SECONDS = 0.5
+# Bytes a probe prefers to continue with: those that close what is open
+# come first, so that the walk goes through a JSON value's structure
+# rather than round a string or a number.
+_WALK_ORDER = b'"}],:{[0123456789-tfnabcdefghijklmopqrsuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_.<>/'
+
+
+class ConstraintError(ValueError):
+    """A grammar failed while decoding (a limit of llguidance's reached where
+    the probe did not look): the request's grammar is at fault."""
 
 
 def llguidance():
@@ -94,14 +122,22 @@ class _Vocabulary:
         return self._tokenizer().encode(text, add_special_tokens=False)
 
 
-_tokenizers = weakref.WeakKeyDictionary()   # fastllm tokenizer -> {(vocab size, eos ids): LLTokenizer}
+_tokenizers = weakref.WeakKeyDictionary()   # fastllm tokenizer -> {(vocab size, eos ids): _Built}
 _building = threading.Lock()
 
 
-def ll_tokenizer(tokenizer, vocab_size: int, eos_ids):
+@dataclass(frozen=True)
+class _Built:
+    ll: object                 # llguidance's LLTokenizer
+    first_bytes: np.ndarray    # per token id, its first byte (-1: none, or an end token)
+    lengths: np.ndarray        # per token id, its length in bytes
+
+
+def _built(tokenizer, vocab_size: int, eos_ids) -> _Built:
     """llguidance's tokenizer for a fastllm tokenizer, a model's vocabulary
-    size (the logits' length) and end-of-sequence ids; built once (a
-    second or two for a large vocabulary) and kept while the tokenizer lives."""
+    size (the logits' length) and end-of-sequence ids, with what a probe
+    reads of the tokens' bytes; built once (a second or two for a large
+    vocabulary) and kept while the tokenizer lives."""
     llg = llguidance()
     eos = tuple(sorted(int(i) for i in eos_ids if 0 <= i < vocab_size))
     if not eos:
@@ -110,14 +146,27 @@ def ll_tokenizer(tokenizer, vocab_size: int, eos_ids):
     with _building:
         built = _tokenizers.setdefault(tokenizer, {})
         if key not in built:
-            wrapper = llg.TokenizerWrapper(_Vocabulary(tokenizer, vocab_size, eos))
-            built[key] = llg.LLTokenizer(wrapper, n_vocab=vocab_size, eos_token=list(eos))
+            vocabulary = _Vocabulary(tokenizer, vocab_size, eos)
+            wrapper = llg.TokenizerWrapper(vocabulary)
+            first = np.array([t[0] if t else -1 for t in vocabulary.tokens], np.int16)
+            first[list(eos)] = -1
+            built[key] = _Built(llg.LLTokenizer(wrapper, n_vocab=vocab_size, eos_token=list(eos)), first,
+                                np.array([len(t) for t in vocabulary.tokens], np.int32))
         return built[key]
+
+
+def ll_tokenizer(tokenizer, vocab_size: int, eos_ids):
+    """llguidance's tokenizer for a fastllm tokenizer (see _built)."""
+    return _built(tokenizer, vocab_size, eos_ids).ll
 
 
 def for_model(model):
     """llguidance's tokenizer for a fastllm Model."""
     return ll_tokenizer(model._need_tokenizer(), model.config.vocab_size, model.eos_token_ids)
+
+
+def _limits(llg):
+    return llg.LLParserLimits(initial_lexer_fuel=LEXER_FUEL, verbose_errors=False)
 
 
 # --------------------------------------------------------------- grammars
@@ -133,25 +182,80 @@ class Grammar:
         return GrammarConstraint(self._matcher.deep_copy())
 
 
-def compile_grammar(model, lark: str, what: str = "grammar") -> Grammar:
+def compile_grammar(model, lark: str, what: str = "grammar", probe: str | None = None) -> Grammar:
     """A Grammar of llguidance's Lark text for model; ValueError (naming
-    what) when llguidance refuses it."""
+    what) when llguidance refuses it or the probe finds it failing.
+    probe: the Lark text probed instead of lark (the same grammar without
+    what the probe cannot walk through, such as free reasoning text)."""
     llg = llguidance()
-    tok = for_model(model)
+    built = _built(model._need_tokenizer(), model.config.vocab_size, model.eos_token_ids)
+    matcher = _matcher(llg, built.ll, lark, what)
+    _probe(matcher if probe is None else _matcher(llg, built.ll, probe, what), built, what)
+    return Grammar(lark, matcher)
+
+
+def _matcher(llg, tok, lark: str, what: str):
     grammar = llg.LLMatcher.grammar_from_lark(lark)
-    failed, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, tok)
+    limits = _limits(llg)
+    failed, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, tok, limits=limits)
     if failed:
         raise ValueError(f"{what}: {_short(messages[0] if messages else 'refused')}")
-    matcher = llg.LLMatcher(tok, grammar, log_level=0)
+    matcher = llg.LLMatcher(tok, grammar, log_level=0, limits=limits)
     if matcher.is_error():
         raise ValueError(f"{what}: {_short(matcher.get_error())}")
-    return Grammar(lark, matcher)
+    return matcher
+
+
+def _allowed(matcher, n: int) -> np.ndarray:
+    bits = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
+    return np.flatnonzero(np.unpackbits(bits, count=n, bitorder="little"))
+
+
+def _probe(matcher, built: _Built, what: str):
+    """Walk decoding into the grammar of matcher (left as it was), at most
+    PROBE_TOKENS tokens or PROBE_SECONDS: at each step a token for every
+    byte that may come next is tried, then the walk goes on by the byte of
+    _WALK_ORDER that comes first. ValueError where the grammar admits no
+    reply or llguidance fails."""
+    state, n = matcher.deep_copy(), built.first_bytes.size
+    deadline = time.monotonic() + PROBE_SECONDS
+    rank = np.full(257, len(_WALK_ORDER), np.int32)
+    rank[np.frombuffer(_WALK_ORDER, np.uint8)] = np.arange(len(_WALK_ORDER))
+    rank[-1] = len(_WALK_ORDER) + 1   # ids without bytes: last
+    for step in range(PROBE_TOKENS):
+        allowed = _allowed(state, n)
+        if state.is_error():
+            raise ValueError(f"{what}: {_short(state.get_error())}")
+        first = built.first_bytes[allowed]
+        if not allowed.size:
+            raise ValueError(f"{what}: the grammar admits no reply (a schema that only refers to itself?)")
+        tokens = allowed[first >= 0]
+        if not tokens.size:
+            return   # only the end: the reply may be complete
+        # one token per first byte (the shortest), and the longest of the preferred byte to walk on
+        order = np.lexsort((built.lengths[tokens], built.first_bytes[tokens]))
+        tokens = tokens[order]
+        firsts = built.first_bytes[tokens]
+        for token in tokens[np.r_[True, firsts[1:] != firsts[:-1]]]:
+            aside = state.deep_copy()
+            if not aside.consume_token(int(token)) or aside.is_error():
+                raise ValueError(f"{what}: {_short(aside.get_error())}")
+            if time.monotonic() > deadline:
+                return
+        best = firsts[np.argmin(rank[firsts])]
+        walk = tokens[firsts == best]
+        state.consume_token(int(walk[np.argmax(built.lengths[walk])]))
+        if state.is_error():
+            raise ValueError(f"{what}: {_short(state.get_error())}")
+        if state.is_stopped():
+            return
 
 
 def _short(message: str) -> str:
     """llguidance's message on one line, without the grammar listing (and
-    the caret under it) that it may add."""
-    lines = [line.strip() for line in str(message).strip().split("\n")
+    the caret under it) that it may add, nor the parser's state after it."""
+    message = re.split(r"<state>|<non-verbose/>", str(message))[0]
+    lines = [line.strip() for line in message.strip().split("\n")
              if line.strip() and not re.match(r"\s*(\d+ \||\^\s*$)", line)]
     message = re.sub(r"^at \d+\(\d+\): ", "", " ".join(lines))
     return message if len(message) <= _MAX_MESSAGE else message[:_MAX_MESSAGE] + "..."
@@ -276,7 +380,9 @@ def reply_grammar(model, *, response_format=None, tools: dict | None = None, too
     body = bodies[0] if len(bodies) == 1 else "(" + " | ".join(bodies) + ")"
     lark = f"%llguidance {{}}\nstart: {head}{body}\n{think_rules}{rules}"
     what = "tools" if forced else "response_format or tools" if "calls" in bodies else "response_format"
-    return compile_grammar(model, lark, what)
+    # the probe walks the reply after the reasoning (it would not leave free text)
+    probe = f"%llguidance {{}}\nstart: {body}\n{rules}" if head else None
+    return compile_grammar(model, lark, what, probe)
 
 
 # ------------------------------------------------------------ constraint
@@ -292,7 +398,7 @@ class GrammarConstraint:
     def mask(self, logits: np.ndarray) -> np.ndarray:
         bits = self._matcher.compute_bitmask()
         if self._matcher.is_error():
-            raise RuntimeError(f"constrained decoding failed: {_short(self._matcher.get_error())}")
+            raise ConstraintError(f"constrained decoding failed: {_short(self._matcher.get_error())}")
         allowed = np.unpackbits(np.frombuffer(bits, dtype=np.uint8), count=logits.size, bitorder="little")
         out = np.array(logits, dtype=np.float32, copy=True)
         out[allowed == 0] = -np.inf
@@ -300,7 +406,7 @@ class GrammarConstraint:
 
     def accept(self, token: int) -> None:
         if not self._matcher.consume_token(int(token)):
-            raise RuntimeError(f"constrained decoding: token {token} does not continue the grammar "
+            raise ConstraintError(f"constrained decoding: token {token} does not continue the grammar "
                                f"({_short(self._matcher.get_error())})")
 
     @property

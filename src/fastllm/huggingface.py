@@ -145,8 +145,25 @@ def _unreachable(e: BaseException) -> bool:
     return any(c.__name__ in _NETWORK_ERRORS for c in type(e).__mro__)
 
 
-def _files_under(folder: Path) -> list:
-    return sorted(str(p.relative_to(folder).as_posix()) for p in folder.rglob("*") if p.is_file())
+def _files_under(snapshot: Path) -> list:
+    """The files of a snapshot folder (links to the repo's blobs); a link
+    that leads out of the repo's folder in the cache is left out."""
+    repo = Path(os.path.realpath(snapshot)).parents[1]
+    return sorted(str(p.relative_to(snapshot).as_posix()) for p in snapshot.rglob("*")
+                  if p.is_file() and repo in Path(os.path.realpath(p)).parents)
+
+
+def _checked_snapshot(snapshot: Path, cache: str, repo_id: str) -> Path:
+    """snapshot, once it is a folder of the repo's snapshots in cache: the
+    commit a ref names is a folder name, and a ref edited to hold a path
+    (/etc, ../..) must not make fastllm list or read files elsewhere."""
+    snapshots = Path(os.path.realpath(cache)) / ("models--" + repo_id.replace("/", "--")) / "snapshots"
+    if Path(os.path.realpath(snapshot)).parent != snapshots:
+        raise ModelNotFoundError(f"the Hugging Face cache is damaged: {snapshots.parent / 'refs'} names "
+                                 f"{snapshot} as {repo_id}'s snapshot, which is not a folder of {snapshots} "
+                                 f"(refs/main should hold a commit hash); remove {snapshots.parent} and "
+                                 f"download it again")
+    return snapshot
 
 
 def fetch(name: str, repo_id: str, pattern: Optional[str]) -> Path:
@@ -182,6 +199,7 @@ def fetch(name: str, repo_id: str, pattern: Optional[str]) -> Path:
                 f"{name} is not a local folder or file, and {repo_id} is not in the Hugging Face cache "
                 f"({cache}); {why_cached}, so nothing was downloaded. Download it with network access "
                 f"(hf download {repo_id}), or point HF_HUB_CACHE at a cache that has it.") from None
+        snapshot = _checked_snapshot(snapshot, cache, repo_id)
         chosen = pick_file(repo_id, _files_under(snapshot), pattern,
                            f" (only the files in the Hugging Face cache were looked at: {why_cached})")
         return snapshot if chosen is None else snapshot / chosen

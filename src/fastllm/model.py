@@ -18,7 +18,7 @@ from . import _core
 from .config import ModelConfig
 from .end_of_generation import end_of_generation_ids
 from .errors import ModelFileError
-from .sampling import Constraint, Sampler, SamplingParams, generation_defaults, read_generation_config
+from .sampling import Constraint, Sampler, SamplingParams, as_params, generation_defaults, read_generation_config
 from .session import Session
 from .speculative import Speculation, speculation
 from .textstream import TextStream
@@ -89,6 +89,11 @@ def check_sizes(config: ModelConfig, folder: Path):
     from .formats.safetensors import Checkpoint
 
     ck = Checkpoint(folder)
+    # Every layer has tensors of its own: a count past them is refused
+    # before anything is worked out per layer.
+    if config.num_hidden_layers > len(ck.where):
+        raise ModelFileError(config.path or folder, f"num_hidden_layers is {config.num_hidden_layers}, but the "
+                                                    f"checkpoint beside it holds only {len(ck.where)} tensors")
     wanted = [(schema.hf_name(schema.EMBED, config), schema.hf_shape(schema.EMBED, config))]
     wanted += [(schema.hf_name(t, config), schema.hf_shape(t, config))
                for t in schema.PER_LAYER_MODEL if getattr(config, t.switch)]
@@ -106,31 +111,48 @@ def check_sizes(config: ModelConfig, folder: Path):
                                          f"config.json implies {list(shape)}")
 
 
-def context_size(config: ModelConfig, n_ctx, kv_dtype: str, threads: int, max_n_ctx: int | None = None) -> int:
+# The default context is the model's max_position_embeddings up to this many
+# positions: the RoPE tables and each session's attention rows are made for
+# the whole context when the model loads, whatever a config claims. A
+# longer one is asked for with n_ctx.
+DEFAULT_MAX_CTX = 1 << 17
+
+
+def context_size(config: ModelConfig, n_ctx, kv_dtype: str, threads: int, max_n_ctx: int | None = None,
+                 max_pass: int = 512) -> int:
     """The context length to load with, checked before anything is allocated.
 
     n_ctx None means the model's max_position_embeddings (at most
-    max_n_ctx, where given); where that context
-    (RoPE tables, a full KV cache) would need more than half the RAM, it is
-    capped to what fits, with a warning. An n_ctx asked for explicitly that
-    needs more than the RAM is refused."""
+    max_n_ctx, where given), capped with a warning at DEFAULT_MAX_CTX, and
+    where that context (RoPE tables, a full KV cache) would need more than
+    half the RAM, at what fits. An n_ctx asked for explicitly that needs
+    more than the RAM is refused. (Passes of max_pass tokens size the
+    sliding-window layers' rings.)"""
     memory = physical_memory()
-    per_token = config.context_bytes(1, kv_dtype, threads)
+
+    def needs(n):
+        return config.context_bytes(n, kv_dtype, threads, max_pass, _core.KEY_BLOCK)
+
     if n_ctx is None:
         n_ctx = config.max_position_embeddings if max_n_ctx is None else \
             min(config.max_position_embeddings, max_n_ctx)
-        fits = max(1, memory // 2 // per_token)
-        if n_ctx > fits:
+        cap, why = min(n_ctx, DEFAULT_MAX_CTX), "the default's bound"
+        if needs(cap) > memory // 2:
+            fits, over = 1, cap   # the most that fits, by bisection (what a context needs only grows)
+            while over - fits > 1:
+                mid = (fits + over) // 2
+                fits, over = (mid, over) if needs(mid) <= memory // 2 else (fits, mid)
+            cap, why = fits, "half this machine's RAM"
+        if cap < n_ctx:
             warnings.warn(f"{config.path}: max_position_embeddings is {n_ctx}, a context of "
-                          f"{n_ctx * per_token / 2**30:.1f} GiB; n_ctx is capped at {fits}, half this "
-                          f"machine's RAM (choose with n_ctx=, or --ctx N)",
-                          ResourceLimitWarning, stacklevel=3)
-            n_ctx = fits
+                          f"{needs(n_ctx) / 2**30:.1f} GiB; loaded with n_ctx={cap}, capped at {why} "
+                          f"(choose with n_ctx=, or --ctx N)", ResourceLimitWarning, stacklevel=3)
+            n_ctx = cap
         return n_ctx
     if not _whole(n_ctx) or not 1 <= n_ctx < 2**31:
         raise ValueError(f"n_ctx must be a whole number from 1 to 2**31-1, got {n_ctx!r}")
-    if n_ctx * per_token > memory:
-        raise ValueError(f"n_ctx={n_ctx} needs {n_ctx * per_token / 2**30:.1f} GiB for the context "
+    if needs(n_ctx) > memory:
+        raise ValueError(f"n_ctx={n_ctx} needs {needs(n_ctx) / 2**30:.1f} GiB for the context "
                          f"(RoPE tables and KV cache), more than this machine's "
                          f"{memory / 2**30:.1f} GiB of RAM: choose a smaller n_ctx")
     return int(n_ctx)
@@ -179,7 +201,9 @@ class Model:
 
     generate/stream/chat/generate_tokens/logits run on the model's default
     Session, one call at a time: a thread that calls while another generates
-    waits for it. Threads that should generate at the same time each use a
+    waits for it, unless that generation is a stream waiting for its reader
+    (read partly, perhaps never finished): the call then runs on a Session
+    of its own. Threads that should generate at the same time each use a
     Session of their own (new_session(), passed as session=); they share
     the weights."""
 
@@ -232,6 +256,7 @@ class Model:
         self._session = Session(self)
         self._lock = threading.Lock()   # held while the default session is in use
         self._holder = None             # the thread that holds it
+        self._parked = False            # held by a generator waiting for its reader
 
     # ------------------------------------------------------------- loading
 
@@ -285,9 +310,9 @@ class Model:
         threads = physical_cores() if threads is None else usable_threads(threads)
         if not native:
             check_sizes(config, folder)
-        seq_len = context_size(config, n_ctx, kv_dtype, threads, max_n_ctx)
         if not _whole(max_batch) or not 1 <= max_batch <= 1 << 16:
             raise ValueError(f"max_batch must be a whole number from 1 to 65536, got {max_batch!r}")
+        seq_len = context_size(config, n_ctx, kv_dtype, threads, max_n_ctx, max_batch)
 
         mtp = None
         if native:
@@ -296,11 +321,11 @@ class Model:
             dtype = max(types, key=types.get)
             if "mtp" in arrays:
                 mtp = _core.Weights(config.mtp_config(), arrays.pop("mtp"), seq_len, threads, kv_dtype,
-                                    activations == "f32")
+                                    activations == "f32", max_batch)
         else:
             arrays = load_weights(config, folder, bf16=(dtype == "bf16"),
                                   mix=dtype if dtype in QUANT_MIXES else None)
-        weights = _core.Weights(config, arrays, seq_len, threads, kv_dtype, activations == "f32")
+        weights = _core.Weights(config, arrays, seq_len, threads, kv_dtype, activations == "f32", max_batch)
         # A folder without tokenizer.json still runs on token ids (logits,
         # generate_tokens); the text methods then say what is missing.
         tokenizer = None
@@ -354,8 +379,14 @@ class Model:
 
     @contextmanager
     def _use(self, session: Session | None):
-        """session, else the default session, held until the block ends."""
+        """session, else the default session, held until the block ends.
+        The default session held by another thread's generator that waits
+        for its reader (a stream read partly), the block runs on a session
+        of its own rather than wait for that reader."""
         if session is not None:
+            if session._weights is not self._weights:
+                raise ValueError("this session belongs to another model: a session runs the model it was made "
+                                 "by (model.new_session())")
             with session.held():
                 yield session
             return
@@ -364,12 +395,18 @@ class Model:
         if self._holder == threading.get_ident() and self._lock.locked():
             raise RuntimeError("this thread is already generating on the model's default session: "
                                "finish or close that generator first, or pass session=model.new_session()")
-        with self._lock:
+        while not self._lock.acquire(timeout=0.05):
+            if self._parked:
+                with self.new_session().held() as own:
+                    yield own
+                return
+        try:
             self._holder = threading.get_ident()
-            try:
-                yield self._session
-            finally:
-                self._holder = None
+            yield self._session
+        finally:
+            self._holder = None
+            self._parked = False
+            self._lock.release()
 
     def logits(self, token_ids, session: Session | None = None) -> np.ndarray:
         """Logits of every position of token_ids run from position 0,
@@ -395,7 +432,7 @@ class Model:
         speculative setting; False: none."""
         if not _whole(max_new_tokens) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be a whole number >= 0, got {max_new_tokens!r}")
-        sampling = (sampling or SamplingParams()).check_vocabulary(self.config.vocab_size)
+        sampling = as_params(sampling).check_vocabulary(self.config.vocab_size)
         sampler = Sampler(sampling, logits_processors, constraint)
         stop_ids = self.eos_token_ids if stop_token_ids is None else set(stop_token_ids)
         if len(prompt_ids) >= self.n_ctx:
@@ -443,7 +480,7 @@ class Model:
                         stats.finish_reason = "stop"
                         return
                     stats.generated_tokens += 1
-                    yield token
+                    yield from self._handed_out(token, s)
                     ids.append(token)
                     if len(ids) >= self.n_ctx:
                         stats.finish_reason = "context"
@@ -488,6 +525,17 @@ class Model:
                 if spec is not None:
                     stats.drafted_tokens = spec.stats.drafted
                     stats.accepted_tokens = spec.stats.accepted
+
+    def _handed_out(self, token: int, s: Session):
+        """Yield token; while its reader has it, the default session (s)
+        is marked as waiting for that reader, so that other threads need
+        not wait with it (see _use)."""
+        if s is not self._session:
+            yield token
+            return
+        self._parked = True
+        yield token
+        self._parked = False
 
     def generate_tokens_batch(self, prompts_ids, max_new_tokens: int = 128,
                               sampling: SamplingParams | None = None, stop_token_ids=None,
@@ -582,7 +630,7 @@ class Model:
         return None if grammar is None else grammar.start()
 
     def _sampling(self, sampling: SamplingParams | None, overrides: dict) -> SamplingParams:
-        base = self.default_sampling if sampling is None else sampling
+        base = self.default_sampling if sampling is None else as_params(sampling)
         unknown = [k for k in overrides if k not in _SETTINGS]
         if unknown:
             hint = " (the token limit is max_new_tokens)" if unknown[0] in ("max_tokens", "n_predict") else ""

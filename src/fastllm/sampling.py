@@ -109,6 +109,17 @@ class SamplingParams:
         return self
 
 
+def as_params(sampling) -> SamplingParams:
+    """sampling, or the defaults for None; TypeError for anything but a
+    SamplingParams (a dict of settings is SamplingParams(**settings))."""
+    if sampling is None:
+        return SamplingParams()
+    if not isinstance(sampling, SamplingParams):
+        raise TypeError(f"sampling must be a SamplingParams (SamplingParams(**settings) makes one), "
+                        f"got {type(sampling).__name__} {sampling!r:.80}")
+    return sampling
+
+
 def _logit_bias(bias) -> tuple:
     """bias (a dict or (id, bias) pairs) as sorted pairs, each checked."""
     items = bias.items() if isinstance(bias, dict) else bias
@@ -244,9 +255,18 @@ class Sampler:
     def __call__(self, logits: np.ndarray, tokens: Sequence[int] = (), position: int | None = None) -> int:
         """The token after tokens (the sequence so far, prompt included),
         at position len(tokens) unless given."""
+        if not np.isfinite(np.max(logits)):
+            raise FloatingPointError("the model's logits are NaN or infinite (its weights overflow: a scale "
+                                     "or norm far out of range?); no token can be chosen from them")
         logits = self.process(logits, tokens)
         if self.constraint is not None:
             logits = self.constraint.mask(logits)
+        best = np.max(logits)
+        if not np.isfinite(best):   # NaN, +inf, or every token ruled out (-inf): nothing to draw from
+            by = "the logits processors and the constraint" if self.constraint is not None else \
+                "the logits processors"
+            raise ValueError(f"no token can be chosen: after {by} the largest logit is {best}"
+                             + (" (every token is ruled out)" if best == -np.inf else ""))
         if self.params.temperature == 0:
             token = int(np.argmax(logits))
         else:

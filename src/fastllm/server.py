@@ -12,12 +12,17 @@ goes away frees its slot at the engine's next step.
 What one request may cost is bounded: its body (max_body bytes, read
 within body_timeout seconds), the nesting of its JSON, the prompt (refused
 before tokenizing when it cannot fit the context; tokenized off the event
-loop), and optionally its time (request_timeout).
+loop), and optionally its time (request_timeout). A connection must send
+a whole request head within head_timeout seconds, and at most
+max_connections requests are in progress at once (fastllm.http_limits).
+On SIGTERM or Ctrl-C, answers in progress get shutdown_timeout seconds to
+finish; then they are cut, a stream its client stopped reading included.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
+import hmac
 import json
 import os
 import re
@@ -27,6 +32,7 @@ import uuid
 from dataclasses import dataclass, fields
 
 from . import openai_api as api
+from .http_limits import RequestLimit, with_head_deadline
 from .openai_api import APIError
 from .textstream import TextStream
 
@@ -44,7 +50,9 @@ class ServeOptions:
     max_body: int = 4 * 2**20           # bytes of a request body (more: 413)
     body_timeout: float = 30.0          # seconds to receive a request body (then 408)
     keep_alive: float = 5.0             # seconds an idle connection stays open
-    max_connections: int = 512          # open connections (more: 503)
+    max_connections: int = 512          # requests in progress (more: 503)
+    head_timeout: float = 10.0          # seconds to receive a request head (then the connection is closed)
+    shutdown_timeout: float = 10.0      # seconds answers may take to finish once shutting down
     request_timeout: float | None = None   # seconds a generation may run (then "length")
     # Origins whose web pages may call the server (CORS), comma-separated:
     # "*" for any, "localhost" for any port of this machine's own names.
@@ -59,7 +67,7 @@ class ServeOptions:
         for name in ("cache_ram", "ctx_checkpoints"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be 0 or more, got {getattr(self, name)!r}")
-        for name in ("body_timeout", "keep_alive", "request_timeout"):
+        for name in ("body_timeout", "keep_alive", "request_timeout", "head_timeout", "shutdown_timeout"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
@@ -336,6 +344,11 @@ class Completions:
             for _ in range(len(requests)):
                 while (item := await out.get())[1] is not None:
                     yield item
+                    # A send that need not wait and a queue that holds more
+                    # never suspend: without this a fast stream (one whose
+                    # client reads slowly, its pieces piling up) would run
+                    # through all it holds while no other client is served.
+                    await asyncio.sleep(0)
                 yield item
         finally:
             watcher.cancel()
@@ -480,6 +493,7 @@ def create_app(model, engine, model_name: str | None = None, api_key: str | None
     request's `model` choosing (the first where it names none)."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
+    from starlette.middleware import Middleware
     from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
     from starlette.routing import Route
 
@@ -508,9 +522,7 @@ def create_app(model, engine, model_name: str | None = None, api_key: str | None
         return Response(json.dumps(body), media_type="application/json")
 
     def check_key(request):
-        # a bearer token (OpenAI's clients), or x-api-key (Anthropic's)
-        if api_key is not None and request.headers.get("authorization", "") != f"Bearer {api_key}" \
-                and request.headers.get("x-api-key") != api_key:
+        if api_key is not None and not has_key(request.headers, api_key):
             raise APIError(401, "invalid or missing API key", code="invalid_api_key")
 
     def parse(raw: bytes, chat: bool):
@@ -602,13 +614,16 @@ def create_app(model, engine, model_name: str | None = None, api_key: str | None
         return handle
 
     async def health(request):
-        # The process id tells replicas apart behind a load balancer.
+        # The process id tells replicas apart behind a load balancer; the
+        # load and the pid are for those who hold the key.
         alive = engine.alive
-        return JSONResponse({"status": "ok" if alive else "unhealthy", "active": engine.active,
-                             "queue": engine.queue_depth, "pid": os.getpid()},
-                            status_code=200 if alive else 503)
+        body = {"status": "ok" if alive else "unhealthy"}
+        if api_key is None or has_key(request.headers, api_key):
+            body.update(active=engine.active, queue=engine.queue_depth, pid=os.getpid())
+        return JSONResponse(body, status_code=200 if alive else 503)
 
-    async def prometheus(request):
+    async def prometheus(request, name):
+        check_key(request)
         return PlainTextResponse(metrics.text(engine), media_type="text/plain; version=0.0.4")
 
     async def http_error(request, exc):
@@ -647,9 +662,21 @@ def create_app(model, engine, model_name: str | None = None, api_key: str | None
         Route("/completions", endpoint("completions", generate), methods=["POST"]),
         Route("/chat/completions", endpoint("chat", generate), methods=["POST"]),
         Route("/health", health, methods=["GET"]),
-        Route("/metrics", prometheus, methods=["GET"]),
+        Route("/metrics", endpoint("metrics", prometheus), methods=["GET"]),
     ], exception_handlers={HTTPException: http_error, Exception: internal_error},
-        middleware=[cors] if cors else [])
+        # CORS outermost, so that a refusal for too many requests reaches a
+        # web page as the 503 it is, not as a CORS failure
+        middleware=([cors] if cors else []) + [Middleware(RequestLimit, limit=options.max_connections)])
+
+
+def has_key(headers, api_key: str) -> bool:
+    """Whether a request's headers carry api_key: as a bearer token in
+    Authorization (OpenAI's clients; the scheme in any case, RFC 7235), or
+    in x-api-key (Anthropic's), compared in constant time."""
+    key = api_key.encode()
+    scheme, _, token = headers.get("authorization", "").partition(" ")
+    bearer = scheme.lower() == "bearer" and hmac.compare_digest(token.strip(" ").encode("latin-1", "replace"), key)
+    return bearer or hmac.compare_digest(headers.get("x-api-key", "").encode("latin-1", "replace"), key)
 
 
 def startup_line(model, options: ServeOptions, name: str | None = None) -> str:
@@ -681,8 +708,17 @@ def serve(model, options: ServeOptions = DEFAULTS):
                          models=[(name, m, e) for (name, m), e in zip(entries, engines)])
         for name, m in entries:
             print(startup_line(m, options, name if several else None), file=sys.stderr, flush=True)
-        uvicorn.run(app, host=options.host, port=options.port, log_level="info",
-                    timeout_keep_alive=options.keep_alive, limit_concurrency=options.max_connections)
+        uvicorn.run(app, host=options.host, port=options.port, log_level="info", **uvicorn_config(options))
     finally:
         for e in engines:
             e.close()
+
+
+def uvicorn_config(options: ServeOptions) -> dict:
+    """uvicorn's settings for options: its HTTP protocol with a deadline on
+    request heads, the keep-alive and the shutdown's deadline. (The limit
+    on requests in progress is the app's own: uvicorn's would count
+    connections that never sent a whole head.)"""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+    return {"http": with_head_deadline(AutoHTTPProtocol, options.head_timeout),
+            "timeout_keep_alive": options.keep_alive, "timeout_graceful_shutdown": options.shutdown_timeout}

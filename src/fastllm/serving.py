@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _core
-from .sampling import Constraint, Sampler, SamplingParams, _whole
+from .sampling import Constraint, Sampler, SamplingParams, _whole, as_params
 from .session import extend_together
 from .speculative import DraftModel, NgramDrafter, Speculation, check_same_vocabulary, draft_together
 
@@ -147,6 +147,7 @@ class Request:
     def __iter__(self):
         while (token := self._out.get()) is not None:
             yield token
+        self._out.put(None)   # the end stays: reading again ends at once
         self._raise()
 
     def _raise(self):
@@ -168,6 +169,7 @@ class Request:
                     ready.clear()
                     continue
                 if token is None:
+                    self._out.put(None)
                     self._raise()
                     return
                 yield token
@@ -292,7 +294,7 @@ class BatchEngine:
         max_new_tokens = int(max_new_tokens)
         requests, leader = [], None
         for sampling, constraint in zip(samplings, constraints):
-            sampling = (sampling or SamplingParams()).check_vocabulary(self.model.config.vocab_size)
+            sampling = as_params(sampling).check_vocabulary(self.model.config.vocab_size)
             request = Request(ids, max_new_tokens, sampling, stops, top_logprobs, draft_max,
                               Sampler(sampling, constraint=constraint), leader)
             leader = leader or request
@@ -301,6 +303,8 @@ class BatchEngine:
 
     def _queue(self, requests) -> list:
         with self._submitting:   # all of them or none
+            if self._stop:
+                raise RuntimeError("this BatchEngine is closed: it takes no more requests")
             if self._waiting.maxsize - self._waiting.qsize() < len(requests):
                 raise QueueFull("every slot is busy and the queue is full")
             for request in requests:
@@ -327,8 +331,10 @@ class BatchEngine:
         return len(self._running)
 
     def close(self):
-        """Stop the engine thread; running requests end as cancelled."""
-        self._stop = True
+        """Stop the engine thread; running requests end as cancelled, and
+        submitting more is a RuntimeError."""
+        with self._submitting:   # a request queued from now on would never be served
+            self._stop = True
         self._wake.set()
         self._thread.join()
 

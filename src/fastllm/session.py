@@ -38,13 +38,15 @@ class Session:
     at a time: give each thread its own. Using one from a second thread
     while it runs, or while a generation holds it, raises RuntimeError
     rather than mixing the two sequences. Layers with a recurrent state
-    (Gated DeltaNet) cannot forget their last tokens, so a session of such a
-    model can only be reset (can_rewind is False); instead it saves its
-    recurrent states at a few positions (checkpoints: where a prompt ends
-    and a reply ends, CHECKPOINT_BEFORE_END tokens before a prompt's end and
-    every CHECKPOINT_EVERY tokens of a long one), at most max_checkpoints of
-    them, and a prompt that shares only part of what it holds resumes from
-    the nearest checkpoint inside the shared part.
+    (Gated DeltaNet) cannot forget their last tokens, and sliding-window
+    layers keep only their window and one pass (a ring), so a session of
+    such a model cannot go back anywhere (can_rewind is False; see
+    can_rewind_to: a ring goes back as far as it still holds the window
+    before); instead it saves those states at a few positions (checkpoints:
+    where a prompt ends and a reply ends, CHECKPOINT_BEFORE_END tokens
+    before a prompt's end and every CHECKPOINT_EVERY tokens of a long one),
+    at most max_checkpoints of them, and a prompt that shares only part of
+    what it holds resumes from the nearest checkpoint inside the shared part.
 
     Interrupts: tokens go to C in chunks of max_batch, so Ctrl-C returns
     within one chunk. A KeyboardInterrupt can land after C has run a chunk
@@ -56,19 +58,27 @@ class Session:
     """
 
     def __init__(self, model, max_batch: int | None = None):
-        weights = model._weights
+        weights = self._weights = model._weights   # whose sessions may share keys and values with this one
         self.max_batch = model.max_batch if max_batch is None else max_batch
         self._state = _core.State(weights, self.max_batch)
         self.vocab_size = weights.vocab_size
         self.n_ctx = weights.seq_len
         config = weights.config
-        self.can_rewind = all(config.layer_kind(i) != LINEAR for i in range(config.num_hidden_layers))
+        self._recurrent = any(config.layer_kind(i) == LINEAR for i in range(config.num_hidden_layers))
+        # Rings (sliding-window layers that hold only their window and one
+        # pass) can go back this many tokens from the furthest position
+        # written, and passes then run at most one pass's tokens at a time.
+        self._ring_room = self._state.rewind_room
+        self.can_rewind = not self._recurrent and self._ring_room is None
+        self._chunk = self.max_batch if self._ring_room is None else min(self.max_batch, weights.max_pass)
+        self._written = 0   # rings: the furthest position written since the state started at 0,
+        self._floor = 0     # and the first they surely hold (a checkpoint put back holds none before)
         # LongRoPE: past this many tokens a sequence is rotated with the long tables.
         self._long_rope_after = (config.rope_scaling["original_max_position_embeddings"]
                                  if config.longrope else None)
         self._tokens = []
         self.max_checkpoints = 8
-        self._checkpoints = []   # (position, recurrent states), by position
+        self._checkpoints = []   # (position, State.save_position there), by position
         # (start, n): the last pass ran n tokens from position start as a
         # draft (verify), and any prefix of them may still be kept.
         self._verified = None
@@ -122,11 +132,35 @@ class Session:
     def _settle(self):
         """After an interrupted run: keep only what the state surely holds."""
         if self._unsettled:
-            if not self.can_rewind:
+            if self._recurrent or len(self._tokens) < self._reach():
                 self._tokens = []
                 self._checkpoints = [c for c in self._checkpoints if c[0] <= len(self._tokens)]
             self._unsettled = False
             self._verified = None
+
+    def _reach(self) -> int:
+        """The first position the state can go back to without a checkpoint:
+        any for plain attention caches, none before all it holds for
+        recurrent states, and for rings the first whose window before they
+        still hold."""
+        if self._recurrent:
+            return len(self._tokens)
+        if self._ring_room is None:
+            return 0
+        return max(self._floor, self._written - self._ring_room)
+
+    def _writes(self, start: int, n: int):
+        """The state is about to write positions start .. start+n-1."""
+        if start == 0:
+            self._floor = self._written = 0
+        self._written = max(self._written, start + n)
+
+    def can_rewind_to(self, position: int) -> bool:
+        """Whether rewind(position) goes back without a checkpoint: always
+        for plain attention caches, within a ring's reach, or (recurrent
+        states) to all the session holds or to nothing."""
+        self._settle()
+        return position == 0 or self._reach() <= position <= len(self._tokens)
 
     @property
     def tokens(self) -> tuple:
@@ -179,9 +213,10 @@ class Session:
     def _run_chunks(self, ids, all_logits, hidden_states, hidden=False):
         self._verified = None
         logits, traces, normed = [], [], []
-        for start in range(0, ids.size, self.max_batch):
-            chunk = ids[start:start + self.max_batch]
+        for start in range(0, ids.size, self._chunk):
+            chunk = ids[start:start + self._chunk]
             self._unsettled = True
+            self._writes(len(self._tokens), chunk.size)
             out = self._state.run(chunk, len(self._tokens), all_logits, hidden_states, hidden=hidden)
             self._tokens += chunk.tolist()
             self._unsettled = False
@@ -212,14 +247,16 @@ class Session:
 
     def reusable(self, token_ids) -> int:
         """How many of token_ids' first tokens a prefill would not run again:
-        the prefix it shares with the tokens held, or for a recurrent state,
-        all it holds when token_ids extend it, else the nearest checkpoint
+        the prefix it shares with the tokens held, where the state can go
+        back there (for a recurrent state only when token_ids extend all it
+        holds, for a ring within its reach), else the nearest checkpoint
         inside the shared prefix; always one token less than them all (a
         prefill runs at least one, for the logits)."""
-        common, limit = self.shared(token_ids), len(token_ids) - 1
-        if self.can_rewind or (common == len(self._tokens) and common <= limit):
-            return min(common, limit)
-        return max((p for p, _ in self._checkpoints if p <= min(common, limit)), default=0)
+        self._settle()
+        n = min(self.shared(token_ids), len(token_ids) - 1)
+        if n >= self._reach():
+            return n
+        return max((p for p, _ in self._checkpoints if p <= n), default=0)
 
     def resume(self, token_ids) -> int:
         """Hold the first reusable(token_ids) tokens of token_ids (forgetting
@@ -227,44 +264,49 @@ class Session:
         with self._use():
             self._settle()
             n = self.reusable(token_ids)
-            if self.can_rewind or n == len(self._tokens):
-                del self._tokens[n:]
-            elif n == 0:
-                del self._tokens[:]
-            else:
-                self._state.restore_recurrent(dict(self._checkpoints)[n])
-                del self._tokens[n:]
-            self._checkpoints = [c for c in self._checkpoints if c[0] <= n]
+            self._go_back(n)
             self._verified = None
             return n
 
+    def _go_back(self, n: int):
+        """Hold the first n tokens held: directly where the state reaches
+        back there, else from the checkpoint at n (which must exist)."""
+        if n == 0:
+            self._floor = self._written = 0
+        elif n < self._reach():
+            self._state.restore_position(n, dict(self._checkpoints)[n])
+            self._floor = self._written = n
+        del self._tokens[n:]
+        self._checkpoints = [c for c in self._checkpoints if c[0] <= n]
+
     def checkpoint(self):
-        """Save the recurrent states where the session is now (nothing to do
-        for a model without them), keeping the latest max_checkpoints."""
+        """Save what the session needs to come back where it is now (the
+        recurrent states, the windows its rings hold; nothing for a model
+        whose caches can go back anywhere), keeping the latest
+        max_checkpoints."""
         with self._use():
             self._settle()
             p = len(self._tokens)
             if self.can_rewind or p == 0 or self.max_checkpoints <= 0:
                 return
-            kept = [c for c in self._checkpoints if c[0] != p] + [(p, self._state.save_recurrent())]
+            kept = [c for c in self._checkpoints if c[0] != p] + [(p, self._state.save_position(p))]
             self._checkpoints = kept[-self.max_checkpoints:]
 
     @property
     def checkpoints(self) -> tuple:
-        """The positions of the recurrent states saved (see checkpoint)."""
+        """The positions of the checkpoints saved (see checkpoint)."""
         return tuple(p for p, _ in self._checkpoints)
 
     @property
     def checkpoint_bytes(self) -> int:
-        """Memory the saved recurrent states take."""
+        """Memory the checkpoints take."""
         return sum(states.nbytes for _, states in self._checkpoints)
 
     @property
     def memory_bytes(self) -> int:
         """Memory what the session holds takes: the keys and values of its
         positions, its recurrent states and checkpoints."""
-        return self.position * self._state.cache_bytes_per_position + self._state.recurrent_bytes \
-            + self.checkpoint_bytes
+        return self._state.kv_bytes(self.position) + self._state.recurrent_bytes + self.checkpoint_bytes
 
     def cut_points(self, start: int, end: int, branch: int = 0) -> list:
         """Where a prompt run from start to end stops to save a checkpoint
@@ -341,7 +383,7 @@ class Session:
         under LongRoPE, whose tables are those of the sequence's length,
         not past the original context when it starts within it (each
         token's logits would otherwise be those of a longer sequence)."""
-        room = self.max_batch
+        room = self._chunk
         position = self.position
         if self._long_rope_after is not None and position < self._long_rope_after:
             room = min(room, self._long_rope_after - position)
@@ -361,10 +403,11 @@ class Session:
         with self._use():
             self._settle()
             self._match_rope(len(self._tokens) + ids.size)
-            if not self.can_rewind:
+            if self._recurrent:
                 self._state.enable_rollback(ids.size)
             start = len(self._tokens)
             self._unsettled = True
+            self._writes(start, ids.size)
             out = self._state.run(ids, start, True, False, True, hidden)
             self._tokens += ids.tolist()
             self._unsettled = False
@@ -385,19 +428,20 @@ class Session:
             start, size = self._verified
             if not 0 <= n <= size:
                 raise ValueError(f"the last pass ran {size} tokens: cannot keep {n}")
-            if not self.can_rewind:
+            if self._recurrent:
                 self._state.rollback(n, None if work is None else work._state)
             del self._tokens[start + n:]
             self._verified = (start, n)
             self._match_rope(len(self._tokens))
 
     def save_recurrent(self):
-        """The recurrent layers' states as they are now (None for a model
-        without them), and the tokens they hold: restore_recurrent returns
-        the session there (any tokens held since are forgotten)."""
+        """What the session needs to come back where it is now besides its
+        attention caches (recurrent states, the windows its rings hold; None
+        where it needs nothing), and the tokens it holds: restore_recurrent
+        returns the session there (any tokens held since are forgotten)."""
         with self._use():
             self._settle()
-            return tuple(self._tokens), self._state.save_recurrent()
+            return tuple(self._tokens), self._state.save_position(len(self._tokens))
 
     def restore_recurrent(self, saved):
         tokens, states = saved
@@ -405,7 +449,9 @@ class Session:
             self._settle()
             if tuple(self._tokens[:len(tokens)]) != tokens:
                 raise ValueError("the session no longer holds the tokens it held when saved")
-            self._state.restore_recurrent(states)
+            self._state.restore_position(len(tokens), states)
+            if not self.can_rewind:
+                self._floor = self._written = len(tokens)
             del self._tokens[len(tokens):]
             self._checkpoints = [c for c in self._checkpoints if c[0] <= len(tokens)]
             self._verified = None
@@ -419,14 +465,13 @@ class Session:
         self._settle()
         if not 0 <= position <= len(self._tokens):
             raise ValueError(f"cannot rewind to {position}: the session holds {len(self._tokens)} tokens")
-        if not self.can_rewind and 0 < position < len(self._tokens):
-            if position not in self.checkpoints:
-                raise ValueError("this model's recurrent layers cannot forget their last tokens: "
-                                 "reset() the session instead, or rewind to a checkpoint "
-                                 f"({', '.join(map(str, self.checkpoints)) or 'none saved'})")
-            self._state.restore_recurrent(dict(self._checkpoints)[position])
-        del self._tokens[position:]
-        self._checkpoints = [c for c in self._checkpoints if c[0] <= position]
+        if position < self._reach() and position != 0 and position not in self.checkpoints:
+            what = ("this model's recurrent layers cannot forget their last tokens" if self._recurrent else
+                    f"this model's sliding-window layers hold only their window: the session can go back "
+                    f"to position {self._reach()} at the earliest")
+            raise ValueError(f"{what}: reset() the session instead, or rewind to a checkpoint "
+                             f"({', '.join(map(str, self.checkpoints)) or 'none saved'})")
+        self._go_back(position)
 
     def reset(self):
         """Forget every token: the next one goes to position 0."""
@@ -438,15 +483,23 @@ class Session:
         all it has seen, so with Gated DeltaNet layers n must be all of
         other's tokens or one of its checkpoints (whose states come along
         with the keys and values; so do its checkpoints up to n)."""
+        if other._weights is not self._weights:
+            raise ValueError("the other session belongs to another model: keys and values are copied "
+                             "between sessions of one model")
         if not 0 <= n <= other.position:
             raise ValueError(f"the other session holds {other.position} tokens, not {n}")
-        whole = not self.can_rewind
-        if whole and n != other.position and n not in other.checkpoints:
-            raise ValueError("a recurrent state can only be copied whole, or at a checkpoint")
+        direct = n >= other._reach()
+        if not direct and n not in other.checkpoints:
+            raise ValueError("a recurrent state can only be copied whole, or at a checkpoint" if other._recurrent
+                             else f"the other session's sliding-window layers hold only their window: it can "
+                                  f"be copied from position {other._reach()} on, or at a checkpoint")
         with self._use():
-            self._state.copy_from(other._state, n, whole and n == other.position)
-            if whole and n != other.position:
-                self._state.restore_recurrent(dict(other._checkpoints)[n])
+            self._state.copy_from(other._state, n, direct and n == other.position)
+            if direct:
+                self._written, self._floor = other._written, other._floor
+            else:
+                self._state.restore_position(n, dict(other._checkpoints)[n])
+                self._written = self._floor = n
         self._tokens = list(other.tokens[:n])
         self._checkpoints = [c for c in other._checkpoints if c[0] <= n]
         self._unsettled = False
@@ -472,6 +525,8 @@ def extend_together(sessions, token_ids, work: Session | None = None, verify=Non
     each of sessions[k]'s tokens come back too, and nothing is kept for a
     keep() (a prompt scored as it runs)."""
     ids = [s.check(t) for s, t in zip(sessions, token_ids, strict=True)]
+    if any(s._weights is not sessions[0]._weights for s in sessions):
+        raise ValueError("a session of another model is in this batch: one pass runs one model's weights")
     if len({id(s) for s in sessions}) < len(sessions):
         # before the sessions are taken for this call, which would read as
         # another thread holding the repeated one
@@ -484,10 +539,11 @@ def extend_together(sessions, token_ids, work: Session | None = None, verify=Non
             using.enter_context(s._use())
         for s, i in zip(sessions, ids):
             s._match_rope(s.position + i.size)
-        for s, i, v in zip(sessions, ids, verify):
-            if v and not s.can_rewind:
+        for s, i, v, p in zip(sessions, ids, verify, positions):
+            if v and s._recurrent:
                 s._state.enable_rollback(i.size)
             s._unsettled = True
+            s._writes(p, i.size)
             s._verified = None
         out = _core.run_batch([s._state for s in sessions], ids, positions,
                               None if work is None else work._state,

@@ -138,7 +138,7 @@ class DraftModel:
             if a != b:
                 break
             common += 1
-        if not s.can_rewind and common < len(held):
+        if common < len(held) and not s.can_rewind_to(common):
             if self._saved is not None and len(self._saved[0]) <= common:
                 s.restore_recurrent(self._saved)
             else:
@@ -146,7 +146,7 @@ class DraftModel:
         elif common < len(held):
             s.rewind(common)
         if s.position == len(tokens):   # it holds them all; their last logits are gone
-            if s.can_rewind:
+            if s.can_rewind_to(len(tokens) - 1):
                 s.rewind(len(tokens) - 1)
             else:
                 s.reset()

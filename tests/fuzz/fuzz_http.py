@@ -41,6 +41,11 @@ A finding (`Finding`, raised) is:
     python tests/fuzz/fuzz_http.py CORPUS -len_control=0 -max_len=2048 -timeout=30   # coverage-guided
     python tests/fuzz/random_http.py INPUTS [OUT.jsonl]   # random recipes, faster; past findings
 
+FASTLLM_FUZZ_HTTP_BYSTANDER=1 keeps another client streaming from the first
+app the whole time, on a thread and event loop of its own, through the same
+engine: a gap between its chunks longer than GAP seconds
+(FASTLLM_FUZZ_HTTP_GAP, 1) while an input runs is a finding too.
+
 FASTLLM_FUZZ_HTTP_LOG=FILE appends a line every LOG_EVERY inputs: time,
 inputs run, inputs/s, RSS, known findings and the count of each status so
 far. FASTLLM_FUZZ_HTTP_KNOWN=REGEX: findings that match it (bugs reported
@@ -55,6 +60,7 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -90,6 +96,7 @@ KNOWN = re.compile(os.environ["FASTLLM_FUZZ_HTTP_KNOWN"]) if os.environ.get("FAS
 # (the first two are what clients mostly call; the server takes them without /v1 too)
 GENERATE_PATHS = ("/v1/chat/completions", "/v1/completions", "/chat/completions", "/completions")
 CORS_ORIGINS = "http://localhost:3000,localhost"   # the second app's: web pages that may call it
+GAP = float(os.environ.get("FASTLLM_FUZZ_HTTP_GAP", "1"))   # seconds another client's stream may wait
 OTHER_PATHS = ("/v1/messages", "/v1/responses", "/v1/embeddings", "/v1/messages/count_tokens", "/tokenize",
                "/detokenize")
 
@@ -214,12 +221,28 @@ SCHEMAS = [
     {"enum": list(range(2000))},
     True, False, {},
 ]
+# Schemas llguidance accepts that fail once decoding reaches them: no reply
+# at all, or a lexer past its limits at the first byte of a part.
+SCHEMA_BOMBS = [
+    {"$ref": "#"},
+    {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+    {"type": "object", "properties": {"self": {"$ref": "#"}}, "required": ["self"]},
+    {"type": "string", "pattern": "^a{1000000}$"},
+    {"type": "string", "pattern": "^(ab|cd){20000}x{30000}$"},
+    {"const": "x" * 1_000_000},
+    {"enum": ["y" * 300_000, 1]},
+    {"type": "object", "required": ["k"], "properties": {"k": {"type": "string", "pattern": "^b{1000000}$"}}},
+    {"type": "object", "required": ["a", "b"], "properties": {"a": {"type": "integer"},
+                                                            "b": {"type": "string", "pattern": "^c{500000}$"}}},
+    {"anyOf": [{"type": "integer"}, {"const": "z" * 500_000}]},
+    {"type": "array", "items": {"type": "string", "pattern": "^d{800000}$"}, "minItems": 1},
+]
 
 
 def schema(r: Recipe):
     if r.chance(32):
         return value(r, 3)
-    s = r.pick(SCHEMAS)
+    s = r.pick(SCHEMA_BOMBS) if r.chance(24) else r.pick(SCHEMAS)
     for _ in range(r.below(3) if r.chance(32) else 0):   # nested
         s = {"type": "object", "properties": {"k": s}, "required": ["k"]}
     return s
@@ -730,7 +753,8 @@ def mutate(r: Recipe, data: bytes) -> bytes:
             del data[at:at + 1 + r.below(16)]
         elif kind == 3:
             data[at:at] = r.pick([b"\xff", b"\xc0\x80", b"\xed\xa0\x80", b"\x00", b"\\u", b'"', b"{", b"[",
-                                  b"]", b"}", b",", b":", b"NaN", b"-", b"1e999", b"\\ud800"])
+                                  b"]", b"}", b",", b":", b"NaN", b"-", b"1e999", b"\\ud800",
+                                  r.pick(ESCAPE_RUNS) * (1 + r.below(4096))])
         elif kind == 4:
             del data[at:]
         elif kind == 5 and data:
@@ -741,9 +765,24 @@ def mutate(r: Recipe, data: bytes) -> bytes:
     return bytes(data)
 
 
+# A string opened and never closed, runs of escapes in it: what a pre-scan
+# with a backtracking string pattern takes quadratic time over.
+ESCAPE_RUNS = [b'\\"', b"\\", b'\\\\\\"', b'[\\"{', b"\\u00", b'\\\\"', b'"\\"']
+
+
+def unterminated(r: Recipe) -> bytes:
+    n = r.pick([10, 1000, 32_000, 300_000, 1_000_000])
+    head = r.pick([b'{"prompt":"', b'{"messages":[{"role":"user","content":"', b'{"prompt":"hi","stop":["',
+                   b'{"response_format":{"type":"json_schema","json_schema":{"schema":{"pattern":"', b'"'])
+    run = r.pick(ESCAPE_RUNS) * (n // 2)
+    return head + (run if not r.chance(64) else run + b'"}')
+
+
 def malformed(r: Recipe) -> bytes:
     depth = r.pick([10, 100, 1000, 5000, 100_000])
-    kind = r.below(10)
+    kind = r.below(12)
+    if kind >= 10:
+        return unterminated(r)
     if kind == 0:
         return b"[" * depth + b"]" * depth
     if kind == 1:
@@ -877,7 +916,7 @@ def tiny_with_qwen_template(folder: str) -> str:
 class Served:
     """An app of one model or of several ([(name, model), ...]), an engine
     each; every request an engine is given is kept in `submitted` until
-    the HTTP request ends."""
+    the HTTP request ends (but a bystander's)."""
 
     def __init__(self, model, api_key, cors_origins=None):
         entries = model if isinstance(model, list) else [("tiny", model)]
@@ -885,6 +924,7 @@ class Served:
         self.engines = [BatchEngine(m, parallel=4, max_queue=16) for _, m in entries]
         self.engine = self.engines[0]
         self.submitted = []
+        self.bystander_thread = None
         for engine in self.engines:
             for name in ("submit", "submit_many", "submit_prompts"):
                 if hasattr(engine, name):
@@ -899,7 +939,8 @@ class Served:
     def _tracked(self, submit):
         def tracked(*args, **kwargs):
             requests = submit(*args, **kwargs)
-            self.submitted += requests if isinstance(requests, list) else [requests]
+            if threading.current_thread() is not self.bystander_thread:
+                self.submitted += requests if isinstance(requests, list) else [requests]
             return requests
         return tracked
 
@@ -933,6 +974,68 @@ def generated(text: str, index: int, intent) -> str:
     return ""   # token ids echo as their decoded text, which the check cannot split off
 
 
+class Bystander:
+    """Another client of served's app, streaming completions one after
+    another on a thread and event loop of its own; worst_gap() says how long
+    its stream waited at most for a chunk since it was last asked."""
+
+    BODY = json.dumps({"prompt": "Once upon a time", "max_tokens": 100, "ignore_eos": True,
+                       "stream": True}).encode()
+
+    def __init__(self, served):
+        self.app, self.last, self.worst, self.running = served.app, None, 0.0, True
+        self.thread = threading.Thread(target=self._run, name="fuzz-bystander", daemon=True)
+        served.bystander_thread = self.thread
+        self.thread.start()
+
+    def _run(self):
+        loop = asyncio.new_event_loop()
+        try:
+            while self.running:
+                loop.run_until_complete(self._stream())
+        finally:
+            loop.close()
+
+    async def _stream(self):
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                 "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"",
+                 "root_path": "", "headers": [(b"host", b"x"), (b"content-type", b"application/json")],
+                 "client": ("127.0.0.1", 40001), "server": ("127.0.0.1", 8000), "state": {}}
+        sent, done = [False], asyncio.Event()
+
+        async def receive():
+            if not sent[0]:
+                sent[0] = True
+                return {"type": "http.request", "body": self.BODY, "more_body": False}
+            await done.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            if message["type"] == "http.response.body":
+                if message.get("body"):
+                    now = time.monotonic()
+                    if self.last is not None:
+                        self.worst = max(self.worst, now - self.last)
+                    self.last = now
+                if not message.get("more_body", False):
+                    done.set()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.last = None
+        if not done.is_set():
+            await asyncio.sleep(0.05)
+
+    def worst_gap(self) -> float:
+        last, worst = self.last, self.worst
+        self.worst = 0.0
+        return max(worst, 0.0 if last is None else time.monotonic() - last)
+
+    def stop(self):
+        self.running = False
+        self.thread.join(30)
+
+
 def _done(request) -> bool:
     cancelled = getattr(request, "_cancelled", None)
     return bool(request.finish_reason) or (cancelled is not None and cancelled.is_set())
@@ -952,8 +1055,11 @@ class Harness:
     def start(self):
         self.served = [Served(self.models[0], None), Served(self.models[1], API_KEY, CORS_ORIGINS),
                        Served([("tiny", self.models[0]), ("qwen", self.models[1])], None)]
+        self.bystander = Bystander(self.served[0]) if os.environ.get("FASTLLM_FUZZ_HTTP_BYSTANDER") == "1" else None
 
     def close(self):
+        if self.bystander is not None:
+            self.bystander.stop()
         for s in self.served:
             s.close()
         self.loop.close()
@@ -1216,8 +1322,13 @@ class Harness:
         r = Recipe(data)
         app, method, path, query, headers, body, chunks, disconnect, intent = recipe_request(r)
         try:
+            if self.bystander is not None:
+                self.bystander.worst_gap()
             sent, elapsed = self.request(app, method, path, query, headers, chunks, disconnect)
             self.check(app, method, path, body, disconnect, intent, sent, elapsed)
+            gap = 0.0 if self.bystander is None else self.bystander.worst_gap()
+            if gap > GAP:
+                raise Finding(f"another client's stream waited {gap:.1f} s for a chunk during this request")
         except Finding as f:
             if KNOWN is not None and KNOWN.search(str(f)):
                 self.known += 1

@@ -26,6 +26,8 @@ import fuzz_http  # noqa: E402
 def restart_engines(h):
     """New engines and apps after a finding that may have left one stuck;
     the old ones are closed in the background, as one may never stop."""
+    if h.bystander is not None:
+        h.bystander.running = False
     for served in h.served:
         threading.Thread(target=served.close, daemon=True).start()
     h.start()

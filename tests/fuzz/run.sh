@@ -16,9 +16,13 @@ for target in "$HERE"/fuzz_*.py; do
     if [ -d "$HERE/corpus/$name" ]; then
         cp -r "$HERE/corpus/$name/." "$SCRATCH/$name/corpus/"
     fi
+    dict=()
+    if [ -f "$HERE/dicts/$name.dict" ]; then
+        dict=(-dict="$HERE/dicts/$name.dict")   # values worth trying (huge counts)
+    fi
     echo "== $name: ${SECONDS_EACH}s"
     if ! python "$target" "$SCRATCH/$name/corpus" -max_total_time="$SECONDS_EACH" -rss_limit_mb=2048 \
-            -timeout=10 -artifact_prefix="$SCRATCH/$name/findings/" -print_final_stats=1 \
+            -timeout=10 -artifact_prefix="$SCRATCH/$name/findings/" -print_final_stats=1 "${dict[@]}" \
             > "$SCRATCH/$name/log" 2>&1; then
         tail -n 40 "$SCRATCH/$name/log"
         failed+=("$name")

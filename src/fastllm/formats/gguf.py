@@ -36,7 +36,7 @@ from .gguf_config import check_metadata_types, generation_config, model_config
 from .gguf_file import ConversionError
 from .gguf_tensors import (dequantize, expert_tensors_to_write, hf_entries_of, plan_tensors, read_contents,
                            slices_to_write, tensor_shapes)
-from .gguf_tokenizer import SUPPORTED_PRE_TOKENIZERS, tokenizer_files
+from .gguf_tokenizer import SUPPORTED_PRE_TOKENIZERS, check_vocabulary_size, tokenizer_files
 
 __all__ = [
     "ConversionError",
@@ -305,6 +305,9 @@ def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DT
     if out_dir.exists() and not overwrite and not _is_empty_dir(out_dir):
         raise OutputExistsError(f"{out_dir} already exists (pass overwrite=True to replace it)")
 
+    # The vocabulary is checked against the embedding from the counts alone
+    # before it is decoded: 16 million tokens would be gigabytes of strings.
+    check_vocabulary_size(read_contents(path, string_arrays=False), path)
     contents = read_contents(path)
     md = contents.metadata
     check_metadata_types(md, path)

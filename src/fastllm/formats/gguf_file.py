@@ -144,9 +144,11 @@ class GGUFContents(NamedTuple):
     metadata: dict
     tensors: list   # of GGUFTensor, in file order
     data_start: int
+    array_lengths: dict = {}   # key -> elements, for every array (those not decoded too)
 
 
-def _value(cur: _Cursor, vtype: int, what: str, keep_strings: bool = True):
+def _value(cur: _Cursor, vtype: int, what: str, keep_strings: bool = True, lengths: dict | None = None,
+           key: str | None = None):
     if vtype == _STRING:
         return cur.string(what)
     if vtype in _SCALARS:
@@ -166,6 +168,8 @@ def _value(cur: _Cursor, vtype: int, what: str, keep_strings: bool = True):
     if count > _MAX_ARRAY or count * least > cur.left():
         raise GGUFError(cur.path, f"{what} claims {count} {_TYPE_NAMES[itype]} elements, more than "
                                   f"the {cur.left()} bytes left in the file can hold")
+    if lengths is not None:
+        lengths[key] = count
     if itype == _STRING:
         return cur.strings(count, what, keep_strings)
     raw = cur.take(count * least, what)
@@ -198,7 +202,8 @@ def read_gguf(path, gguf, string_arrays: bool = True) -> GGUFContents:
     the GGUF file at path, every size checked against the file's. Without
     string_arrays, arrays of strings (the vocabulary, the merges) are
     walked but not decoded, and read as None: loading the tensors needs
-    only the rest."""
+    only the rest, and their counts (array_lengths) can be checked against
+    the tensors before a vocabulary is built."""
     path = Path(path)
     with open_regular(path, "GGUF file") as f:
         size = os.fstat(f.fileno()).st_size
@@ -216,13 +221,13 @@ def read_gguf(path, gguf, string_arrays: bool = True) -> GGUFContents:
         if n_kv * 13 + n_tensors * 24 > cur.left():
             raise GGUFError(path, f"{n_kv} metadata keys and {n_tensors} tensors cannot fit in "
                                   f"the {size}-byte file")
-        metadata = {}
+        metadata, lengths = {}, {}
         for i in range(n_kv):
             key = cur.string(f"the name of metadata key {i}")
             if key in metadata:
                 raise GGUFError(path, f"metadata key {key!r} appears twice")
             vtype = cur.unpack("I", f"the value type of {key!r}")
-            metadata[key] = _value(cur, vtype, f"metadata {key!r}", string_arrays)
+            metadata[key] = _value(cur, vtype, f"metadata {key!r}", string_arrays, lengths, key)
         infos = [_tensor_info(cur, i, gguf) for i in range(n_tensors)]
         alignment = metadata.get("general.alignment", _DEFAULT_ALIGNMENT)
         if type(alignment) is not int or alignment <= 0 or alignment & (alignment - 1):
@@ -244,7 +249,7 @@ def read_gguf(path, gguf, string_arrays: bool = True) -> GGUFContents:
     for (_, end_a, a), (begin_b, _, b) in zip(spans, spans[1:]):
         if begin_b < end_a:
             raise GGUFError(path, f"tensors {a!r} and {b!r} overlap in the data section")
-    return GGUFContents(version, metadata, tensors, data_start)
+    return GGUFContents(version, metadata, tensors, data_start, lengths)
 
 
 def read_tensor_bytes(path, tensor: GGUFTensor, start: int = 0, length: int | None = None) -> np.ndarray:

@@ -176,18 +176,24 @@ def _spm_pipeline(add_space_prefix: bool) -> PreTokenizer:
 
 
 MAX_SPM_TOKEN_CHARS = 1024
+# The merges rebuilt from a SentencePiece vocabulary hold at most this many
+# times its characters (real vocabularies: about 2; pieces of 1 to 1000
+# "▁" would give 666 times, half a million merges of 330 million characters).
+MAX_SPM_MERGE_GROWTH = 16
 
 
-def merges_by_score(tokens: list, scores: list) -> list:
+def merges_by_score(tokens: list, scores: list, path=None) -> list:
     """BPE merges that replay llama.cpp's SentencePiece tokenizer: it joins
     the adjacent pair whose concatenation is the vocabulary token of highest
     score (leftmost first on a tie), so every split of a token into two
     tokens is a merge, ranked by the joined token's score. Equal scores of
     different tokens are ranked by id, where llama.cpp would go by position;
-    SentencePiece BPE vocabularies give every piece its own score."""
+    SentencePiece BPE vocabularies give every piece its own score.
+    ConversionError (naming path) past MAX_SPM_MERGE_GROWTH."""
     ids = {}
     for i, tok in enumerate(tokens):
         ids[tok] = i
+    budget = MAX_SPM_MERGE_GROWTH * (sum(len(t) for t in ids) + 1024)
     ranked = []
     for i, tok in enumerate(tokens):
         if ids[tok] != i:
@@ -196,6 +202,11 @@ def merges_by_score(tokens: list, scores: list) -> list:
             left, right = tok[:cut], tok[cut:]
             if left in ids and right in ids:
                 ranked.append((-scores[i], i, cut, left, right))
+                budget -= len(tok)
+        if budget < 0:
+            raise ConversionError(path, f"the SentencePiece vocabulary's tokens split into more merges than "
+                                        f"{MAX_SPM_MERGE_GROWTH} times its characters (at token {i}, "
+                                        f"{len(ranked)} merges): not a vocabulary fastllm can rebuild as BPE")
     ranked.sort(key=lambda r: r[:3])
     return [[left, right] for _, _, _, left, right in ranked]
 
@@ -225,7 +236,7 @@ def _sentencepiece_bpe(md: dict, path: Path, vocab: dict, tokens: list, types: l
     pipeline = _spm_pipeline(add_space_prefix)
     model = {"type": "BPE", "dropout": None, "unk_token": unk, "continuing_subword_prefix": None,
              "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": byte_fallback,
-             "ignore_merges": False, "vocab": vocab, "merges": merges_by_score(tokens, scores)}
+             "ignore_merges": False, "vocab": vocab, "merges": merges_by_score(tokens, scores, path)}
     return pipeline, model
 
 
@@ -241,6 +252,15 @@ def _gemma4_bpe(md: dict, path: Path, vocab: dict, tokens: list, types: list, un
     split = {"type": "Split", "pattern": {"Regex": "[^\\n]+|[\\n]+"}, "behavior": "Isolated", "invert": False}
     model.update(unk_token=unk, byte_fallback=bool(byte_tokens), ignore_merges=False)
     return spm._replace(pre_tokenizer=split), model
+
+
+def check_vocabulary_size(contents, path: Path):
+    """ConversionError when a GGUF file's vocabulary (its count, read
+    without decoding it) has more tokens than its embedding has rows."""
+    tokens = contents.array_lengths.get("tokenizer.ggml.tokens")
+    embedding = next((t for t in contents.tensors if t.name == "token_embd.weight"), None)
+    if tokens is not None and embedding is not None and len(embedding.dims) == 2 and tokens > embedding.dims[1]:
+        raise ConversionError(path, f"{tokens} tokens but only {embedding.dims[1]} embedding rows")
 
 
 def tokenizer_files(md: dict, path: Path) -> tuple:

@@ -207,21 +207,26 @@ _IS_BACKSLASH = _byte_table({"\\": True}, bool)
 _NESTING = _byte_table({"[": 1, "{": 1, "]": -1, "}": -1}, np.int64)
 
 
-def json_depth(raw: bytes) -> int:
+def json_depth(raw: bytes, chunk: int = 1 << 16) -> int:
     """How deeply the arrays and objects of a JSON text nest, in linear time
-    and without recursion (brackets inside strings do not count)."""
-    b = np.frombuffer(raw, np.uint8)
-    if not b.size:
-        return 0
-    i = np.arange(b.size)
-    # A quote ends a string unless an odd run of backslashes precedes it.
-    slash = _IS_BACKSLASH[b]
-    last_other = np.maximum.accumulate(np.where(slash, -1, i))
-    run_before = np.concatenate(([0], i[:-1] - last_other[:-1]))
-    escaped = (run_before % 2).astype(bool)
-    quote = _IS_QUOTE[b] & ~escaped
-    outside = ~(np.cumsum(quote) % 2).astype(bool)
-    return int(np.cumsum(np.where(outside, _NESTING[b], 0)).max())
+    and without recursion (brackets inside strings do not count). The text
+    is scanned in chunks, the state carried over, so that another thread
+    gets the GIL between them while a megabyte body is scanned."""
+    depth = deepest = 0
+    inside = 0      # 1 inside a string at the chunk's start
+    slashes = 0     # backslashes ending the text before the chunk
+    for start in range(0, len(raw), chunk):
+        b = np.frombuffer(raw, np.uint8, min(chunk, len(raw) - start), start)
+        i = np.arange(b.size)
+        # A quote ends a string unless an odd run of backslashes precedes it.
+        last_other = np.maximum.accumulate(np.where(_IS_BACKSLASH[b], -1 - slashes, i))
+        run_before = np.concatenate(([slashes], i[:-1] - last_other[:-1]))
+        quote = _IS_QUOTE[b] & ~(run_before % 2).astype(bool)
+        strings = (np.cumsum(quote) + inside) % 2
+        levels = depth + np.cumsum(np.where(strings == 0, _NESTING[b], 0))
+        deepest = max(deepest, int(levels.max()))
+        depth, inside, slashes = int(levels[-1]), int(strings[-1]), int(i[-1] - last_other[-1])
+    return deepest
 
 
 class Checkpoint:
