@@ -63,8 +63,43 @@ def test_bad_settings_raise_at_the_call(model):
             call("hi", temperature=-1)   # not at the first next()
     with pytest.raises(ValueError, match="top_p"):
         model.chat([{"role": "user", "content": "hi"}], stream=True, top_p=0)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="unknown setting 'temprature'; the settings are max_new_tokens"):
         model.generate("hi", temprature=0.5)
+    with pytest.raises(TypeError, match="not both"):
+        model.generate("hi", 4, max_tokens=4)
+
+
+def test_the_front_door_takes_what_other_libraries_users_type(model, smollm2_dir):
+    """Model(path) as llama-cpp-python's Llama(path); max_tokens as
+    OpenAI's API names the token limit; chat(stream=True) as pieces."""
+    same = Model(smollm2_dir, n_ctx=256, threads=2)
+    assert type(same) is Model and same.n_ctx == 256 and same.path == model.path
+    want = model.generate("The sea is", 6, temperature=0)
+    assert same.generate("The sea is", max_tokens=6, temperature=0) == want
+    assert model.generate("The sea is", max_tokens=6, temperature=0) == want
+    messages = [{"role": "user", "content": "Say hi."}]
+    pieces = list(model.chat(messages, max_tokens=8, stream=True, temperature=0))
+    assert len(pieces) > 1 and "".join(pieces) == model.chat(messages, 8, temperature=0)
+    with pytest.raises(FileNotFoundError):
+        Model("no/such/model.gguf")
+
+
+def test_model_of_a_gguf_file_and_max_tokens_everywhere(model):
+    """Model("x.gguf") on a quantized file, as llama-cpp-python's users
+    write it, is from_pretrained's model of that file; max_tokens limits
+    stream and generate_batch as it does generate; a llama.cpp name for the
+    limit is pointed to max_new_tokens."""
+    from fastllm.hub import default_gguf_path
+    gguf = str(default_gguf_path())
+    door, loaded = Model(gguf, n_ctx=128, threads=2), Model.from_pretrained(gguf, n_ctx=128, threads=2)
+    assert door.dtype == loaded.dtype == "q4_1" and door.n_ctx == 128 and door.path == loaded.path
+    want = loaded.generate("The sea is", max_new_tokens=5, temperature=0)
+    assert door.generate("The sea is", max_tokens=5, temperature=0) == want
+    assert loaded.last_stats.generated_tokens == 5
+    assert "".join(door.stream("The sea is", max_tokens=5, temperature=0)) == want
+    assert door.generate_batch(["The sea is", "Hello"], max_tokens=5, temperature=0)[0] == want
+    with pytest.raises(TypeError, match="unknown setting 'n_predict' \\(the token limit is max_new_tokens\\)"):
+        model.generate("hi", n_predict=4)
 
 
 @pytest.mark.slow

@@ -103,6 +103,8 @@ def test_cli_defaults():
     # unset flags stay None so generation_config.json can fill them
     assert args.max_new_tokens is None and args.repetition_penalty is None and args.temperature is None
     assert "--repeat-last-n" in p._subparsers._group_actions[0].choices["run"].format_help()
+    args = p.parse_args(["run", "--presence-penalty", "0.5", "--frequency-penalty", "0.25", "hi"])
+    assert (args.presence_penalty, args.frequency_penalty) == (0.5, 0.25)
 
 
 def test_convert_defaults_to_f32():

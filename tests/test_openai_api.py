@@ -17,6 +17,7 @@ class FakeModel:
 
     def __init__(self, tokenizer, n_ctx=256, defaults=None, max_new_tokens=None):
         self.n_ctx = n_ctx
+        self.activations = "int8"
         self.config = SimpleNamespace(vocab_size=49152)
         self.generation_defaults = dict(defaults or {})
         self._max_new = max_new_tokens
@@ -37,6 +38,9 @@ class FakeModel:
             def encode(self, text, add_special_tokens=True):
                 model.encoded.append(len(text))
                 return real.encode(text, add_special_tokens=add_special_tokens)
+
+            def decode(self, ids):
+                return real.decode(ids)
         self.tokenizer = Recording()
 
     def default_max_new_tokens(self, n_prompt, fallback=128):
@@ -112,13 +116,24 @@ def test_bad_chat_fields_are_refused_naming_the_field(model, body, match, param)
 @pytest.mark.parametrize("body, match", [
     ({"prompt": "x", "max_tokens": 0}, "'max_tokens' must be an integer >= 1"),
     ({"prompt": "x", "logprobs": 6}, "'logprobs' must be an integer from 0 to 5"),
-    ({"prompt": "x", "echo": True}, "'echo' is not supported"),
-    ({"prompt": ["a", "b"]}, "one prompt per request"),
-    ({"prompt": [1, True]}, "'prompt' must be a string or an array of token ids"),
-    ({"prompt": [1, -3]}, "token id -3 is outside the vocabulary"),
+    ({"prompt": "x", "echo": "yes"}, "'echo' must be true or false"),
+    ({"prompt": [1, True]}, "'prompt' must be a string, an array of strings, a non-empty array of token ids"),
+    ({"prompt": [1, -3]}, "'prompt' token id -3 is outside the vocabulary"),
+    ({"prompt": [[1, 2], [3, 49152]]}, "'prompt[1]' token id 49152 is outside the vocabulary (0..49151)"),
+    ({"prompt": ["a", [1]]}, None),
+    ({"prompt": ["a", 5]}, "'prompt' must be"),
+    ({"prompt": [[1], []]}, "'prompt' must be"),
     ({"prompt": []}, "'prompt' must be"),
+    ({"prompt": ["x"] * 65}, "'prompt' gives 65 prompts: this server takes at most 64 per request"),
+    ({"prompt": [[1]] * 100_000}, "'prompt' gives 100000 prompts"),
+    ({"prompt": "x", "max_tokens": 0, "echo": False}, "'max_tokens' must be an integer >= 1"),
+    ({"prompt": "x", "max_tokens": -1, "echo": True}, "'max_tokens' must be an integer >= 0"),
+
 ])
 def test_bad_completion_fields_are_refused(model, body, match):
+    if match is None:   # a list of several prompts in one shape: mixed are fine, as in OpenAI's API
+        assert len(api.parse_request(body, False, model).prompts) == 2
+        return
     refused(body, model, chat_endpoint=False, match=match)
 
 
@@ -212,9 +227,11 @@ def test_response_shapes():
     assert api.chunk_choice(g, 1, role=True)["delta"] == {"role": "assistant", "content": ""}
     assert api.chunk_choice(g, 1, "x")["delta"] == {"content": "x"}
     assert api.chunk_choice(g, 1, reason="length")["delta"] == {}
-    r = api.response(g, "id", 0, "m", [], 4)
+    r = api.response(g, "id", 0, "m", [], 4, cached_tokens=2)
     assert r["object"] == "chat.completion" and r["usage"] == {
-        "prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+        "prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7,
+        "prompt_tokens_details": {"cached_tokens": 2}}
+    assert "system_fingerprint" in r
     text = api.chunk(g, "id", 0, "m", [])
     assert text.startswith("data: ") and json.loads(text[6:])["object"] == "chat.completion.chunk"
     c = api.Generation(False, [1], 5, [None], [], None, None)
@@ -224,6 +241,39 @@ def test_response_shapes():
         "error": {"message": "boom", "type": "server_error", "param": None, "code": None}}
     assert [api.finish_reason(r) for r in ("stop", "cancelled", "length", "context")] == \
         ["stop", "stop", "length", "length"]
+
+
+def test_completions_take_prompt_lists_and_echo(model, tokenizer):
+    ids = tokenizer.encode("The sea")
+    g = api.parse_request({"prompt": ["The sea", [5, 6, 7], "Hi"], "n": 2, "max_tokens": 3}, False, model)
+    assert g.prompts == [ids, [5, 6, 7], tokenizer.encode("Hi")] and g.prompt_ids == ids
+    assert g.prompt_tokens == len(ids) + 3 + len(tokenizer.encode("Hi")) and g.echo is None
+    # a list of one prompt is that prompt; token ids too
+    assert api.parse_request({"prompt": [[5, 6]]}, False, model).prompts == [[5, 6]]
+    assert api.parse_request({"prompt": [5, 6]}, False, model).prompts == [[5, 6]]
+    # echo: a string prompt as it was sent, token ids as their text; max_tokens 0 scores only
+    g = api.parse_request({"prompt": ["The sea", [5, 6]], "echo": True, "max_tokens": 0, "logprobs": 2},
+                          False, model)
+    assert g.echo == ["The sea", tokenizer.decode([5, 6])] and g.max_tokens == 0 and g.top_logprobs == 2
+    # a completion's room is the longest prompt's
+    g = api.parse_request({"prompt": [[5] * 200, [6]], "max_tokens": 100}, False, model)
+    assert g.max_tokens == model.n_ctx - 200
+    assert api.system_fingerprint(model).startswith("fastllm-") and model.activations in g.fingerprint
+    # the tokens one request may have scored are bounded, before any runs
+    big = FakeModel(tokenizer, n_ctx=1024)
+    e = refused({"prompt": [[5] * 1000] * 17, "echo": True, "logprobs": 0}, big, chat_endpoint=False)
+    assert "at most 16384 prompt tokens per request; these prompts have 17000" in str(e)
+    assert len(api.parse_request({"prompt": [[5] * 1000] * 17, "echo": True}, False, big).prompts) == 17
+
+
+def test_echoed_logprobs_start_with_a_null():
+    class Tok:
+        def decode(self, ids):
+            return "".join(chr(96 + i) for i in ids)
+    entries = [(1, None), (2, (-0.5, [(2, -0.5), (3, -1.0)])), (3, (-2.0, []))]
+    assert api.completion_logprobs(Tok(), entries, 0) == {
+        "tokens": ["a", "b", "c"], "token_logprobs": [None, -0.5, -2.0],
+        "top_logprobs": [None, {"b": -0.5, "c": -1.0}, {}], "text_offset": [0, 1, 2]}
 
 
 def test_text_that_is_not_unicode_is_the_callers_fault(model):
@@ -251,7 +301,8 @@ def test_chat_replies_shaped_with_tool_calls_and_reasoning():
     # streamed: one chunk choice per delta, the logprobs on the first
     stream = api.reply_stream(g)
     chunks = api.delta_choices(g, 2, stream.feed(text), logprobs={"content": []})
-    assert [c["delta"].keys() for c in chunks] == [{"reasoning_content"}, {"tool_calls"}]
+    assert [c["delta"].keys() for c in chunks] == [{"reasoning_content"}, {"tool_calls"}, {"tool_calls"}]
+    assert chunks[2]["delta"]["tool_calls"] == [{"index": 0, "function": {"arguments": "{}"}}]
     assert chunks[0]["logprobs"] == {"content": []} and chunks[1]["logprobs"] is None
     assert chunks[1]["delta"]["tool_calls"][0]["index"] == 0 and stream.called
     # text held back still carries its logprobs

@@ -68,21 +68,83 @@ QWEN_CASES = [
 ]
 
 
-@pytest.mark.parametrize("text, content, calls", QWEN_CASES)
-def test_qwen_tool_calls_whole_and_streamed(text, content, calls):
-    want = (content, None, calls)
-    assert plain(parse_reply(text, tools=NAMES)) == want
-    for pieces in (1, 3, 17, len(text)):
-        assert plain(streamed(text, pieces, tools=NAMES)) == want, pieces
-
-
 def test_calls_have_ids_and_indexes_in_order():
     stream = ReplyStream(tools=NAMES)
     deltas = stream.feed('<tool_call>{"name": "now", "arguments": {}}</tool_call>\n'
                          '<tool_call>{"name": "now", "arguments": {}}</tool_call>') + stream.close()
-    assert [d.index for d in deltas] == [0, 1]
-    ids = [d.call["id"] for d in deltas]
+    assert [d.index for d in deltas] == [0, 0, 1, 1]   # each call opened, then its arguments
+    ids = [d.call["id"] for d in deltas if "id" in d.call]
     assert len(set(ids)) == 2 and all(i.startswith("call_") for i in ids)
+
+
+def test_arguments_stream_as_openai_sends_them():
+    """A call goes out once its name is read, with empty arguments, and its
+    arguments follow in pieces as they come; their pieces add up to them."""
+    stream = ReplyStream(tools=NAMES)
+    assert stream.feed('<tool_call>\n{"name": "get_wea') == []
+    opened = stream.feed('ther", "arguments": {"ci')
+    assert opened[0].call["function"] == {"name": "get_weather", "arguments": ""} and opened[0].index == 0
+    assert [d.call for d in opened[1:]] == [{"function": {"arguments": '{"ci'}}]
+    more = stream.feed('ty": "Paris"}}\n</tool_call>') + stream.close()
+    assert [d.call for d in more] == [{"function": {"arguments": 'ty": "Paris"}'}}]
+    assert stream.called
+    # the same through the server's stream chunks: OpenAI's shape, index first
+    from fastllm import openai_api as api
+    g = api.Generation(True, [1], 5, [None], [], None, None, reply={"reasoning": None, "tools": NAMES, "fmt": QWEN})
+    chunks = api.delta_choices(g, 0, opened + more)
+    assert chunks[0]["delta"]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": ""}
+    assert chunks[1]["delta"] == {"tool_calls": [{"index": 0, "function": {"arguments": '{"ci'}}]}
+
+
+BARE_CASES = [
+    # Qwen2.5's bare calls under tool_choice "auto": a JSON object, or one in a ```json fence
+    ('{"name": "get_weather", "arguments": {"city": "Istanbul"}}', "", [call("get_weather", {"city": "Istanbul"})]),
+    ('```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Oslo"\n  }\n}\n```', "",
+     [{"type": "function", "function": {"name": "get_weather",
+                                        "arguments": '{\n    "city": "Oslo"\n  }'}}]),
+    ('{"name": "now", "arguments": {}}\n{"name": "get_weather", "arguments": {"city": "Rome"}}', "",
+     [call("now", {}), call("get_weather", {"city": "Rome"})]),
+    # arguments first: read once the object is whole
+    ('{"arguments": {"city": "Rome"}, "name": "get_weather"}', "", [call("get_weather", {"city": "Rome"})]),
+    # JSON that is no call, a fence of something else, a call inside text: content
+    ('{"answer": 42}', '{"answer": 42}', []),
+    ('{"name": "launch", "arguments": {}}', '{"name": "launch", "arguments": {}}', []),
+    ("```python\nprint(1)\n```", "```python\nprint(1)\n```", []),
+    ('Sure: {"name": "now", "arguments": {}}', 'Sure: {"name": "now", "arguments": {}}', []),
+    ("{not json", "{not json", []),
+]
+
+
+XML_TOOLS = check_tools(TOOLS + [{"type": "function", "function": {
+    "name": "plot", "parameters": {"type": "object", "properties": {
+        "points": {"type": "array"}, "scale": {"type": "number"}, "title": {"type": "string"},
+        "log": {"type": "boolean"}}}}}])
+XML_CASES = [
+    # Qwen3.5's (Qwen3-Coder's) form
+    ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>",
+     "", [call("get_weather", {"city": "Paris"})]),
+    # values typed by the schema: JSON where it says so, text where it says string
+    ("<tool_call>\n<function=plot>\n<parameter=points>\n[1, 2.5]\n</parameter>\n<parameter=scale>\n2\n"
+     "</parameter>\n<parameter=title>\n42\n</parameter>\n<parameter=log>\ntrue\n</parameter>\n</function>\n"
+     "</tool_call>", "", [call("plot", {"points": [1, 2.5], "scale": 2, "title": "42", "log": True})]),
+    ("Checking.\n<tool_call>\n<function=now>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n"
+     "<parameter=city>\nSão Paulo\n</parameter>\n</function>\n</tool_call>",
+     "Checking.", [call("now", {}), {"type": "function", "function": {"name": "get_weather",
+                                                                       "arguments": '{"city": "São Paulo"}'}}]),
+    # a function that is not a tool: content
+    ("<tool_call>\n<function=launch>\n</function>\n</tool_call>",
+     "<tool_call>\n<function=launch>\n</function>\n</tool_call>", []),
+]
+
+
+@pytest.mark.parametrize("tools, text, content, calls", [(NAMES, *c) for c in QWEN_CASES + BARE_CASES] +
+                         [(XML_TOOLS, *c) for c in XML_CASES])
+def test_qwen_tool_calls_whole_and_streamed(tools, text, content, calls):
+    """<tool_call> with JSON or Qwen3.5's XML inside, and bare calls."""
+    want = (content, None, calls)
+    assert plain(parse_reply(text, tools=tools)) == want
+    for pieces in (1, 3, 17, len(text)):
+        assert plain(streamed(text, pieces, tools=tools)) == want, pieces
 
 
 def test_text_that_may_begin_a_call_is_held_back_and_no_more():
@@ -94,7 +156,8 @@ def test_text_that_may_begin_a_call_is_held_back_and_no_more():
     assert [d.text for d in stream.feed("ar")] == [" <tool_car"]
     assert stream.feed("<tool_call>") == []
     deltas = stream.feed('{"name": "now", "arguments": {}}</tool_call>')
-    assert [d.kind for d in deltas] == ["tool_call"]
+    assert [(d.kind, d.call["function"]) for d in deltas] == [("tool_call", {"name": "now", "arguments": ""}),
+                                                               ("tool_call", {"arguments": "{}"})]
 
 
 def test_without_tools_the_text_is_content_as_it_is():
@@ -108,8 +171,9 @@ LLAMA_CASES = [
      "", [call("now", {}), call("get_weather", {"city": "Oslo"})]),
     ("It is sunny.", "It is sunny.", []),
     ('{"answer": 42}', '{"answer": 42}', []),
+    # once its name and arguments are read it is a call, and what follows it is content
     ('{"name": "get_weather", "parameters": {"city": "Paris"}} and more',
-     '{"name": "get_weather", "parameters": {"city": "Paris"}} and more', []),
+     " and more", [call("get_weather", {"city": "Paris"})]),
 ]
 
 
@@ -133,10 +197,12 @@ MISTRAL_CASES = [
      "Checking.", [{"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Zürich"}'}},
                    call("now", {})]),
     ('[TOOL_CALLS]now[ARGS]{} and then text', " and then text", [call("now", {})]),
-    # not a call of a tool, a name that cannot be one, arguments that never end: content
+    # not a call of a tool, a name that cannot be one: content
     ('[TOOL_CALLS]launch[ARGS]{}', '[TOOL_CALLS]launch[ARGS]{}', []),
     ('a [TOOL_CALLS]hello world', 'a [TOOL_CALLS]hello world', []),
-    ('[TOOL_CALLS]get_weather[ARGS]{"city": "Par', '[TOOL_CALLS]get_weather[ARGS]{"city": "Par', []),
+    # arguments the reply ended in (max_tokens): the call as far as it came, as OpenAI's API gives it
+    ('[TOOL_CALLS]get_weather[ARGS]{"city": "Par', "",
+     [{"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Par'}}]),
     ('[TOOL_CALLS]get_weather', '[TOOL_CALLS]get_weather', []),
     ("[TOOL_CALL", "[TOOL_CALL", []),
 ]
@@ -159,12 +225,13 @@ def test_mistral_tool_calls_whole_and_streamed(fmt, text, content, calls):
         assert plain(streamed(text, pieces, tools=NAMES, fmt=fmt)) == want, pieces
 
 
-def test_a_mistral_call_goes_out_as_soon_as_its_arguments_close():
+def test_a_mistral_call_goes_out_as_soon_as_its_arguments_begin():
     stream = ReplyStream(tools=NAMES, fmt=MISTRAL)
     assert stream.feed("[TOOL_CALLS]get_weather[ARGS]") == []
-    assert stream.feed('{"city": "Oslo"') == []
-    deltas = stream.feed("}")
-    assert [d.kind for d in deltas] == ["tool_call"] and deltas[0].call["function"]["name"] == "get_weather"
+    deltas = stream.feed('{"city": "Oslo"')
+    assert [d.call["function"] for d in deltas] == [{"name": "get_weather", "arguments": ""},
+                                                    {"arguments": '{"city": "Oslo"'}]
+    assert [d.call for d in stream.feed("}")] == [{"function": {"arguments": "}"}}]
 
 
 REASONING_CASES = [
@@ -192,8 +259,7 @@ def test_reasoning_streams_before_it_ends_and_then_a_call():
     assert [(d.kind, d.text) for d in first] == [("reasoning", "Need the weather. ")]
     rest = stream.feed('nk>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
                        '</tool_call>') + stream.close()
-    assert [d.kind for d in rest] == ["tool_call"]
-    assert rest[0].call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    assert gather(rest).tool_calls[0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
 
 
 def test_reasoning_mode_comes_from_template_and_prompt():

@@ -127,6 +127,12 @@ def _sampling_args(p: argparse.ArgumentParser):
     p.add_argument("--repeat-last-n", dest="repeat_last_n", type=whole_number(-1), default=None, metavar="N",
                    help="tokens the repetition penalty looks back on; -1 is all of them, 0 none "
                         "(default: -1)")
+    p.add_argument("--presence-penalty", dest="presence_penalty", type=float, default=None, metavar="X",
+                   help="OpenAI's presence penalty: X off the logits of the tokens the reply already holds "
+                        "(not the prompt's); 0.5 ends the default model's loops; 0 is off (default: 0)")
+    p.add_argument("--frequency-penalty", dest="frequency_penalty", type=float, default=None, metavar="X",
+                   help="OpenAI's frequency penalty: X times its count in the reply off each token's logit; "
+                        "0 is off (default: 0)")
     p.add_argument("--seed", type=whole_number(0), default=None,
                    help="seed for sampling, for reproducible runs (default: random)")
     p.add_argument("--stop", action="append", default=None, metavar="STR",
@@ -257,6 +263,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--request-timeout", type=float, default=SERVE.request_timeout, metavar="S",
                    help="seconds a generation may run; then it ends with finish_reason \"length\" "
                         "(default: no limit)")
+    p.add_argument("--cors-origins", default=SERVE.cors_origins, metavar="ORIGINS",
+                   help="web pages that may call the server from a browser (CORS), comma-separated "
+                        "origins such as http://localhost:3000; '*' for any, 'localhost' for any port "
+                        "of this machine (default: none)")
     p.add_argument("--cache-ram", type=whole_number(0), default=SERVE.cache_ram, metavar="MIB",
                    help="MiB of what slots held kept in RAM beyond them, so that a known prefix (system "
                         "prompt, tools, a conversation) is not run again when a request lands on another "

@@ -8,7 +8,7 @@ import threading
 import time
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Iterator
 
@@ -236,7 +236,8 @@ def _packed_weights(config: ModelConfig, source: Path, dtype: str, use_cache: bo
 
 
 class Model:
-    """A model ready to generate. Build it with Model.from_pretrained.
+    """A model ready to generate: Model.from_pretrained(path, ...), or
+    Model(path, ...), which is the same.
 
     generate/stream/chat/generate_tokens/logits run on the model's default
     Session, one call at a time: a thread that calls while another generates
@@ -246,9 +247,21 @@ class Model:
     Session of their own (new_session(), passed as session=); they share
     the weights."""
 
-    def __init__(self, weights: _core.Weights, config: ModelConfig, tokenizer, path: Path, dtype: str,
-                 eos_token_ids: set, generation_config: dict | None = None, max_batch: int = 512,
-                 name: str | None = None, source: Path | None = None, mtp: _core.Weights | None = None):
+    def __new__(cls, *args, **kwargs):
+        # Model("model.gguf", n_ctx=...) loads it, as llama-cpp-python's
+        # Llama("model.gguf") does; from_pretrained builds it from its parts.
+        if args and isinstance(args[0], _core.Weights):
+            return super().__new__(cls)
+        return cls.from_pretrained(*args, **kwargs)
+
+    def __init__(self, weights: _core.Weights | None = None, *args, **kwargs):
+        if isinstance(weights, _core.Weights):
+            self._build(weights, *args, **kwargs)
+        # else: Model(path, ...), which __new__ loaded
+
+    def _build(self, weights: _core.Weights, config: ModelConfig, tokenizer, path: Path, dtype: str,
+               eos_token_ids: set, generation_config: dict | None = None, max_batch: int = 512,
+               name: str | None = None, source: Path | None = None, mtp: _core.Weights | None = None):
         self._weights = weights
         # The multi-token-prediction block, where the file has one (speculative="mtp").
         self._mtp = mtp
@@ -610,6 +623,7 @@ class Model:
         """The continuations of several prompts (a list of str), decoded
         together (see generate_tokens_batch): each is exactly what generate
         gives for that prompt alone. Settings as for stream."""
+        max_new_tokens = _token_limit(max_new_tokens, overrides)
         params = self._sampling(sampling, overrides)
         stops = _stop_strings(stop)
         tok = self._need_tokenizer()
@@ -646,7 +660,9 @@ class Model:
         text is the same with it). stop: a string or a list of strings that
         end the text (not included); an empty one is refused. Afterwards
         last_stats.finish_reason says why generation ended; "context" (the
-        context is full) also gives a ContextFullWarning."""
+        context is full) also gives a ContextFullWarning. max_tokens=N, as
+        OpenAI's API names it, is max_new_tokens."""
+        max_new_tokens = _token_limit(max_new_tokens, overrides)
         params = self._sampling(sampling, overrides)
         constraint = self._constraint(constraint, response_format)
         ids = self._encode(prompt, add_special_tokens)
@@ -668,6 +684,11 @@ class Model:
 
     def _sampling(self, sampling: SamplingParams | None, overrides: dict) -> SamplingParams:
         base = self.default_sampling if sampling is None else as_params(sampling)
+        unknown = [k for k in overrides if k not in _SETTINGS]
+        if unknown:
+            hint = " (the token limit is max_new_tokens)" if unknown[0] in ("max_tokens", "n_predict") else ""
+            raise TypeError(f"unknown setting {unknown[0]!r}{hint}; the settings are max_new_tokens, stop, "
+                            f"{', '.join(_SETTINGS)}")
         return base.replace(**{k: v for k, v in overrides.items() if v is not None})
 
     def default_max_new_tokens(self, n_prompt: int, fallback: int = 128) -> int:
@@ -690,7 +711,9 @@ class Model:
         does) and generate the assistant's reply. Settings as for stream;
         max_new_tokens falls back to 256. With response_format, a model
         that reasons first (<think>...</think>) does so freely, then the
-        JSON follows."""
+        JSON follows. stream=True: the reply's text pieces as they come
+        (an iterator), as stream() gives them."""
+        max_new_tokens = _token_limit(max_new_tokens, overrides)
         params = self._sampling(sampling, overrides)
         text = self._need_tokenizer().apply_chat_template(messages, add_generation_prompt=True,
                                                           **(template_kwargs or {}))
@@ -789,6 +812,21 @@ class Model:
     def __repr__(self):
         return (f"Model({str(self.path)!r}, model_type={self.config.model_type!r}, "
                 f"dtype={self.dtype!r}, n_ctx={self.n_ctx}, threads={self.threads})")
+
+
+# The keyword settings of generate/stream/chat (SamplingParams' fields).
+_SETTINGS = tuple(f.name for f in fields(SamplingParams))
+
+
+def _token_limit(max_new_tokens, overrides: dict):
+    """max_new_tokens, or OpenAI's name for it, max_tokens (taken out of
+    overrides)."""
+    if "max_tokens" not in overrides:
+        return max_new_tokens
+    max_tokens = overrides.pop("max_tokens")
+    if max_new_tokens is not None and max_tokens is not None:
+        raise TypeError("give max_new_tokens or max_tokens (the same limit), not both")
+    return max_tokens if max_new_tokens is None else max_new_tokens
 
 
 def _stop_strings(stop) -> list:

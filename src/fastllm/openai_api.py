@@ -27,6 +27,8 @@ MAX_CHOICES = 16          # n
 MAX_STOPS = 16            # stop strings per request
 MAX_STOP_CHARS = 200      # each is looked for at every token: kept short
 MAX_TOP_LOGPROBS = 20     # chat (completions: 5, as OpenAI's)
+MAX_PROMPTS = 64          # prompts of one completions request (the server's own bound: its queue)
+MAX_ECHO_TOKENS = 16384   # prompt tokens one request may have scored (echo with logprobs)
 MAX_JSON_DEPTH = 64       # nesting of the request body
 # Arguments of apply_chat_template that chat_template_kwargs may not set.
 _TEMPLATE_ARGUMENTS = ("messages", "add_generation_prompt", "tools", "tokenize", "chat_template",
@@ -136,12 +138,29 @@ class Generation:
     # llama-server's "speculative.n_max": at most this many guesses a pass
     # (0: no speculative decoding for this request); None: the server's.
     draft_max: int | None = None
+    # A completions request of several prompts: those after prompt_ids, each
+    # with choices of its own (choice index: prompt * n + choice, as OpenAI's).
+    more_prompts: list = field(default_factory=list)
+    # echo: per prompt, its text, given before what is generated (and, with
+    # logprobs, the logprobs of its tokens); None: no echo.
+    echo: list | None = None
+    fingerprint: str | None = None    # system_fingerprint
+
+    @property
+    def prompts(self) -> list:
+        return [self.prompt_ids, *self.more_prompts]
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(p) for p in self.prompts)
 
 
-def parse_request(body: dict, chat: bool, model, max_choices: int = MAX_CHOICES) -> Generation:
+def parse_request(body: dict, chat: bool, model, max_choices: int = MAX_CHOICES,
+                  max_prompts: int = MAX_PROMPTS) -> Generation:
     """body (a JSON object) of /v1/chat/completions (chat) or /v1/completions
     as a Generation, every field checked; the prompt is rendered and
     tokenized last, and only once it is known to fit the context.
+    A completions request may give up to max_prompts prompts.
     APIError (400) names the first bad field."""
     model_field = body.get("model")
     if model_field is not None and not isinstance(model_field, str):
@@ -172,20 +191,32 @@ def parse_request(body: dict, chat: bool, model, max_choices: int = MAX_CHOICES)
         grammar = grammar_of(model, response_format=response_format, tools=tools, tool_choice=choice,
                              fmt=reply["fmt"], parallel=parallel, reasoning=reply["reasoning"])
     else:
-        limit = field_of(body, "max_tokens", int, None, 1)
+        echo = field_of(body, "echo", bool, False)
+        # max_tokens 0 scores a text without generating (echo, as OpenAI's)
+        limit = field_of(body, "max_tokens", int, None, 0 if echo else 1)
         top_logprobs = field_of(body, "logprobs", int, None, 0, 5)
-        if field_of(body, "echo", bool, False):
-            raise APIError(400, "'echo' is not supported", param="echo")
         if field_of(body, "suffix", str, None):
             raise APIError(400, "'suffix' is not supported", param="suffix")
-        ids = completion_prompt_ids(body, model)
+        prompts, texts = completion_prompts(body, model, max_prompts)
+        if echo and top_logprobs is not None and sum(map(len, prompts)) > MAX_ECHO_TOKENS:
+            raise APIError(400, f"'echo' with 'logprobs' scores at most {MAX_ECHO_TOKENS} prompt tokens "
+                                f"per request; these prompts have {sum(map(len, prompts))}", param="echo")
+        ids = max(prompts, key=len)
         grammar = grammar_of(model, response_format=response_format)
     room = model.n_ctx - len(ids)
     if limit is None:
         limit = model.default_max_new_tokens(len(ids), room if chat else 16)
-    constraints = None if grammar is None else [grammar.start() for _ in samplings]
-    return Generation(chat, ids, max(1, min(limit, room)), samplings, stops, stop_ids, top_logprobs,
-                      stream, include_usage, constraints, reply=reply, draft_max=draft_max)
+    if chat:
+        prompts, echoed, least = [ids], None, 1
+    else:
+        echoed = [t if t is not None else model.tokenizer.decode(p) for p, t in zip(prompts, texts)] \
+            if echo else None
+        least = 0 if echo else 1
+    constraints = None if grammar is None else [grammar.start() for _ in range(len(prompts) * len(samplings))]
+    return Generation(chat, prompts[0], max(least, min(limit, room)), samplings, stops, stop_ids,
+                      top_logprobs, stream, include_usage, constraints, reply=reply,
+                      draft_max=draft_max, more_prompts=prompts[1:], echo=echoed,
+                      fingerprint=system_fingerprint(model))
 
 
 def sampling_of(body: dict, model, max_choices: int = MAX_CHOICES) -> list:
@@ -252,21 +283,40 @@ def stops_of(body: dict) -> list:
     return stops
 
 
-def completion_prompt_ids(body: dict, model) -> list:
+def completion_prompts(body: dict, model, max_prompts: int = MAX_PROMPTS) -> tuple:
+    """(ids of each prompt, the text of each, None where it came as ids) of
+    a completions request, whose prompt is, as in OpenAI's API, a string, an
+    array of strings, an array of token ids or an array of such arrays. Their
+    count is checked before any is tokenized."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]   # a batch of one prompt
-    if isinstance(prompt, str):
-        return encode(model, prompt, True, "prompt")
-    if isinstance(prompt, list) and prompt and all(_whole(t) for t in prompt):
-        fit_context(len(prompt), model, "prompt")
-        bad = next((t for t in prompt if not 0 <= t < model.config.vocab_size), None)
-        if bad is not None:
-            raise APIError(400, f"'prompt' token id {bad} is outside the vocabulary "
-                                f"(0..{model.config.vocab_size - 1})", param="prompt")
-        return [int(t) for t in prompt]
-    raise APIError(400, "'prompt' must be a string or an array of token ids (one prompt "
-                        "per request)", param="prompt")
+    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(_whole(t) for t in prompt)):
+        prompt = [prompt]
+    shape = APIError(400, "'prompt' must be a string, an array of strings, a non-empty array of token "
+                          "ids, or an array of such arrays", param="prompt")
+    if not isinstance(prompt, list) or not prompt:
+        raise shape
+    if len(prompt) > max_prompts:
+        raise APIError(400, f"'prompt' gives {len(prompt)} prompts: this server takes at most "
+                            f"{max_prompts} per request", param="prompt")
+    if not all(isinstance(p, str) or (isinstance(p, list) and p and all(_whole(t) for t in p)) for p in prompt):
+        raise shape
+    ids, texts = [], []
+    for i, p in enumerate(prompt):
+        where = "prompt" if len(prompt) == 1 else f"prompt[{i}]"
+        ids.append(encode(model, p, True, where) if isinstance(p, str) else token_ids(p, model, where))
+        texts.append(p if isinstance(p, str) else None)
+    return ids, texts
+
+
+def token_ids(prompt: list, model, where: str) -> list:
+    """A prompt given as token ids, checked: it fits the context and every
+    id is in the vocabulary."""
+    fit_context(len(prompt), model, where)
+    bad = next((t for t in prompt if not 0 <= t < model.config.vocab_size), None)
+    if bad is not None:
+        raise APIError(400, f"'{where}' token id {bad} is outside the vocabulary "
+                            f"(0..{model.config.vocab_size - 1})", param="prompt")
+    return [int(t) for t in prompt]
 
 
 def encode(model, text: str, add_special_tokens: bool, param: str) -> list:
@@ -329,7 +379,7 @@ def reply_options(model, prompt: str, tools: dict | None, choice: str | None) ->
     """How the reply to prompt is read (toolcalls.ReplyStream's options)."""
     template = model.tokenizer.chat_template
     return {"reasoning": toolcalls.reasoning_mode(template, prompt),
-            "tools": list(tools) if tools and choice != "none" else None,
+            "tools": dict(tools) if tools and choice != "none" else None,
             "fmt": toolcalls.tool_format(template)}
 
 
@@ -428,9 +478,20 @@ def finish_reason(reason: str) -> str:
     return "stop" if reason in ("stop", "cancelled") else "length"
 
 
-def usage(n_prompt: int, completion_tokens: int) -> dict:
+def usage(n_prompt: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    """OpenAI's usage; cached_tokens: the prompt tokens whose keys and values
+    the server already held (a prefix shared with an earlier request)."""
     return {"prompt_tokens": n_prompt, "completion_tokens": completion_tokens,
-            "total_tokens": n_prompt + completion_tokens}
+            "total_tokens": n_prompt + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+def system_fingerprint(model) -> str:
+    """What a reply's bits depend on besides the request: fastllm's version,
+    the SIMD and int8 kernels this CPU runs, and the activations' type."""
+    from . import __version__
+    from ._core import int8_path, simd_path
+    return f"fastllm-{__version__}-{simd_path()}-{int8_path()}-{model.activations}"
 
 
 def chat_logprobs(tokenizer, entries, top: int) -> dict:
@@ -445,12 +506,14 @@ def chat_logprobs(tokenizer, entries, top: int) -> dict:
 
 
 def completion_logprobs(tokenizer, entries, offset: int) -> dict:
-    """Completions logprobs, text offsets counted from offset."""
+    """Completions logprobs, text offsets counted from offset. An entry of
+    None (an echoed prompt's first token, which nothing predicts) is null."""
     tokens, lps, tops, offsets = [], [], [], []
-    for token, (lp, best) in entries:
+    for token, entry in entries:
         s = tokenizer.decode([token])
-        tokens.append(s), lps.append(lp), offsets.append(offset)
-        tops.append({tokenizer.decode([i]): v for i, v in best})
+        tokens.append(s), offsets.append(offset)
+        lps.append(None if entry is None else entry[0])
+        tops.append(None if entry is None else {tokenizer.decode([i]): v for i, v in entry[1]})
         offset += len(s)
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
 
@@ -522,10 +585,10 @@ def delta_choices(g: Generation, index: int, deltas, logprobs=None) -> list:
 
 
 def response(g: Generation, rid: str, created: int, model_name: str, choices: list,
-             completion_tokens: int) -> dict:
+             completion_tokens: int, cached_tokens: int = 0) -> dict:
     return {"id": rid, "object": "chat.completion" if g.chat else "text_completion",
-            "created": created, "model": model_name, "choices": choices,
-            "usage": usage(len(g.prompt_ids), completion_tokens)}
+            "created": created, "model": model_name, "system_fingerprint": g.fingerprint,
+            "choices": choices, "usage": usage(g.prompt_tokens, completion_tokens, cached_tokens)}
 
 
 def chunk_choice(g: Generation, index: int, text: str | None = None, reason: str | None = None,
@@ -544,7 +607,8 @@ def chunk_choice(g: Generation, index: int, text: str | None = None, reason: str
 def chunk(g: Generation, rid: str, created: int, model_name: str, choices: list, **extra) -> str:
     """A server-sent event of a stream."""
     body = {"id": rid, "object": "chat.completion.chunk" if g.chat else "text_completion",
-            "created": created, "model": model_name, "choices": choices, **extra}
+            "created": created, "model": model_name, "system_fingerprint": g.fingerprint,
+            "choices": choices, **extra}
     return f"data: {json.dumps(body)}\n\n"
 
 

@@ -25,6 +25,7 @@ import collections
 import hmac
 import json
 import os
+import re
 import sys
 import time
 import uuid
@@ -53,6 +54,9 @@ class ServeOptions:
     head_timeout: float = 10.0          # seconds to receive a request head (then the connection is closed)
     shutdown_timeout: float = 10.0      # seconds answers may take to finish once shutting down
     request_timeout: float | None = None   # seconds a generation may run (then "length")
+    # Origins whose web pages may call the server (CORS), comma-separated:
+    # "*" for any, "localhost" for any port of this machine's own names.
+    cors_origins: str | None = None
     cache_ram: int = 2048               # MiB of slots' sequences kept beyond the slots (0: none)
     ctx_checkpoints: int = 8            # recurrent-state checkpoints a slot keeps
 
@@ -67,6 +71,8 @@ class ServeOptions:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
+        if self.cors_origins is not None:
+            cors_origins(self.cors_origins)   # refused now, not at the first request
 
 
 DEFAULTS = ServeOptions()
@@ -128,6 +134,62 @@ class Metrics:
         return "\n".join(lines) + "\n"
 
 
+# An origin is scheme://host[:port], nothing after (a browser's Origin header).
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/?#\s]+")
+# "localhost": http(s) pages of this machine, on any port.
+_LOCAL_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:[0-9]+)?"
+# The methods a page may use (DELETE: for routes that remove what a client stored).
+CORS_METHODS = ("GET", "POST", "DELETE", "OPTIONS")
+
+
+def cors_origins(text: str) -> tuple:
+    """(exact origins, a regular expression of origins or None) of
+    --cors-origins; ValueError names an entry that is not an origin."""
+    exact, pattern = [], None
+    for entry in (e.strip() for e in text.split(",")):
+        if entry == "localhost":
+            pattern = _LOCAL_ORIGINS
+        elif entry == "*" or _ORIGIN.fullmatch(entry):
+            exact.append(entry)
+        else:
+            raise ValueError(f"cors_origins: {entry!r} is not an origin (scheme://host[:port], with no "
+                             "path or trailing slash), '*' or 'localhost'")
+    return tuple(exact), pattern
+
+
+def cors_middleware(options: ServeOptions):
+    """The Starlette middleware that lets the pages of options.cors_origins
+    call the server (None when no origin may): preflight requests answered
+    without the API key, which the real request still needs, and every
+    response, streams included, marked for the origin that asked."""
+    if options.cors_origins is None:
+        return None
+    from starlette.middleware import Middleware
+    from starlette.middleware.cors import CORSMiddleware
+    from starlette.responses import Response
+
+    class CORS(CORSMiddleware):
+        def preflight_response(self, request_headers):
+            answer = super().preflight_response(request_headers)
+            if answer.status_code < 400:
+                return answer
+            # Starlette says why in plain text; this server's errors are OpenAI's JSON.
+            what = answer.body.decode().removeprefix("Disallowed CORS ")
+            asked = {"origin": f"origin {request_headers.get('origin')!r} (allowed: {options.cors_origins})",
+                     "method": f"method {request_headers.get('access-control-request-method')!r}",
+                     "headers": "headers " + repr(request_headers.get("access-control-request-headers")),
+                     "private-network": "private network access"}
+            reasons = ", ".join(asked[w.strip()] for w in what.split(",") if w.strip() in asked)
+            e = APIError(403, f"cross-origin request refused: {reasons or what}")
+            return Response(json.dumps(api.error_body(e)), status_code=403, media_type="application/json")
+
+    exact, pattern = cors_origins(options.cors_origins)
+    # Every header may be asked for: the preflight names them back (the
+    # Fetch standard does not let a "*" cover Authorization).
+    return Middleware(CORS, allow_origins=exact, allow_origin_regex=pattern, allow_methods=CORS_METHODS,
+                      allow_headers=["*"], allow_credentials=True, expose_headers=["Retry-After"])
+
+
 def engine_error(e: BaseException) -> APIError:
     """An error the engine met while running a request: the caller's fault
     (ValueError) is a 400, anything else a 500."""
@@ -136,19 +198,32 @@ def engine_error(e: BaseException) -> APIError:
     return api.server_error(f"generation failed: {type(e).__name__}: {e}")
 
 
+# A body over max_body is still read, and thrown away, up to this many more
+# bytes while it keeps coming: a client sends its whole body before it reads
+# the answer, and a connection closed on unread data reaches it as a reset,
+# not as the 413.
+DISCARD_LIMIT = 16 * 2**20
+DISCARD_IDLE = 0.5   # seconds without more of it: the answer goes out
+
+
 async def read_body(request, options: ServeOptions) -> bytes:
     """The body, at most options.max_body bytes (413), received within
     options.body_timeout seconds (408)."""
     from starlette.requests import ClientDisconnect
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > options.max_body:
-        raise _too_large(options)
+    too_large = declared.isdigit() and int(declared) > options.max_body
 
     async def receive():
+        pieces = request.stream().__aiter__()
+        if too_large:
+            if int(declared) <= options.max_body + DISCARD_LIMIT:
+                await _discard(pieces, int(declared))
+            raise _too_large(options)
         chunks, size = [], 0
-        async for piece in request.stream():
+        async for piece in pieces:
             size += len(piece)
             if size > options.max_body:
+                await _discard(pieces, DISCARD_LIMIT)
                 raise _too_large(options)
             chunks.append(piece)
         return b"".join(chunks)
@@ -158,6 +233,17 @@ async def read_body(request, options: ServeOptions) -> bytes:
         raise APIError(408, f"the request body did not arrive within {options.body_timeout:g} s") from None
     except ClientDisconnect:
         raise APIError(400, "the client went away while sending the body") from None
+
+
+async def _discard(pieces, limit: int):
+    """Read and drop what more of a refused body comes: at most limit
+    bytes, while pieces keep coming."""
+    from starlette.requests import ClientDisconnect
+    while limit > 0:
+        try:
+            limit -= len(await asyncio.wait_for(pieces.__anext__(), DISCARD_IDLE))
+        except (StopAsyncIteration, asyncio.TimeoutError, ClientDisconnect):
+            return
 
 
 def _too_large(options: ServeOptions) -> APIError:
@@ -174,19 +260,27 @@ class Completions:
         self.metrics, self.options = metrics, options
 
     def submit(self, g: api.Generation) -> list:
+        """One engine request per choice of every prompt, in the order of
+        the choices' indexes, all queued or none."""
         from .serving import QueueFull
+        prompts = g.prompts
         if len(g.samplings) > self.engine.max_queue:
             raise APIError(400, f"'n' must be at most {self.engine.max_queue} on this server "
                                 "(its --max-queue)", param="n")
+        if len(prompts) * len(g.samplings) > self.engine.max_queue:
+            raise APIError(400, f"{len(prompts)} prompts of n={len(g.samplings)} choices each are more "
+                                f"than the {self.engine.max_queue} this server queues (its --max-queue)",
+                           param="prompt")
+        prompt_logprobs = g.top_logprobs if g.echo is not None else None
         try:
-            requests = self.engine.submit_many(g.prompt_ids, g.max_tokens, g.samplings, g.stop_ids,
-                                               g.top_logprobs, g.constraints, g.draft_max)
+            requests = self.engine.submit_prompts(prompts, g.max_tokens, g.samplings, g.stop_ids,
+                                                  g.top_logprobs, g.constraints, g.draft_max, prompt_logprobs)
         except QueueFull as e:
             raise APIError(503, str(e), type="server_error", code="overloaded",
                            headers={"Retry-After": "1"}) from None
         except ValueError as e:
             raise APIError(400, str(e)) from None
-        self.metrics.prompt_tokens += len(g.prompt_ids)
+        self.metrics.prompt_tokens += g.prompt_tokens
         return requests
 
     async def _watch(self, requests, http_request, state):
@@ -208,9 +302,12 @@ class Completions:
         """Put (index, text, [(token, logprob entry)]) on out as tokens come,
         then (index, None, error or None)."""
         text = TextStream(self.model.tokenizer, g.stops, keep=api.kept_specials(g))
-        got, error = 0, None
+        got, error, echoed = 0, None, g.echo is None
         try:
             async for token in _then_none(request):
+                if not echoed:   # the prompt's logprobs are whole once its first token, or its end, came
+                    echoed = True
+                    await out.put((index, g.echo[index // len(g.samplings)], _prompt_entries(g, request)))
                 entry = None
                 if token is not None:
                     if got == 0:
@@ -230,6 +327,10 @@ class Completions:
             request.cancel()   # a no-op once it has ended; else frees the slot
         if text.stopped:
             state["stopped"][index] = text.stop
+        elif not g.chat and request.stop_logprobs is not None:
+            # a completion's logprobs end with the token that stopped it, as
+            # OpenAI's do (lm-evaluation-harness counts on that token)
+            await out.put((index, "", [request.stop_logprobs]))
         await out.put((index, None, error))
 
     async def run(self, g, requests, http_request, state: dict):
@@ -284,7 +385,7 @@ class Completions:
                               api.logprobs_of(g, tokenizer, entries[i]))
                    for i, r in enumerate(requests)]
         return api.response(g, _id(g), int(time.time()), self.model_name, choices,
-                            sum(r.generated for r in requests))
+                            sum(r.generated for r in requests), _cached(g, requests))
 
     async def reply(self, g, requests, http_request) -> tuple:
         """(text, state) of a one-choice request, run to its end."""
@@ -329,11 +430,26 @@ class Completions:
                     yield api.chunk(g, rid, created, name, [c])
             if g.include_usage:
                 yield api.chunk(g, rid, created, name, [],
-                                usage=api.usage(len(g.prompt_ids), sum(r.generated for r in requests)))
+                                usage=api.usage(g.prompt_tokens, sum(r.generated for r in requests),
+                                                _cached(g, requests)))
             yield "data: [DONE]\n\n"
         finally:
             for r in requests:
                 r.cancel()   # a client gone mid-stream frees its slot at the next step
+
+
+def _prompt_entries(g, request) -> list:
+    """[(token, logprob entry)] of the prompt a choice echoes: None for
+    its first token, which nothing predicts; none without logprobs."""
+    if g.top_logprobs is None:
+        return []
+    return list(zip(request.prompt_ids, [None, *request.prompt_logprob_entries]))
+
+
+def _cached(g, requests) -> int:
+    """Prompt tokens the server already held: those of each prompt's first
+    choice (the others copy its prompt)."""
+    return sum(r.prompt_reused for r in requests[::len(g.samplings)])
 
 
 async def _cancellable(work, job, served, http_request, options: ServeOptions):
@@ -412,7 +528,7 @@ def create_app(model, engine, model_name: str | None = None, api_key: str | None
     def parse(raw: bytes, chat: bool):
         body = api.parse_json(raw)
         served = models.pick(body.get("model"))
-        return served, api.parse_request(body, chat, served.model)
+        return served, api.parse_request(body, chat, served.model, max_prompts=served.engine.max_queue)
 
     async def generate(http_request, endpoint):
         check_key(http_request)
@@ -527,6 +643,8 @@ def create_app(model, engine, model_name: str | None = None, api_key: str | None
         return anthropic if path == "/v1/messages" or path.startswith("/v1/messages/") else api.error_body
 
     anthropic = anthropic_api.error_body
+
+    cors = cors_middleware(options)
     return Starlette(routes=[
         Route("/v1/models", endpoint("models", listing), methods=["GET"]),
         Route("/v1/completions", endpoint("completions", generate), methods=["POST"]),
@@ -539,10 +657,16 @@ def create_app(model, engine, model_name: str | None = None, api_key: str | None
         Route("/v1/embeddings", endpoint("embeddings", embed), methods=["POST"]),
         Route("/tokenize", endpoint("tokenize", tokens(embeddings_api.tokenize)), methods=["POST"]),
         Route("/detokenize", endpoint("detokenize", tokens(embeddings_api.detokenize)), methods=["POST"]),
+        # the same without /v1, as llama-server serves them, for clients given a base URL without it
+        Route("/models", endpoint("models", listing), methods=["GET"]),
+        Route("/completions", endpoint("completions", generate), methods=["POST"]),
+        Route("/chat/completions", endpoint("chat", generate), methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", endpoint("metrics", prometheus), methods=["GET"]),
     ], exception_handlers={HTTPException: http_error, Exception: internal_error},
-        middleware=[Middleware(RequestLimit, limit=options.max_connections)])
+        # CORS outermost, so that a refusal for too many requests reaches a
+        # web page as the 503 it is, not as a CORS failure
+        middleware=([cors] if cors else []) + [Middleware(RequestLimit, limit=options.max_connections)])
 
 
 def has_key(headers, api_key: str) -> bool:

@@ -114,6 +114,14 @@ class Request:
     prompt_reused: int = 0        # prompt tokens whose keys/values a slot already held
     drafted: int = 0              # speculation: guesses run, and guesses kept
     accepted: int = 0
+    # With a number, the prompt is scored as it runs (an echo of it, with
+    # logprobs): prompt_logprob_entries gets, for every prompt token after
+    # the first, the entry logprobs would have were it generated.
+    prompt_logprobs: int | None = None
+    prompt_logprob_entries: list = field(default_factory=list)
+    # With top_logprobs, a request that an end-of-sequence token stopped:
+    # (that token, its logprobs entry); it is not one of the tokens given.
+    stop_logprobs: tuple | None = None
     # Per token, when top_logprobs is set: (its log-probability, [(id, log-probability)
     # of the top_logprobs most likely]), from the model's own distribution.
     logprobs: list = field(default_factory=list)
@@ -244,6 +252,31 @@ class BatchEngine:
         """Queue one generation of the same prompt per entry of samplings
         (several choices of one request), all or none; the prompt is run
         once and its keys/values copied to the others where they run at once."""
+        return self._queue(self._requests(prompt_ids, max_new_tokens, samplings, stop_ids, top_logprobs,
+                                          constraints, draft_max))
+
+    def submit_prompts(self, prompts, max_new_tokens: int, samplings, stop_ids=None,
+                       top_logprobs: int | None = None, constraints=None, draft_max: int | None = None,
+                       prompt_logprobs: int | None = None) -> list:
+        """submit_many for each of several prompts (constraints: one per
+        choice of each, prompt after prompt), all of them or none.
+        prompt_logprobs: score every prompt as it runs (see Request)."""
+        if prompt_logprobs is not None and (not _whole(prompt_logprobs) or prompt_logprobs < 0):
+            raise ValueError(f"prompt_logprobs must be a whole number >= 0, got {prompt_logprobs!r}")
+        n = len(samplings)
+        constraints = list(constraints or [None] * (n * len(prompts)))
+        if len(constraints) != n * len(prompts):
+            raise ValueError("submit_prompts takes one constraint per choice of every prompt")
+        requests = [r for k, prompt in enumerate(prompts) for r in self._requests(
+            prompt, max_new_tokens, samplings, stop_ids, top_logprobs, constraints[k * n:(k + 1) * n],
+            draft_max)]
+        for request in requests:
+            request.prompt_logprobs = prompt_logprobs
+        return self._queue(requests)
+
+    def _requests(self, prompt_ids, max_new_tokens, samplings, stop_ids, top_logprobs, constraints,
+                  draft_max) -> list:
+        """The checked Requests of submit_many, not yet queued."""
         ids = _core.check_token_ids(prompt_ids, self.model.config.vocab_size).tolist()
         if len(ids) >= self.model.n_ctx:
             raise ValueError(f"the prompt has {len(ids)} tokens: no room left in the context of "
@@ -266,6 +299,9 @@ class BatchEngine:
                               Sampler(sampling, constraint=constraint), leader)
             leader = leader or request
             requests.append(request)
+        return requests
+
+    def _queue(self, requests) -> list:
         with self._submitting:   # all of them or none
             if self._stop:
                 raise RuntimeError("this BatchEngine is closed: it takes no more requests")
@@ -328,14 +364,17 @@ class BatchEngine:
             leader.followers.append(run)
             return
         prompt = request.prompt_ids
-        keep = slot.reusable(prompt)
+        # A prompt to score (echo with logprobs) runs whole: of a prefix
+        # held no logits are left.
+        scored = request.prompt_logprobs is not None
+        keep = slot.reusable(prompt) if not scored else 0
         # Another slot, running or free, may hold more of the prompt (a
         # system prompt shared by many requests), or the prompt cache: copy
         # it over.
         others = [r.session for r in self._running if r is not run] + self._free
         donor = max(others, key=lambda s: s.reusable(prompt), default=None)
-        donated = donor.reusable(prompt) if donor is not None else 0
-        cached, from_cache = self.cache.best(prompt) if self.cache is not None else (None, 0)
+        donated = donor.reusable(prompt) if donor is not None and not scored else 0
+        cached, from_cache = self.cache.best(prompt) if self.cache is not None and not scored else (None, 0)
         run.branch = max([s.shared(prompt) for s in others + [slot]] + [e.shared(prompt) for e in (
             self.cache._entries if self.cache is not None else ())])
         if self.cache is not None and slot.position - keep >= PromptCache.MIN_TOKENS:
@@ -347,6 +386,8 @@ class BatchEngine:
         elif donated > keep:
             slot.copy_prefix(donor, donated)
             keep = donated
+        elif scored:
+            slot.reset()
         else:
             keep = slot.resume(prompt)
         request.prompt_reused = run.fed = keep
@@ -419,7 +460,8 @@ class BatchEngine:
         t0 = time.perf_counter()
         try:
             verify = [bool(r.guesses) for r in batch]
-            rows = extend_together([r.session for r in batch], feeds, self._work, verify)
+            scored = [self._scores(r) for r in batch]
+            rows = extend_together([r.session for r in batch], feeds, self._work, verify, scored)
         except Exception as e:
             # A pass failed as a whole: what the slots hold is unknown, so
             # every request in it ends; the engine goes on with the next ones.
@@ -430,11 +472,14 @@ class BatchEngine:
             return
         seconds = time.perf_counter() - t0
         at = 0
-        for run, fed in zip(batch, feeds):
+        for run, fed, score in zip(batch, feeds, scored):
             request = run.request
             if run.fed < len(request.prompt_ids):
-                logits = rows[at]
-                at += 1
+                n = len(fed) if score else 1
+                if score:
+                    self._score_prompt(request, run.fed, rows[at:at + n])
+                logits = rows[at + n - 1]
+                at += n
                 run.fed += len(fed)
                 if run.fed in run.session.cut_points(run.fed - len(fed), len(request.prompt_ids), run.branch):
                     run.session.checkpoint()
@@ -514,8 +559,23 @@ class BatchEngine:
         elif run.spec is not None:
             run.spec.plain_step(seconds)
 
+    @staticmethod
+    def _scores(run: _Running) -> bool:
+        """Whether run's next pass is a chunk of a prompt it scores (echo
+        with logprobs): that pass gives the logits of every token of it."""
+        return run.request.prompt_logprobs is not None and run.fed < len(run.request.prompt_ids)
+
+    @staticmethod
+    def _score_prompt(request: Request, start: int, logits):
+        """The entries of the prompt tokens that logits (those after the
+        prompt's tokens start, start+1, ...) predict."""
+        targets = request.prompt_ids[start + 1:start + 1 + len(logits)]
+        request.prompt_logprob_entries += _logprob_rows(logits[:len(targets)], targets,
+                                                        request.prompt_logprobs)
+
     def _follow(self, run: _Running, leader: _Running, logits):
         """run takes leader's prompt keys/values and its last logits."""
+        run.request.prompt_logprob_entries = leader.request.prompt_logprob_entries
         run.leader = None
         try:
             run.session.copy_prefix(leader.session, len(leader.request.prompt_ids))
@@ -541,6 +601,8 @@ class BatchEngine:
             self._release(run, "error", e)
             return None
         if token in request.stop_ids:
+            if entry is not None:
+                request.stop_logprobs = (token, entry)
             self._release(run, "stop")
             return None
         request.generated += 1
@@ -595,3 +657,26 @@ def _long_rope_room(session, held: int) -> int:
     the engine's work buffers rather than its own."""
     after = session._long_rope_after
     return after - held if after is not None and held < after else 1 << 30
+
+
+def _logprob_rows(logits, tokens, top: int) -> list:
+    """_logprobs of each row of logits and the token it gave, at once: the
+    same numbers (each row's sums in the same order) at the cost of a few
+    vector operations rather than a sort of the vocabulary per row."""
+    x = logits.astype(np.float64)
+    x -= x.max(axis=1, keepdims=True)
+    x -= np.log(np.exp(x).sum(axis=1, keepdims=True))
+    picked = x[np.arange(len(tokens)), tokens]
+    if top == 0:
+        return [(float(v), []) for v in picked]
+    # the top entries in _logprobs' order, by logprob then by id: the
+    # top-th largest of each row, and every id at least that likely
+    top = min(top, x.shape[1])
+    least = -np.partition(-x, top - 1, axis=1)[:, top - 1]
+    out = []
+    for row, token_lp, bar in zip(x, picked, least):
+        ids = np.flatnonzero(row >= bar)
+        best = sorted(ids.tolist(), key=lambda i: (-row[i], i))[:top]
+        out.append((float(token_lp), [(i, float(row[i])) for i in best]))
+    return out
+

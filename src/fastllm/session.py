@@ -509,7 +509,8 @@ class Session:
         return f"Session(position={self.position}, n_ctx={self.n_ctx}, can_rewind={self.can_rewind})"
 
 
-def extend_together(sessions, token_ids, work: Session | None = None, verify=None) -> np.ndarray:
+def extend_together(sessions, token_ids, work: Session | None = None, verify=None,
+                    all_logits=None) -> np.ndarray:
     """Run token_ids[k] after the tokens sessions[k] holds, for every k, in
     one pass over the model's weights: the logits of each one's last token,
     (len(sessions), vocab_size). Decoding is bound by reading the weights,
@@ -520,7 +521,9 @@ def extend_together(sessions, token_ids, work: Session | None = None, verify=Non
     holds all the tokens), else of the first session.
     verify[k] true: sessions[k]'s tokens are a draft, as in Session.verify:
     the logits of each of them come back (rows in order, sequence after
-    sequence) and keep() may follow."""
+    sequence) and keep() may follow. all_logits[k] true: the logits of
+    each of sessions[k]'s tokens come back too, and nothing is kept for a
+    keep() (a prompt scored as it runs)."""
     ids = [s.check(t) for s, t in zip(sessions, token_ids, strict=True)]
     if any(s._weights is not sessions[0]._weights for s in sessions):
         raise ValueError("a session of another model is in this batch: one pass runs one model's weights")
@@ -529,6 +532,7 @@ def extend_together(sessions, token_ids, work: Session | None = None, verify=Non
         # another thread holding the repeated one
         raise ValueError("a session appears twice in one batch")
     verify = [False] * len(sessions) if verify is None else [bool(v) for v in verify]
+    every = verify if all_logits is None else [bool(v or a) for v, a in zip(verify, all_logits, strict=True)]
     positions = [s.position for s in sessions]   # settles any interrupted run first
     with ExitStack() as using:
         for s in sessions:
@@ -543,7 +547,7 @@ def extend_together(sessions, token_ids, work: Session | None = None, verify=Non
             s._verified = None
         out = _core.run_batch([s._state for s in sessions], ids, positions,
                               None if work is None else work._state,
-                              [i.size if v else 1 for i, v in zip(ids, verify)], verify)
+                              [i.size if v else 1 for i, v in zip(ids, every)], verify)
         for s, i, v, p in zip(sessions, ids, verify, positions):
             s._tokens += i.tolist()
             s._unsettled = False

@@ -253,12 +253,22 @@ class ReplyStream:
         self._held = ""             # text not yet given out
         self._reasoned = False      # whether reasoning text was given out
         self._tools = set(tools) if tools else None
+        # parameters schemas by name, where tools gives them ({name: schema})
+        self._schemas = tools if isinstance(tools, dict) else {}
         self._fmt = fmt
         self._calls = 0
-        self._in_call = False
         self._space = ""           # whitespace content, given out once more content follows
-        self._whole = fmt.begin == ""   # the whole reply may be one call (Llama 3)
-        self._maybe_whole = None        # with _whole: None (undecided), True, False
+        # Reading content: "text", "tag" (after a <tool_call> that has not
+        # shown its form yet), "call" (a reader reads a call), "close" (the
+        # call read, its closer may follow) or "tag_text" (what a <tool_call>
+        # holds that is no call: content up to its </tool_call>).
+        self._mode = "text"
+        self._reader = None
+        self._opener = self._closer = ""   # the text that opened the call, and what closes it
+        # Where a call may stand without a marker: at the start of the
+        # content and right after a call (a JSON object, or one in a ```
+        # fence: Qwen2.5's and Llama 3's bare calls).
+        self._at_call = True
 
     @property
     def called(self) -> bool:
@@ -317,81 +327,107 @@ class ReplyStream:
     def _content(self, text: str, final: bool) -> list:
         if self._tools is None:
             return [Delta("content", text)] if text else []
-        if self._whole:
-            return self._whole_reply(text, final)
-        out = []
         self._held = text
-        fmt = self._fmt
+        out = []
         while True:
-            if self._in_call and not fmt.end:
-                calls = self._open_ended_call(final)
-                if calls is None:
-                    return out
-                self._in_call = False
-                if calls:
-                    self._space = ""
-                    out += [self._call_delta(c) for c in calls]
-                else:   # not a call: the marker is content, and what follows is read on
-                    out += self._text(fmt.begin)
-                continue
-            if self._in_call:
-                end = self._held.find(fmt.end)
-                if end < 0 and not final:
-                    return out
-                end = len(self._held) if end < 0 else end   # a call the reply ended before closing
-                body, closing = self._held[:end], self._held[end:end + len(fmt.end)]
-                self._in_call, self._held = False, self._held[end + len(closing):]
-                call = self._read_call(body)
-                if call is not None:
-                    self._space = ""
-                    out.append(self._call_delta(call))
-                else:
-                    out += self._text(fmt.begin + body + closing)
-                continue
-            start = self._held.find(fmt.begin)
-            if start >= 0:
-                out += self._text(self._held[:start])
-                self._in_call, self._held = True, self._held[start + len(fmt.begin):]
-                continue
-            keep = 0 if final else _held_prefix(self._held, fmt.begin)
-            text, self._held = self._held[:len(self._held) - keep], self._held[len(self._held) - keep:]
-            out += self._text(text)
-            if final:
-                out += self._end_text()
-            return out
+            deltas, go_on = self._step(final)
+            out += deltas
+            if not go_on:
+                break
+        if final:
+            out += self._end_text()
+        return out
 
-    def _open_ended_call(self, final: bool):
-        """The calls of a format without an end marker (Mistral's), whose
-        text after begin is held: a list of calls once their JSON is whole
-        (held text then starts after it), [] when the text is not a call,
-        or None while more text may complete it."""
-        fmt, body = self._fmt, self._held
-        decoder = json.JSONDecoder()
-        if fmt.name_end:
-            cut = body.find(fmt.name_end)
-            name = body[:cut] if cut >= 0 else body[:len(body) - _held_prefix(body, fmt.name_end)]
-            if name and not _NAME.fullmatch(name):
-                return []
-            if cut < 0:
-                return None if not final else []
-            after = cut + len(fmt.name_end)
-            start = len(body) - len(body[after:].lstrip())
-        else:
-            start = len(body) - len(body.lstrip())
-            if start < len(body) and body[start] != "[":
-                return []
-        try:
-            found, end = decoder.raw_decode(body, start)
-        except ValueError:
-            return None if not final else []
-        if fmt.name_end:
-            calls = [self._call_of({"name": name, fmt.arguments_key: found})]
-        else:
-            calls = [self._call_of(c) for c in found] if isinstance(found, list) and found else [None]
-        if None in calls:
-            return []
-        self._held = body[end:]
-        return calls
+    def _step(self, final: bool) -> tuple:
+        """(Deltas, whether to step again) of the text held, in the mode the
+        reading is in."""
+        mode, held, fmt = self._mode, self._held, self._fmt
+        if mode == "call":
+            deltas, state, used = self._reader.read(held, final)
+            if deltas:
+                self._space = ""
+            if state == "more":
+                return deltas, False
+            self._reader, self._held = None, held[used:]
+            if state == "done":
+                self._mode, self._at_call = ("close" if self._closer else "text"), True
+                return deltas, True
+            # no call after all: what it read is content, and what follows is read on
+            text = self._opener + held[:used]
+            self._mode, self._at_call = ("tag_text" if self._closer == fmt.end and fmt.end else "text"), False
+            return deltas + self._text(text), True
+        if mode == "close":
+            rest = held.lstrip()
+            if rest.startswith(self._closer):
+                self._held = rest[len(self._closer):]
+            elif self._closer.startswith(rest) and not final:
+                return [], False
+            self._mode = "text"
+            return [], True
+        if mode == "tag_text":
+            end = held.find(fmt.end)
+            if end >= 0:
+                self._mode, self._held = "text", held[end + len(fmt.end):]
+                return self._text(held[:end + len(fmt.end)]), True
+            keep = 0 if final else _held_prefix(held, fmt.end)
+            self._held = held[len(held) - keep:]
+            return self._text(held[:len(held) - keep]), False
+        if mode == "tag":
+            body = held.lstrip()
+            if body.startswith("{"):
+                return [], self._read_with(_JsonCall(self), fmt.begin, fmt.end)
+            if body.startswith(_FUNCTION_OPEN) or (_FUNCTION_OPEN.startswith(body) and not final):
+                if len(body) < len(_FUNCTION_OPEN):
+                    return [], False
+                return [], self._read_with(_XmlCall(self), fmt.begin, fmt.end)
+            if not body and not final:
+                return [], False
+            self._mode = "tag_text"
+            return self._text(fmt.begin), True
+        # text
+        if self._at_call and fmt is not MISTRAL and fmt is not MISTRAL_LIST:
+            lead = len(held) - len(held.lstrip(" \t\r\n;" if fmt is LLAMA3_JSON else " \t\r\n"))
+            rest = held[lead:]
+            if not rest:   # only space (or Llama 3's ";") so far: what follows decides
+                if not final:
+                    return [], False
+                self._held = ""
+                return self._text(held) if fmt is not LLAMA3_JSON else [], False
+            if rest.startswith("{"):
+                self._held = rest
+                return [], self._read_with(_JsonCall(self), "", "")
+            if rest.startswith("`"):
+                fence = _FENCE.match(rest)
+                if fence is None and not final and (_FENCE_START.fullmatch(rest) or "```json".startswith(rest)):
+                    return [], False
+                if fence is not None:
+                    after = rest[fence.end():].lstrip()
+                    if not after and not final:
+                        return [], False
+                    if after.startswith("{"):
+                        self._held = rest[fence.end():]
+                        return [], self._read_with(_JsonCall(self), fence.group(0), "```")
+            self._at_call = False
+        if not fmt.begin:
+            self._held = ""
+            return self._text(held), False
+        start = held.find(fmt.begin)
+        if start >= 0:
+            out = self._text(held[:start])
+            self._held = held[start + len(fmt.begin):]
+            if fmt is MISTRAL:
+                return out, self._read_with(_MistralCall(self), fmt.begin, "")
+            if fmt is MISTRAL_LIST:
+                return out, self._read_with(_CallList(self), fmt.begin, "")
+            self._mode = "tag"
+            return out, True
+        keep = 0 if final else _held_prefix(held, fmt.begin)
+        self._held = held[len(held) - keep:]
+        return self._text(held[:len(held) - keep]), False
+
+    def _read_with(self, reader, opener: str, closer: str) -> bool:
+        self._mode, self._reader, self._opener, self._closer = "call", reader, opener, closer
+        return True
 
     def _text(self, text: str) -> list:
         """Content text; whitespace at its end waits to see what follows
@@ -406,50 +442,6 @@ class ReplyStream:
     def _end_text(self) -> list:
         space, self._space = self._space, ""
         return [Delta("content", space)] if space and not self._calls else []
-
-    def _whole_reply(self, text: str, final: bool) -> list:
-        """Llama 3's JSON form: a reply that starts with "{" is held to its
-        end, then read as one or more calls (";"-separated), else given out
-        as content."""
-        self._held = text
-        if self._maybe_whole is None:
-            start = self._held.lstrip()
-            if not start and not final:
-                return []
-            self._maybe_whole = start.startswith("{")
-        if not self._maybe_whole:
-            text, self._held = self._held, ""
-            return [Delta("content", text)] if text else []
-        if not final:
-            return []
-        text, self._held = self._held, ""
-        calls = self._read_calls(text)
-        if calls is None:
-            return [Delta("content", text)] if text else []
-        return [self._call_delta(c) for c in calls]
-
-    def _read_calls(self, text: str):
-        decoder, calls, i = json.JSONDecoder(), [], 0
-        while True:
-            while i < len(text) and (text[i].isspace() or text[i] == ";"):
-                i += 1
-            if i == len(text):
-                return calls or None
-            try:
-                obj, i = decoder.raw_decode(text, i)
-            except ValueError:
-                return None
-            call = self._call_of(obj)
-            if call is None:
-                return None
-            calls.append(call)
-
-    def _read_call(self, body: str):
-        try:
-            obj = json.loads(body)
-        except ValueError:
-            return None
-        return self._call_of(obj)
 
     def _call_of(self, obj):
         """(name, arguments as a JSON string) of a decoded call, or None
@@ -467,25 +459,284 @@ class ReplyStream:
         return obj["name"], json.dumps(args, ensure_ascii=False)
 
     def _call_delta(self, call) -> Delta:
+        """A whole call: its id, name and arguments at once."""
         name, arguments = call
         index, self._calls = self._calls, self._calls + 1
         return Delta("tool_call", call={"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
                                          "function": {"name": name, "arguments": arguments}}, index=index)
 
+    def _opening(self, name: str) -> Delta:
+        """The start of a call whose arguments come after it, as OpenAI
+        streams one: its id and name, the arguments empty."""
+        return self._call_delta((name, ""))
+
+    def _arguments(self, text: str) -> Delta:
+        """More of the arguments of the call last opened."""
+        return Delta("tool_call", call={"function": {"arguments": text}}, index=self._calls - 1)
+
+
+# -------------------------------------------------------------- the readers
+#
+# Each reads one call (or a list of them) from the text held, which starts
+# where it does: read(text, final) -> (deltas, state, used). state is
+# "more" (it needs more text), "done" (the call ended at text[used]) or
+# "not" (it is no call: text[:used] is content, read on from there). A
+# call goes out as soon as its name is known to be a tool's and its
+# arguments have begun; its arguments then go out as they come.
+
+_DECODER = json.JSONDecoder()
+# A JSON call's start, up to its arguments: {"name": "...", "arguments": .
+_HEAD = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\S)', re.S)
+_FENCE = re.compile(r"```(?:json)?[ \t]*\r?\n")
+_FENCE_START = re.compile(r"```(?:json)?[ \t]*")
+_FUNCTION_OPEN = "<function="
+_FUNCTION = re.compile(r"<function=([^>\n]+)>")
+_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
+
+
+def _skip_space(text: str, i: int) -> int:
+    while i < len(text) and text[i].isspace():
+        i += 1
+    return i
+
+
+class _JsonEnd:
+    """Where the JSON object (or array) that starts at a given place of a
+    text ends, found as the text grows: strings and escapes followed."""
+
+    def __init__(self, start: int, depth: int = 0):
+        self.pos, self.depth, self.string, self.escape, self.end = start, depth, False, False, None
+
+    def find(self, text: str):
+        """The index just past the value, or None while it goes on."""
+        if self.end is not None:
+            return self.end
+        for i in range(self.pos, len(text)):
+            c = text[i]
+            if self.string:
+                if self.escape:
+                    self.escape = False
+                elif c == "\\":
+                    self.escape = True
+                elif c == '"':
+                    self.string = False
+            elif c == '"':
+                self.string = True
+            elif c in "{[":
+                self.depth += 1
+            elif c in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    self.end = self.pos = i + 1
+                    return self.end
+        self.pos = len(text)
+        return None
+
+
+class _Arguments:
+    """A call's arguments, the JSON object that starts at a given place of
+    the text: read() gives out what more of it came, and where it ended."""
+
+    def __init__(self, stream: ReplyStream, start: int):
+        self.stream, self.start, self.sent, self.scan = stream, start, 0, _JsonEnd(start)
+
+    def read(self, text: str, out: list):
+        """Puts the new piece of the arguments on out; the index just past
+        them once they closed, else None."""
+        end = self.scan.find(text)
+        piece = text[self.start + self.sent:self.scan.pos if end is None else end]
+        if piece:
+            self.sent += len(piece)
+            out.append(self.stream._arguments(piece))
+        return end
+
+
+class _JsonCall:
+    """A call as JSON: {"name": ..., "arguments": {...}} (or "parameters").
+    Read at once where the name does not come first or the arguments are
+    not an object (a JSON string of them)."""
+
+    def __init__(self, stream: ReplyStream, start: int = 0):
+        self.stream, self.start = stream, start
+        self.args = self.close = None     # the _Arguments, then the _JsonEnd of the call
+
+    def read(self, text: str, final: bool) -> tuple:
+        if self.args is not None:
+            return self._go_on(text, final, [])
+        i = _skip_space(text, self.start)
+        head = _HEAD.match(text, i)
+        if head and head.end() < len(text) and text[head.end()] == "{":
+            try:
+                name = json.loads(f'"{head.group(1)}"')
+            except ValueError:
+                name = None
+            if name in self.stream._tools:
+                self.args = _Arguments(self.stream, head.end())
+                return self._go_on(text, final, [self.stream._opening(name)])
+        try:
+            obj, end = _DECODER.raw_decode(text, i)
+        except ValueError:
+            return [], "not" if final else "more", len(text)
+        call = self.stream._call_of(obj)
+        if call is None:
+            return [], "not", end
+        return [self.stream._call_delta(call)], "done", end
+
+    def _go_on(self, text: str, final: bool, out: list) -> tuple:
+        end = self.args.read(text, out)
+        if end is not None:
+            if self.close is None:
+                self.close = _JsonEnd(end, depth=1)
+            closed = self.close.find(text)
+            if closed is not None:
+                return out, "done", closed
+        return out, "done" if final else "more", len(text)
+
+
+class _XmlCall:
+    """Qwen3.5's (and Qwen3-Coder's) form, inside <tool_call>:
+    <function=name>, <parameter=key>value</parameter> per argument, then
+    </function>. The arguments go out as a JSON object, a parameter at a
+    time; a value is JSON where the tool's schema types it so, else text."""
+
+    def __init__(self, stream: ReplyStream, start: int = 0):
+        self.stream, self.pos = stream, start
+        self.name, self.count = None, 0
+
+    def read(self, text: str, final: bool) -> tuple:
+        out = []
+        if self.name is None:
+            i = _skip_space(text, self.pos)
+            found = _FUNCTION.match(text, i)
+            if found is None:
+                waiting = not final and ">" not in text[i:] and "\n" not in text[i + len(_FUNCTION_OPEN):]
+                return [], "more" if waiting else "not", 0
+            if found.group(1).strip() not in self.stream._tools:
+                return [], "not", 0
+            self.name, self.pos = found.group(1).strip(), found.end()
+            out.append(self.stream._opening(self.name))
+        while True:
+            i = _skip_space(text, self.pos)
+            parameter = _PARAMETER.match(text, i) if text.startswith("<parameter=", i) else None
+            if parameter is not None:
+                key = parameter.group(1).strip()
+                piece = f"{', ' if self.count else '{'}{json.dumps(key, ensure_ascii=False)}: " + \
+                        json.dumps(self._value(key, parameter.group(2)), ensure_ascii=False)
+                self.count += 1
+                self.pos = parameter.end()
+                out.append(self.stream._arguments(piece))
+                continue
+            if not final and ("<parameter=".startswith(text[i:i + 11]) or "</function>".startswith(text[i:])):
+                if text.startswith("<parameter=", i) or len(text) - i < 11:
+                    return out, "more", len(text)
+            out.append(self.stream._arguments("}" if self.count else "{}"))
+            if text.startswith("</function>", i):
+                return out, "done", i + len("</function>")
+            return out, "done", i if not final else len(text)
+
+    def _value(self, key: str, text: str):
+        if text.startswith("\n"):
+            text = text[1:]
+        if text.endswith("\n"):
+            text = text[:-1]
+        schema = self.stream._schemas.get(self.name) or {}
+        kind = ((schema.get("properties") or {}).get(key) or {}).get("type")
+        if kind in (None, "string") or (isinstance(kind, list) and "string" in kind):
+            return text
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
+
+
+class _MistralCall:
+    """Mistral's later form: [TOOL_CALLS]name[ARGS]{...}, the name and
+    then its arguments; the call ends with them."""
+
+    def __init__(self, stream: ReplyStream):
+        self.stream, self.args = stream, None
+
+    def read(self, text: str, final: bool) -> tuple:
+        stream, name_end = self.stream, self.stream._fmt.name_end
+        if self.args is None:
+            cut = text.find(name_end)
+            name = text[:cut] if cut >= 0 else text[:len(text) - _held_prefix(text, name_end)]
+            if name and not _NAME.fullmatch(name) or cut < 0 and final:
+                return [], "not", 0
+            if cut < 0:
+                return [], "more", 0
+            start = _skip_space(text, cut + len(name_end))
+            if start == len(text) and not final:
+                return [], "more", 0
+            if name not in stream._tools or not text.startswith("{", start):
+                return [], "not", 0
+            self.args = _Arguments(stream, start)
+            return self._arguments(text, final, [stream._opening(name)])
+        return self._arguments(text, final, [])
+
+    def _arguments(self, text: str, final: bool, out: list) -> tuple:
+        end = self.args.read(text, out)
+        if end is not None:
+            return out, "done", end
+        return out, "done" if final else "more", len(text)
+
+
+class _CallList:
+    """Mistral 7B v0.3's form: [TOOL_CALLS] and a JSON list of calls."""
+
+    def __init__(self, stream: ReplyStream):
+        self.stream, self.pos, self.call = stream, None, None
+
+    def read(self, text: str, final: bool) -> tuple:
+        out = []
+        if self.pos is None:
+            i = _skip_space(text, 0)
+            if i == len(text):
+                return [], "not" if final else "more", 0
+            if text[i] != "[":
+                return [], "not", 0
+            self.pos = i + 1
+        while True:
+            if self.call is not None:
+                deltas, state, used = self.call.read(text, final)
+                out += deltas
+                if state == "more":
+                    return out, "more", len(text)
+                self.call = None
+                if state == "not":
+                    return (out, "done", self.pos) if self.stream._calls else ([], "not", 0)
+                self.pos = used
+            i = _skip_space(text, self.pos)
+            if i == len(text):
+                return out, "done" if final else "more", len(text)
+            if text[i] == "]":
+                return (out, "done", i + 1) if self.stream._calls else ([], "not", 0)
+            if text[i] == "," and self.stream._calls:
+                self.pos = i + 1
+                continue
+            if text[i] == "{":
+                self.call = _JsonCall(self.stream, i)
+                continue
+            return (out, "done", i) if self.stream._calls else ([], "not", 0)
+
 
 def gather(deltas) -> Reply:
-    """The Reply that deltas add up to."""
+    """The Reply that deltas add up to (a call's arguments joined from the
+    pieces it came in)."""
     reply = Reply()
-    content, reasoning = [], []
+    content, reasoning, calls = [], [], {}
     for d in deltas:
         if d.kind == "content":
             content.append(d.text)
         elif d.kind == "reasoning":
             reasoning.append(d.text)
+        elif d.index in calls:
+            calls[d.index]["function"]["arguments"] += d.call["function"]["arguments"]
         else:
-            reply.tool_calls.append(d.call)
+            calls[d.index] = {**d.call, "function": dict(d.call["function"])}
     reply.content = "".join(content)
     reply.reasoning = "".join(reasoning) if reasoning else None
+    reply.tool_calls = [calls[i] for i in sorted(calls)]
     return reply
 
 

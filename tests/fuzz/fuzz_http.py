@@ -93,7 +93,9 @@ LOG_EVERY = 10_000
 # Findings already reported and not fixed yet, matched by a regular expression,
 # are counted (the log's "known") instead of ending the run.
 KNOWN = re.compile(os.environ["FASTLLM_FUZZ_HTTP_KNOWN"]) if os.environ.get("FASTLLM_FUZZ_HTTP_KNOWN") else None
-GENERATE_PATHS = ("/v1/chat/completions", "/v1/completions")
+# (the first two are what clients mostly call; the server takes them without /v1 too)
+GENERATE_PATHS = ("/v1/chat/completions", "/v1/completions", "/chat/completions", "/completions")
+CORS_ORIGINS = "http://localhost:3000,localhost"   # the second app's: web pages that may call it
 GAP = float(os.environ.get("FASTLLM_FUZZ_HTTP_GAP", "1"))   # seconds another client's stream may wait
 OTHER_PATHS = ("/v1/messages", "/v1/responses", "/v1/embeddings", "/v1/messages/count_tokens", "/tokenize",
                "/detokenize")
@@ -388,17 +390,21 @@ def completion_body(r: Recipe) -> dict:
     if b < 150:
         prompt = text(r)
     elif b < 200:
-        prompt = either(r, [[5, 6, 7], [text(r)], [1] * 40],
-                        [[], [-1], [300], [2**31], [2**63], [1.5], [True], [[1, 2]], [text(r), text(r)],
-                         list(range(2000))])
+        prompt = either(r, [[5, 6, 7], [text(r)], [1] * 40, [[1, 2]], [text(r), text(r)], [[5, 6], [7], [8, 9]],
+                            [text(r), [5, 6, 7]]],
+                        [[], [-1], [300], [2**31], [2**63], [1.5], [True], list(range(2000)), [[]], [[1], []],
+                         [[1, 300]], [[1, -1]], [[1, 2**40]], [text(r), 5], [[[1]]], [[1] * 200] * 3,
+                         [[1]] * 100_000, ["x"] * 100_000, [[5, 6]] * 70, ["Hi"] * 17, [None]])
     else:
         prompt = value(r)
     body = {"prompt": prompt}
     body.update(sampling_fields(r, chat=False))
-    if r.chance(24):
+    if r.chance(48):
         body["logprobs"] = either(r, [0, 1, 5], [6, -1, True, 1.5])
-    if r.chance(16):
+    if r.chance(48):
         body["echo"] = either(r, [False, True], ["x"])
+        if body["echo"] is True and r.chance(128):   # scoring without generating
+            body["max_tokens"] = 0
     if r.chance(8):
         body[r.pick(["best_of", "response_format", "metadata", "tools"])] = value(r)
     if r.chance(8):
@@ -830,7 +836,8 @@ def recipe_request(r: Recipe):
         path = GENERATE_PATHS[k % 2] if k < 128 else OTHER_PATHS[k % len(OTHER_PATHS)]
         method = "POST" if not r.chance(8) else r.pick(["GET", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"])
     else:
-        path = r.pick(["/v1/models", "/health", "/metrics", "/", "/v1/embeddings", "/v1/chat/completions/",
+        path = r.pick(["/v1/models", "/models", "/completions", "/chat/completions", "/health", "/metrics", "/",
+                       "/v1/embeddings", "/v1/chat/completions/",
                        "/v1/models/tiny", "/v1//completions", "/V1/COMPLETIONS", "/%00", "/v1/completions%20",
                        "/v1/chat/completions/../completions", "/docs", "/v1/responses", "/v1/messages/",
                        "/v1/messages/x", "/v1/responses/resp_x", "/v1/responses/" + (RECENT[-1] if RECENT else "r"),
@@ -854,6 +861,18 @@ def recipe_request(r: Recipe):
                                                  b"multipart/form-data; boundary=x"])
     if ctype is not None:
         headers.append((b"content-type", ctype))
+    if r.chance(24):   # a web page's request, or its CORS preflight
+        headers.append((b"origin", r.pick([b"http://localhost:3000", b"http://127.0.0.1:5173", b"http://[::1]",
+                                           b"http://evil.example", b"http://localhost.evil.example", b"null",
+                                           b"", b"\xff"])))
+        if method == "OPTIONS" or r.chance(16):
+            method = "OPTIONS" if r.chance(192) else method
+            headers.append((b"access-control-request-method", r.pick([b"POST", b"GET", b"DELETE", b"PATCH", b""])))
+            if r.chance(192):
+                headers.append((b"access-control-request-headers", r.pick(
+                    [b"authorization, content-type", b"Authorization", b"x-custom", b"", b"a" * 5000])))
+            if r.chance(8):
+                headers.append((b"access-control-request-private-network", b"true"))
     if app == 1:
         auth = b"Bearer " + API_KEY.encode() if not r.chance(16) else r.pick(
             [b"", b"Bearer", b"Bearer wrong", b"Basic eA==", b"bearer " + API_KEY.encode(), b"\xff"])
@@ -899,7 +918,7 @@ class Served:
     each; every request an engine is given is kept in `submitted` until
     the HTTP request ends (but a bystander's)."""
 
-    def __init__(self, model, api_key):
+    def __init__(self, model, api_key, cors_origins=None):
         entries = model if isinstance(model, list) else [("tiny", model)]
         self.model = entries[0][1]
         self.engines = [BatchEngine(m, parallel=4, max_queue=16) for _, m in entries]
@@ -907,14 +926,15 @@ class Served:
         self.submitted = []
         self.bystander_thread = None
         for engine in self.engines:
-            for name in ("submit", "submit_many"):
+            for name in ("submit", "submit_many", "submit_prompts"):
                 if hasattr(engine, name):
                     setattr(engine, name, self._tracked(getattr(engine, name)))
+        options = server_module.ServeOptions(cors_origins=cors_origins)
         if isinstance(model, list):
-            self.app = server_module.create_app(None, None, api_key=api_key, models=[
+            self.app = server_module.create_app(None, None, api_key=api_key, options=options, models=[
                 (n, m, e) for (n, m), e in zip(entries, self.engines)])
         else:
-            self.app = server_module.create_app(model, self.engine, "tiny", api_key)
+            self.app = server_module.create_app(model, self.engine, "tiny", api_key, options)
 
     def _tracked(self, submit):
         def tracked(*args, **kwargs):
@@ -927,6 +947,31 @@ class Served:
     def close(self):
         for engine in self.engines:
             engine.close()
+
+
+def prompt_count(intent, chat: bool) -> int:
+    """The prompts of a completions request that was answered: a list of
+    strings or of token-id lists gives several."""
+    prompt = intent.get("prompt") if isinstance(intent, dict) and not chat else None
+    if isinstance(prompt, list) and prompt and not all(type(t) is int for t in prompt):
+        return len(prompt)
+    return 1
+
+
+def generated(text: str, index: int, intent) -> str:
+    """A completion choice's text without the prompt it echoes (a stop
+    string may well be in the prompt)."""
+    if not isinstance(intent, dict) or intent.get("echo") is not True:
+        return text
+    prompt = intent.get("prompt")
+    if isinstance(prompt, list) and prompt_count(intent, False) > 1:
+        n = intent.get("n", 1)
+        prompt = prompt[index // (n if type(n) is int else 1)]
+    if isinstance(prompt, str):
+        if not text.startswith(prompt):
+            raise Finding(f"an echo that does not start with its prompt: {text[:200]!r}")
+        return text[len(prompt):]
+    return ""   # token ids echo as their decoded text, which the check cannot split off
 
 
 class Bystander:
@@ -1008,7 +1053,7 @@ class Harness:
         self.log = os.environ.get("FASTLLM_FUZZ_HTTP_LOG")
 
     def start(self):
-        self.served = [Served(self.models[0], None), Served(self.models[1], API_KEY),
+        self.served = [Served(self.models[0], None), Served(self.models[1], API_KEY, CORS_ORIGINS),
                        Served([("tiny", self.models[0]), ("qwen", self.models[1])], None)]
         self.bystander = Bystander(self.served[0]) if os.environ.get("FASTLLM_FUZZ_HTTP_BYSTANDER") == "1" else None
 
@@ -1132,6 +1177,11 @@ class Harness:
             return
         if status in (307, 308) and "location" in headers:   # Starlette's redirect to the path without its /
             return
+        if method == "OPTIONS":   # only a CORS preflight of an origin the app allows gets a 200
+            if served is not self.served[1] or "access-control-allow-origin" not in headers \
+                    or "access-control-allow-methods" not in headers:
+                raise Finding(f"OPTIONS answered {status} without CORS headers: {headers}")
+            return
         if status != 200:
             raise Finding(f"unexpected status {status}: {data[:300]!r}")
         if intent is None and path in GENERATE_PATHS:
@@ -1195,13 +1245,14 @@ class Harness:
             raise Finding(f"a 200 that is not a completion ({e!r}): {data[:500]!r}") from None
         if isinstance(intent, dict):
             n = intent.get("n", 1)
-            if type(n) is int and len(choices) != n:
-                raise Finding(f"n={n} but {len(choices)} choices")
+            if type(n) is int and len(choices) != n * prompt_count(intent, chat):
+                raise Finding(f"n={n} of {prompt_count(intent, chat)} prompts but {len(choices)} choices")
             limit = intent.get("max_completion_tokens", intent.get("max_tokens"))
-            if type(limit) is int and limit > 0 and u["completion_tokens"] > limit * len(choices):
+            if type(limit) is int and limit >= 0 and u["completion_tokens"] > limit * len(choices):
                 raise Finding(f"{u['completion_tokens']} tokens with max_tokens {limit}")
             for c in choices:
-                self.check_stops(c["message"]["content"] if chat else c["text"], intent)
+                text = c["message"]["content"] if chat else generated(c["text"], c["index"], intent)
+                self.check_stops(text, intent)
             fmt = intent.get("response_format")
             # a stop string may end the JSON early, as it does in OpenAI's API
             if chat and isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema") \
@@ -1245,9 +1296,10 @@ class Harness:
                     if c.get("finish_reason"):
                         finished.add(c["index"])
             n = intent.get("n", 1) if isinstance(intent, dict) else 1
-            assert errored or finished == set(range(n if type(n) is int else 1)), f"finished choices {finished}"
-            for text in texts.values():
-                self.check_stops(text, intent)
+            n = (n if type(n) is int else 1) * prompt_count(intent, chat)
+            assert errored or finished == set(range(n)), f"finished choices {finished}"
+            for index, text in texts.items():
+                self.check_stops(text if chat else generated(text, index, intent), intent)
         except Finding:
             raise
         except Exception as e:
