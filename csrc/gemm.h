@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FLM_PANEL 16
+#include "types.h"   /* FLM_PANEL */
 
 /* The version of what flm_pack writes (every type's panel layout): packed
  * weights kept on disk are only reused by a build whose version is the same,

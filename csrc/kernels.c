@@ -128,12 +128,25 @@ static float softcap_max_generic(float *x, int n, float cap) {
 }
 
 static const FlmKernels kernels_generic = {
-    "generic", flm_gemm_f32_generic, flm_gemm_bf16_generic, NULL,
-    "generic", flm_qgemm_generic, flm_quantize_q8_generic,
-    key_scores_generic, exp_sum_generic, scale_max_generic, scale_generic,
-    weighted_sum_generic, delta_rule_generic, flm_conv_silu_generic, rmsnorm_generic, silu_mul_generic,
-    gelu_tanh_mul_generic, softcap_max_generic,
-    60,
+    .name = "generic",
+    .gemm_f32 = flm_gemm_f32_generic,
+    .gemm_bf16 = flm_gemm_bf16_generic,
+    .to_bf16 = NULL,
+    .int8_name = "generic",
+    .qgemm = flm_qgemm_generic,
+    .quantize_q8 = flm_quantize_q8_generic,
+    .key_scores = key_scores_generic,
+    .exp_sum = exp_sum_generic,
+    .scale_max = scale_max_generic,
+    .scale = scale_generic,
+    .weighted_sum = weighted_sum_generic,
+    .delta_rule = delta_rule_generic,
+    .conv_silu = flm_conv_silu_generic,
+    .rmsnorm = rmsnorm_generic,
+    .silu_mul = silu_mul_generic,
+    .gelu_tanh_mul = gelu_tanh_mul_generic,
+    .softcap_max = softcap_max_generic,
+    .token_block = 60,
 };
 
 /* ------------------------------------------------------------------- x86 */
@@ -435,12 +448,25 @@ static AVX2 float softcap_max_avx2(float *x, int n, float cap) {
 }
 
 static const FlmKernels kernels_avx2 = {
-    "avx2", flm_gemm_f32_avx2, flm_gemm_bf16_avx2, NULL,
-    "avx2", flm_qgemm_avx2, flm_quantize_q8_generic,
-    key_scores_avx2,
-    exp_sum_generic, scale_max_generic, scale_generic, weighted_sum_avx2,
-    delta_rule_generic, flm_conv_silu_generic, rmsnorm_generic, silu_mul_generic, gelu_tanh_mul_avx2, softcap_max_avx2,
-    60,
+    .name = "avx2",
+    .gemm_f32 = flm_gemm_f32_avx2,
+    .gemm_bf16 = flm_gemm_bf16_avx2,
+    .to_bf16 = NULL,
+    .int8_name = "avx2",
+    .qgemm = flm_qgemm_avx2,
+    .quantize_q8 = flm_quantize_q8_generic,
+    .key_scores = key_scores_avx2,
+    .exp_sum = exp_sum_generic,
+    .scale_max = scale_max_generic,
+    .scale = scale_generic,
+    .weighted_sum = weighted_sum_avx2,
+    .delta_rule = delta_rule_generic,
+    .conv_silu = flm_conv_silu_generic,
+    .rmsnorm = rmsnorm_generic,
+    .silu_mul = silu_mul_generic,
+    .gelu_tanh_mul = gelu_tanh_mul_avx2,
+    .softcap_max = softcap_max_avx2,
+    .token_block = 60,
 };
 
 /* ---- AVX-512: 16 lanes, masked tails */
@@ -759,24 +785,49 @@ static AVX512 float softcap_max_avx512(float *x, int n, float cap) {
 }
 
 static const FlmKernels kernels_avx512 = {
-    "avx512", flm_gemm_f32_avx512, flm_gemm_bf16_avx512, NULL,
-    "avx512_vnni", flm_qgemm_avx512_vnni, flm_quantize_q8_avx512,
-    key_scores_avx512,
-    exp_sum_avx512, scale_max_avx512, scale_avx512,
-    weighted_sum_avx512, delta_rule_avx512, conv_silu_avx512, rmsnorm_avx512,
-    silu_mul_avx512, gelu_tanh_mul_avx512, softcap_max_avx512,
-    60,
+    .name = "avx512",
+    .gemm_f32 = flm_gemm_f32_avx512,
+    .gemm_bf16 = flm_gemm_bf16_avx512,
+    .to_bf16 = NULL,
+    .int8_name = "avx512_vnni",
+    .qgemm = flm_qgemm_avx512_vnni,
+    .quantize_q8 = flm_quantize_q8_avx512,
+    .key_scores = key_scores_avx512,
+    .exp_sum = exp_sum_avx512,
+    .scale_max = scale_max_avx512,
+    .scale = scale_avx512,
+    .weighted_sum = weighted_sum_avx512,
+    .delta_rule = delta_rule_avx512,
+    .conv_silu = conv_silu_avx512,
+    .rmsnorm = rmsnorm_avx512,
+    .silu_mul = silu_mul_avx512,
+    .gelu_tanh_mul = gelu_tanh_mul_avx512,
+    .softcap_max = softcap_max_avx512,
+    .token_block = 60,
 };
 
 /* AVX-512 plus BF16 dot products: bf16 weights take bf16 activations, twice
  * the multiplies per instruction at the cost of rounding the activations. */
 static const FlmKernels kernels_avx512_bf16 = {
-    "avx512_bf16", flm_gemm_f32_avx512, flm_gemm_bf16_dp_avx512, flm_to_bf16_avx512,
-    "avx512_vnni", flm_qgemm_avx512_vnni, flm_quantize_q8_avx512,
-    key_scores_avx512, exp_sum_avx512, scale_max_avx512,
-    scale_avx512, weighted_sum_avx512, delta_rule_avx512, conv_silu_avx512, rmsnorm_avx512,
-    silu_mul_avx512, gelu_tanh_mul_avx512, softcap_max_avx512,
-    60,
+    .name = "avx512_bf16",
+    .gemm_f32 = flm_gemm_f32_avx512,
+    .gemm_bf16 = flm_gemm_bf16_dp_avx512,
+    .to_bf16 = flm_to_bf16_avx512,
+    .int8_name = "avx512_vnni",
+    .qgemm = flm_qgemm_avx512_vnni,
+    .quantize_q8 = flm_quantize_q8_avx512,
+    .key_scores = key_scores_avx512,
+    .exp_sum = exp_sum_avx512,
+    .scale_max = scale_max_avx512,
+    .scale = scale_avx512,
+    .weighted_sum = weighted_sum_avx512,
+    .delta_rule = delta_rule_avx512,
+    .conv_silu = conv_silu_avx512,
+    .rmsnorm = rmsnorm_avx512,
+    .silu_mul = silu_mul_avx512,
+    .gelu_tanh_mul = gelu_tanh_mul_avx512,
+    .softcap_max = softcap_max_avx512,
+    .token_block = 60,
 };
 
 /* F16C converts the f16 KV cache (every AVX2 CPU has it; compilers cannot
@@ -789,12 +840,25 @@ static int has_f16c(void) {
 #ifdef FLM_AMX
 /* The same, with the bf16 matmuls on AMX tiles. */
 static const FlmKernels kernels_amx_bf16 = {
-    "amx_bf16", flm_gemm_f32_avx512, flm_gemm_bf16_amx, flm_to_bf16_avx512,
-    "avx512_vnni", flm_qgemm_avx512_vnni, flm_quantize_q8_avx512,
-    key_scores_avx512, exp_sum_avx512, scale_max_avx512,
-    scale_avx512, weighted_sum_avx512, delta_rule_avx512, conv_silu_avx512, rmsnorm_avx512,
-    silu_mul_avx512, gelu_tanh_mul_avx512, softcap_max_avx512,
-    64,
+    .name = "amx_bf16",
+    .gemm_f32 = flm_gemm_f32_avx512,
+    .gemm_bf16 = flm_gemm_bf16_amx,
+    .to_bf16 = flm_to_bf16_avx512,
+    .int8_name = "avx512_vnni",
+    .qgemm = flm_qgemm_avx512_vnni,
+    .quantize_q8 = flm_quantize_q8_avx512,
+    .key_scores = key_scores_avx512,
+    .exp_sum = exp_sum_avx512,
+    .scale_max = scale_max_avx512,
+    .scale = scale_avx512,
+    .weighted_sum = weighted_sum_avx512,
+    .delta_rule = delta_rule_avx512,
+    .conv_silu = conv_silu_avx512,
+    .rmsnorm = rmsnorm_avx512,
+    .silu_mul = silu_mul_avx512,
+    .gelu_tanh_mul = gelu_tanh_mul_avx512,
+    .softcap_max = softcap_max_avx512,
+    .token_block = 64,
 };
 
 /* AMX needs the CPU's tile unit and the kernel's leave to use its 8 KB of
@@ -818,29 +882,54 @@ static int amx_usable(void) {
  * RMSNorm stays portable: a NEON sum of squares, rounded differently,
  * moved int8 activations by whole steps (Q6_K beside a Gated DeltaNet
  * layer in test_core.c) for a kernel that costs little anyway. */
-#define ARM_FLOAT_KERNELS                                                                                     \
-    flm_key_scores_neon, flm_exp_sum_neon, flm_scale_max_neon, flm_scale_neon, flm_weighted_sum_neon,         \
-        flm_delta_rule_neon, flm_conv_silu_neon, rmsnorm_generic, flm_silu_mul_neon, flm_gelu_tanh_mul_neon,  \
-        flm_softcap_max_neon, 60
+#define ARM_FLOAT_KERNELS                                                                               \
+    .key_scores = flm_key_scores_neon, .exp_sum = flm_exp_sum_neon, .scale_max = flm_scale_max_neon,    \
+    .scale = flm_scale_neon, .weighted_sum = flm_weighted_sum_neon, .delta_rule = flm_delta_rule_neon,  \
+    .conv_silu = flm_conv_silu_neon, .rmsnorm = rmsnorm_generic, .silu_mul = flm_silu_mul_neon,         \
+    .gelu_tanh_mul = flm_gelu_tanh_mul_neon, .softcap_max = flm_softcap_max_neon, .token_block = 60
 
 static const FlmKernels kernels_neon = {
-    "neon", flm_gemm_f32_neon, flm_gemm_bf16_neon, NULL,
-    "neon", flm_qgemm_neon, flm_quantize_q8_neon, ARM_FLOAT_KERNELS,
+    .name = "neon",
+    .gemm_f32 = flm_gemm_f32_neon,
+    .gemm_bf16 = flm_gemm_bf16_neon,
+    .to_bf16 = NULL,
+    .int8_name = "neon",
+    .qgemm = flm_qgemm_neon,
+    .quantize_q8 = flm_quantize_q8_neon,
+    ARM_FLOAT_KERNELS,
 };
 static const FlmKernels kernels_dotprod = {
-    "dotprod", flm_gemm_f32_neon, flm_gemm_bf16_neon, NULL,
-    "dotprod", flm_qgemm_dotprod, flm_quantize_q8_neon, ARM_FLOAT_KERNELS,
+    .name = "dotprod",
+    .gemm_f32 = flm_gemm_f32_neon,
+    .gemm_bf16 = flm_gemm_bf16_neon,
+    .to_bf16 = NULL,
+    .int8_name = "dotprod",
+    .qgemm = flm_qgemm_dotprod,
+    .quantize_q8 = flm_quantize_q8_neon,
+    ARM_FLOAT_KERNELS,
 };
 static const FlmKernels kernels_i8mm = {
-    "i8mm", flm_gemm_f32_neon, flm_gemm_bf16_neon, NULL,
-    "i8mm", flm_qgemm_i8mm, flm_quantize_q8_neon, ARM_FLOAT_KERNELS,
+    .name = "i8mm",
+    .gemm_f32 = flm_gemm_f32_neon,
+    .gemm_bf16 = flm_gemm_bf16_neon,
+    .to_bf16 = NULL,
+    .int8_name = "i8mm",
+    .qgemm = flm_qgemm_i8mm,
+    .quantize_q8 = flm_quantize_q8_neon,
+    ARM_FLOAT_KERNELS,
 };
 /* BF16 dot products: bf16 weights take bf16 activations, as avx512_bf16.
  * Every CPU with BF16 so far (Armv8.6: Graviton 3, Neoverse V1 and N2,
  * Apple M2) has i8mm too, and the path asks for both. */
 static const FlmKernels kernels_neon_bf16 = {
-    "neon_bf16", flm_gemm_f32_neon, flm_gemm_bf16_bfdot, flm_to_bf16_neon,
-    "i8mm", flm_qgemm_i8mm, flm_quantize_q8_neon, ARM_FLOAT_KERNELS,
+    .name = "neon_bf16",
+    .gemm_f32 = flm_gemm_f32_neon,
+    .gemm_bf16 = flm_gemm_bf16_bfdot,
+    .to_bf16 = flm_to_bf16_neon,
+    .int8_name = "i8mm",
+    .qgemm = flm_qgemm_i8mm,
+    .quantize_q8 = flm_quantize_q8_neon,
+    ARM_FLOAT_KERNELS,
 };
 #endif
 

@@ -4,7 +4,6 @@
 #include <math.h>
 #include <string.h>
 
-#include "gemm.h"
 #include "quant.h"
 #include "simd.h"
 

@@ -817,6 +817,26 @@ static void test_conv_silu(void) {
  * ragged blocks and dimensions: the scores and weighted sums of several
  * queries at once are bit for bit those of each query alone, a weighted
  * sum in two calls is that of one, and both are near double precision. */
+/* Every path's table fills every kernel (only to_bf16 may be absent, where
+ * bf16 weights take fp32 activations): a field left out of a designated
+ * initializer would otherwise be a NULL call at run time. */
+static void test_kernel_tables(void) {
+    for (int pi = 0; pi < N_PATHS; pi++) {
+        if (flm_set_simd_path(paths[pi]) != 0) continue;
+        const FlmKernels *k = flm_kernels;
+        const void *fns[] = {(const void *)k->gemm_f32, (const void *)k->gemm_bf16, (const void *)k->qgemm,
+                             (const void *)k->quantize_q8, (const void *)k->key_scores, (const void *)k->exp_sum,
+                             (const void *)k->scale_max, (const void *)k->scale, (const void *)k->weighted_sum,
+                             (const void *)k->delta_rule, (const void *)k->conv_silu, (const void *)k->rmsnorm,
+                             (const void *)k->silu_mul, (const void *)k->gelu_tanh_mul, (const void *)k->softcap_max};
+        int missing = 0;
+        for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) missing += fns[i] == NULL;
+        CHECK(missing == 0 && k->name && k->int8_name && k->token_block > 0,
+              "%s: %d kernels missing from its table", paths[pi], missing);
+    }
+    printf("ok  every path's kernel table is whole\n");
+}
+
 /* The q8_0 cache's kernels: every path gives the portable loops' bits
  * (kernels.h), for any number of queries and a range of values summed in
  * parts, within rounding of the double-precision sums of what the int8
@@ -1038,6 +1058,7 @@ int main(void) {
     test_to_bf16();
     test_delta_rule();
     test_conv_silu();
+    test_kernel_tables();
     test_attention_kernels();
     test_attention_kernels_q8();
     /* last: the random draws of the tests above stay as they were */

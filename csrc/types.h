@@ -10,6 +10,10 @@
 #include <stdint.h>
 #include <string.h>
 
+/* Rows of a packed weight panel (gemm.h, quant.h): every matmul kernel
+ * reads its weights 16 rows at a time. */
+#define FLM_PANEL 16
+
 /* Storage types of weights (and, the first four, of the KV cache). The
  * quantized ones are GGML's block formats (quant.h). */
 enum {
