@@ -784,6 +784,14 @@ static AVX512 float softcap_max_avx512(float *x, int n, float cap) {
     return _mm512_reduce_max_ps(mx);
 }
 
+/* The float kernels every AVX-512 path shares (they differ in their
+ * matmuls). */
+#define AVX512_FLOAT_KERNELS                                                                                  \
+    .key_scores = key_scores_avx512, .exp_sum = exp_sum_avx512, .scale_max = scale_max_avx512,              \
+    .scale = scale_avx512, .weighted_sum = weighted_sum_avx512, .delta_rule = delta_rule_avx512,            \
+    .conv_silu = conv_silu_avx512, .rmsnorm = rmsnorm_avx512, .silu_mul = silu_mul_avx512,                  \
+    .gelu_tanh_mul = gelu_tanh_mul_avx512, .softcap_max = softcap_max_avx512
+
 static const FlmKernels kernels_avx512 = {
     .name = "avx512",
     .gemm_f32 = flm_gemm_f32_avx512,
@@ -792,17 +800,7 @@ static const FlmKernels kernels_avx512 = {
     .int8_name = "avx512_vnni",
     .qgemm = flm_qgemm_avx512_vnni,
     .quantize_q8 = flm_quantize_q8_avx512,
-    .key_scores = key_scores_avx512,
-    .exp_sum = exp_sum_avx512,
-    .scale_max = scale_max_avx512,
-    .scale = scale_avx512,
-    .weighted_sum = weighted_sum_avx512,
-    .delta_rule = delta_rule_avx512,
-    .conv_silu = conv_silu_avx512,
-    .rmsnorm = rmsnorm_avx512,
-    .silu_mul = silu_mul_avx512,
-    .gelu_tanh_mul = gelu_tanh_mul_avx512,
-    .softcap_max = softcap_max_avx512,
+    AVX512_FLOAT_KERNELS,
     .token_block = 60,
 };
 
@@ -816,17 +814,7 @@ static const FlmKernels kernels_avx512_bf16 = {
     .int8_name = "avx512_vnni",
     .qgemm = flm_qgemm_avx512_vnni,
     .quantize_q8 = flm_quantize_q8_avx512,
-    .key_scores = key_scores_avx512,
-    .exp_sum = exp_sum_avx512,
-    .scale_max = scale_max_avx512,
-    .scale = scale_avx512,
-    .weighted_sum = weighted_sum_avx512,
-    .delta_rule = delta_rule_avx512,
-    .conv_silu = conv_silu_avx512,
-    .rmsnorm = rmsnorm_avx512,
-    .silu_mul = silu_mul_avx512,
-    .gelu_tanh_mul = gelu_tanh_mul_avx512,
-    .softcap_max = softcap_max_avx512,
+    AVX512_FLOAT_KERNELS,
     .token_block = 60,
 };
 
@@ -847,17 +835,7 @@ static const FlmKernels kernels_amx_bf16 = {
     .int8_name = "avx512_vnni",
     .qgemm = flm_qgemm_avx512_vnni,
     .quantize_q8 = flm_quantize_q8_avx512,
-    .key_scores = key_scores_avx512,
-    .exp_sum = exp_sum_avx512,
-    .scale_max = scale_max_avx512,
-    .scale = scale_avx512,
-    .weighted_sum = weighted_sum_avx512,
-    .delta_rule = delta_rule_avx512,
-    .conv_silu = conv_silu_avx512,
-    .rmsnorm = rmsnorm_avx512,
-    .silu_mul = silu_mul_avx512,
-    .gelu_tanh_mul = gelu_tanh_mul_avx512,
-    .softcap_max = softcap_max_avx512,
+    AVX512_FLOAT_KERNELS,
     .token_block = 64,
 };
 
