@@ -50,8 +50,8 @@ def request(url, path, method="GET", headers=None, body=None):
         return e.code, {k.lower(): v for k, v in e.headers.items()}, e.read()
 
 
-def preflight(url, origin, method="POST", asked="authorization, content-type"):
-    return request(url, "/v1/chat/completions", "OPTIONS",
+def preflight(url, origin, method="POST", asked="authorization, content-type", path="/v1/chat/completions"):
+    return request(url, path, "OPTIONS",
                    {"Origin": origin, "Access-Control-Request-Method": method,
                     "Access-Control-Request-Headers": asked})
 
@@ -78,6 +78,18 @@ def test_a_preflight_from_another_origin_is_refused_in_openais_shape(server):
         assert f"origin '{origin}'" in openai_error(status, json.loads(body), 403)["message"]
     status, _, body = preflight(url, PAGE, method="PATCH")
     assert "method 'PATCH'" in openai_error(status, json.loads(body), 403)["message"]
+
+
+def test_a_refused_preflight_of_anthropics_api_is_in_its_shape(server):
+    """(Found by the HTTP fuzzer: the refusal of a preflight to /v1/messages
+    came in OpenAI's shape.)"""
+    url, _ = server
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        status, headers, body = preflight(url, "http://evil.example", path=path)
+        body = json.loads(body)
+        assert status == 403 and "access-control-allow-origin" not in headers
+        assert body["type"] == "error" and body["error"]["type"] == "permission_error", body
+        assert "origin 'http://evil.example'" in body["error"]["message"]
 
 
 def test_responses_carry_the_origin_and_the_key_is_still_needed(server, model):

@@ -157,6 +157,15 @@ def cors_origins(text: str) -> tuple:
     return tuple(exact), pattern
 
 
+def error_shape(path: str):
+    """The error body maker of the API a path belongs to: Anthropic's for
+    /v1/messages and below, OpenAI's elsewhere."""
+    if path == "/v1/messages" or path.startswith("/v1/messages/"):
+        from . import anthropic_api
+        return anthropic_api.error_body
+    return api.error_body
+
+
 def cors_middleware(options: ServeOptions):
     """The Starlette middleware that lets the pages of options.cors_origins
     call the server (None when no origin may): preflight requests answered
@@ -168,20 +177,32 @@ def cors_middleware(options: ServeOptions):
     from starlette.middleware.cors import CORSMiddleware
     from starlette.responses import Response
 
+    from starlette.datastructures import Headers
+
     class CORS(CORSMiddleware):
-        def preflight_response(self, request_headers):
-            answer = super().preflight_response(request_headers)
-            if answer.status_code < 400:
-                return answer
-            # Starlette says why in plain text; this server's errors are OpenAI's JSON.
-            what = answer.body.decode().removeprefix("Disallowed CORS ")
-            asked = {"origin": f"origin {request_headers.get('origin')!r} (allowed: {options.cors_origins})",
-                     "method": f"method {request_headers.get('access-control-request-method')!r}",
-                     "headers": "headers " + repr(request_headers.get("access-control-request-headers")),
-                     "private-network": "private network access"}
-            reasons = ", ".join(asked[w.strip()] for w in what.split(",") if w.strip() in asked)
-            e = APIError(403, f"cross-origin request refused: {reasons or what}")
-            return Response(json.dumps(api.error_body(e)), status_code=403, media_type="application/json")
+        async def __call__(self, scope, receive, send):
+            # A preflight as Starlette tells one apart, answered here so that
+            # a refusal takes the error shape of the API its path belongs to.
+            if scope["type"] == "http" and scope["method"] == "OPTIONS":
+                headers = Headers(scope=scope)
+                if "origin" in headers and "access-control-request-method" in headers:
+                    answer = self.preflight_response(request_headers=headers)
+                    if answer.status_code >= 400:
+                        answer = refusal(answer, headers, error_shape(scope["path"]))
+                    await answer(scope, receive, send)
+                    return
+            await super().__call__(scope, receive, send)
+
+    def refusal(answer, request_headers, shape):
+        # Starlette says why in plain text; this server's errors are JSON.
+        what = answer.body.decode().removeprefix("Disallowed CORS ")
+        asked = {"origin": f"origin {request_headers.get('origin')!r} (allowed: {options.cors_origins})",
+                 "method": f"method {request_headers.get('access-control-request-method')!r}",
+                 "headers": "headers " + repr(request_headers.get("access-control-request-headers")),
+                 "private-network": "private network access"}
+        reasons = ", ".join(asked[w.strip()] for w in what.split(",") if w.strip() in asked)
+        e = APIError(403, f"cross-origin request refused: {reasons or what}")
+        return Response(json.dumps(shape(e)), status_code=403, media_type="application/json")
 
     exact, pattern = cors_origins(options.cors_origins)
     # Every header may be asked for: the preflight names them back (the
@@ -638,9 +659,7 @@ def create_app(model, engine, model_name: str | None = None, api_key: str | None
         return error(api.server_error(f"internal error: {type(exc).__name__}"), shape=shape_of(request))
 
     def shape_of(request):
-        """The error shape of the API a path belongs to."""
-        path = request.url.path
-        return anthropic if path == "/v1/messages" or path.startswith("/v1/messages/") else api.error_body
+        return error_shape(request.url.path)
 
     anthropic = anthropic_api.error_body
 
