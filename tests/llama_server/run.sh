@@ -25,10 +25,18 @@ trap 'rm -rf "$WORK"' EXIT
 SDIST="${LLAMA_CPP_SDIST:-$WORK/llama_cpp_python-$VERSION.tar.gz}"
 if [ ! -f "$SDIST" ]; then
     python3 - "$SDIST" "$VERSION" <<'PY'
-import sys, urllib.request
+# The file's address comes from the package index's simple page (PEP 503),
+# as pip finds it: PyPI's /packages/source/ shortcut is not served everywhere.
+import html, re, sys, urllib.request
 out, version = sys.argv[1], sys.argv[2]
-url = f"https://files.pythonhosted.org/packages/source/l/llama_cpp_python/llama_cpp_python-{version}.tar.gz"
-urllib.request.urlretrieve(url, out)
+index = "https://pypi.org/simple/llama-cpp-python/"
+name = f"llama_cpp_python-{version}.tar.gz"
+page = urllib.request.urlopen(index, timeout=60).read().decode()
+links = [html.unescape(h) for h in re.findall(r'href="([^"]+)"', page)]
+urls = [u.split("#")[0] for u in links if u.split("#")[0].endswith("/" + name)]
+if not urls:
+    sys.exit(f"{index} lists no {name}")
+urllib.request.urlretrieve(urllib.request.urljoin(index, urls[0]), out)
 PY
 fi
 echo "$SHA256  $SDIST" | sha256sum -c --quiet
