@@ -125,9 +125,8 @@ def context_mib(path: Path, n_ctx: int) -> float:
     """fastllm's f32 KV cache at n_ctx (attention layers) and recurrent
     state (linear-attention layers) for the model of a GGUF file."""
     from fastllm import schema
-    from fastllm.config import ModelConfig
-    from fastllm.hub import gguf_metadata_dir
-    cfg = ModelConfig.from_file(Path(gguf_metadata_dir(path)) / "config.json")
+    from fastllm.formats.gguf import read_gguf_model
+    cfg = read_gguf_model(path).config
     total = 0
     for i, lc in enumerate(cfg.layer_configs()):
         if cfg.layer_kind(i) == schema.LINEAR:

@@ -545,7 +545,7 @@ def test_convert_peak_memory_default_model(smollm2_dir, tmp_path):
         return int(out.stdout.split()[-1]) / 1024
 
     src = str(hub.default_gguf_path())
-    base = peak_mib(f"convert_gguf({src!r}, {str(tmp_path / 'meta')!r}, dtype='metadata')")
+    base = peak_mib(f"convert_gguf({src!r}, {str(tmp_path / 'meta')!r}, dtype='tokenizer')")
     f32 = peak_mib(f"convert_gguf({src!r}, {str(tmp_path / 'f32')!r}, dtype='f32')")
     bf16 = peak_mib(f"convert_gguf({src!r}, {str(tmp_path / 'bf16')!r}, dtype='bf16')")
     out_f32 = peak_mib(f"export_gguf({str(smollm2_dir)!r}, {str(tmp_path / 'f32.gguf')!r}, 'f32')")

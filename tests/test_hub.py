@@ -242,13 +242,13 @@ def test_info_prints_the_gguf_file(fastllm_home, capsys):
         assert main(["info", "--ctx", "64", "--threads", "1", *argv]) == 0
         rows = _info_rows(capsys.readouterr().out)
         assert rows["path"] == str(hub.default_gguf_path())
-        assert "-metadata-" in rows["cache folder"]
+        assert "-tokenizer-" in rows["tokenizer cache"] and "cache folder" not in rows
 
 
 def test_show_prints_the_gguf_file(offline, capsys):
     m = Model.from_pretrained(f"{GGUF_REPO}:Q4_1", n_ctx=64, threads=1)
     _, _, out = run_repl(m, ["/show"], capsys=capsys)
-    assert f"{m.source} (llama)" in out.err and str(m.path) not in out.err
+    assert f"{m.source} (llama)" in out.err and m.path == m.source   # the file itself, no cache folder
 
 
 def test_convert_takes_model_names(offline, tmp_path, monkeypatch, capsys):

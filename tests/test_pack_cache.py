@@ -50,12 +50,13 @@ def leaves(tree, path="") -> dict:
 
 def packed(source, dtype, use):
     """(weights tree, types, cache file) as Model.from_pretrained gets them."""
-    from fastllm.hub import gguf_metadata_dir
+    from fastllm.formats.gguf import read_gguf_model
     from fastllm.model import _packed_weights
     source = Path(source)
-    folder = Path(gguf_metadata_dir(source)) if dtype == "gguf" else source
-    config = ModelConfig.from_file(folder / "config.json")
-    return _packed_weights(config, source, dtype, use)
+    if dtype == "gguf":
+        header = read_gguf_model(source)
+        return _packed_weights(header.config, header, dtype, use)
+    return _packed_weights(ModelConfig.from_file(source / "config.json"), source, dtype, use)
 
 
 MTP = DATA / "qwen35-gguf" / "mtp-BF16.gguf"   # a multi-token-prediction block beside the model

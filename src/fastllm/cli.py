@@ -866,6 +866,7 @@ def cmd_info(args) -> int:
     rows = [
         ("path", str(model.source)),
         *([("cache folder", str(model.path))] if model.path != model.source else []),
+        *([("tokenizer cache", str(model.tokenizer_cache))] if model.tokenizer_cache else []),
         ("model_type", c.model_type),
         ("parameters", f"{c.n_params():,}"),
         ("layers", c.num_hidden_layers),

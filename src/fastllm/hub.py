@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Union
 
-from .formats.gguf import (DEFAULT_DTYPE, METADATA_ONLY, OutputExistsError, convert_gguf, folder_files,
+from .formats.gguf import (DEFAULT_DTYPE, TOKENIZER_ONLY, OutputExistsError, convert_gguf, folder_files,
                            is_complete_model_dir)
 from . import huggingface
 from .errors import FastLLMError
@@ -179,7 +179,7 @@ def _cache_error(e: OSError, target: Path) -> CacheError:
                       f"Fix that, or set FASTLLM_HOME to a writable folder.")
 
 
-def _convert_cached(gguf: Path, target: Path, dtype: str, stamp: dict) -> Path:
+def _convert_cached(gguf: Path, target: Path, dtype: str, stamp: dict, model=None) -> Path:
     """Convert gguf into target unless a finished, matching copy is there.
 
     Several processes may get here at once: each converts into its own
@@ -190,7 +190,7 @@ def _convert_cached(gguf: Path, target: Path, dtype: str, stamp: dict) -> Path:
         return target
     if os.path.lexists(target):
         sys.stderr.write(f"fastllm: the cached {target} cannot be used ({problem}); converting again\n")
-    what = "reading the tokenizer and config of" if dtype == METADATA_ONLY else "converting"
+    what = "reading the tokenizer of" if dtype == TOKENIZER_ONLY else "converting"
     sys.stderr.write(f"fastllm: {what} {gguf.name} once into {target}\n")
     sys.stderr.flush()
     for _ in range(2):
@@ -198,7 +198,7 @@ def _convert_cached(gguf: Path, target: Path, dtype: str, stamp: dict) -> Path:
         # last, before the folder is renamed into place, so a visible one
         # has it.
         try:
-            convert_gguf(gguf, target, dtype=dtype, progress=None, overwrite=os.path.lexists(target),
+            convert_gguf(gguf, target, dtype=dtype, progress=None, overwrite=os.path.lexists(target), model=model,
                          extra_files={_STAMP: lambda folder: dict(stamp, files=_file_sizes(folder, dtype))})
         except OutputExistsError:
             pass  # another process finished first; its result is checked below
@@ -224,13 +224,15 @@ def default_model_dir() -> Path:
     return _convert_cached(gguf, target, DEFAULT_DTYPE, _stamp_for(gguf, DEFAULT_DTYPE))
 
 
-def gguf_metadata_dir(gguf: Optional[PathLike] = None) -> Path:
-    """The config, generation config and tokenizer files of a GGUF file (the
-    default model's with None), made once into the cache: what running the
-    file's own weights needs beside the file."""
+def gguf_tokenizer_dir(gguf: Optional[PathLike] = None, model=None) -> Path:
+    """tokenizer.json and tokenizer_config.json of a GGUF file (the default
+    model's with None), made once into the cache: rebuilding them from the
+    file's vocabulary is the slow part of reading it (the config is read
+    from the file's header at every load). model: the file's header as
+    formats.gguf.read_gguf_model read it, where it has been."""
     gguf = default_gguf_path() if gguf is None else Path(gguf).expanduser()
-    target = _gguf_cache_dir(gguf, METADATA_ONLY)
-    return _convert_cached(gguf, target, METADATA_ONLY, _stamp_for(gguf, METADATA_ONLY))
+    target = _gguf_cache_dir(gguf, TOKENIZER_ONLY)
+    return _convert_cached(gguf, target, TOKENIZER_ONLY, _stamp_for(gguf, TOKENIZER_ONLY), model)
 
 
 def locate(name: Optional[PathLike] = None, filename: Optional[str] = None) -> Path:

@@ -18,7 +18,9 @@ from . import _core
 from .config import KV_DTYPES, ModelConfig
 from .end_of_generation import end_of_generation_ids
 from .errors import ModelFileError
-from .sampling import Constraint, Sampler, SamplingParams, as_params, generation_defaults, read_generation_config
+from .formats.gguf import read_gguf_model
+from .sampling import (Constraint, Sampler, SamplingParams, as_params, check_generation_config, generation_defaults,
+                       read_generation_config)
 from .session import Session
 from .speculative import Speculation, speculation
 from .textstream import TextStream
@@ -210,17 +212,17 @@ class GenerationStats:
         return self.generated_tokens / self.generate_seconds if self.generate_seconds else 0.0
 
 
-def _packed_weights(config: ModelConfig, source: Path, dtype: str, use_cache: bool | None) -> tuple:
+def _packed_weights(config: ModelConfig, source, dtype: str, use_cache: bool | None) -> tuple:
     """(the arrays for _core.Weights, parameters by weight type or None,
     the cache file they are mapped from or None) of a GGUF file's own
-    tensors (dtype "gguf") or of a folder's."""
+    tensors (dtype "gguf", source the file's GgufModel) or of a folder's."""
     from . import pack_cache
 
     if dtype == "gguf":
         def build():
-            arrays, types = load_gguf_weights(config, source, mtp=True)
+            arrays, types = load_gguf_weights(source, mtp=True)
             return arrays, {"types": dict(types)}
-        sources = [source]
+        sources = [source.path]
     else:
         def build():
             return load_weights(config, source, bf16=(dtype == "bf16"),
@@ -267,13 +269,13 @@ class Model:
         self._mtp = mtp
         self.config = config
         self.tokenizer = tokenizer
+        # What the weights were read from: the GGUF file or the folder, or
+        # the folder a GGUF file was converted into (dtype "f32", "bf16").
         self.path = path
         # What the model is called (the server's model id): the folder's
-        # name, or the GGUF file's, not that of the cache folder its
-        # tokenizer and config were read into.
+        # name, or the GGUF file's, not that of a converted folder.
         self.name = name or path.name
-        # What the model was loaded from (a GGUF file, or a folder): path
-        # may be the cache folder its config and tokenizer were read into.
+        # What the model was loaded from (a GGUF file, or a folder).
         self.source = source or path
         self.dtype = dtype
         self.kv_dtype = weights.kv_dtype
@@ -289,6 +291,8 @@ class Model:
         self.last_stats = GenerationStats()
         # The file the packed weights are mapped from (fastllm.pack_cache), or None.
         self.pack_cache_file = None
+        # The folder a GGUF file's tokenizer files were built into, or None.
+        self.tokenizer_cache = None
         # What generate/stream/chat speculate with when a call says nothing:
         # None, "ngram", or a draft Model (see fastllm.speculative), with
         # at most draft_max guesses a pass.
@@ -334,7 +338,7 @@ class Model:
         pack_cache: keep the packed weights in a file under $FASTLLM_HOME
         and map it on later loads (see fastllm.pack_cache); None: unless
         FASTLLM_PACK_CACHE=0."""
-        from .hub import gguf_metadata_dir, locate, model_name, resolve_model
+        from .hub import gguf_tokenizer_dir, locate, model_name, resolve_model
 
         if dtype is not None and dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
@@ -349,11 +353,19 @@ class Model:
         native = dtype == "gguf"
         if native and gguf is None:
             raise ValueError(f"dtype 'gguf' runs a GGUF file's own tensors, and {path} is a model folder")
-        folder = Path(gguf_metadata_dir(gguf) if native else resolve_model(source))
-        if not folder.is_dir():
-            raise ModelFileError(folder, "not a model folder")
-        config = ModelConfig.from_file(folder / "config.json")
-        gen_config = read_generation_config(folder / "generation_config.json")
+        if native:
+            # The config comes from the file's header, read once; only the
+            # tokenizer, slow to rebuild from its vocabulary, is cached.
+            header = read_gguf_model(gguf)
+            config, gen_config = header.config, check_generation_config(header.generation_config, gguf)
+            folder, tokenizer_folder = gguf, Path(gguf_tokenizer_dir(gguf, header))
+        else:
+            folder = Path(resolve_model(source))
+            if not folder.is_dir():
+                raise ModelFileError(folder, "not a model folder")
+            config = ModelConfig.from_file(folder / "config.json")
+            gen_config = read_generation_config(folder / "generation_config.json")
+            tokenizer_folder = folder
         threads = physical_cores() if threads is None else usable_threads(threads)
         if not native:
             check_sizes(config, folder)
@@ -370,10 +382,10 @@ class Model:
         # the memory it leaves in use, which is then free again before the
         # weights come in.
         tokenizer = None
-        if (folder / "tokenizer.json").exists():
+        if (tokenizer_folder / "tokenizer.json").exists():
             from .tokenizer import Tokenizer
-            tokenizer = Tokenizer.from_pretrained(folder)
-        arrays, types, cached = _packed_weights(config, gguf if native else folder, dtype, pack_cache)
+            tokenizer = Tokenizer.from_pretrained(tokenizer_folder)
+        arrays, types, cached = _packed_weights(config, header if native else folder, dtype, pack_cache)
         if native:   # named by the type that holds most of the parameters
             dtype = max(types, key=types.get)
         mtp = arrays.pop("mtp", None)
@@ -386,6 +398,7 @@ class Model:
         model = cls(weights, config, tokenizer, folder, dtype, end_of_generation_ids(gen_config, config, tokenizer),
                     gen_config, max_batch, name=model_name(source), source=source, mtp=mtp)
         model.pack_cache_file = cached
+        model.tokenizer_cache = tokenizer_folder if native else None
         return model
 
     # ------------------------------------------------------------ settings
@@ -736,7 +749,7 @@ class Model:
 
     def _need_tokenizer(self):
         if self.tokenizer is None:
-            raise ModelFileError(self.path / "tokenizer.json",
+            raise ModelFileError(self.path if self.path.is_file() else self.path / "tokenizer.json",
                                  "file not found: text in and out needs the model's tokenizer")
         return self.tokenizer
 

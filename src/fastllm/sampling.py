@@ -353,6 +353,13 @@ def read_generation_config(path) -> dict:
         data = read_json(path, CONFIG_LIMIT, "generation_config.json")
     except ModelFileError as e:
         raise GenerationConfigError(path, e.problem) from None
+    return check_generation_config(data, path)
+
+
+def check_generation_config(data, path) -> dict:
+    """The keys fastllm uses (see _GEN_CHECKS) that data sets, checked: the
+    settings of a generation_config.json, or of a GGUF file's metadata,
+    path naming where they come from."""
     if not isinstance(data, dict):
         raise GenerationConfigError(path, "expected a JSON object")
     out = {}

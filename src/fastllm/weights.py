@@ -13,6 +13,8 @@ together, the C loop rotates (2i, 2i+1).
 """
 from __future__ import annotations
 
+import warnings
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +22,8 @@ import numpy as np
 from . import _core, schema
 from .config import ModelConfig
 from .errors import ModelFileError
+from .formats import gguf_tensors
+from .formats.gguf_file import read_tensor_bytes
 from .formats.safetensors import Checkpoint, SafetensorsFile, f32_to_bf16
 
 
@@ -36,6 +40,19 @@ def rope_permutation(head_dim: int, rope_dim: int) -> np.ndarray:
 def _permuted_heads(rows: np.ndarray, perm: np.ndarray, heads: int) -> np.ndarray:
     """rows (or vector entries) with each head's permuted by perm."""
     return np.take(rows.reshape(heads, len(perm), *rows.shape[1:]), perm, axis=1).reshape(rows.shape)
+
+
+def _head_rows(n: int, heads: int, perm: np.ndarray, interleaved: bool):
+    """Which of a GGUF query or key tensor's n rows each row of the run
+    loop's order is, or None where the two orders are the same: llama.cpp
+    stores a llama-family head's RoPE pairs side by side, as the run loop
+    reads them, so undoing its order and applying the run loop's would copy
+    every such tensor twice for nothing."""
+    rows = np.arange(n)
+    if interleaved:
+        rows = gguf_tensors.unpermute(rows, heads)
+    rows = _permuted_heads(rows, perm, heads)
+    return None if np.array_equal(rows, np.arange(n)) else rows
 
 
 def _as_compute_dtype(f: SafetensorsFile, name: str, bf16: bool, perm=None, heads=None):
@@ -249,8 +266,9 @@ _HEAD_CHUNK_BYTES = 16 << 20
 MTP_FAMILIES = ("qwen3_5_text",)
 
 
-def load_gguf_weights(cfg: ModelConfig, path, mtp: bool = False) -> tuple:
-    """The arrays for fastllm._core.Weights from a GGUF file's own tensors,
+def load_gguf_weights(gguf, mtp: bool = False) -> tuple:
+    """The arrays for fastllm._core.Weights from a GGUF file's own tensors
+    (gguf: the file's header as formats.gguf.read_gguf_model read it),
     each matrix in its own type (quantized ones stay quantized; types
     without native kernels are dequantized to float32, with one warning per
     file), and a count of the matrices' parameters by type. Rows are put in
@@ -262,20 +280,11 @@ def load_gguf_weights(cfg: ModelConfig, path, mtp: bool = False) -> tuple:
     block (Qwen3.5's), its arrays too, under "mtp", for Weights of
     cfg.mtp_config() (sharing the embedding and the head); else it is left
     out with a warning."""
-    import warnings
-    from collections import Counter
-
-    from .formats import gguf_tensors
-    from .formats.gguf_file import read_tensor_bytes
-
-    path = Path(path)
-    contents = gguf_tensors.read_contents(path, string_arrays=False)   # the tokenizer is read once, elsewhere
-    tensors = {t.name: t for t in contents.tensors}
-    for name in ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"):
-        tensors.pop(name, None)   # read into config.json by the importer
-    arch = contents.metadata.get("general.architecture")
-    shapes = gguf_tensors.tensor_shapes(contents.tensors)
-    n_mtp = int(contents.metadata.get(f"{arch}.nextn_predict_layers", 0))
+    path, cfg = gguf.path, gguf.config
+    tensors = gguf.tensors   # the rope factors and frequencies are in the config
+    arch = gguf.metadata.get("general.architecture")
+    shapes = gguf.shapes
+    n_mtp = int(gguf.metadata.get(f"{arch}.nextn_predict_layers", 0))
     block = {}   # the multi-token-prediction block's tensors, as blk.0 of mtp_config()
     if mtp and n_mtp == 1 and cfg.model_type in MTP_FAMILIES:
         first = f"blk.{cfg.num_hidden_layers}."
@@ -321,9 +330,9 @@ def load_gguf_weights(cfg: ModelConfig, path, mtp: bool = False) -> tuple:
         elif index is not None:
             arr = arr[index]
         if t.rope in heads:
-            if interleaved:
-                arr = gguf_tensors.unpermute(arr, heads[t.rope])
-            arr = _permuted_heads(arr, perm, heads[t.rope])
+            order = _head_rows(arr.shape[0], heads[t.rope], perm, interleaved)
+            if order is not None:
+                arr = arr[order]
         elif t.rope == "head":
             arr = np.take(arr.reshape(-1, len(perm)), perm, axis=1).reshape(arr.shape)
         return np.ascontiguousarray(arr)

@@ -33,8 +33,7 @@ from _target import instrumented, main  # noqa: E402
 with instrumented():
     import numpy as np
     from fastllm import _core, pack_cache
-    from fastllm.config import ModelConfig
-    from fastllm.hub import gguf_metadata_dir
+    from fastllm.formats.gguf import read_gguf_model
     from fastllm.weights import load_gguf_weights
 
 import file_seeds  # noqa: E402
@@ -49,24 +48,15 @@ OPTIONS = {"dtype": "gguf"}
 def _setup():
     import gguf
     _SOURCE.write_bytes(file_seeds.tiny_gguf(lambda name: gguf.GGMLQuantizationType.Q4_1))
-    before = os.environ.get("FASTLLM_HOME")
-    os.environ["FASTLLM_HOME"] = str(_TMP / "metadata")
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):
-            folder = Path(gguf_metadata_dir(_SOURCE))
-    finally:
-        if before is None:
-            del os.environ["FASTLLM_HOME"]
-        else:
-            os.environ["FASTLLM_HOME"] = before
-    return ModelConfig.from_file(folder / "config.json")
+    return read_gguf_model(_SOURCE)
 
 
-_CONFIG = _setup()
+_HEADER = _setup()
+_CONFIG = _HEADER.config
 
 
 def build():
-    arrays, types = load_gguf_weights(_CONFIG, _SOURCE)
+    arrays, types = load_gguf_weights(_HEADER)
     return arrays, {"types": dict(types)}
 
 

@@ -10,7 +10,9 @@ never needs torch or transformers. The work is split by concern:
 gguf_file reads the container, with every size checked against the file;
 gguf_config maps each architecture's hyperparameters to config.json;
 gguf_tokenizer rebuilds tokenizer.json; gguf_tensors plans and dequantizes
-the tensors. This module writes the folder, atomically.
+the tensors. This module reads a file's header once into a GgufModel (what
+running the file's own tensors starts from) and writes the folder,
+atomically.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import socket
 import struct
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Union
 
@@ -60,14 +63,16 @@ MODEL_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
 )
-# convert_gguf's dtype for a folder of everything but the weights: what a
-# GGUF file run at its own precision needs beside the file itself.
-METADATA_ONLY = "metadata"
+# convert_gguf's dtype for a folder of the tokenizer files alone: what a
+# GGUF file run at its own precision keeps beside it, since rebuilding
+# tokenizer.json from the metadata is the slow part of reading the file.
+TOKENIZER_ONLY = "tokenizer"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 def folder_files(dtype: str) -> tuple:
     """The files a conversion to dtype writes."""
-    return tuple(f for f in MODEL_FILES if dtype != METADATA_ONLY or f != "model.safetensors")
+    return TOKENIZER_FILES if dtype == TOKENIZER_ONLY else MODEL_FILES
 
 
 SUPPORTED_ARCHITECTURES = GGUF_ARCHITECTURES
@@ -253,7 +258,7 @@ def is_complete_model_dir(path: PathLike, dtype: str = "f32") -> bool:
     p = Path(path)
     try:
         return all((p / f).is_file() for f in folder_files(dtype)) and (
-            dtype == METADATA_ONLY or (p / "model.safetensors").stat().st_size > 8)
+            dtype == TOKENIZER_ONLY or (p / "model.safetensors").stat().st_size > 8)
     except OSError:
         return False
 
@@ -267,7 +272,7 @@ def _write_json(path: Path, obj) -> None:
 
 
 # --------------------------------------------------------------------------
-# Entry point
+# Reading a file
 
 # The one default precision of converted folders: `fastllm convert`, the
 # default model and GGUF files converted on first use all write float32,
@@ -275,40 +280,50 @@ def _write_json(path: Path, obj) -> None:
 DEFAULT_DTYPE = "f32"
 
 
-def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DTYPE,
-                 progress: Union[None, bool, ProgressFn] = None, *, overwrite: bool = False,
-                 extra_files: Optional[dict] = None) -> Path:
-    """Convert a GGUF file into a HuggingFace model folder at out_dir.
+@dataclass(frozen=True)
+class GgufModel:
+    """A GGUF file's header, read and checked once: its tensor table and
+    metadata (string arrays decoded only when asked for), the model's config
+    built from them, and its generation settings. Loading the file's own
+    tensors, and converting it, both start from here."""
+    path: Path
+    contents: object        # gguf_file.GGUFContents
+    config_dict: dict       # as config.json would hold it
+    config: ModelConfig
+    generation_config: dict
 
-    dtype: "f32" (the exact dequantized values; the default, as for the
-    default model and for GGUF files converted on first use) or "bf16"
-    (weights rounded to bfloat16 as torch rounds: half the size), or
-    METADATA_ONLY: config, generation config and tokenizer files only, for
-    running the GGUF file's own weights.
-    progress: a callable progress(done, total) called after each tensor,
-    True/False to force the stderr progress bar on/off, or None for a bar
-    only when stderr is a terminal.
-    overwrite: replace an existing out_dir; otherwise OutputExistsError
-    (a FileExistsError).
-    extra_files: {file name: JSON-serialisable object} written into the
-    folder as well, before it becomes visible and after everything else; a
-    callable value is called with the finished folder and its result
-    written (to record, say, the sizes of the files written).
+    @property
+    def metadata(self) -> dict:
+        return self.contents.metadata
 
-    The folder is built beside out_dir under a hidden name and renamed into
-    place at the end, so out_dir either appears complete or not at all.
-    """
-    if dtype not in ("bf16", "f32", METADATA_ONLY):
-        raise ValueError(f"dtype must be 'bf16' or 'f32', not {dtype!r}")
+    @property
+    def tensors(self) -> dict:
+        """The tensors by name, the rope factors and frequencies (read into
+        the config) left out."""
+        return {t.name: t for t in self.contents.tensors if t.name not in _CONFIG_TENSORS}
+
+    @property
+    def shapes(self) -> dict:
+        return tensor_shapes(self.contents.tensors)
+
+
+# Tensors whose values the config holds: rope frequencies (llama 3's
+# scaling) and LongRoPE's factors (Phi-3).
+_CONFIG_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
+
+
+def read_gguf_model(gguf_path: PathLike, string_arrays: bool = False, dtype: str = DEFAULT_DTYPE) -> GgufModel:
+    """Read and check a GGUF file's header and build its model's config.
+
+    string_arrays: decode the vocabulary and merges too (only the tokenizer
+    needs them); their counts are checked against the embedding first, so
+    a file claiming 16 million tokens is refused before gigabytes of
+    strings are made. dtype: the torch_dtype the config names."""
     path = Path(gguf_path).expanduser()
-    out_dir = Path(out_dir).expanduser().absolute()
-    if out_dir.exists() and not overwrite and not _is_empty_dir(out_dir):
-        raise OutputExistsError(f"{out_dir} already exists (pass overwrite=True to replace it)")
-
-    # The vocabulary is checked against the embedding from the counts alone
-    # before it is decoded: 16 million tokens would be gigabytes of strings.
-    check_vocabulary_size(read_contents(path, string_arrays=False), path)
-    contents = read_contents(path)
+    contents = read_contents(path, string_arrays=False)
+    check_vocabulary_size(contents, path)
+    if string_arrays:
+        contents = read_contents(path)
     md = contents.metadata
     check_metadata_types(md, path)
     arch = md.get("general.architecture")
@@ -320,20 +335,69 @@ def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DT
     if int(md.get("split.count", 1)) > 1:
         raise ConversionError(path, "split GGUF files are not supported; merge the parts first "
                               "(llama-gguf-split --merge)")
-    shapes = tensor_shapes(contents.tensors)
     tensors = {t.name: t for t in contents.tensors}
-    rope_freqs = tensors.pop("rope_freqs.weight", None)
-    # LongRoPE's factors (Phi-3) go into config.json.
-    rope_factors = {kind: dequantize(tensors.pop(f"rope_factors_{kind}.weight"), path)
+    rope_freqs = tensors.get("rope_freqs.weight")
+    rope_factors = {kind: dequantize(tensors[f"rope_factors_{kind}.weight"], path)
                     for kind in ("long", "short") if f"rope_factors_{kind}.weight" in tensors}
-    config = model_config(md, shapes, path, dtype,
-                           None if rope_freqs is None else dequantize(rope_freqs, path), rope_factors)
+    config = model_config(md, tensor_shapes(contents.tensors), path, dtype,
+                          None if rope_freqs is None else dequantize(rope_freqs, path), rope_factors)
+    # As config.json holds it (lists, plain numbers): the config a folder
+    # converted from this file would give, to the bit.
+    config = json.loads(json.dumps(config))
     try:
         cfg = ModelConfig.from_dict(config, path)
     except ModelFileError as e:
         raise ConversionError(path, e.problem) from None
-    order = plan_tensors(tensors, shapes, cfg, path, n_mtp=int(md.get(f"{arch}.nextn_predict_layers", 0)),
-                         notify=dtype != METADATA_ONLY)
+    return GgufModel(path, contents, config, cfg, generation_config(md))
+
+
+# --------------------------------------------------------------------------
+# Entry point
+
+def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DTYPE,
+                 progress: Union[None, bool, ProgressFn] = None, *, overwrite: bool = False,
+                 extra_files: Optional[dict] = None, model: Optional[GgufModel] = None) -> Path:
+    """Convert a GGUF file into a HuggingFace model folder at out_dir.
+
+    dtype: "f32" (the exact dequantized values; the default, as for the
+    default model and for GGUF files converted on first use) or "bf16"
+    (weights rounded to bfloat16 as torch rounds: half the size), or
+    TOKENIZER_ONLY: tokenizer.json and tokenizer_config.json alone, kept
+    beside a GGUF file run at its own precision.
+    progress: a callable progress(done, total) called after each tensor,
+    True/False to force the stderr progress bar on/off, or None for a bar
+    only when stderr is a terminal.
+    overwrite: replace an existing out_dir; otherwise OutputExistsError
+    (a FileExistsError).
+    extra_files: {file name: JSON-serialisable object} written into the
+    folder as well, before it becomes visible and after everything else; a
+    callable value is called with the finished folder and its result
+    written (to record, say, the sizes of the files written).
+    model: the file's header as read_gguf_model already read it, so that it
+    is not checked and built again (only its strings are read then).
+
+    The folder is built beside out_dir under a hidden name and renamed into
+    place at the end, so out_dir either appears complete or not at all.
+    """
+    if dtype not in ("bf16", "f32", TOKENIZER_ONLY):
+        raise ValueError(f"dtype must be 'bf16' or 'f32', not {dtype!r}")
+    path = Path(gguf_path).expanduser()
+    out_dir = Path(out_dir).expanduser().absolute()
+    if out_dir.exists() and not overwrite and not _is_empty_dir(out_dir):
+        raise OutputExistsError(f"{out_dir} already exists (pass overwrite=True to replace it)")
+
+    if model is None:
+        model = read_gguf_model(path, string_arrays=True, dtype=dtype)
+        md = model.metadata
+    else:   # its vocabulary's size was checked when it was read
+        md = read_contents(path).metadata
+        check_metadata_types(md, path)
+    config, cfg = model.config_dict, model.config
+    order = []
+    if dtype != TOKENIZER_ONLY:
+        arch = md["general.architecture"]
+        order = plan_tensors(model.tensors, model.shapes, cfg, path,
+                             n_mtp=int(md.get(f"{arch}.nextn_predict_layers", 0)))
     tokenizer_json, tokenizer_config = tokenizer_files(md, path)
     if len(tokenizer_json["model"]["vocab"]) > config["vocab_size"]:
         raise ConversionError(path, f"{len(tokenizer_json['model']['vocab'])} tokens but only "
@@ -349,17 +413,16 @@ def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DT
     tmp = _make_partial_dir(out_dir)
     writer = None
     try:
-        _write_json(tmp / "config.json", config)
-        _write_json(tmp / "generation_config.json", generation_config(md))
+        if dtype != TOKENIZER_ONLY:
+            _write_json(tmp / "config.json", config)
+            _write_json(tmp / "generation_config.json", model.generation_config)
         _write_json(tmp / "tokenizer_config.json", tokenizer_config)
         with open(tmp / "tokenizer.json", "w", encoding="utf-8") as f:
             json.dump(tokenizer_json, f, ensure_ascii=False, separators=(",", ":"))
             f.flush()
             os.fsync(f.fileno())
 
-        if dtype == METADATA_ONLY:
-            order = []
-        else:
+        if order:
             writer = _SafetensorsWriter(tmp / "model.safetensors", entries,
                                         {"format": "pt", "source": path.name})
         total = len(order)

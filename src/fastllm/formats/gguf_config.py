@@ -99,7 +99,9 @@ def check_metadata_types(md: dict, path: Path) -> None:
         rules.update({f"{arch}.{k}": kind for k, kind in _ARCH_KEYS.items()})
     for key, value in md.items():
         kind = rules.get(key) or ("str" if key.startswith("tokenizer.chat_template.") else None)
-        if kind and not _kind_ok(value, kind):
+        # None: an array of strings read without its strings (checked when
+        # they are read, for the tokenizer).
+        if kind and value is not None and not _kind_ok(value, kind):
             shown = repr(value) if not isinstance(value, list) else f"a list of {len(value)}"
             raise ConversionError(path, f"metadata {key!r} should be {kind}, not {shown[:80]}")
 
