@@ -56,3 +56,18 @@ def end_of_generation_ids(gen_config: dict, config, tokenizer) -> set:
     if tokenizer is not None:
         out |= _by_text(tokenizer)
     return {i for i in out if 0 <= i < config.vocab_size}
+
+
+def finish_reason(n_tokens: int, n_ctx: int, sampler, generated: int, max_new_tokens: int) -> str | None:
+    """Why a generation ends once a token (not an end token) is handed out,
+    or None while it goes on: "context" where the sequence, n_tokens with
+    that token, fills the context; "stop" where the sampler's constraint is
+    complete; "length" after max_new_tokens. Model.generate_tokens and the
+    batch engine both end by these rules."""
+    if n_tokens >= n_ctx:
+        return "context"
+    if sampler.done:
+        return "stop"
+    if generated >= max_new_tokens:
+        return "length"
+    return None

@@ -16,7 +16,7 @@ import numpy as np
 
 from . import _core
 from .config import KV_DTYPES, ModelConfig
-from .end_of_generation import end_of_generation_ids
+from .end_of_generation import end_of_generation_ids, finish_reason
 from .errors import ModelFileError
 from .formats.gguf import read_gguf_model
 from .sampling import (Constraint, Sampler, SamplingParams, as_params, check_generation_config, generation_defaults,
@@ -548,13 +548,10 @@ class Model:
                     stats.generated_tokens += 1
                     yield from self._handed_out(token, s)
                     ids.append(token)
-                    if len(ids) >= self.n_ctx:
-                        stats.finish_reason = "context"
-                        return
-                    if sampler.done:
-                        stats.finish_reason = "stop"
-                        return
-                    if i + 1 == max_new_tokens:   # the last token's logits would go unused
+                    # (after the last token, its logits would go unused)
+                    reason = finish_reason(len(ids), self.n_ctx, sampler, i + 1, max_new_tokens)
+                    if reason is not None:
+                        stats.finish_reason = reason
                         return
                     if guesses and token == guesses[0]:   # its logits are in the pass
                         guesses.pop(0)

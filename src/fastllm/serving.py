@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _core
+from .end_of_generation import finish_reason
 from .sampling import Constraint, Sampler, SamplingParams, _whole, as_params
 from .session import extend_together
 from .speculative import DraftModel, NgramDrafter, Speculation, check_same_vocabulary, draft_together
@@ -612,16 +613,13 @@ class BatchEngine:
             request.first_token = time.monotonic()
         request._put(token)
         held = run.session.position if tokens is None else len(tokens)
-        if held + 1 >= self.model.n_ctx:
-            self._release(run, "context")
-        elif run.sampler.constraint is not None and run.sampler.done:
-            self._release(run, "stop")
-        elif request.generated >= request.max_new_tokens:
-            self._release(run, "length")
-        else:
-            run.last = token
-            return token
-        return None
+        reason = finish_reason(held + 1, self.model.n_ctx, run.sampler, request.generated,
+                               request.max_new_tokens)
+        if reason is not None:
+            self._release(run, reason)
+            return None
+        run.last = token
+        return token
 
     def _loop(self):
         while not self._stop:

@@ -42,6 +42,12 @@ def _permuted_heads(rows: np.ndarray, perm: np.ndarray, heads: int) -> np.ndarra
     return np.take(rows.reshape(heads, len(perm), *rows.shape[1:]), perm, axis=1).reshape(rows.shape)
 
 
+def _not_finite(path, name: str, where: str = "") -> ModelFileError:
+    """What loading a tensor that holds NaN or infinite values raises."""
+    return ModelFileError(path, f"tensor {name!r} holds NaN or infinite values{where}; such weights only "
+                                f"give garbage: re-download or re-convert it")
+
+
 def _head_rows(n: int, heads: int, perm: np.ndarray, interleaved: bool):
     """Which of a GGUF query or key tensor's n rows each row of the run
     loop's order is, or None where the two orders are the same: llama.cpp
@@ -144,9 +150,7 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False, mix: str | None =
 
         def check_finite(arr):
             if not _all_finite(arr):
-                raise ModelFileError(f.path, f"tensor {name!r} holds NaN or infinite values "
-                                             f"(in the file, or after conversion to the compute dtype); "
-                                             f"such weights only give garbage: re-download or re-convert it")
+                raise _not_finite(f.path, name, " (in the file, or after conversion to the compute dtype)")
 
         shape = schema.hf_shape(t, lc)
         if f.shape(name) != shape:
@@ -194,8 +198,7 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False, mix: str | None =
             f = ck.file_of(names[e])
             arr = _as_compute_dtype(f, names[e], qtype == "bf16")
             if not _all_finite(arr):
-                raise ModelFileError(f.path, f"tensor {names[e]!r} holds NaN or infinite values; such weights "
-                                             f"only give garbage: re-download or re-convert it")
+                raise _not_finite(f.path, names[e])
             if qtype == "f16":
                 return arr.astype(np.float16)
             if qtype not in ("f32", "bf16"):
@@ -354,8 +357,7 @@ def load_gguf_weights(gguf, mtp: bool = False) -> tuple:
         finite = _finite_blocks(arr, dtype) if dtype not in ("f32", "f16", "bf16") else _all_finite(
             arr.astype(np.float32) if dtype == "f16" else arr)
         if not finite:
-            raise ModelFileError(path, f"tensor {g.name!r} holds NaN or infinite values; such weights only "
-                                       f"give garbage: re-download or re-convert it")
+            raise _not_finite(path, g.name)
         return arr, dtype
 
     def pack(arr: np.ndarray, dtype: str, t: schema.Tensor, hf: str):
@@ -385,8 +387,7 @@ def load_gguf_weights(gguf, mtp: bool = False) -> tuple:
         def read_rows(first: int, n: int) -> np.ndarray:
             blocks = read_tensor_bytes(path, g, first * row, n * row).reshape(n, row)
             if not _finite_blocks(blocks, dtype):
-                raise ModelFileError(path, f"tensor {g.name!r} holds NaN or infinite values; such weights only "
-                                           f"give garbage: re-download or re-convert it")
+                raise _not_finite(path, g.name)
             return blocks
 
         types[dtype] += N * K
@@ -445,8 +446,7 @@ def load_gguf_weights(gguf, mtp: bool = False) -> tuple:
             finite = _all_finite(rows.astype(np.float32) if dtype == "f16" else rows) if view else \
                 _finite_blocks(rows, dtype)
             if not finite:
-                raise ModelFileError(path, f"tensor {g.name!r} holds NaN or infinite values; such weights only "
-                                           f"give garbage: re-download or re-convert it")
+                raise _not_finite(path, g.name)
             return rows
 
         types[dtype] += E * N * K

@@ -212,15 +212,19 @@ def _yarn_scaling(md: dict, arch: str, factor, path: Path) -> dict:
     return scaling
 
 
+# Granite's multipliers: llama.cpp's key (after "ARCH.") for each config.json
+# key, read here and written by gguf_writer.
+GGUF_MULTIPLIERS = {"embedding_multiplier": "embedding_scale", "residual_multiplier": "residual_scale",
+                    "attention_multiplier": "attention.scale", "logits_scaling": "logit_scale"}
+
+
 def _multipliers(md: dict, arch: str, head_dim: int, path: Path) -> dict:
     """Granite's multipliers from llama.cpp's scales, with llama.cpp's
     defaults where a key is absent (its converter leaves out zeros): no
     scaling, and the attention's 1/sqrt(head_dim)."""
     out = {}
-    for key, hf, default in (("embedding_scale", "embedding_multiplier", 1.0),
-                             ("residual_scale", "residual_multiplier", 1.0),
-                             ("attention.scale", "attention_multiplier", head_dim ** -0.5),
-                             ("logit_scale", "logits_scaling", 1.0)):
+    for hf, key in GGUF_MULTIPLIERS.items():
+        default = head_dim ** -0.5 if hf == "attention_multiplier" else 1.0
         value = md.get(f"{arch}.{key}")
         if value is not None and not value > 0:
             raise ConversionError(path, f"{arch}.{key} is {value}; it must be positive")

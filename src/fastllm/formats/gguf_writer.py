@@ -26,7 +26,7 @@ from ..errors import ModelFileError
 from ..families import GGUF_ARCHITECTURES
 from . import quants
 from .gguf import OutputExistsError, progress_fn
-from .gguf_config import GEMMA_GGUF, GGUF_NO_ROPE_INTERVAL
+from .gguf_config import GEMMA_GGUF, GGUF_MULTIPLIERS, GGUF_NO_ROPE_INTERVAL
 from .gguf_file import ConversionError
 from .gguf_tensors import gguf_names, reshaped, slices, to_gguf_values
 from .gguf_tokenizer import (PRE_TOKENIZERS, TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_UNUSED,
@@ -102,10 +102,8 @@ def _hyperparameters(w, cfg: ModelConfig, folder: Path) -> dict:
     if cfg.family.linear_attention:
         _linear_attention(w, cfg, folder)
     if cfg.family.multipliers:
-        w.add_embedding_scale(cfg.embedding_multiplier)
-        w.add_residual_scale(cfg.residual_multiplier)
-        w.add_attention_scale(cfg.attention_multiplier)
-        w.add_logit_scale(cfg.logits_scaling)
+        for hf, key in GGUF_MULTIPLIERS.items():
+            w.add_float32(f"{w.arch}.{key}", getattr(cfg, hf))
     if w.arch in GEMMA_GGUF:
         _gemma_keys(w, cfg, folder)
     if cfg.no_rope_layers is not None and cfg.no_rope_layers != no_rope_layers(
