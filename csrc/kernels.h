@@ -77,7 +77,27 @@ extern const FlmKernels *flm_kernels;
 void flm_kernels_init(void);
 int flm_kernels_select(const char *name);
 
-/* ---- What the paths' kernels share (kernels.c, kernels_arm64.c) */
+/* ---- The paths kernels.c chooses among */
+
+/* The portable path (kernels_generic.c). */
+extern const FlmKernels flm_kernels_generic;
+/* This architecture's paths (kernels_x86.c, kernels_arm64.c), widest
+ * first, NULL-ended; whether this CPU can run path k; and the table as
+ * this CPU runs it (an AVX-512 CPU without VNNI takes AVX2's int8 matmul). */
+extern const FlmKernels *const flm_arch_paths[];
+int flm_arch_supported(const FlmKernels *k);
+void flm_arch_adapt(FlmKernels *k);
+
+/* The portable kernels that SIMD paths keep where they have no faster form. */
+float flm_exp_sum_generic(float *x, int n, float max);
+float flm_scale_max_generic(float *x, int n, float s);
+void flm_scale_generic(float *x, int n, float s);
+void flm_delta_rule_generic(float *S, const float *q, const float *k, const float *v, float beta, float decay,
+                            int dk, int dv, float *o);
+void flm_rmsnorm_generic(float *out, const float *x, const float *weight, int n, float eps);
+void flm_silu_mul_generic(float *g, const float *u, int n);
+
+/* ---- What the paths' kernels share (kernels_generic.c, kernels_x86.c, kernels_arm64.c) */
 
 /* GeLU's tanh approximation, its terms in the order PyTorch's CPU kernel
  * takes them. */

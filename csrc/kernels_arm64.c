@@ -3,8 +3,8 @@
  * kernels), the opt-in BFDOT matmul, and CPU feature detection. Each output
  * is summed in one fixed order, whatever the number of tokens, panels or
  * threads, as on x86: a chain of multiply-adds per block of 32 k, the
- * block sums added in order. The tables are in kernels.c, beside the
- * portable RMSNorm that they keep. */
+ * block sums added in order. Then the paths' tables, which keep the
+ * portable RMSNorm, and their CPU checks (kernels.c chooses among them). */
 #include <math.h>
 #include <string.h>
 
@@ -512,5 +512,77 @@ UNFUSED void flm_conv_silu_neon(float *x, size_t ldx, int T, float *win, size_t 
     else if (K == 4) conv_groups(x, ldx, T, win, ldw, w, 4, n);
     else conv_groups(x, ldx, T, win, ldw, w, K, n);
 }
+
+/* ------------------------------------------------------------- the paths */
+
+/* The paths differ in their int8 kernels (quant_arm64.c) and in how bf16
+ * weights multiply; the float kernels are shared (kernels_arm64.c).
+ * RMSNorm stays portable: a NEON sum of squares, rounded differently,
+ * moved int8 activations by whole steps (Q6_K beside a Gated DeltaNet
+ * layer in test_core.c) for a kernel that costs little anyway. */
+#define ARM_FLOAT_KERNELS                                                                               \
+    .key_scores = flm_key_scores_neon, .exp_sum = flm_exp_sum_neon, .scale_max = flm_scale_max_neon,    \
+    .scale = flm_scale_neon, .weighted_sum = flm_weighted_sum_neon, .delta_rule = flm_delta_rule_neon,  \
+    .conv_silu = flm_conv_silu_neon, .rmsnorm = flm_rmsnorm_generic, .silu_mul = flm_silu_mul_neon,         \
+    .gelu_tanh_mul = flm_gelu_tanh_mul_neon, .softcap_max = flm_softcap_max_neon, .token_block = 60
+
+static const FlmKernels kernels_neon = {
+    .name = "neon",
+    .gemm_f32 = flm_gemm_f32_neon,
+    .gemm_bf16 = flm_gemm_bf16_neon,
+    .to_bf16 = NULL,
+    .int8_name = "neon",
+    .qgemm = flm_qgemm_neon,
+    .quantize_q8 = flm_quantize_q8_neon,
+    ARM_FLOAT_KERNELS,
+};
+static const FlmKernels kernels_dotprod = {
+    .name = "dotprod",
+    .gemm_f32 = flm_gemm_f32_neon,
+    .gemm_bf16 = flm_gemm_bf16_neon,
+    .to_bf16 = NULL,
+    .int8_name = "dotprod",
+    .qgemm = flm_qgemm_dotprod,
+    .quantize_q8 = flm_quantize_q8_neon,
+    ARM_FLOAT_KERNELS,
+};
+static const FlmKernels kernels_i8mm = {
+    .name = "i8mm",
+    .gemm_f32 = flm_gemm_f32_neon,
+    .gemm_bf16 = flm_gemm_bf16_neon,
+    .to_bf16 = NULL,
+    .int8_name = "i8mm",
+    .qgemm = flm_qgemm_i8mm,
+    .quantize_q8 = flm_quantize_q8_neon,
+    ARM_FLOAT_KERNELS,
+};
+/* BF16 dot products: bf16 weights take bf16 activations, as avx512_bf16.
+ * Every CPU with BF16 so far (Armv8.6: Graviton 3, Neoverse V1 and N2,
+ * Apple M2) has i8mm too, and the path asks for both. */
+static const FlmKernels kernels_neon_bf16 = {
+    .name = "neon_bf16",
+    .gemm_f32 = flm_gemm_f32_neon,
+    .gemm_bf16 = flm_gemm_bf16_bfdot,
+    .to_bf16 = flm_to_bf16_neon,
+    .int8_name = "i8mm",
+    .qgemm = flm_qgemm_i8mm,
+    .quantize_q8 = flm_quantize_q8_neon,
+    ARM_FLOAT_KERNELS,
+};
+
+/* ---- The paths, as kernels.c chooses among them */
+
+const FlmKernels *const flm_arch_paths[] = {&kernels_neon_bf16, &kernels_i8mm, &kernels_dotprod, &kernels_neon, NULL};
+
+int flm_arch_supported(const FlmKernels *k) {
+    const int f = flm_arm64_features();
+    if (k == &kernels_neon) return 1;
+    if (k == &kernels_dotprod) return (f & FLM_ARM_DOTPROD) != 0;
+    if (k == &kernels_i8mm) return (f & FLM_ARM_DOTPROD) && (f & FLM_ARM_I8MM);
+    if (k == &kernels_neon_bf16) return (f & FLM_ARM_DOTPROD) && (f & FLM_ARM_I8MM) && (f & FLM_ARM_BF16);
+    return 0;
+}
+
+void flm_arch_adapt(FlmKernels *k) { (void)k; }
 
 #endif

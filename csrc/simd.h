@@ -1,7 +1,8 @@
-/* What the SIMD kernels (kernels.c, gemm.c) share: the target attributes
- * that compile one function for one instruction set, and the lane mask of
- * a vector's tail. Nothing is built with -march: each path is compiled by
- * attribute and called only once kernels.c has checked the CPU has it. */
+/* What the x86 SIMD kernels (kernels_x86.c, gemm.c, quant.c) share: the
+ * target attributes that compile one function for one instruction set, and
+ * the lane mask of a vector's tail. Nothing is built with -march: each path
+ * is compiled by attribute and called only once kernels_x86.c has checked
+ * the CPU has it. */
 #ifndef FASTLLM_SIMD_H
 #define FASTLLM_SIMD_H
 

@@ -13,8 +13,7 @@
  *    against the fp32 matmul of the dequantized matrix (bit for bit), and
  *    whole models as above.
  * Everything it allocates is freed, so it runs clean under LeakSanitizer.
- * Build: cc -O2 -fopenmp csrc/fastllm.c csrc/kernels.c csrc/gemm.c csrc/quant.c csrc/kernels_arm64.c \
- *        csrc/quant_arm64.c csrc/test_core.c -lm
+ * Build: cc -O2 -fopenmp, every csrc .c file but the tests, csrc/test_core.c, -lm
  * (aarch64 under emulation: tests/arm64.sh) */
 #include <math.h>
 #include <stdio.h>

@@ -183,7 +183,7 @@ def test_wheel_elf_is_stripped(tmp_path):
 SDIST_REQUIRED = (
     "pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "LICENSE",
     "csrc/fastllm.h", "csrc/kernels.h", "csrc/fastllm.c", "csrc/gemm.c", "csrc/kernels.c",
-    "csrc/test_core.c",
+    "csrc/kernels_generic.c", "csrc/kernels_x86.c", "csrc/kernels_arm64.c", "csrc/test_core.c",
     "src/fastllm/__init__.py", "src/fastllm/_core.pyx", "src/fastllm/_bpe.pyx",
     "src/fastllm/cfastllm.pxd",
     "tests/conftest.py", "tests/test_packaging.py", "tests/data/smoke.py",
