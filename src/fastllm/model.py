@@ -300,9 +300,14 @@ class Model:
         self.draft_max = 16
         self._drafters = {}   # the default session's drafters, kept from call to call
         self._session = Session(self)
-        self._lock = threading.Lock()   # held while the default session is in use
-        self._holder = None             # the thread that holds it
-        self._parked = False            # held by a generator waiting for its reader
+        # The default session is taken by setting _owner under _guard, a
+        # lock held only inside a `with` of a few lines: a Ctrl-C (any
+        # signal's exception) can land right after a lock's acquire()
+        # returns and leave a lock taken for good, not a `with` block.
+        self._guard = threading.Lock()
+        self._owner = None              # the token of the call using the default session
+        self._holder = None             # the thread of that call
+        self._parked = False            # the owner is a generator waiting for its reader
 
     # ------------------------------------------------------------- loading
 
@@ -456,23 +461,32 @@ class Model:
             with session.held():
                 yield session
             return
-        # (a Ctrl-C inside the finally below can leave _holder set after
-        # the lock is released: only a held lock counts)
-        if self._holder == threading.get_ident() and self._lock.locked():
+        me = threading.get_ident()
+        if self._holder == me:
             raise RuntimeError("this thread is already generating on the model's default session: "
                                "finish or close that generator first, or pass session=model.new_session()")
-        while not self._lock.acquire(timeout=0.05):
-            if self._parked:
-                with self.new_session().held() as own:
-                    yield own
-                return
+        token = object()
         try:
-            self._holder = threading.get_ident()
-            yield self._session
+            while True:
+                with self._guard:
+                    if self._owner is None:
+                        self._owner, self._holder = token, me
+                    parked = self._parked
+                if self._owner is token or parked:
+                    break
+                # a poll: threading.Event and Condition hold locks of their
+                # own outside a `with`, which an interrupt can leave taken
+                time.sleep(0.001)
+            if self._owner is token:
+                yield self._session
+                return
         finally:
-            self._holder = None
-            self._parked = False
-            self._lock.release()
+            if self._owner is token:
+                with self._guard:
+                    self._owner = self._holder = None
+                    self._parked = False
+        with self.new_session().held() as own:
+            yield own
 
     def logits(self, token_ids, session: Session | None = None) -> np.ndarray:
         """Logits of every position of token_ids run from position 0,
