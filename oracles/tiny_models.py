@@ -108,6 +108,15 @@ SHAPES["granite"] = dict(model_type="granite", hidden_size=64, intermediate_size
                          num_attention_heads=4, num_key_value_heads=2, vocab_size=300, embedding_multiplier=12.0,
                          residual_multiplier=0.22, attention_multiplier=0.0078125, logits_scaling=2.0,
                          tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+# Seed-OSS: q/k/v biases, a head size apart from hidden/heads; as llama.cpp
+# can hold it (no output or MLP biases), and with those biases (folders only).
+SHAPES["seed_oss"] = dict(model_type="seed_oss", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=24, vocab_size=300,
+                          attention_bias=True, attention_out_bias=False, mlp_bias=False,
+                          tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+SHAPES["seed_oss-biases"] = dict(SHAPES["seed_oss"], num_hidden_layers=3, num_key_value_heads=1, head_dim=32,
+                                 attention_bias=False, attention_out_bias=True, mlp_bias=True,
+                                 tie_word_embeddings=True)
 SHAPES["olmo2"] = dict(model_type="olmo2", hidden_size=64, intermediate_size=128, num_hidden_layers=3,
                        num_attention_heads=4, num_key_value_heads=2, vocab_size=300, tie_word_embeddings=False,
                        bos_token_id=1, eos_token_id=2, pad_token_id=0)

@@ -1,10 +1,12 @@
-"""SmolLM3, Granite and OLMo 2: switches of the one layer, against transformers.
+"""SmolLM3, Granite, OLMo 2 and Seed-OSS: switches of the one layer, against transformers.
 
 * smollm3: layers without RoPE (NoPE) among rotated ones;
 * granite: embedding, residual and attention multipliers and the logits'
   divisor, each far from 1;
 * olmo2: norms of the attention's and the MLP's outputs instead of their
-  inputs, and q/k norms over the whole projection.
+  inputs, and q/k norms over the whole projection;
+* seed_oss: the output projection's bias under a key of its own, a head
+  size apart from hidden/heads (a family that is one row of families.py).
 
 The tiny checkpoints are oracles/tiny_models.py's (test_tiny_models.py
 runs them too); the bounds are those of oracles/hf_reference.py. The GGUF
@@ -30,7 +32,7 @@ from oracles.splits import assert_same_bits_however_split
 from oracles.tiny_models import with_config
 
 DATA = Path(__file__).parent / "data" / "coverage-gguf"
-KINDS = ["smollm3-nope", "smollm3", "granite", "olmo2"]
+KINDS = ["smollm3-nope", "smollm3", "granite", "olmo2", "seed_oss", "seed_oss-biases"]
 PATHS = ["generic", "avx2", "avx512"]
 # config.json changes that turn a family's switches off: transformers' logits
 # then leave the bound, so the comparisons check what the switches do.
@@ -38,6 +40,8 @@ SWITCHED_OFF = {
     "smollm3-nope": dict(no_rope_layers=[1] * 5),
     "smollm3": dict(no_rope_layers=[1] * 4),
     "granite": dict(embedding_multiplier=1.0, residual_multiplier=1.0, logits_scaling=1.0),
+    "seed_oss": dict(attention_bias=False),
+    "seed_oss-biases": dict(attention_out_bias=False, mlp_bias=False),
 }
 
 
@@ -51,6 +55,10 @@ def test_switches_read_from_config(tiny_model_dir):
             granite.logits_scaling) == (12.0, 0.22, 0.0078125, 2.0)
     olmo = Model.from_pretrained(tiny_model_dir("olmo2")).config
     assert (olmo.pre_norms, olmo.post_norms, olmo.qk_norm_whole) == (False, True, True)
+    seed = Model.from_pretrained(tiny_model_dir("seed_oss")).config
+    assert (seed.attention_bias, seed.o_bias, seed.mlp_bias, seed.head_dim) == (True, False, False, 24)
+    seed = Model.from_pretrained(tiny_model_dir("seed_oss-biases")).config
+    assert (seed.attention_bias, seed.o_bias, seed.mlp_bias, seed.head_dim) == (False, True, True, 32)
 
 
 @pytest.mark.parametrize("kind, shown", [
@@ -114,7 +122,7 @@ def test_bad_switch_settings_are_refused(kind, changes, message, tiny_model_dir,
 
 # ------------------------------------------------------------------ GGUF
 
-GGUF_KINDS = ["smollm3", "granite", "olmo2"]
+GGUF_KINDS = ["smollm3", "granite", "olmo2", "seed_oss"]
 
 
 def reference(kind):
@@ -167,6 +175,11 @@ def test_export_equals_llama_cpp_converter(kind, tmp_path):
 def test_export_refuses_nope_layers_llama_cpp_cannot_say(tiny_model_dir, tmp_path):
     with pytest.raises(ConversionError, match="llama.cpp skips RoPE in every 4th layer"):
         export_gguf(tiny_model_dir("smollm3-nope"), tmp_path / "x.gguf", "f32")
+
+
+def test_export_refuses_biases_llama_cpp_cannot_load(tiny_model_dir, tmp_path):
+    with pytest.raises(ConversionError, match="seed_oss has no bias of the output projection"):
+        export_gguf(tiny_model_dir("seed_oss-biases"), tmp_path / "x.gguf", "f32")
 
 
 # ------------------------------------------------------------ chat template

@@ -739,7 +739,10 @@ class ModelConfig:
             rope_scaling = yarn_scaling(rope_scaling, raw, path)
         # transformers scales queries whatever the rope type (from the rope parameters).
         query_scale = query_position_scaling(rope_scaling or rope_params, path) if fam.query_position_scale else {}
-        for key in ("tie_word_embeddings", "attention_bias", "mlp_bias"):
+        switches = ("attention_bias", "o_bias", "mlp_bias")
+        keys = {"tie_word_embeddings", "attention_bias", "mlp_bias"} | {
+            getattr(fam, name) for name in switches if isinstance(getattr(fam, name), str)}
+        for key in sorted(keys):
             if raw.get(key) is not None and not isinstance(raw[key], bool):
                 raise ModelFileError(path, f"{key} must be true or false, got {raw[key]!r}")
         cfg = cls(
@@ -757,7 +760,7 @@ class ModelConfig:
             rope_scaling=rope_scaling,
             partial_rotary_factor=float(prf),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            **{name: fam.switch(name, raw) for name in ("attention_bias", "o_bias", "mlp_bias")},
+            **{name: fam.switch(name, raw) for name in switches},
             qk_norm=fam.qk_norm,
             bos_token_id=bos,
             eos_token_id=eos,

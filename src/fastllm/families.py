@@ -60,6 +60,10 @@ class Family:
     gguf_export: str | None = None       # written to GGUF as this llama.cpp architecture, which imports
                                          # as another model_type (a Mistral is a llama there)
     gguf_qk_interleaved: bool = False    # llama.cpp stores each Q/K head's rotary halves interleaved
+    gguf_tensors: dict = field(default_factory=dict)   # schema field -> llama.cpp's name under blk.N.,
+                                                       # where this architecture's differs
+    gguf_refuse: dict = field(default_factory=dict)    # ModelConfig switch that llama.cpp's architecture
+                                                       # cannot load when true: why (on export)
     gguf_head_dim: bool = True           # HF's config can say head_dim (else it must be hidden/heads)
     gguf_longrope: bool = False          # llama.cpp's rope_factors_long/short tensors (LongRoPE),
                                          # partial rotary and a sliding window in the metadata
@@ -142,8 +146,11 @@ _MIXTRAL_NAMES = {"w_router": "block_sparse_moe.gate.weight",
                   "w_exp_gate": "block_sparse_moe.experts.{e}.w1.weight",
                   "w_exp_up": "block_sparse_moe.experts.{e}.w3.weight",
                   "w_exp_down": "block_sparse_moe.experts.{e}.w2.weight"}
+# llama.cpp's name for the norm before the MLP in architectures that list it
+# as the attention's post-norm.
+_FFN_NORM_AS_POST_ATTENTION = {"ffn_norm": "post_attention_norm.weight"}
 _QWEN35 = dict(qk_norm=True, norm_plus_one=True, attn_output_gate=True, linear_attention=True,
-               partial_rotary_factor=0.25, untie_with_head=True)
+               partial_rotary_factor=0.25, untie_with_head=True, gguf_tensors=_FFN_NORM_AS_POST_ATTENTION)
 
 FAMILIES = {
     "llama": Family("LlamaForCausalLM", attention_bias="attention_bias", o_bias="attention_bias",
@@ -183,6 +190,14 @@ FAMILIES = {
     "granite": Family("GraniteForCausalLM", attention_bias="attention_bias", o_bias="attention_bias",
                       mlp_bias="mlp_bias", multipliers=True, gguf=True, gguf_qk_interleaved=True,
                       gguf_head_dim=False),
+    # Seed-OSS: Llama with a switch of its own for the output projection's
+    # bias and a head size apart from hidden/heads; llama.cpp's seed_oss
+    # loads neither that bias nor the MLP's.
+    "seed_oss": Family("SeedOssForCausalLM", attention_bias="attention_bias", o_bias="attention_out_bias",
+                       mlp_bias="mlp_bias", gguf=True, gguf_tensors=_FFN_NORM_AS_POST_ATTENTION,
+                       gguf_refuse={"o_bias": "llama.cpp's seed_oss has no bias of the output projection",
+                                    "mlp_bias": "llama.cpp's seed_oss has no MLP biases"},
+                       defaults=dict(attention_bias=True, head_dim=128)),
     "olmo2": Family("Olmo2ForCausalLM", attention_bias="attention_bias", o_bias="attention_bias",
                     qk_norm=True, qk_norm_whole=True, pre_norms=False, post_norms=True, gguf=True,
                     gguf_head_dim=False),

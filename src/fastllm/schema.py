@@ -189,9 +189,6 @@ FUSED_GATE_UP_EXPERTS = _t("gate_up_exps", "mlp.experts.{e}.gate_up_proj.weight"
                            lambda c: (c.num_experts, 2 * c.moe_intermediate_size, c.hidden_size), True,
                            ffn=EXPERTS, experts=True, parts=("w_exp_gate", "w_exp_up"))
 BY_FIELD = {t.field: t for t in LAYER + MODEL}
-# Where an architecture's GGUF files name a tensor otherwise, by model_type.
-GGUF_RENAMED = {"qwen3_5_text": {"ffn_norm": "post_attention_norm.weight"},
-                "qwen3_5_moe_text": {"ffn_norm": "post_attention_norm.weight"}}
 
 
 def layer_tensors(cfg, kind: str, ffn: str = DENSE) -> list:
@@ -251,7 +248,7 @@ def hf_shape(t: Tensor, cfg) -> tuple:
 
 def gguf_name(t: Tensor, cfg) -> str | None:
     """The tensor's llama.cpp name (under blk.N. for a layer's) in cfg's architecture."""
-    return GGUF_RENAMED.get(cfg.model_type, {}).get(t.field, t.gguf)
+    return cfg.family.gguf_tensors.get(t.field, t.gguf)
 
 
 def gguf_shape(t: Tensor, cfg) -> tuple:

@@ -478,6 +478,9 @@ def export_gguf(folder: PathLike, out_path: PathLike, mix: str = "f32",
     if cfg.gemma4_layers:
         raise ConversionError(folder / "config.json", f"model_type {cfg.model_type!r} cannot be written to GGUF "
                                                       "by fastllm yet (llama.cpp's converter writes it)")
+    for switch, why in cfg.family.gguf_refuse.items():
+        if getattr(cfg, switch):
+            raise ConversionError(folder / "config.json", f"{why}: this model cannot be written to GGUF")
     windowed = sum(1 for i in range(cfg.num_hidden_layers) if cfg.attention_window(i))
     if windowed and not cfg.family.gguf_longrope and arch not in GEMMA_GGUF:
         import warnings

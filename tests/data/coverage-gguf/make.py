@@ -1,10 +1,10 @@
-"""GGUF files of tiny SmolLM3, Granite and OLMo 2 checkpoints, as llama.cpp's
-converter writes them, for tests/test_coverage_switches.py.
+"""GGUF files of tiny SmolLM3, Granite, OLMo 2 and Seed-OSS checkpoints, as
+llama.cpp's converter writes them, for tests/test_coverage_switches.py.
 
-    PYTHONPATH=/path/to/llama.cpp/gguf-py python make.py /path/to/llama.cpp/convert_hf_to_gguf.py
+    PYTHONPATH=/path/to/llama.cpp/gguf-py python make.py /path/to/llama.cpp/convert_hf_to_gguf.py [KIND ...]
 
-For each of oracles/tiny_models.py's shapes "smollm3", "granite" and
-"olmo2": makes the checkpoint, gives it a tiny byte-level BPE tokenizer
+For each of oracles/tiny_models.py's shapes "smollm3", "granite", "olmo2"
+and "seed_oss" (or the KINDs named): makes the checkpoint, gives it a tiny byte-level BPE tokenizer
 (oracles/bpe_gguf_vocabs.py's), converts it to <kind>.gguf (F32) and
 writes <kind>.npz, transformers' float64 logits on the folder for a fixed
 prompt (ids, logits), which the test holds fastllm's results against.
@@ -30,7 +30,7 @@ from oracles.bpe_gguf_vocabs import trained_family_tokenizer  # noqa: E402
 from oracles.hf_reference import hf_logits, load_hf  # noqa: E402
 from oracles.tiny_models import SHAPES, make_tiny_model  # noqa: E402
 
-KINDS = ["smollm3", "granite", "olmo2"]
+KINDS = ["smollm3", "granite", "olmo2", "seed_oss"]
 
 
 def prompt(vocab: int) -> list:
@@ -61,7 +61,7 @@ def convert(converter: Path, folder: Path, out: Path) -> None:
 if __name__ == "__main__":
     converter = Path(sys.argv[1]).resolve()
     with tempfile.TemporaryDirectory() as tmp:
-        for kind in KINDS:
+        for kind in sys.argv[2:] or KINDS:
             folder = make_tiny_model(kind, Path(tmp) / kind)
             vocab = SHAPES[kind]["vocab_size"]
             tokenizer(folder, vocab - 20)
