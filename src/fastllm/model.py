@@ -14,11 +14,12 @@ from typing import Iterator
 
 import numpy as np
 
-from . import _core
+from . import _core, schema
 from .config import KV_DTYPES, ModelConfig
 from .end_of_generation import end_of_generation_ids, finish_reason
 from .errors import ModelFileError
 from .formats.gguf import read_gguf_model
+from .formats.safetensors import Checkpoint
 from .sampling import (Constraint, Sampler, SamplingParams, as_params, check_generation_config, generation_defaults,
                        read_generation_config)
 from .session import Session
@@ -102,30 +103,27 @@ def check_sizes(config: ModelConfig, folder: Path):
     """ModelFileError unless the checkpoint's tensors (read from the file
     headers alone) have the shapes config.json implies: a config whose
     sizes are absurd is refused before anything is allocated from them."""
-    from . import schema
-    from .formats.safetensors import Checkpoint
-
-    ck = Checkpoint(folder)
-    # Every layer has tensors of its own: a count past them is refused
-    # before anything is worked out per layer.
-    if config.num_hidden_layers > len(ck.where):
-        raise ModelFileError(config.path or folder, f"num_hidden_layers is {config.num_hidden_layers}, but the "
-                                                    f"checkpoint beside it holds only {len(ck.where)} tensors")
-    wanted = [(schema.hf_name(schema.EMBED, config), schema.hf_shape(schema.EMBED, config))]
-    wanted += [(schema.hf_name(t, config), schema.hf_shape(t, config))
-               for t in schema.PER_LAYER_MODEL if getattr(config, t.switch)]
-    for i, lc in enumerate(config.layer_configs()):
-        wanted += [entry for t in schema.file_tensors(lc, config.layer_kind(i), config.layer_ffn(i))
-                   for entry in schema.hf_entries(t, lc, i)]
-    seen = set()
-    for name, shape in wanted:
-        if name in seen:   # the attention gate is read from q_proj, checked with it
-            continue
-        seen.add(name)
-        f = ck.file_of(name)
-        if f.shape(name) != shape:
-            raise ModelFileError(f.path, f"tensor {name!r} has shape {list(f.shape(name))}, "
-                                         f"config.json implies {list(shape)}")
+    with Checkpoint(folder) as ck:
+        # Every layer has tensors of its own: a count past them is refused
+        # before anything is worked out per layer.
+        if config.num_hidden_layers > len(ck.where):
+            raise ModelFileError(config.path or folder, f"num_hidden_layers is {config.num_hidden_layers}, but the "
+                                                        f"checkpoint beside it holds only {len(ck.where)} tensors")
+        wanted = [(schema.hf_name(schema.EMBED, config), schema.hf_shape(schema.EMBED, config))]
+        wanted += [(schema.hf_name(t, config), schema.hf_shape(t, config))
+                   for t in schema.PER_LAYER_MODEL if getattr(config, t.switch)]
+        for i, lc in enumerate(config.layer_configs()):
+            wanted += [entry for t in schema.file_tensors(lc, config.layer_kind(i), config.layer_ffn(i))
+                       for entry in schema.hf_entries(t, lc, i)]
+        seen = set()
+        for name, shape in wanted:
+            if name in seen:   # the attention gate is read from q_proj, checked with it
+                continue
+            seen.add(name)
+            f = ck.file_of(name)
+            if f.shape(name) != shape:
+                raise ModelFileError(f.path, f"tensor {name!r} has shape {list(f.shape(name))}, "
+                                             f"config.json implies {list(shape)}")
 
 
 # The default context is the model's max_position_embeddings up to this many

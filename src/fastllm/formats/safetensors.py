@@ -133,6 +133,16 @@ class SafetensorsFile:
     def keys(self):
         return list(self._entries)
 
+    def close(self):
+        """Close the file; views raw() gave stay valid (the map holds its own reference)."""
+        self._file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
     def __contains__(self, name):
         return name in self._entries
 
@@ -269,6 +279,16 @@ class Checkpoint:
 
     def __contains__(self, name):
         return name in self.where
+
+    def close(self):
+        for f in self.files.values():
+            f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     def file_of(self, name) -> SafetensorsFile:
         try:
