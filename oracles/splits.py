@@ -44,12 +44,13 @@ def assert_same_bits_however_split(folder, load: dict) -> None:
         assert np.array_equal(got, alone.extend(after)), "in a batch, at another position"
 
 
-def assert_same_bits_for_thread_counts(folder, n_tokens: int, threads=(2, 3)) -> None:
-    """The logits of a prompt of n_tokens with each thread count, bit for bit as with one."""
+def assert_same_bits_for_thread_counts(folder, n_tokens: int, threads=(2, 3), vocab: int | None = None) -> None:
+    """The logits of a prompt of n_tokens (ids below vocab, the model's own
+    vocabulary when None) with each thread count, bit for bit as with one."""
     from fastllm import Model
 
     model = Model.from_pretrained(folder, threads=1)
-    ids = _prompt(model.config.vocab_size, n_tokens, seed=6)
+    ids = _prompt(vocab or model.config.vocab_size, n_tokens, seed=6)
     one = model.logits(ids)
     for n in threads:
         assert np.array_equal(Model.from_pretrained(folder, threads=n).logits(ids), one), f"{n} threads"

@@ -302,6 +302,18 @@ def with_config(folder, out, **changes) -> Path:
     (out / "config.json").write_text(json.dumps(cfg))
     return out
 
+
+def with_rope(folder, out, **changes) -> Path:
+    """A copy of the checkpoint in folder at out, the rope_parameters of its
+    (text model's) config changed."""
+    import json
+    raw = json.loads((Path(folder) / "config.json").read_text())
+    text = raw.get("text_config", raw)
+    params = dict(text["rope_parameters"], **changes)
+    if "text_config" in raw:
+        return with_config(folder, out, text_config=dict(text, rope_parameters=params))
+    return with_config(folder, out, rope_parameters=params)
+
 # Ministral 3: YaRN (factor 8, its original context of 24 shorter than the
 # longer prompts) and queries scaled by position past each multiple of it
 # (llama_4_scaling_beta far from 0.1 so that the step shows); the mistral3

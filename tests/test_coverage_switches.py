@@ -9,40 +9,22 @@
   size apart from hidden/heads (a family that is one row of families.py).
 
 The tiny checkpoints are oracles/tiny_models.py's (test_tiny_models.py
-runs them too); the bounds are those of oracles/hf_reference.py. The GGUF
-files under tests/data/coverage-gguf are llama.cpp's converter's output for
-the same shapes, with transformers' logits on the folder they were made
-from (make.py there writes both).
+runs them too). Their logits and greedy decoding against transformers, with
+each switch turned off, split, batched and threaded, and the GGUF files
+under tests/data/coverage-gguf (llama.cpp's converter's output for the same
+shapes, make.py there), are the "coverage" row of test_conformance.py; this
+file keeps what is the families' own: their config, refusals and template.
 """
 import re
-from pathlib import Path
 
-import gguf
-import numpy as np
 import pytest
 
 from fastllm import Model
 from fastllm.cli import main
 from fastllm.errors import ModelFileError
-from fastllm.formats.gguf import ConversionError, convert_gguf
+from fastllm.formats.gguf import ConversionError
 from fastllm.formats.gguf_writer import export_gguf
-from oracles.hf_reference import (compare_greedy, hf_greedy, hf_logits, load_hf, logits_against_transformers,
-                                  random_prompt as prompt, within)
-from oracles.splits import assert_same_bits_however_split
 from oracles.tiny_models import with_config
-
-DATA = Path(__file__).parent / "data" / "coverage-gguf"
-KINDS = ["smollm3-nope", "smollm3", "granite", "olmo2", "seed_oss", "seed_oss-biases"]
-PATHS = ["generic", "avx2", "avx512"]
-# config.json changes that turn a family's switches off: transformers' logits
-# then leave the bound, so the comparisons check what the switches do.
-SWITCHED_OFF = {
-    "smollm3-nope": dict(no_rope_layers=[1] * 5),
-    "smollm3": dict(no_rope_layers=[1] * 4),
-    "granite": dict(embedding_multiplier=1.0, residual_multiplier=1.0, logits_scaling=1.0),
-    "seed_oss": dict(attention_bias=False),
-    "seed_oss-biases": dict(attention_out_bias=False, mlp_bias=False),
-}
 
 
 def test_switches_read_from_config(tiny_model_dir):
@@ -70,42 +52,6 @@ def test_info_shows_the_switches(kind, shown, tiny_model_dir, capsys):
     assert re.search(shown, capsys.readouterr().out)
 
 
-@pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("kind", KINDS)
-def test_logits_and_greedy_match_transformers(kind, path, tiny_model_dir, simd_path, tmp_path):
-    simd_path(path)
-    folder = tiny_model_dir(kind)
-    ours, ids, got, ratio = logits_against_transformers(folder, 40, f"{path} {kind}")
-    if kind in SWITCHED_OFF:
-        plain = load_hf(with_config(folder, tmp_path / "plain", **SWITCHED_OFF[kind]))
-        assert not within(got, hf_logits(plain, ids))[0], f"{kind}: the switches change nothing"
-
-    want, margins = hf_greedy(load_hf(folder), ids[:7], 40)
-    tokens = list(ours.generate_tokens(ids[:7], 40, stop_token_ids=()))
-    same, compared, diverged = compare_greedy(tokens, want, margins)
-    assert same, f"{path} {kind}: token {diverged} differs with margin {margins[diverged]:.3g}"
-    assert compared >= 8, f"{kind}: only {compared} tokens compared"
-    print(f"{path} {kind}: err/bound {ratio:.3f}, {compared} greedy tokens, "
-          f"smallest margin {min(margins[:compared]):.3g}")
-
-
-@pytest.mark.parametrize("kv_dtype", ["f32", "bf16"])
-@pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("kind", KINDS)
-def test_split_or_batched_prompts_give_the_same_bits(kind, path, kv_dtype, tiny_model_dir, simd_path):
-    simd_path(path)
-    assert_same_bits_however_split(tiny_model_dir(kind), dict(threads=2, kv_dtype=kv_dtype))
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_thread_counts_give_the_same_bits(kind, tiny_model_dir):
-    folder = tiny_model_dir(kind)
-    ids = prompt(200, 37, seed=6)
-    one = Model.from_pretrained(folder, threads=1).logits(ids)
-    for threads in (2, 3):
-        assert np.array_equal(Model.from_pretrained(folder, threads=threads).logits(ids), one), threads
-
-
 @pytest.mark.parametrize("kind, changes, message", [
     ("smollm3", dict(no_rope_layers=[1, 0, 1]), "no_rope_layers must list 1"),
     ("smollm3", dict(no_rope_layers=[1, 2, 1, 0]), "no_rope_layers must list 1"),
@@ -121,55 +67,6 @@ def test_bad_switch_settings_are_refused(kind, changes, message, tiny_model_dir,
 
 
 # ------------------------------------------------------------------ GGUF
-
-GGUF_KINDS = ["smollm3", "granite", "olmo2", "seed_oss"]
-
-
-def reference(kind):
-    data = np.load(DATA / f"{kind}.npz")
-    return data["ids"].tolist(), data["logits"]
-
-
-@pytest.mark.parametrize("dtype", ["gguf", "f32"])
-@pytest.mark.parametrize("kind", GGUF_KINDS)
-def test_llama_cpp_gguf_matches_transformers(kind, dtype, fastllm_home):
-    """The converter's file, run natively (its own tensors) and through the
-    folder it converts to, against transformers on the original folder."""
-    ids, want = reference(kind)
-    ours = Model.from_pretrained(DATA / f"{kind}.gguf", dtype=dtype, threads=2)
-    ok, err, ratio = within(ours.logits(ids), want)
-    assert ok, f"{kind} {dtype}: max |err| {err:.3g} exceeds the bound"
-
-
-@pytest.mark.parametrize("kind", GGUF_KINDS)
-def test_converted_folder_runs_in_transformers(kind, tmp_path):
-    """The config.json fastllm writes for the file says to transformers what
-    the file says to llama.cpp (llama.cpp's NoPE layers, Granite's scales)."""
-    ids, want = reference(kind)
-    folder = convert_gguf(DATA / f"{kind}.gguf", tmp_path / kind, progress=False)
-    ok, err, _ = within(hf_logits(load_hf(folder), ids), want)
-    assert ok, f"{kind}: max |err| {err:.3g}"
-
-
-def _fields(path):
-    r = gguf.GGUFReader(str(path))
-    arch = r.fields["general.architecture"].contents()
-    md = {f.name: f.contents() for f in r.fields.values() if f.name.startswith(arch + ".")}
-    return md, {t.name: np.array(t.data) for t in r.tensors}
-
-
-@pytest.mark.parametrize("kind", GGUF_KINDS)
-def test_export_equals_llama_cpp_converter(kind, tmp_path):
-    """fastllm convert FOLDER OUT.gguf writes the converter's tensors, bit
-    for bit, and its hyperparameters."""
-    folder = convert_gguf(DATA / f"{kind}.gguf", tmp_path / kind, progress=False)
-    out = export_gguf(folder, tmp_path / f"{kind}.gguf", "f32")
-    want_md, want_tensors = _fields(DATA / f"{kind}.gguf")
-    got_md, got_tensors = _fields(out)
-    assert {k: got_md.get(k) for k in want_md} == want_md
-    assert got_tensors.keys() == want_tensors.keys()
-    for name, value in want_tensors.items():
-        assert np.array_equal(got_tensors[name], value), name
 
 
 def test_export_refuses_nope_layers_llama_cpp_cannot_say(tiny_model_dir, tmp_path):

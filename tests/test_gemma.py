@@ -13,13 +13,14 @@ The tiny checkpoints are oracles/tiny_models.py's (test_tiny_models.py runs
 them too); the bounds are those of oracles/hf_reference.py. The GGUF files
 under tests/data/gemma-gguf are llama.cpp's converter's output for like
 shapes, with transformers' logits on the folder they were made from
-(make.py there writes both).
+(make.py there writes both). The tests every family passes (logits and
+greedy decoding against transformers with each switch turned off, splits,
+batches and threads, the converter's files, export) are the "gemma" row of
+test_conformance.py; this file keeps what is Gemma's own.
 """
 import re
-import warnings
 from pathlib import Path
 
-import gguf
 import numpy as np
 import pytest
 
@@ -30,27 +31,13 @@ from fastllm.config import ModelConfig
 from fastllm.errors import ModelFileError
 from fastllm.formats.gguf import ConversionError, convert_gguf
 from fastllm.formats.gguf_writer import export_gguf
-from oracles.hf_reference import (compare_greedy, hf_greedy, hf_logits, load_hf, logits_against_transformers,
-                                  random_prompt as prompt, within)
-from oracles.splits import assert_same_bits_however_split
+from oracles.gguf_files import arch_fields_and_tensors
+from oracles.hf_reference import hf_logits, load_hf, random_prompt as prompt, within
 from oracles.tiny_models import with_config
 
-KINDS = ["gemma2", "gemma3-text", "gemma3-wrapper"]
 PATHS = ["generic", "avx2", "avx512"]
-# config.json changes that each turn one switch off: transformers' logits
-# then leave the bound, so the comparisons check what each switch does
-# (the caps are reached, the window is shorter than the prompt, the local
-# layers' RoPE and the global layers' scaling matter).
 GEMMA3_ROPE = {"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0},
                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}
-SWITCHED_OFF = {
-    "gemma2": [dict(attn_logit_softcapping=None), dict(final_logit_softcapping=None),
-               dict(sliding_window=512)],
-    "gemma3-text": [dict(rope_parameters=dict(GEMMA3_ROPE, sliding_attention=GEMMA3_ROPE["full_attention"])),
-                    dict(rope_parameters=dict(GEMMA3_ROPE, full_attention={"rope_type": "default",
-                                                                           "rope_theta": 10000.0})),
-                    dict(layer_types=["full_attention"] * 5)],
-}
 
 
 def test_switches_read_from_config(tiny_model_dir):
@@ -138,25 +125,6 @@ def test_info_shows_the_switches(tiny_model_dir, capsys):
     assert re.search(r"sliding layers' RoPE +rope_theta 100.0, rope_scaling None\n", out)
 
 
-@pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("kind", KINDS)
-def test_logits_and_greedy_match_transformers(kind, path, tiny_model_dir, simd_path, tmp_path):
-    simd_path(path)
-    folder = tiny_model_dir(kind)
-    ours, ids, got, ratio = logits_against_transformers(folder, 40, f"{path} {kind}")
-    for i, changes in enumerate(SWITCHED_OFF.get(kind, [])):
-        plain = load_hf(with_config(folder, tmp_path / f"off{i}", **changes))
-        assert not within(got, hf_logits(plain, ids))[0], f"{kind}: {changes} changes nothing"
-
-    want, margins = hf_greedy(load_hf(folder), ids[:7], 40)
-    tokens = list(ours.generate_tokens(ids[:7], 40, stop_token_ids=()))
-    same, compared, diverged = compare_greedy(tokens, want, margins)
-    assert same, f"{path} {kind}: token {diverged} differs with margin {margins[diverged]:.3g}"
-    assert compared >= 8, f"{kind}: only {compared} tokens compared"
-    print(f"{path} {kind}: err/bound {ratio:.3f}, {compared} greedy tokens, "
-          f"smallest margin {min(margins[:compared]):.3g}")
-
-
 @pytest.mark.parametrize("path", PATHS[1:])
 def test_simd_paths_stay_near_the_portable_one(path, tiny_model_dir, simd_path):
     """The GeLU and soft-cap kernels of each path against the portable
@@ -168,25 +136,6 @@ def test_simd_paths_stay_near_the_portable_one(path, tiny_model_dir, simd_path):
     simd_path(path)
     ok, err, _ = within(Model.from_pretrained(folder, threads=2).logits(ids), portable, atol=1e-5, rtol=1e-5)
     assert ok, f"{path}: {err:.3g} from the portable path"
-
-
-@pytest.mark.parametrize("kv_dtype", ["f32", "bf16"])
-@pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("kind", KINDS)
-def test_split_or_batched_prompts_give_the_same_bits(kind, path, kv_dtype, tiny_model_dir, simd_path):
-    simd_path(path)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")   # the wrapper's notice
-        assert_same_bits_however_split(tiny_model_dir(kind), dict(threads=2, kv_dtype=kv_dtype))
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_thread_counts_give_the_same_bits(kind, tiny_model_dir):
-    folder = tiny_model_dir(kind)
-    ids = prompt(256, 37, seed=6)
-    one = Model.from_pretrained(folder, threads=1).logits(ids)
-    for threads in (2, 3):
-        assert np.array_equal(Model.from_pretrained(folder, threads=threads).logits(ids), one), threads
 
 
 @pytest.mark.parametrize("kind, changes, message", [
@@ -300,23 +249,11 @@ def test_chat_templates_render_as_transformers(template, messages, add_generatio
 # ------------------------------------------------------------------ GGUF
 
 DATA = Path(__file__).parent / "data" / "gemma-gguf"
-GGUF_KINDS = ["gemma2", "gemma3"]
 
 
 def reference(kind):
     data = np.load(DATA / f"{kind}.npz")
     return data["ids"].tolist(), data["logits"]
-
-
-@pytest.mark.parametrize("dtype", ["gguf", "f32"])
-@pytest.mark.parametrize("kind", GGUF_KINDS)
-def test_llama_cpp_gguf_matches_transformers(kind, dtype, fastllm_home):
-    """The converter's file, run natively (its own tensors) and through the
-    folder it converts to, against transformers on the original folder."""
-    ids, want = reference(kind)
-    ours = Model.from_pretrained(DATA / f"{kind}.gguf", dtype=dtype, threads=2)
-    ok, err, _ = within(ours.logits(ids), want)
-    assert ok, f"{kind} {dtype}: max |err| {err:.3g} exceeds the bound"
 
 
 def test_gguf_switches_are_llama_cpps(fastllm_home):
@@ -331,37 +268,6 @@ def test_gguf_switches_are_llama_cpps(fastllm_home):
     assert (g3.local_rope_theta, g3.rope_theta, g3.rope_scaling) == (100.0, 10000.0, {"rope_type": "linear",
                                                                                       "factor": 4.0})
     assert g3.attn_logit_softcapping is None and g3.final_logit_softcapping is None
-
-
-@pytest.mark.parametrize("kind", GGUF_KINDS)
-def test_converted_folder_runs_in_transformers(kind, tmp_path):
-    """The config.json fastllm writes for the file says to transformers what
-    the file says to llama.cpp."""
-    ids, want = reference(kind)
-    folder = convert_gguf(DATA / f"{kind}.gguf", tmp_path / kind, progress=False)
-    ok, err, _ = within(hf_logits(load_hf(folder), ids), want)
-    assert ok, f"{kind}: max |err| {err:.3g}"
-
-
-def _fields(path):
-    r = gguf.GGUFReader(str(path))
-    arch = r.fields["general.architecture"].contents()
-    md = {f.name: f.contents() for f in r.fields.values() if f.name.startswith(arch + ".")}
-    return md, {t.name: np.array(t.data) for t in r.tensors}
-
-
-@pytest.mark.parametrize("kind", GGUF_KINDS)
-def test_export_equals_llama_cpp_converter(kind, tmp_path):
-    """fastllm convert FOLDER OUT.gguf writes the converter's tensors (norms
-    as 1 + w), bit for bit, and its hyperparameters."""
-    folder = convert_gguf(DATA / f"{kind}.gguf", tmp_path / kind, progress=False)
-    out = export_gguf(folder, tmp_path / f"{kind}.gguf", "f32")
-    want_md, want_tensors = _fields(DATA / f"{kind}.gguf")
-    got_md, got_tensors = _fields(out)
-    assert {k: got_md.get(k) for k in want_md} == want_md
-    assert got_tensors.keys() == want_tensors.keys()
-    for name, value in want_tensors.items():
-        assert np.array_equal(got_tensors[name], value), name
 
 
 @pytest.mark.parametrize("kind, changes, message", [
@@ -386,7 +292,7 @@ def test_export_writes_a_window_pattern_llama_cpp_would_not_assume(tmp_path, fas
     folder = with_config(folder, tmp_path / "every-third",
                          layer_types=["sliding_attention" if s else "full_attention" for s in pattern])
     out = export_gguf(folder, tmp_path / "g3.gguf", "f32")
-    md, _ = _fields(out)
+    md, _ = arch_fields_and_tensors(out)
     assert md["gemma3.attention.sliding_window_pattern"] == pattern
     ids, _ = reference("gemma3")
     ours = Model.from_pretrained(out, threads=2)

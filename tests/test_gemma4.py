@@ -15,6 +15,10 @@ transformers:
 The tiny checkpoints are oracles/tiny_models.py's; the bounds are those of
 oracles/hf_reference.py. The GGUF files under tests/data/gemma4-gguf are
 llama.cpp's converter's and llama-quantize's output (make.py there).
+The tests every family passes (logits and greedy decoding against
+transformers with each switch turned off, splits, batches and threads, the
+converter's file) are the "gemma4" row of test_conformance.py; this file
+keeps what is Gemma 4's own.
 """
 import json
 import warnings
@@ -29,19 +33,10 @@ from fastllm.config import ModelConfig
 from fastllm.errors import ModelFileError
 from fastllm.formats.gguf import ConversionError, convert_gguf
 from fastllm.formats.gguf_writer import export_gguf
-from oracles.hf_reference import (compare_greedy, hf_greedy, hf_logits, load_hf, logits_against_transformers,
-                                  random_prompt as prompt, within)
-from oracles.splits import assert_same_bits_however_split
+from oracles.hf_reference import hf_logits, load_hf, random_prompt as prompt, within
 from oracles.tiny_models import with_config
 
-KINDS = ["gemma4-text", "gemma4-wrapper"]
-PATHS = ["generic", "avx2", "avx512"]
 DATA = Path(__file__).parent / "data" / "gemma4-gguf"
-# config.json changes that each turn one switch off: transformers' logits
-# then leave the bound, so the comparisons check what each does.
-FULL_ROTARY = {"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
-               "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 1.0, "rope_theta": 10000.0}}
-SWITCHED_OFF = [dict(final_logit_softcapping=None), dict(sliding_window=512), dict(rope_parameters=FULL_ROTARY)]
 
 
 @pytest.fixture(autouse=True)
@@ -95,44 +90,6 @@ def test_keys_left_out_take_transformers_defaults():
         k: v for k, v in full.items() if k != "rope_theta"})
 
 
-@pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("kind", KINDS)
-def test_logits_and_greedy_match_transformers(kind, path, tiny_model_dir, simd_path, tmp_path):
-    simd_path(path)
-    folder = tiny_model_dir(kind)
-    ours, ids, got, ratio = logits_against_transformers(folder, 40, f"{path} {kind}")
-    for i, changes in enumerate(SWITCHED_OFF if kind == "gemma4-text" else []):
-        plain = load_hf(with_config(folder, tmp_path / f"off{i}", **changes))
-        assert not within(got, hf_logits(plain, ids))[0], f"{kind}: {changes} changes nothing"
-
-    want, margins = hf_greedy(load_hf(folder), ids[:7], 40)
-    tokens = list(ours.generate_tokens(ids[:7], 40, stop_token_ids=()))
-    same, compared, diverged = compare_greedy(tokens, want, margins)
-    assert same, f"{path} {kind}: token {diverged} differs with margin {margins[diverged]:.3g}"
-    assert compared >= 8, f"{kind}: only {compared} tokens compared"
-    print(f"{path} {kind}: err/bound {ratio:.3f}, {compared} greedy tokens, "
-          f"smallest margin {min(margins[:compared]):.3g}")
-
-
-@pytest.mark.parametrize("kv_dtype", ["f32", "bf16"])
-@pytest.mark.parametrize("path", PATHS)
-def test_split_or_batched_prompts_give_the_same_bits(path, kv_dtype, tiny_model_dir, simd_path):
-    """Layers that read another layer's cache, and per-layer inputs, give
-    the same bits however the tokens are split or batched."""
-    simd_path(path)
-    assert_same_bits_however_split(tiny_model_dir("gemma4-text"), dict(threads=2, kv_dtype=kv_dtype))
-
-
-def test_thread_counts_give_the_same_bits(tiny_model_dir):
-    folder = tiny_model_dir("gemma4-text")
-    ids = prompt(320, 37, seed=6)
-    one = Model.from_pretrained(folder, threads=1).logits(ids)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")   # more threads than this machine's CPUs
-        for threads in (2, 3):
-            assert np.array_equal(Model.from_pretrained(folder, threads=threads).logits(ids), one), threads
-
-
 def test_the_mixture_of_experts_block_is_refused(tiny_model_dir, tmp_path):
     folder = with_config(tiny_model_dir("gemma4-text"), tmp_path / "moe", enable_moe_block=True, num_experts=4,
                          top_k_experts=2, moe_intermediate_size=32)
@@ -160,21 +117,6 @@ def test_bad_settings_are_refused(changes, message, tiny_model_dir, tmp_path):
 # ------------------------------------------------------------------ GGUF
 
 
-def reference():
-    data = np.load(DATA / "gemma4.npz")
-    return data["ids"].tolist(), data["logits"]
-
-
-@pytest.mark.parametrize("dtype", ["gguf", "f32"])
-def test_llama_cpp_gguf_matches_transformers(dtype, fastllm_home):
-    """The converter's file, run natively (its own tensors) and through the
-    folder it converts to, against transformers on the original folder."""
-    ids, want = reference()
-    ours = Model.from_pretrained(DATA / "gemma4.gguf", dtype=dtype, threads=2)
-    ok, err, _ = within(ours.logits(ids), want)
-    assert ok, f"{dtype}: max |err| {err:.3g} exceeds the bound"
-
-
 def test_gguf_switches_are_the_folders(fastllm_home):
     cfg = Model.from_pretrained(DATA / "gemma4.gguf").config
     views = cfg.layer_configs()
@@ -183,15 +125,6 @@ def test_gguf_switches_are_the_folders(fastllm_home):
     assert [cfg.kv_layer(i) for i in range(6)] == [0, 1, 2, 3, 2, 3]   # as llama.cpp shares them
     assert (cfg.attention_k_eq_v, cfg.hidden_size_per_layer_input, cfg.final_logit_softcapping) == (True, 16, 4.0)
     assert views[1].rope_scaling == {"rope_type": "proportional", "partial_rotary_factor": 0.25}
-
-
-def test_converted_folder_runs_in_transformers(tmp_path):
-    """The config.json fastllm writes for the file says to transformers what
-    the file says to llama.cpp."""
-    ids, want = reference()
-    folder = convert_gguf(DATA / "gemma4.gguf", tmp_path / "g4", progress=False)
-    ok, err, _ = within(hf_logits(load_hf(folder), ids), want)
-    assert ok, f"max |err| {err:.3g}"
 
 
 def test_q4_k_m_gguf_matches_its_dequantized_folder(tmp_path):

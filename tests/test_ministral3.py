@@ -13,6 +13,10 @@ The tiny checkpoints are oracles/tiny_models.py's; their original context
 query scaling's steps are reached. The bounds are oracles/hf_reference.py's.
 The GGUF files under tests/data/ministral3-gguf are llama.cpp's converter's
 output for like shapes, with transformers' logits (make.py there writes both).
+The tests every family passes (logits and greedy decoding against
+transformers with each switch turned off, splits, batches and threads, the
+converter's files, export) are the "ministral3" row of test_conformance.py;
+this file keeps what is Ministral 3's own.
 """
 import json
 import re
@@ -27,26 +31,12 @@ from fastllm import Model
 from fastllm.cli import main
 from fastllm.config import ModelConfig
 from fastllm.errors import ModelFileError
-from fastllm.formats.gguf import ConversionError, convert_gguf
+from fastllm.formats.gguf import ConversionError
 from fastllm.formats.gguf_writer import export_gguf
 from oracles.bpe_gguf_vocabs import trained_family_tokenizer
-from oracles.gguf_files import arch_fields_and_tensors
-from oracles.hf_reference import (compare_greedy, hf_greedy, hf_logits, load_hf, logits_against_transformers,
-                                  random_prompt as prompt, within)
-from oracles.splits import assert_same_bits_for_thread_counts, assert_same_bits_however_split
+from oracles.hf_reference import hf_logits, load_hf, random_prompt as prompt, within
 from oracles.tiny_chat_models import MINISTRAL3_LIKE_TEMPLATE
-from oracles.tiny_models import with_config
-
-KINDS = ["ministral3", "mistral3-wrapper"]
-PATHS = ["generic", "avx2", "avx512"]
-# Changes of the rope parameters that each turn one switch off: transformers'
-# logits then leave the bound, so the comparisons check what each one does.
-SWITCHED_OFF = {
-    "ministral3": [dict(rope_type="default", type="default"), dict(llama_4_scaling_beta=0.0),
-                   dict(factor=2.0)],
-    "mistral3-wrapper": [dict(mscale=1.0, mscale_all_dim=1.0), dict(llama_4_scaling_beta=0.0),
-                         dict(beta_slow=0.25)],
-}
+from oracles.tiny_models import with_config, with_rope
 
 
 @pytest.fixture(autouse=True)
@@ -55,16 +45,6 @@ def _quiet_wrapper_notice():
         warnings.filterwarnings("ignore", message=".*mistral3 checkpoint: running its text model")
         warnings.filterwarnings("ignore", message=".*RoPE scaling factor")
         yield
-
-
-def with_rope(folder, out, **changes):
-    """A copy of the checkpoint with its (text model's) rope_parameters changed."""
-    raw = json.loads((folder / "config.json").read_text())
-    text = raw.get("text_config", raw)
-    params = dict(text["rope_parameters"], **changes)
-    if "text_config" in raw:
-        return with_config(folder, out, text_config=dict(text, rope_parameters=params))
-    return with_config(folder, out, rope_parameters=params)
 
 
 def test_switches_read_from_config(tiny_model_dir):
@@ -128,25 +108,6 @@ def test_a_mistral_text_model_in_the_wrapper_runs_as_mistral():
     assert (cfg.model_type, cfg.query_scale_beta, cfg.rope_scaling) == ("mistral", 0.0, None)
 
 
-@pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("kind", KINDS)
-def test_logits_and_greedy_match_transformers(kind, path, tiny_model_dir, simd_path, tmp_path):
-    simd_path(path)
-    folder = tiny_model_dir(kind)
-    ours, ids, got, ratio = logits_against_transformers(folder, 70, f"{path} {kind}")
-    for i, changes in enumerate(SWITCHED_OFF[kind]):
-        plain = load_hf(with_rope(folder, tmp_path / f"off{i}", **changes))
-        assert not within(got, hf_logits(plain, ids))[0], f"{kind}: {changes} changes nothing"
-
-    want, margins = hf_greedy(load_hf(folder), ids[:7], 50)
-    tokens = list(ours.generate_tokens(ids[:7], 50, stop_token_ids=()))
-    same, compared, diverged = compare_greedy(tokens, want, margins)
-    assert same, f"{path} {kind}: token {diverged} differs with margin {margins[diverged]:.3g}"
-    assert compared >= 8, f"{kind}: only {compared} tokens compared"
-    print(f"{path} {kind}: err/bound {ratio:.3f}, {compared} greedy tokens, "
-          f"smallest margin {min(margins[:compared]):.3g}")
-
-
 def test_the_wrapper_window_matters(tiny_model_dir, tmp_path):
     folder = tiny_model_dir("mistral3-wrapper")
     ids = prompt(256, 60, seed=2)
@@ -154,19 +115,6 @@ def test_the_wrapper_window_matters(tiny_model_dir, tmp_path):
     text = json.loads((folder / "config.json").read_text())["text_config"]
     plain = load_hf(with_config(folder, tmp_path / "nowindow", text_config=dict(text, sliding_window=None)))
     assert not within(got, hf_logits(plain, ids))[0]
-
-
-@pytest.mark.parametrize("kv_dtype", ["f32", "bf16"])
-@pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("kind", KINDS)
-def test_split_or_batched_prompts_give_the_same_bits(kind, path, kv_dtype, tiny_model_dir, simd_path):
-    simd_path(path)
-    assert_same_bits_however_split(tiny_model_dir(kind), dict(threads=2, kv_dtype=kv_dtype))
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_thread_counts_give_the_same_bits(kind, tiny_model_dir):
-    assert_same_bits_for_thread_counts(tiny_model_dir(kind), 57)   # past two query-scaling steps
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -185,23 +133,6 @@ def test_bad_settings_are_refused(changes, message, tiny_model_dir, tmp_path):
 # ------------------------------------------------------------------ GGUF
 
 DATA = Path(__file__).parent / "data" / "ministral3-gguf"
-
-
-@pytest.mark.parametrize("dtype", ["gguf", "f32"])
-@pytest.mark.parametrize("kind", KINDS)
-def test_llama_cpp_gguf_matches_transformers(kind, dtype, fastllm_home):
-    """The converter's file (arch mistral3), run natively and through the
-    folder it converts to, against transformers on the folder it was made
-    from - with mscale 1, as llama.cpp runs it: the file holds no mscale.
-    The wrapper's folder says 1.3, which moves transformers' logits out of
-    the bound."""
-    data = np.load(DATA / f"{kind}.npz")
-    ids = data["ids"].tolist()
-    got = Model.from_pretrained(DATA / f"{kind}.gguf", dtype=dtype, threads=2).logits(ids)
-    ok, err, _ = within(got, data["logits"])
-    assert ok, f"{kind} {dtype}: max |err| {err:.3g} exceeds the bound"
-    if kind == "mistral3-wrapper":
-        assert not within(got, data["folder_logits"])[0]
 
 
 def test_gguf_switches_are_llama_cpps(fastllm_home):
@@ -248,20 +179,6 @@ def test_gguf_yarn_attention_factor_is_llama_cpps():
     assert plain.rope_scaling["attention_factor"] == pytest.approx(derived)
     scaled = config_of_metadata(**yarn, **{"mistral3.rope.scaling.attn_factor": 1.25})
     assert scaled.rope_scaling["attention_factor"] == pytest.approx(derived * 1.25)
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_export_equals_llama_cpp_converter(kind, tmp_path, fastllm_home):
-    """fastllm convert FOLDER OUT.gguf writes the converter's YaRN and
-    query-scaling keys and its tensors, bit for bit."""
-    folder = convert_gguf(DATA / f"{kind}.gguf", tmp_path / kind, progress=False)
-    out = export_gguf(folder, tmp_path / f"{kind}.gguf", "f32")
-    want_md, want_tensors = arch_fields_and_tensors(DATA / f"{kind}.gguf")
-    got_md, got_tensors = arch_fields_and_tensors(out)
-    assert {k: got_md.get(k) for k in want_md} == want_md
-    assert got_tensors.keys() == want_tensors.keys()
-    for name, value in want_tensors.items():
-        assert np.array_equal(got_tensors[name], value), name
 
 
 @pytest.mark.parametrize("changes", [dict(mscale=1.3, mscale_all_dim=0.7), dict(attention_factor=0.9),

@@ -3,7 +3,11 @@ against transformers, and its results however a prompt is split or batched.
 
 Windows are far shorter than the prompts (5, 6, 17 and 19 positions against
 40 and 45 tokens), so most queries see only part of what came before. The
-bounds are those of test_tiny_models.py (oracles/hf_reference.py).
+bounds are those of test_tiny_models.py (oracles/hf_reference.py). The
+tests every family passes (logits and greedy decoding against transformers,
+and without the window, past it; splits and batches) are the
+"sliding-window" row of test_conformance.py; this file keeps what is the
+windows' own.
 """
 import re
 
@@ -13,9 +17,7 @@ import pytest
 from fastllm import Model
 from fastllm.cli import main
 from fastllm.errors import ModelFileError
-from oracles.hf_reference import (compare_greedy, hf_greedy, hf_logits, load_hf, logits_against_transformers,
-                                  random_prompt as prompt, within)
-from oracles.splits import assert_same_bits_however_split
+from oracles.hf_reference import hf_logits, load_hf, random_prompt as prompt, within
 from oracles.tiny_models import with_config
 
 KINDS = ["mistral-swa", "mistral-headdim", "qwen2-swa", "qwen3-swa"]
@@ -36,36 +38,6 @@ def test_layers_slide_as_transformers_says(kind, tiny_model_dir, capsys):
     sliding = sum(w > 0 for w in windows)
     shown = f"sliding window +{max(windows)} positions, in {sliding} of {len(windows)} layers\n"
     assert re.search(shown, capsys.readouterr().out)
-
-
-@pytest.mark.parametrize("path", ["generic", "avx2", "avx512"])
-@pytest.mark.parametrize("kind", KINDS)
-def test_logits_and_greedy_match_transformers_past_the_window(kind, path, tiny_model_dir, simd_path, tmp_path):
-    simd_path(path)
-    folder = tiny_model_dir(kind)
-    ours, ids, got, ratio = logits_against_transformers(folder, 40, f"{path} {kind}")
-    # The same model attending to the whole context is far outside the
-    # bound: the window is what the comparison checks.
-    whole = load_hf(edited(folder, tmp_path, sliding_window=None, use_sliding_window=False, layer_types=None))
-    assert not within(got, hf_logits(whole, ids))[0], f"{kind}: the window changes nothing"
-
-    want, margins = hf_greedy(load_hf(folder), ids[:7], 40)
-    tokens = list(ours.generate_tokens(ids[:7], 40, stop_token_ids=()))
-    same, compared, diverged = compare_greedy(tokens, want, margins)
-    assert same, f"{path} {kind}: token {diverged} differs with margin {margins[diverged]:.3g}"
-    assert compared > max(WINDOWS[kind]), f"{kind}: only {compared} tokens compared, within the window"
-    print(f"{path} {kind}: err/bound {ratio:.3f}, {compared} greedy tokens, "
-          f"smallest margin {min(margins[:compared]):.3g}")
-
-
-@pytest.mark.parametrize("kv_dtype", ["f32", "bf16"])
-@pytest.mark.parametrize("path", ["generic", "avx2", "avx512"])
-@pytest.mark.parametrize("kind", ["mistral-swa", "qwen2-swa", "mistral-headdim"])
-def test_split_or_batched_prompts_give_the_same_bits(kind, path, kv_dtype, tiny_model_dir, simd_path):
-    """Whole, in chunks of the work buffers, in uneven calls, token by token,
-    and beside other sequences in one pass: the same logits, bit for bit."""
-    simd_path(path)
-    assert_same_bits_however_split(tiny_model_dir(kind), dict(threads=2, kv_dtype=kv_dtype))
 
 
 @pytest.mark.parametrize("path", ["generic", "avx2", "avx512"])

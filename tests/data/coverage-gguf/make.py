@@ -1,5 +1,5 @@
 """GGUF files of tiny SmolLM3, Granite, OLMo 2 and Seed-OSS checkpoints, as
-llama.cpp's converter writes them, for tests/test_coverage_switches.py.
+llama.cpp's converter writes them, for tests/test_conformance.py.
 
     PYTHONPATH=/path/to/llama.cpp/gguf-py python make.py /path/to/llama.cpp/convert_hf_to_gguf.py [KIND ...]
 

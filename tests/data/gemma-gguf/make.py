@@ -1,5 +1,5 @@
 """GGUF files of tiny Gemma 2 and Gemma 3 checkpoints, as llama.cpp's
-converter writes them, for tests/test_gemma.py.
+converter writes them, for tests/test_conformance.py and test_gemma.py.
 
     PYTHONPATH=/path/to/llama.cpp/gguf-py python make.py /path/to/llama.cpp/convert_hf_to_gguf.py
 

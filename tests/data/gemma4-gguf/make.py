@@ -1,5 +1,5 @@
 """GGUF files of tiny Gemma 4 checkpoints, as llama.cpp's converter and
-llama-quantize write them, for tests/test_gemma4.py.
+llama-quantize write them, for tests/test_conformance.py and test_gemma4.py.
 
     python make.py /path/to/llama.cpp
 

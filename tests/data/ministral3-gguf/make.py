@@ -1,5 +1,5 @@
 """GGUF files of tiny Ministral 3 checkpoints, as llama.cpp's converter
-writes them (arch mistral3), for tests/test_ministral3.py.
+writes them (arch mistral3), for tests/test_conformance.py and test_ministral3.py.
 
     PYTHONPATH=/path/to/llama.cpp/gguf-py python make.py /path/to/llama.cpp/convert_hf_to_gguf.py
 
