@@ -155,13 +155,13 @@ csrc = [os.path.join("csrc", f) for f in sorted(os.listdir("csrc"))
 
 extensions = [
     Extension(
-        "fastllm._core",
-        sources=["src/fastllm/_core.pyx"] + csrc,
+        "fastllm.core._core",
+        sources=["src/fastllm/core/_core.pyx"] + csrc,
         include_dirs=["csrc", np.get_include()],
         depends=[os.path.join("csrc", f) for f in sorted(os.listdir("csrc")) if f.endswith(".h")],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     ),
-    Extension("fastllm._bpe", sources=["src/fastllm/_bpe.pyx"]),
+    Extension("fastllm.tokenizer._bpe", sources=["src/fastllm/tokenizer/_bpe.pyx"]),
 ]
 
 setup(

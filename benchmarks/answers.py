@@ -121,7 +121,7 @@ def main():
     parser.add_argument("--json", default=None, help="write the replies here")
     args = parser.parse_args()
     from fastllm import Model
-    from fastllm.hub import default_gguf_path
+    from fastllm.load.hub import default_gguf_path
     model = Model.from_pretrained(threads=1, n_ctx=1024)
     runs = {"fastllm int8 (default)": fastllm_replies("int8"),
             "fastllm f32 activations": fastllm_replies("f32"),

@@ -125,7 +125,7 @@ class FastllmRunner:
     def set_threads(self, t: int) -> None:
         self.model.threads = t
 
-    # The same calls as fastllm.bench.bench_model; that function brings a
+    # The same calls as fastllm.cli.bench.bench_model; that function brings a
     # warm-up run with each call, which the interleaving cannot afford.
     def pp(self, tokens: np.ndarray) -> float:
         self.session.reset()
@@ -400,7 +400,7 @@ def verify_gguf(gguf_path: Path, folder: Path, dtype: str) -> str:
     fastllm loads it: float32 values, or for bf16 the nearest-even bf16 bits
     fastllm computes. Returns a one-line summary; raises on a difference."""
     import gguf
-    from fastllm.config import ModelConfig
+    from fastllm.spec.config import ModelConfig
     from fastllm.formats.gguf_tensors import gguf_names, unpermute
     from fastllm.formats.safetensors import Checkpoint, f32_to_bf16
 
@@ -566,8 +566,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from fastllm import _core
-    from fastllm.hub import cache_dir, default_gguf_path, default_model_dir
+    from fastllm.core import _core
+    from fastllm.load.hub import cache_dir, default_gguf_path, default_model_dir
 
     command = shlex.join(getattr(sys, "orig_argv", None) or [sys.executable] + sys.argv)
     folder = Path(args.model) if args.model else default_model_dir()
@@ -615,7 +615,7 @@ def main(argv=None) -> int:
                 raise SystemExit(f"llama.cpp would see other weights than fastllm: {e}\n"
                                  "(--no-verify compares them anyway)")
 
-    from fastllm.config import ModelConfig
+    from fastllm.spec.config import ModelConfig
     config = ModelConfig.from_file(folder / "config.json")
     n_params = config.n_params()
     n_ctx = max(args.n_prompt, args.n_gen, 1)

@@ -58,7 +58,7 @@ phase "checkpoints and GGUF files ready; waiting for the build"
 wait $BUILD
 cat "$OUT/build.log" >&2
 LB=$T/llb/bin/llama-bench
-python3 -c "import fastllm._core" || { echo "the fastllm extension did not build" >&2; exit 1; }
+python3 -c "import fastllm.core._core" || { echo "the fastllm extension did not build" >&2; exit 1; }
 [ -x "$LB" ] || echo "no llama-bench at $LB: llama.cpp is left out" >&2
 
 # The C core alone, before the engines side by side (benchmarks/kernels_run.sh).

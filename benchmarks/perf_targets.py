@@ -97,7 +97,8 @@ def worker_load(path: str, threads: int, fresh: bool) -> None:
     give a one-token prompt's logits; fresh: its cache file deleted first."""
     import resource
 
-    from fastllm import Model, pack_cache
+    from fastllm import Model
+    from fastllm.load import pack_cache
     if fresh:
         for p in pack_cache.folder().glob(Path(path).name[:64] + "-*" + pack_cache.SUFFIX):
             p.unlink()
@@ -124,7 +125,7 @@ def fastllm_load(path: Path, threads: int, env: dict, fresh: bool = False) -> di
 def context_mib(path: Path, n_ctx: int) -> float:
     """fastllm's f32 KV cache at n_ctx (attention layers) and recurrent
     state (linear-attention layers) for the model of a GGUF file."""
-    from fastllm import schema
+    from fastllm.spec import schema
     from fastllm.formats.gguf import read_gguf_model
     cfg = read_gguf_model(path).config
     total = 0

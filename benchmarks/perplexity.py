@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from fastllm import Model
-from fastllm import perplexity
+from fastllm.cli import perplexity
 
 _NUMBER = r"([-\d.]+)"
 _KLD_MAGIC = b"_logits_"

@@ -22,7 +22,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fastllm import Model, SamplingParams, _core  # noqa: E402
+from fastllm import Model, SamplingParams  # noqa: E402
+from fastllm.core import _core  # noqa: E402
 
 PATHS = ("generic", "avx2", "avx512", "avx512_bf16")
 
@@ -33,7 +34,7 @@ def token_ids(vocab, n=40, seed=0):
 
 def model_folders(tmp):
     from oracles.tiny_models import SHAPES, make_tiny_model
-    from fastllm.hub import default_model_dir
+    from fastllm.load.hub import default_model_dir
     for kind in SHAPES:
         yield kind, make_tiny_model(kind, Path(tmp) / kind)
     yield "smollm2", Path(default_model_dir())

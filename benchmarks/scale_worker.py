@@ -40,7 +40,8 @@ def timed(run, n: int, reps: int) -> dict:
 
 def bench_fastllm(folder, dtype, threads, pp, tg, reps):
     import fastllm
-    from fastllm import Model, _core, _openmp
+    from fastllm import Model
+    from fastllm.core import _core, _openmp
     t0 = time.perf_counter()
     # SCALE_KV_DTYPE picks the KV cache (f32, bf16, f16); FASTLLM_SIMD the path.
     model = Model.from_pretrained(folder, n_ctx=max(pp, tg, 1), threads=threads, dtype=dtype,

@@ -38,8 +38,8 @@ import openai
 def fastllm_server(args):
     import uvicorn
     from fastllm import Model
-    from fastllm.server import create_app
-    from fastllm.serving import BatchEngine
+    from fastllm.serve.server import create_app
+    from fastllm.serve.serving import BatchEngine
     model = Model.from_pretrained(args.model, n_ctx=args.ctx, threads=args.threads)
     engine = BatchEngine(model, parallel=args.parallel, max_queue=256)
     sock = socket.socket()

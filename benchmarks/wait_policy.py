@@ -21,7 +21,7 @@ import sys
 import time
 
 # Environment of each setting. "fastllm default" leaves the variables unset,
-# so fastllm picks its own default (fastllm/_openmp.py).
+# so fastllm picks its own default (fastllm/core/_openmp.py).
 SETTINGS = {
     "fastllm default": {},
     "passive": {"OMP_WAIT_POLICY": "passive"},

@@ -13,7 +13,7 @@ def _prompt(vocab, n, seed):
 def assert_same_bits_however_split(folder, load: dict) -> None:
     """load: Model.from_pretrained's keyword arguments (threads, kv_dtype)."""
     from fastllm import Model
-    from fastllm.session import extend_together
+    from fastllm.generate.session import extend_together
 
     model = Model.from_pretrained(folder, **load)
     ids = _prompt(model.config.vocab_size, 45, seed=2)

@@ -105,7 +105,7 @@ DEFAULT_VOCAB_SIZE = 2000
 
 def lee_corpus_lines() -> list[str]:
     """The non-empty lines of the Lee corpus that gensim ships."""
-    from fastllm.perplexity import corpus_text
+    from fastllm.cli.perplexity import corpus_text
     return [line for line in corpus_text().splitlines() if line.strip()]
 
 

@@ -47,7 +47,8 @@ INT8_TOP1, INT8_KL, INT8_CLEAR_MARGIN = 0.94, 0.01, 1.0
 
 
 def run(path_name, model_path, out, threads=1):
-    from fastllm import Model, _core
+    from fastllm import Model
+    from fastllm.core import _core
     got = _core.simd_path()
     assert got == path_name, f"the CPU runs the {got} path, not {path_name}"
     saved = {"path": path_name, "int8_path": _core.int8_path(), "threads": threads}

@@ -25,7 +25,7 @@ TIMEOUT=${ARM64_TIMEOUT:-900}
 PY=${PYTHON:-python}
 WORK=$(mktemp -d /tmp/fastllm-arm64-python.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
-MODEL=${1:-$($PY -c "from fastllm.hub import default_gguf_path; print(default_gguf_path())")}
+MODEL=${1:-$($PY -c "from fastllm.load.hub import default_gguf_path; print(default_gguf_path())")}
 
 bash tests/arm64_sysroot.sh "$WORK"
 SYSROOT=$WORK/sysroot

@@ -53,13 +53,13 @@ find "$WORK/pkg" \( -name '*.so' -o -name '*.c' -o -name '__pycache__' \) -prune
 # build adds (-fwrapv -fno-strict-aliasing -DNDEBUG).
 CFLAGS="-shared -fPIC -DNDEBUG -fwrapv -fno-strict-aliasing -O3 -g0 -fno-fast-math -ffp-contract=off -std=gnu11
         -fopenmp -I$SYSROOT/usr/include -I$SYSROOT/usr/include/python3.11"
-for mod in _core _bpe; do
-    $PY -m cython -3 -X boundscheck=False -X wraparound=False -I src "src/fastllm/$mod.pyx" -o "$WORK/build/$mod.c"
+for mod in core/_core tokenizer/_bpe; do
+    $PY -m cython -3 -X boundscheck=False -X wraparound=False -I src "src/fastllm/$mod.pyx" -o "$WORK/build/${mod#*/}.c"
 done
 # shellcheck disable=SC2086
 $CC $CFLAGS -Icsrc -I"$WORK/site/numpy/_core/include" -DNPY_NO_DEPRECATED_API=NPY_1_7_API_VERSION \
-    "$WORK/build/_core.c" $(ls csrc/*.c | grep -v /test_) -lm -o "$WORK/pkg/fastllm/_core.cpython-311-aarch64-linux-gnu.so" \
+    "$WORK/build/_core.c" $(ls csrc/*.c | grep -v /test_) -lm -o "$WORK/pkg/fastllm/core/_core.cpython-311-aarch64-linux-gnu.so" \
     2> "$WORK/build.log" || { cat "$WORK/build.log"; exit 1; }
 # shellcheck disable=SC2086
-$CC $CFLAGS "$WORK/build/_bpe.c" -o "$WORK/pkg/fastllm/_bpe.cpython-311-aarch64-linux-gnu.so"
+$CC $CFLAGS "$WORK/build/_bpe.c" -o "$WORK/pkg/fastllm/tokenizer/_bpe.cpython-311-aarch64-linux-gnu.so"
 

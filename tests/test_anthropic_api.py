@@ -13,8 +13,8 @@ pytest.importorskip("llguidance")
 jsonschema = pytest.importorskip("jsonschema")
 
 from fastllm import SamplingParams  # noqa: E402
-from fastllm.anthropic_api import chat_body  # noqa: E402
-from fastllm.openai_api import APIError  # noqa: E402
+from fastllm.serve.anthropic_api import chat_body  # noqa: E402
+from fastllm.serve.openai_api import APIError  # noqa: E402
 from served_models import model, qwen_server, server  # noqa: E402,F401 (fixtures)
 from test_server import running  # noqa: E402
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from fastllm import Model, ModelFileError, SamplingParams
+from fastllm import generate_batch
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +90,7 @@ def test_model_of_a_gguf_file_and_max_tokens_everywhere(model):
     write it, is from_pretrained's model of that file; max_tokens limits
     stream and generate_batch as it does generate; a llama.cpp name for the
     limit is pointed to max_new_tokens."""
-    from fastllm.hub import default_gguf_path
+    from fastllm.load.hub import default_gguf_path
     gguf = str(default_gguf_path())
     door, loaded = Model(gguf, n_ctx=128, threads=2), Model.from_pretrained(gguf, n_ctx=128, threads=2)
     assert door.dtype == loaded.dtype == "q4_1" and door.n_ctx == 128 and door.path == loaded.path
@@ -97,7 +98,7 @@ def test_model_of_a_gguf_file_and_max_tokens_everywhere(model):
     assert door.generate("The sea is", max_tokens=5, temperature=0) == want
     assert loaded.last_stats.generated_tokens == 5
     assert "".join(door.stream("The sea is", max_tokens=5, temperature=0)) == want
-    assert door.generate_batch(["The sea is", "Hello"], max_tokens=5, temperature=0)[0] == want
+    assert generate_batch(door, ["The sea is", "Hello"], max_tokens=5, temperature=0)[0] == want
     with pytest.raises(TypeError, match="unknown setting 'n_predict' \\(the token limit is max_new_tokens\\)"):
         model.generate("hi", n_predict=4)
 
@@ -124,7 +125,7 @@ def test_prompt_longer_than_the_context_is_refused(model):
 
 
 def test_generation_ends_when_the_context_is_full(smollm2_dir):
-    from fastllm.model import ContextFullWarning
+    from fastllm.generate.model import ContextFullWarning
     small = Model.from_pretrained(smollm2_dir, n_ctx=16, threads=2)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

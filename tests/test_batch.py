@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from fastllm import Model
-from fastllm.session import extend_together
+from fastllm.generate.session import extend_together
+from fastllm import generate_batch
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time",
            "<|im_start|>user\nName three colors.<|im_end|>\n<|im_start|>assistant\n"]
@@ -52,9 +53,9 @@ def test_batch_checks_its_inputs(tiny_model_dir):
 def test_generate_batch_equals_generate_alone(smollm2_dir):
     model = Model.from_pretrained(smollm2_dir, n_ctx=256, threads=2)
     for settings in ({"temperature": 0}, {"temperature": 0.8, "top_p": 0.9, "seed": 3}):
-        batch = model.generate_batch(PROMPTS, 24, **settings)
+        batch = generate_batch(model, PROMPTS, 24, **settings)
         alone = [model.generate(p, 24, **settings) for p in PROMPTS]
         assert batch == alone, settings
     # A stop string cuts each continuation where generate would stop.
-    assert model.generate_batch(PROMPTS[:2], 24, stop="\n") == \
+    assert generate_batch(model, PROMPTS[:2], 24, stop="\n") == \
         [model.generate(p, 24, stop="\n") for p in PROMPTS[:2]]

@@ -11,7 +11,7 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from fastllm.chat_template import TemplateError
+from fastllm.tokenizer.chat_template import TemplateError
 from fastllm.tokenizer import Tokenizer
 from oracles import qwen_tokenizers as qt
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from fastllm import FastLLMError, Model, SamplingParams
-from fastllm import cli
-from fastllm.model import ContextFullWarning
-from fastllm.sampling import GenerationConfigError
+from fastllm.cli import main as cli
+from fastllm.generate.model import ContextFullWarning
+from fastllm.generate.sampling import GenerationConfigError
 from fastllm.tokenizer import _bytes_to_unicode  # GPT-2's byte -> character table
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -108,7 +108,7 @@ def test_cli_defaults():
 
 
 def test_convert_defaults_to_f32():
-    from fastllm import hub
+    from fastllm.load import hub
     from fastllm.formats import gguf as convert
     assert convert.DEFAULT_DTYPE == "f32"
     assert inspect.signature(convert.convert_gguf).parameters["dtype"].default == "f32"
@@ -271,7 +271,7 @@ def test_context_full_cli_notice(tiny_dir):
     assert "Traceback" not in out.stderr
 
 
-@pytest.mark.filterwarnings("ignore::fastllm.model.ContextFullWarning")  # main() silences it
+@pytest.mark.filterwarnings("ignore::fastllm.generate.model.ContextFullWarning")  # main() silences it
 def test_context_full_repl_notice(tiny_dir, capsys):
     model = Model.from_pretrained(tiny_dir, n_ctx=40, threads=1)
     rc, rec, out = run_repl(model, ["/chat on", "hello", "again", "/reset", "hi"], ["-n", "100"],
@@ -335,7 +335,7 @@ def test_max_length_counts_the_prompt(tiny_dir, tmp_path):
     assert m.last_stats.prompt_tokens + m.last_stats.generated_tokens <= 10
 
 
-@pytest.mark.filterwarnings("ignore::fastllm.model.ContextFullWarning")  # main() silences it
+@pytest.mark.filterwarnings("ignore::fastllm.generate.model.ContextFullWarning")  # main() silences it
 def test_cli_precedence_flag_over_file_over_default(tiny_dir, tmp_path, capsys):
     d = with_gen_config(tiny_dir, tmp_path / "m", dict(SAMPLED))
     m = Model.from_pretrained(d, n_ctx=64, threads=1)
@@ -576,7 +576,7 @@ def test_ctx_beyond_the_models_maximum_warns(tiny_dir, capsys):
 
 
 def test_warnings_print_without_a_source_line(tiny_dir, capsys):
-    from fastllm.model import available_cpus
+    from fastllm.generate.model import available_cpus
     cpus = available_cpus()
     assert cli.main(["run", "--raw", "--model", str(tiny_dir), "--ctx", "32", "-t", str(cpus + 1),
                      "-n", "1", "hi"]) == 0
@@ -589,7 +589,7 @@ def test_warnings_print_without_a_source_line(tiny_dir, capsys):
 def test_bench_prints_a_plain_markdown_table(tiny_dir, capsys):
     assert cli.main(["bench", "--model", str(tiny_dir), "-p", "4", "-n", "2", "-r", "1", "-t", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    from fastllm._core import simd_path
+    from fastllm.core._core import simd_path
     assert lines[:4] == [f"SIMD: {simd_path()}", "", "| model | dtype | threads | test | t/s (mean ± sd) | median |",
                          "|---|---|---|---|---|---|"]
     assert len(lines) == 6 and all(line.startswith("| tiny | f32 | 1 | ") for line in lines[4:])

@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("llguidance")
 jsonschema = pytest.importorskip("jsonschema")
 
-from fastllm import cli  # noqa: E402
+from fastllm.cli import main as cli  # noqa: E402
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["city", "country"],
           "properties": {"city": {"type": "string", "maxLength": 30},

@@ -1,4 +1,4 @@
-"""Constrained decoding through llguidance (fastllm.constrain): the token
+"""Constrained decoding through llguidance (fastllm.generate.constrain): the token
 bytes it is built on, JSON and JSON Schema replies that parse and
 validate, tool calls that must come out, clear errors, and constrained
 requests batched beside others that equal them alone."""
@@ -12,10 +12,10 @@ pytest.importorskip("llguidance")
 jsonschema = pytest.importorskip("jsonschema")
 
 from fastllm import Model, SamplingParams  # noqa: E402
-from fastllm.constrain import reply_grammar, token_bytes  # noqa: E402
-from fastllm.serving import BatchEngine  # noqa: E402
-from fastllm.toolcalls import (LLAMA3_JSON, QWEN, check_tools, parse_reply, reasoning_mode,  # noqa: E402
-                               tool_format)
+from fastllm.generate.constrain import reply_grammar, token_bytes  # noqa: E402
+from fastllm.serve.serving import BatchEngine  # noqa: E402
+from fastllm.generate.toolcalls import (LLAMA3_JSON, QWEN, check_tools, parse_reply, reasoning_mode,
+                                        tool_format)
 
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "pets"],
           "properties": {"name": {"type": "string", "maxLength": 20},
@@ -102,7 +102,7 @@ def test_a_missing_llguidance_is_named(model, monkeypatch):
 
 
 def chat_prompt(model, messages, tools=None, **template_kwargs):
-    from fastllm.toolcalls import messages_for_template
+    from fastllm.generate.toolcalls import messages_for_template
     template = model.tokenizer.chat_template
     messages, tools = messages_for_template(messages, tools, template)
     text = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools,

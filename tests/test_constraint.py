@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from fastllm import Model, SamplingParams
-from fastllm.sampling import Sampler
-from fastllm.serving import BatchEngine
+from fastllm.generate.sampling import Sampler
+from fastllm.serve.serving import BatchEngine
 
 
 class FixedSequence:

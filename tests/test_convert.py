@@ -1,4 +1,4 @@
-"""GGUF import (fastllm.formats.gguf) and the default model (fastllm.hub).
+"""GGUF import (fastllm.formats.gguf) and the default model (fastllm.load.hub).
 
 Oracles:
 * transformers' own GGUF loader (`from_pretrained(dir, gguf_file=...)`) on
@@ -35,7 +35,8 @@ import torch  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from transformers.convert_slow_tokenizer import bytes_to_unicode  # noqa: E402
 
-from fastllm import Model, hub  # noqa: E402
+from fastllm import Model  # noqa: E402
+from fastllm.load import hub  # noqa: E402
 from fastllm.formats.gguf import (  # noqa: E402
     MODEL_FILES,
     ConversionError,
@@ -507,7 +508,7 @@ def test_export_slice_by_slice_equals_whole(kind, mix, tiny_gguf, tmp_path, monk
 
 
 def test_cli_convert_names_what_is_wrong_first(tiny_gguf, tmp_path, monkeypatch, capsys):
-    from fastllm.cli import main
+    from fastllm.cli.main import main
     monkeypatch.chdir(tmp_path)
     # the missing input, not the dtype a GGUF input could not take
     assert main(["convert", "nonexistent", "out.gguf", "--dtype", "q8_0"]) == 1
@@ -904,7 +905,7 @@ def test_bad_dtype(tiny_gguf, tmp_path):
 
 def test_one_default_dtype_f32(tiny_gguf, tmp_path, monkeypatch):
     # `fastllm convert`, convert_gguf and first-use conversion all write f32
-    from fastllm.cli import main
+    from fastllm.cli.main import main
     monkeypatch.setenv("FASTLLM_HOME", str(tmp_path / "home"))
     _, gguf_path = tiny_gguf("qwen2")
     assert main(["convert", str(gguf_path), str(tmp_path / "cli")]) == 0
@@ -953,7 +954,7 @@ def test_concurrent_conversions_agree(tiny_gguf, tmp_path):
     env = dict(os.environ, FASTLLM_HOME=str(home),
                PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
     script = ("import os, sys, time\n"
-              "from fastllm import hub\n"
+              "from fastllm.load import hub\n"
               "while not os.path.exists(sys.argv[2]): time.sleep(0.005)\n"
               "print(hub.resolve_model(sys.argv[1]))\n")
     procs = [subprocess.Popen([sys.executable, "-c", script, str(gguf_path), str(go)], env=env,

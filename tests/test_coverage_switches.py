@@ -20,8 +20,8 @@ import re
 import pytest
 
 from fastllm import Model
-from fastllm.cli import main
-from fastllm.errors import ModelFileError
+from fastllm.cli.main import main
+from fastllm.spec.errors import ModelFileError
 from fastllm.formats.gguf import ConversionError
 from fastllm.formats.gguf_writer import export_gguf
 from oracles.tiny_models import with_config
@@ -140,7 +140,7 @@ def test_reasoning_switch_renders_as_transformers(messages, kwargs, add_generati
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
-    from fastllm.chat_template import render_chat
+    from fastllm.tokenizer.chat_template import render_chat
     tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE()))
     tok.chat_template = SMOLLM3_LIKE_TEMPLATE
     want = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from fastllm import Model
-from fastllm.embeddings import Pooling, gguf_pooling, read_pooling
-from fastllm.errors import ModelFileError
+from fastllm.generate.embeddings import Pooling, gguf_pooling, read_pooling
+from fastllm.spec.errors import ModelFileError
 
 torch = pytest.importorskip("torch")
 TEXTS = ["The capital of France is Paris.", "h\u00e9llo w\u00f6rld \U0001f642", "a", "word " * 40]
@@ -239,8 +239,8 @@ def test_tokenize_and_detokenize_agree_with_hf_tokenizers(embedder, server, embe
 
 def test_a_long_embedding_job_stops_at_the_time_limit_or_when_the_client_goes():
     import asyncio
-    from fastllm.openai_api import APIError
-    from fastllm.server import ServeOptions, _cancellable
+    from fastllm.serve.openai_api import APIError
+    from fastllm.serve.server import ServeOptions, _cancellable
 
     class Client:
         gone = False

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from fastllm import Model, SamplingParams
-from fastllm.end_of_generation import end_of_generation_ids
+from fastllm.spec.end_of_generation import end_of_generation_ids
 
 
 class _Vocab:

@@ -25,10 +25,10 @@ import numpy as np
 import pytest
 
 from fastllm import Model
-from fastllm.chat_template import TemplateError, render_chat
-from fastllm.cli import main
-from fastllm.config import ModelConfig
-from fastllm.errors import ModelFileError
+from fastllm.tokenizer.chat_template import TemplateError, render_chat
+from fastllm.cli.main import main
+from fastllm.spec.config import ModelConfig
+from fastllm.spec.errors import ModelFileError
 from fastllm.formats.gguf import ConversionError, convert_gguf
 from fastllm.formats.gguf_writer import export_gguf
 from oracles.gguf_files import arch_fields_and_tensors

@@ -28,9 +28,9 @@ import numpy as np
 import pytest
 
 from fastllm import Model
-from fastllm.chat_template import render_chat
-from fastllm.config import ModelConfig
-from fastllm.errors import ModelFileError
+from fastllm.tokenizer.chat_template import render_chat
+from fastllm.spec.config import ModelConfig
+from fastllm.spec.errors import ModelFileError
 from fastllm.formats.gguf import ConversionError, convert_gguf
 from fastllm.formats.gguf_writer import export_gguf
 from oracles.hf_reference import hf_logits, load_hf, random_prompt as prompt, within

@@ -24,14 +24,14 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from fastllm import Model
-from fastllm.cli import main
+from fastllm.cli.main import main
 from fastllm.formats import quants
 from fastllm.formats.gguf import ConversionError, convert_gguf
 from fastllm.formats.gguf_tensors import gguf_names
 from fastllm.formats.gguf_writer import export_gguf, permute
 from fastllm.formats.gguf_tensors import unpermute
 from fastllm.formats.safetensors import load_file, save_file
-from fastllm.config import ModelConfig
+from fastllm.spec.config import ModelConfig
 from test_convert import synthetic_vocab, write_gguf
 
 

@@ -1,4 +1,4 @@
-"""Where models come from (fastllm.hub, fastllm.huggingface): local paths,
+"""Where models come from (fastllm.load.hub, fastllm.load.huggingface): local paths,
 the default model's name, and Hugging Face repo ids.
 
 Oracle for the Hub: a Hugging Face cache laid out as huggingface_hub lays
@@ -26,9 +26,10 @@ import pytest
 
 huggingface_hub = pytest.importorskip("huggingface_hub")
 
-from fastllm import Model, hub  # noqa: E402
-from fastllm.cli import main  # noqa: E402
-from fastllm.huggingface import ModelNotFoundError, parse_repo_id, pick_file, repo_id_of  # noqa: E402
+from fastllm import Model  # noqa: E402
+from fastllm.load import hub  # noqa: E402
+from fastllm.cli.main import main  # noqa: E402
+from fastllm.load.huggingface import ModelNotFoundError, parse_repo_id, pick_file, repo_id_of  # noqa: E402
 from test_cli import run_repl, write_byte_tokenizer  # noqa: E402
 
 GGUF_REPO = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF"

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from fastllm import Model
-from fastllm.errors import ModelFileError
+from fastllm.spec.errors import ModelFileError
 from fastllm.formats.gguf import ConversionError, convert_gguf
 from fastllm.tokenizer import Tokenizer
 from oracles import spm_vocabs

@@ -28,9 +28,9 @@ import pytest
 from transformers import PreTrainedTokenizerFast
 
 from fastllm import Model
-from fastllm.cli import main
-from fastllm.config import ModelConfig
-from fastllm.errors import ModelFileError
+from fastllm.cli.main import main
+from fastllm.spec.config import ModelConfig
+from fastllm.spec.errors import ModelFileError
 from fastllm.formats.gguf import ConversionError
 from fastllm.formats.gguf_writer import export_gguf
 from oracles.bpe_gguf_vocabs import trained_family_tokenizer
@@ -275,7 +275,7 @@ MINISTRAL_CHATS = [
 @pytest.mark.parametrize("messages", MINISTRAL_CHATS)
 def test_chat_template_renders_as_transformers(messages, tools):
     from tokenizers import Tokenizer, models
-    from fastllm.chat_template import TemplateError, render_chat
+    from fastllm.tokenizer.chat_template import TemplateError, render_chat
     tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE()), bos_token="<s>", eos_token="</s>")
     tok.chat_template = MINISTRAL3_LIKE_TEMPLATE
     specials = {"bos_token": "<s>", "eos_token": "</s>"}

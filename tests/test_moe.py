@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from fastllm import Model
-from fastllm.cli import main
-from fastllm.errors import ModelFileError
+from fastllm.cli.main import main
+from fastllm.spec.errors import ModelFileError
 from fastllm.formats.gguf import ConversionError
 from fastllm.formats.gguf_writer import export_gguf
 from oracles.hf_reference import hf_logits, load_hf, random_prompt as prompt, within

@@ -12,9 +12,10 @@ openai = pytest.importorskip("openai")
 anthropic = pytest.importorskip("anthropic")
 pytest.importorskip("uvicorn")
 
-from fastllm import Model, SamplingParams, cli  # noqa: E402
-from fastllm.server import ServeOptions, create_app  # noqa: E402
-from fastllm.serving import BatchEngine  # noqa: E402
+from fastllm import Model, SamplingParams  # noqa: E402
+from fastllm.cli import main as cli  # noqa: E402
+from fastllm.serve.server import ServeOptions, create_app  # noqa: E402
+from fastllm.serve.serving import BatchEngine  # noqa: E402
 from test_server import client, serving  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0)
@@ -92,9 +93,9 @@ def test_one_model_answers_any_name_and_says_its_own(models):
 
 
 def test_serve_loads_every_model_it_is_given(monkeypatch, tmp_path, capsys):
-    from fastllm import server
+    from fastllm.serve import server
     served = {}
-    monkeypatch.setattr(server, "serve", lambda models, options: served.update(models=models, options=options))
+    monkeypatch.setattr(cli, "serve", lambda models, options: served.update(models=models, options=options))
     assert cli.main(["serve", "--model", str(TINY), "--model", str(TINY), "--model-name", "a",
                      "--model-name", "b", "--ctx", "64", "--pooling", "mean", "-t", "1"]) == 0
     assert [(n, m.n_ctx, m.pooling.modes) for n, m in served["models"]] == [("a", 64, ("mean",)),

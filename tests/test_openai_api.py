@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from fastllm import openai_api as api
-from fastllm.openai_api import APIError
+from fastllm.serve import openai_api as api
+from fastllm.serve.openai_api import APIError
 from fastllm.tokenizer import Tokenizer
 
 
@@ -284,7 +284,7 @@ def test_text_that_is_not_unicode_is_the_callers_fault(model):
 
 
 def test_chat_replies_shaped_with_tool_calls_and_reasoning():
-    from fastllm.toolcalls import QWEN
+    from fastllm.generate.toolcalls import QWEN
     g = api.Generation(True, [1], 5, [None], [], None, None,
                        reply={"reasoning": "open", "tools": ["now"], "fmt": QWEN})
     text = 'Time matters.\n</think>\n\n<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>'

@@ -1,4 +1,4 @@
-"""The packed-weights cache (fastllm.pack_cache): a load from the cache file
+"""The packed-weights cache (fastllm.load.pack_cache): a load from the cache file
 holds the very bytes an uncached load packs, for quantized GGUF files,
 f32/bf16/quantized-at-load folders and mixtures of experts; a damaged,
 truncated, stale or foreign file is noticed and rebuilt; two processes
@@ -12,8 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fastllm import Model, _core, pack_cache
-from fastllm.config import ModelConfig
+from fastllm import Model
+from fastllm.core import _core
+from fastllm.load import pack_cache
+from fastllm.spec.config import ModelConfig
 
 DATA = Path(__file__).resolve().parent / "data"
 QUANTIZED = DATA / "llama-family" / "llama2-256-Q4_K_M.gguf"
@@ -51,7 +53,7 @@ def leaves(tree, path="") -> dict:
 def packed(source, dtype, use):
     """(weights tree, types, cache file) as Model.from_pretrained gets them."""
     from fastllm.formats.gguf import read_gguf_model
-    from fastllm.model import _packed_weights
+    from fastllm.generate.model import _packed_weights
     source = Path(source)
     if dtype == "gguf":
         header = read_gguf_model(source)
@@ -222,7 +224,7 @@ def test_an_unwritable_cache_folder_only_warns(home):
 def test_warnings_of_the_packing_load_come_again_from_the_cache(home, tmp_path, tiny_model_dir):
     """A file whose Q2_K tensors are dequantized at load says so, from the cache as when packed."""
     import gguf
-    from fastllm.weights import DequantizedTypeWarning
+    from fastllm.load.weights import DequantizedTypeWarning
     from test_quant import k_quant_checkpoint, random_blocks, synthetic_vocab, write_gguf
     QT = gguf.GGMLQuantizationType
     write_gguf(tmp_path / "m.gguf", k_quant_checkpoint(tmp_path, tiny_model_dir), synthetic_vocab(300),
@@ -257,7 +259,7 @@ def test_two_processes_filling_one_cache_both_load_whole_weights(home, tmp_path)
 
 
 def test_info_shows_the_cache(home, capsys):
-    from fastllm.cli import main
+    from fastllm.cli.main import main
     assert main(["info", "-m", str(QUANTIZED), "--ctx", "64"]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("packed weights cache"))
     assert str(only_file(home)) in line and "MiB" in line

@@ -114,8 +114,8 @@ def test_wheel_holds_no_sources():
     bad = [n for n in names if n.endswith(SOURCE_SUFFIXES)]
     assert not bad, f"sources in the wheel: {bad}"
     assert not [n for n in names if "__pycache__" in n or n.startswith(("tests/", "csrc/", "oracles/"))]
-    exts = [n for n in names if n.startswith("fastllm/_") and _is_binary(n)]
-    assert {n.split("/")[1].split(".")[0] for n in exts} == {"_core", "_bpe"}, exts
+    exts = [n for n in names if n.startswith("fastllm/") and n.rsplit("/", 1)[1].startswith("_") and _is_binary(n)]
+    assert {n.rsplit("/", 1)[1].split(".")[0] for n in exts} == {"_core", "_bpe"}, exts
     assert any(n.endswith(".dist-info/entry_points.txt") for n in names)
     assert any(n.endswith("LICENSE") for n in names), "no LICENSE in the wheel's dist-info"
 
@@ -184,8 +184,8 @@ SDIST_REQUIRED = (
     "pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "LICENSE",
     "csrc/fastllm.h", "csrc/kernels.h", "csrc/fastllm.c", "csrc/gemm.c", "csrc/kernels.c",
     "csrc/kernels_generic.c", "csrc/kernels_x86.c", "csrc/kernels_arm64.c", "csrc/test_core.c",
-    "src/fastllm/__init__.py", "src/fastllm/_core.pyx", "src/fastllm/_bpe.pyx",
-    "src/fastllm/cfastllm.pxd",
+    "src/fastllm/__init__.py", "src/fastllm/core/_core.pyx", "src/fastllm/tokenizer/_bpe.pyx",
+    "src/fastllm/core/cfastllm.pxd",
     "tests/conftest.py", "tests/test_packaging.py", "tests/data/smoke.py",
     "tests/data/make_tiny_llama.py",
     *(f"tests/data/tiny-llama/{f}" for f in TINY_FILES),
@@ -209,7 +209,7 @@ def test_sdist_holds_everything_to_build_and_test():
     assert not missing, f"missing from the sdist: {missing}"
     # Every C file and header of this checkout, and every test module.
     for pattern in ("csrc/*.c", "csrc/*.h", "tests/test_*.py", "oracles/*.py", "src/fastllm/**/*.py",
-                    "src/fastllm/*.pyx", "src/fastllm/*.pxd"):
+                    "src/fastllm/**/*.pyx", "src/fastllm/**/*.pxd"):
         for f in ROOT.glob(pattern):
             rel = f.relative_to(ROOT).as_posix()
             assert rel in names, f"{rel} is in the checkout but not in the sdist"
@@ -218,6 +218,6 @@ def test_sdist_holds_everything_to_build_and_test():
 def test_sdist_holds_no_build_products():
     names = _sdist_names()
     bad = [n for n in names if n.endswith((".so", ".pyd", ".o", ".obj", ".pyc", ".whl"))
-           or "__pycache__" in n or n in ("src/fastllm/_core.c", "src/fastllm/_bpe.c")
+           or "__pycache__" in n or n in ("src/fastllm/core/_core.c", "src/fastllm/tokenizer/_bpe.c")
            or n.startswith(("build/", "dist/", "wheelhouse/"))]
     assert not bad, f"build products in the sdist: {bad}"

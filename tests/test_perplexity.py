@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from fastllm import Model
-from fastllm import perplexity
-from fastllm.cli import main
+from fastllm.cli import perplexity
+from fastllm.cli.main import main
 from oracles.hf_reference import hf_logits, load_hf
 from test_cli import write_byte_tokenizer
 

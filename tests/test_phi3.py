@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from fastllm import Model
-from fastllm.session import extend_together
+from fastllm.generate.session import extend_together
 from oracles.hf_reference import compare_greedy, hf_logits, load_hf, within
 
 DATA = Path(__file__).parent / "data" / "phi3-gguf"
@@ -242,7 +242,7 @@ def test_config_of_phi3_128k_style():
     """The old "su" name, the original context at the top level, and the
     attention factor transformers derives from the two lengths."""
     import math
-    from fastllm.config import ModelConfig
+    from fastllm.spec.config import ModelConfig
     cfg = ModelConfig.from_dict(dict(PHI3_128K))
     assert cfg.longrope and cfg.rope_scaling["original_max_position_embeddings"] == 4096
     assert cfg.rope_scaling["attention_factor"] == pytest.approx(math.sqrt(1 + math.log(32) / math.log(4096)))
@@ -262,8 +262,8 @@ def test_config_of_phi3_128k_style():
     (dict(partial_rotary_factor=0.6), "partial_rotary_factor"),
 ])
 def test_bad_phi3_configs_are_refused(change, message):
-    from fastllm.config import ModelConfig
-    from fastllm.errors import ModelFileError
+    from fastllm.spec.config import ModelConfig
+    from fastllm.spec.errors import ModelFileError
     with pytest.raises(ModelFileError, match=message):
         ModelConfig.from_dict(dict(PHI3_128K, **change))
 

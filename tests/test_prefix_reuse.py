@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from fastllm import Model
-from fastllm.serving import BatchEngine
-from fastllm.session import CHECKPOINT_BEFORE_END, CHECKPOINT_EVERY
+from fastllm.serve.serving import BatchEngine
+from fastllm.generate.session import CHECKPOINT_BEFORE_END, CHECKPOINT_EVERY
 
 DATA = Path(__file__).resolve().parent / "data"
 FILES = {

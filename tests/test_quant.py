@@ -17,8 +17,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from fastllm import Model
-from fastllm.errors import ModelFileError
-from fastllm.weights import DequantizedTypeWarning
+from fastllm.spec.errors import ModelFileError
+from fastllm.load.weights import DequantizedTypeWarning
 from test_convert import synthetic_vocab, write_gguf
 
 QT = gguf.GGMLQuantizationType
@@ -215,7 +215,7 @@ def test_default_model_batch_and_threads_invariant(default_models):
 
 @pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q4_K, QT.Q6_K], ids=lambda q: q.name)
 def test_packing_in_chunks_is_packing_whole(qtype):
-    from fastllm import _core
+    from fastllm.core import _core
     blocks = random_blocks(100, 512, qtype, seed=3)    # 100 rows: the last panel is partial
     whole = _core.pack(blocks, dtype=qtype.name.lower(), K=512)
     chunked = _core.pack_in_chunks(lambda first, n: blocks[first:first + n], 100, 512, qtype.name.lower(), 32)
@@ -228,13 +228,13 @@ def test_lm_head_read_in_chunks_gives_the_same_logits(tmp_path, tiny_model_dir, 
     """The LM head is read and packed a chunk of rows at a time (here 16
     rows, a panel, as small as chunks go): same logits; a NaN scale in a
     later chunk is still refused."""
-    import fastllm.weights
+    import fastllm.load.weights
     folder = k_quant_checkpoint(tmp_path, tiny_model_dir)
     write_gguf(tmp_path / "m.gguf", folder, synthetic_vocab(300),
                quantize=lambda name, data: (random_blocks(*data.shape, QT.Q6_K, 4, 1e-2), QT.Q6_K))
     ids = [3, 1, 4, 1, 5, 9, 2, 6]
     whole = Model.from_pretrained(tmp_path / "m.gguf", threads=2).logits(ids)
-    monkeypatch.setattr(fastllm.weights, "_HEAD_CHUNK_BYTES", 1)
+    monkeypatch.setattr(fastllm.load.weights, "_HEAD_CHUNK_BYTES", 1)
     assert np.array_equal(Model.from_pretrained(tmp_path / "m.gguf", threads=2).logits(ids), whole)
 
     def poisoned(name, data):

@@ -33,7 +33,7 @@ def test_the_c_cores_block_sizes_are_ggmls():
     """The C core's table, which Python reads its block sizes from, agrees
     with the gguf package's, type for type."""
     import gguf
-    from fastllm import _core
+    from fastllm.core import _core
     types = _core.weight_types()
     assert [t["type"] for t in types] == list(range(len(types)))
     for t in types:

@@ -18,7 +18,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from fastllm import Model  # noqa: E402
-from fastllm.cli import main  # noqa: E402
+from fastllm.cli.main import main  # noqa: E402
 from fastllm.formats.gguf import ConversionError, convert_gguf  # noqa: E402
 from fastllm.formats.gguf_tensors import IgnoredTensorsWarning  # noqa: E402
 from fastllm.formats.gguf_writer import export_gguf  # noqa: E402
@@ -162,7 +162,7 @@ def test_the_mtp_block_matches_a_float64_reference(tmp_path):
     on the model's own hidden states: every pair of a 40-token sequence, and
     two chained steps that feed the block its own output, within the
     bound of the model's logits."""
-    from fastllm import _core
+    from fastllm.core import _core
     from oracles.mtp_reference import mtp_reference
     model = Model.from_pretrained(DATA / "mtp-BF16.gguf", threads=2, activations="f32")
     ref = bf16_reference(DATA / "text")

@@ -1,4 +1,4 @@
-"""Replicas behind Ray Serve (fastllm.ray_serve), as README's recipe runs
+"""Replicas behind Ray Serve (fastllm.serve.ray_serve), as README's recipe runs
 them: two replicas of the default model on a local Ray instance, reached
 through Ray's proxy on 127.0.0.1 with OpenAI's client."""
 import json
@@ -15,8 +15,8 @@ openai = pytest.importorskip("openai")
 from ray import serve  # noqa: E402
 
 from fastllm import Model, SamplingParams  # noqa: E402
-from fastllm.hub import default_gguf_path  # noqa: E402
-from fastllm.ray_serve import build  # noqa: E402
+from fastllm.load.hub import default_gguf_path  # noqa: E402
+from fastllm.serve.ray_serve import build  # noqa: E402
 
 PROMPTS = ["Name a color.", "What is 2 + 2?", "Say hello in French.", "Name a planet.",
            "What is the capital of Italy?", "Count to three."]
@@ -39,7 +39,7 @@ def endpoint(gguf):
              object_store_memory=100 * 2**20)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        # What `serve run fastllm.ray_serve:build model=... replicas=2 ...` runs.
+        # What `serve run fastllm.serve.ray_serve:build model=... replicas=2 ...` runs.
         serve.run(build({"model": gguf, "replicas": "2", "threads": "1", "parallel": "2", "ctx": "512",
                          "model_name": "smollm2"}),
                   name="fastllm", route_prefix="/")

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from fastllm import Model, ResourceLimitWarning, SamplingParams
-from fastllm import _core
-from fastllm.config import ModelConfig
-from fastllm.errors import ModelFileError
+from fastllm.core import _core
+from fastllm.spec.config import ModelConfig
+from fastllm.spec.errors import ModelFileError
 from oracles import tiny_models
+from fastllm import generate_tokens_batch
 
 ROOT_TINY = Path(__file__).parent / "data" / "tiny-llama"
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
@@ -303,8 +304,8 @@ def test_a_huge_context_is_refused_or_capped_before_allocating(tiny_model_dir, t
     with pytest.raises(ValueError, match="n_ctx=1000000000 needs .* GiB .* choose a smaller n_ctx"):
         Model.from_pretrained(folder, n_ctx=10**9)
     # the default context, max_position_embeddings, is capped to half the RAM
-    import fastllm.model
-    monkeypatch.setattr(fastllm.model, "physical_memory", lambda: 64 << 20)
+    import fastllm.generate.model
+    monkeypatch.setattr(fastllm.generate.model, "physical_memory", lambda: 64 << 20)
     with pytest.warns(ResourceLimitWarning, match="max_position_embeddings is 1000000000.*capped at"):
         model = Model.from_pretrained(folder, threads=1)
     assert 0 < model.n_ctx and model.config.context_bytes(model.n_ctx, "f32", 1) <= 32 << 20
@@ -419,13 +420,13 @@ EXPLOSIVE_TEMPLATES = [
 
 @pytest.mark.parametrize("template,problem", EXPLOSIVE_TEMPLATES, ids=[t[:80] for t, _ in EXPLOSIVE_TEMPLATES])
 def test_a_chat_template_that_explodes_is_bounded(template, problem):
-    from fastllm.chat_template import TemplateError, render_chat
+    from fastllm.tokenizer.chat_template import TemplateError, render_chat
     with pytest.raises(TemplateError, match=problem):
         render_chat(template, [{"role": "user", "content": "hello"}])
 
 
 def test_bounded_templates_still_render_what_real_ones_do():
-    from fastllm.chat_template import render_chat
+    from fastllm.tokenizer.chat_template import render_chat
     t = ("{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}"
          "{{ '%d' % ns.n ~ ': ' ~ m.content|trim|indent(2) ~ '-' * 3 }}\n{% endfor %}"
          "{{ messages|map(attribute='role')|join(', ') }}{{ ' {:>4}'.format(ns.n) }}")
@@ -457,7 +458,7 @@ def test_a_normalizer_chain_that_multiplies_the_text_is_refused(tmp_path):
 from test_reliability_files import _finishes as within  # noqa: E402  (fn() or what it raised, a hang failing)
 
 def test_a_session_of_another_model_is_refused(tiny_model_dir):
-    from fastllm.session import extend_together
+    from fastllm.generate.session import extend_together
     ours = Model.from_pretrained(tiny_model_dir("llama-gqa"), threads=1, n_ctx=64)
     theirs = Model.from_pretrained(tiny_model_dir("qwen2"), threads=1, n_ctx=64)
     foreign = theirs.new_session()
@@ -507,7 +508,7 @@ class RulesOutEverything:
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_logits_with_no_token_left_raise_instead_of_choosing_one(tiny_model_dir, temperature):
-    from fastllm.serving import BatchEngine
+    from fastllm.serve.serving import BatchEngine
     model = Model.from_pretrained(tiny_model_dir("llama-gqa"), threads=1, n_ctx=64)
     sampling = SamplingParams(temperature=temperature, seed=1)
     for processor in (lambda tokens, logits: np.full_like(logits, -np.inf),
@@ -530,7 +531,7 @@ def test_logits_with_no_token_left_raise_instead_of_choosing_one(tiny_model_dir,
 
 def test_a_batch_request_read_twice_and_an_engine_used_after_close(tiny_model_dir):
     import asyncio
-    from fastllm.serving import BatchEngine
+    from fastllm.serve.serving import BatchEngine
     model = Model.from_pretrained(tiny_model_dir("llama-gqa"), threads=1, n_ctx=64)
     engine = BatchEngine(model, parallel=1)
     request = engine.submit(PROMPT, 3)
@@ -554,12 +555,12 @@ def test_a_batch_request_read_twice_and_an_engine_used_after_close(tiny_model_di
 
 @pytest.mark.parametrize("sampling", [{"temperature": 0}, "greedy", 0.7])
 def test_sampling_that_is_not_sampling_params_is_named(tiny_model_dir, sampling):
-    from fastllm.serving import BatchEngine
+    from fastllm.serve.serving import BatchEngine
     model = Model.from_pretrained(tiny_model_dir("llama-gqa"), threads=1, n_ctx=64)
     with pytest.raises(TypeError, match="sampling must be a SamplingParams"):
         model.generate_tokens(PROMPT, 3, sampling)
     with pytest.raises(TypeError, match="sampling must be a SamplingParams"):
-        model.generate_tokens_batch([PROMPT], 3, sampling)
+        generate_tokens_batch(model, [PROMPT], 3, sampling)
     engine = BatchEngine(model, parallel=1)
     try:
         with pytest.raises(TypeError, match="sampling must be a SamplingParams"):

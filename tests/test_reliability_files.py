@@ -12,9 +12,9 @@ import threading
 import numpy as np
 import pytest
 
-from fastllm import hub
-from fastllm.errors import ModelFileError
-from fastllm.files import check_regular, read_bounded
+from fastllm.load import hub
+from fastllm.spec.errors import ModelFileError
+from fastllm.spec.files import check_regular, read_bounded
 from fastllm.formats.gguf import convert_gguf
 from fastllm.formats.gguf_file import read_gguf
 from fastllm.formats.safetensors import Checkpoint, SafetensorsFile, json_depth, load_file, save_file
@@ -593,7 +593,7 @@ def test_real_sentencepiece_vocabularies_stay_within_the_merge_bound():
 @pytest.mark.parametrize("layers", [10**6, 2**31 - 1])
 def test_a_huge_layer_count_is_refused_before_any_per_layer_work(tiny_model_dir, tmp_path, layers):
     from fastllm import Model
-    from fastllm.config import ModelConfig
+    from fastllm.spec.config import ModelConfig
     from oracles import tiny_models
     for kind in ("llama-gqa", "mistral-swa", "qwen3_5-text"):   # the latter two list a type per layer
         folder = tiny_models.with_config(tiny_model_dir(kind), tmp_path / f"{kind}-{layers}",
@@ -617,7 +617,7 @@ def test_a_huge_max_position_embeddings_gives_a_bounded_default_context(tiny_mod
     """The default context is max_position_embeddings up to DEFAULT_MAX_CTX;
     beyond it, a warning, and tables sized to the context loaded."""
     from fastllm import Model, ResourceLimitWarning
-    from fastllm.model import DEFAULT_MAX_CTX
+    from fastllm.generate.model import DEFAULT_MAX_CTX
     from oracles import tiny_models
     for n in (10**7, 10**9):
         folder = tiny_models.with_config(tiny_model_dir("llama-gqa"), tmp_path / str(n), max_position_embeddings=n)
@@ -657,7 +657,7 @@ def _tampered_hf_cache(tmp_path, ref: str):
 @pytest.mark.parametrize("ref", ["/etc", "/", "../../../outside", "../../models--org--other/snapshots/x"])
 def test_a_tampered_hugging_face_ref_cannot_leave_the_snapshot_folder(tmp_path, monkeypatch, ref):
     pytest.importorskip("huggingface_hub")
-    from fastllm.huggingface import ModelNotFoundError
+    from fastllm.load.huggingface import ModelNotFoundError
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "secret.gguf").write_bytes(b"GGUF")
@@ -668,7 +668,7 @@ def test_a_tampered_hugging_face_ref_cannot_leave_the_snapshot_folder(tmp_path, 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     listed = []
-    from fastllm import huggingface
+    from fastllm.load import huggingface
     real = huggingface._files_under
     monkeypatch.setattr(huggingface, "_files_under", lambda folder: listed.append(folder) or real(folder))
     with pytest.raises(ModelNotFoundError, match="refs/main") as e:

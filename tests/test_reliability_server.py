@@ -20,8 +20,8 @@ pytest.importorskip("starlette")
 uvicorn = pytest.importorskip("uvicorn")
 
 from fastllm import Model  # noqa: E402
-from fastllm.server import ServeOptions, create_app  # noqa: E402
-from fastllm.serving import BatchEngine  # noqa: E402
+from fastllm.serve.server import ServeOptions, create_app  # noqa: E402
+from fastllm.serve.serving import BatchEngine  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "tests" / "data" / "tiny-llama"
@@ -92,7 +92,7 @@ def test_a_megabyte_of_unterminated_escapes_is_refused_at_once(name):
     child process with a deadline a hundred times what the linear scan
     needs: the quadratic one would take hours on this body."""
     body = HOSTILE_BODIES[name]
-    code = ("import sys; from fastllm import openai_api as api\n"
+    code = ("import sys; from fastllm.serve import openai_api as api\n"
             "body = sys.stdin.buffer.read()\n"
             "try:\n    api.parse_json(body)\nexcept api.APIError as e:\n    print(e.status, e)\n")
     try:
@@ -103,7 +103,7 @@ def test_a_megabyte_of_unterminated_escapes_is_refused_at_once(name):
 
 
 def test_the_depth_scan_still_sees_brackets_outside_strings_only():
-    from fastllm import openai_api as api
+    from fastllm.serve import openai_api as api
     deep = b'{"a": "' + b"[" * 500 + b'\\"", "b": ' + b"[" * 70 + b"]" * 70 + b"}"
     with pytest.raises(api.APIError, match="deeper than 64"):
         api.parse_json(deep)
@@ -182,7 +182,7 @@ def schema_format(schema):
 @pytest.mark.parametrize("name", BOMBS)
 def test_a_schema_that_fails_inside_llguidance_is_refused_up_front(model, name):
     pytest.importorskip("llguidance")
-    from fastllm.constrain import reply_grammar
+    from fastllm.generate.constrain import reply_grammar
     with pytest.raises(ValueError, match="response_format"):
         reply_grammar(model, response_format=schema_format(BOMBS[name]))
     with pytest.raises(ValueError, match="response_format"):
@@ -220,7 +220,7 @@ def test_a_constraint_that_fails_mid_generation_is_the_requests_400_not_a_500(mo
     request's fault: a 400 in OpenAI's shape, not a 500 with llguidance's
     state in it."""
     pytest.importorskip("llguidance")
-    from fastllm.constrain import ConstraintError, GrammarConstraint
+    from fastllm.generate.constrain import ConstraintError, GrammarConstraint
 
     class Failing:
         def compute_bitmask(self):
@@ -235,7 +235,7 @@ def test_a_constraint_that_fails_mid_generation_is_the_requests_400_not_a_500(mo
     with pytest.raises(ConstraintError, match="too many expressions") as e:
         GrammarConstraint(Failing()).mask(__import__("numpy").zeros(300, "float32"))
     assert isinstance(e.value, ValueError) and "<state>" not in str(e.value)
-    from fastllm.server import engine_error
+    from fastllm.serve.openai_api import engine_error
     assert engine_error(e.value).status == 400
 
 

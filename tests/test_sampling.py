@@ -5,7 +5,7 @@ import torch
 from transformers import (MinPLogitsWarper, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper,
                           TopKLogitsWarper, TopPLogitsWarper)
 
-from fastllm.sampling import Sampler, SamplingParams, apply_warpers, uniform_at
+from fastllm.generate.sampling import Sampler, SamplingParams, apply_warpers, uniform_at
 
 
 def hf_probs(logits, p: SamplingParams, previous=()):

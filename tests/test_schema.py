@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fastllm import Model, families, schema
-from fastllm.config import ModelConfig
+from fastllm import Model
+from fastllm.spec import families, schema
+from fastllm.spec.config import ModelConfig
 from fastllm.formats.safetensors import SafetensorsFile
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,8 +17,8 @@ uvicorn = pytest.importorskip("uvicorn")
 pytest.importorskip("starlette")
 
 from fastllm import Model, SamplingParams  # noqa: E402
-from fastllm.server import ServeOptions, create_app, uvicorn_config  # noqa: E402
-from fastllm.serving import BatchEngine  # noqa: E402
+from fastllm.serve.server import ServeOptions, create_app, uvicorn_config  # noqa: E402
+from fastllm.serve.serving import BatchEngine  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0)
 
@@ -312,7 +312,7 @@ def test_a_body_that_does_not_arrive_gets_408(model):
 
 
 def test_a_failure_inside_a_step_fails_that_request_and_the_next_succeeds(model, monkeypatch):
-    from fastllm import serving
+    from fastllm.serve import serving
     real = serving.extend_together
     calls = []
 
@@ -433,7 +433,7 @@ def test_a_time_limit_ends_a_request_as_length(model):
 
 
 def test_serve_passes_its_limits_to_uvicorn_and_says_what_it_serves(model, monkeypatch, capsys):
-    from fastllm import server
+    from fastllm.serve import server
     got = {}
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: got.update(kw))
     options = ServeOptions(port=8123, parallel=2, api_key="k", keep_alive=3, head_timeout=4, shutdown_timeout=6)
@@ -452,7 +452,7 @@ def test_serve_passes_its_limits_to_uvicorn_and_says_what_it_serves(model, monke
 def test_concurrent_clients_on_the_q4_1_file_with_int8_activations_get_their_reply_alone(fastllm_home):
     """Batch invariance on the path `fastllm serve` runs by default: the
     default model's own GGUF (Q4_1) with int8 activations, greedy and seeded."""
-    from fastllm.hub import default_gguf_path
+    from fastllm.load.hub import default_gguf_path
     q4 = Model.from_pretrained(str(default_gguf_path()), n_ctx=512, threads=2)
     assert q4.activations == "int8" and "q4_1" in q4.weight_types
     settings = [dict(temperature=0), dict(temperature=0.9, top_p=0.95, seed=7)]

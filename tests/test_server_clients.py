@@ -21,7 +21,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 
 from fastllm import Model, SamplingParams  # noqa: E402
-from fastllm.serving import _logprobs  # noqa: E402
+from fastllm.serve.serving import _logprobs  # noqa: E402
 from test_server import client, openai_error, post, running  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0)
@@ -117,7 +117,7 @@ def test_without_cors_origins_a_preflight_is_not_allowed(model):
 
 
 def test_cors_origins_that_are_not_origins_are_refused():
-    from fastllm.server import ServeOptions
+    from fastllm.serve.server import ServeOptions
     for bad in ("http://localhost:3000/", "localhost:3000", "http://a.example/x", ""):
         with pytest.raises(ValueError, match="is not an origin"):
             ServeOptions(cors_origins=bad)
@@ -355,8 +355,8 @@ def test_usage_names_the_cached_prompt_and_the_fingerprint(server, model):
         shared += 1
     assert second.usage.prompt_tokens_details.cached_tokens == shared > 20
     assert first.usage.prompt_tokens_details.cached_tokens < shared
-    from fastllm import __version__
-    from fastllm._core import simd_path
+    from fastllm.spec.version import __version__
+    from fastllm.core._core import simd_path
     assert second.system_fingerprint.startswith(f"fastllm-{__version__}-{simd_path()}-")
     assert second.model == "smollm2"   # the model that answered, whatever the request named
     chunks = list(c.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Hi"}],
@@ -366,7 +366,7 @@ def test_usage_names_the_cached_prompt_and_the_fingerprint(server, model):
 
 
 def test_the_token_logprobs_of_a_batch_equal_each_rows_own():
-    from fastllm.serving import _logprob_rows
+    from fastllm.serve.serving import _logprob_rows
     rng = np.random.default_rng(0)
     logits = (rng.standard_normal((6, 1000)) * 4).astype(np.float32)
     logits[2, [5, 9, 700]] = logits[2].max() + 1   # ties in the top: the lower id first

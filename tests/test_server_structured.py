@@ -241,7 +241,7 @@ def test_streamed_mistral_tool_calls_equal_the_whole_reply(mistral_server):
 
 
 def test_mistral_markers_are_decoded_only_for_tool_calls(mistral_server):
-    from fastllm.textstream import TextStream
+    from fastllm.generate.textstream import TextStream
     tok = mistral_server[1].model.tokenizer
     ids = tok.encode('[TOOL_CALLS]get_weather[ARGS]{"city": "Rome"}', add_special_tokens=False)
     assert tok.id_to_token(ids[0]) == "[TOOL_CALLS]"

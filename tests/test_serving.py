@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from fastllm import Model, SamplingParams
-from fastllm.session import CHECKPOINT_BEFORE_END
-from fastllm.serving import BatchEngine, QueueFull
+from fastllm.generate.session import CHECKPOINT_BEFORE_END
+from fastllm.serve.serving import BatchEngine, QueueFull
 
 
 def _prompts(model, n, seed=0):
@@ -176,7 +176,7 @@ def test_a_failing_request_ends_alone_and_the_engine_goes_on(tiny_model_dir, mon
         assert bad.finish_reason == "error" and isinstance(bad.error, _Boom)
         assert list(good) == want_b and good.finish_reason == "length"
         # a whole pass that fails ends the requests in it; the next ones run
-        from fastllm import serving
+        from fastllm.serve import serving
         real = serving.extend_together
         calls = []
 

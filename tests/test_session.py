@@ -12,7 +12,8 @@ import warnings
 import numpy as np
 import pytest
 
-from fastllm import Model, SamplingParams, Session, _core
+from fastllm import Model, SamplingParams, Session
+from fastllm.core import _core
 
 
 @pytest.fixture(scope="module")

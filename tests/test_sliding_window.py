@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 
 from fastllm import Model
-from fastllm.cli import main
-from fastllm.errors import ModelFileError
+from fastllm.cli.main import main
+from fastllm.spec.errors import ModelFileError
 from oracles.hf_reference import hf_logits, load_hf, random_prompt as prompt, within
 from oracles.tiny_models import with_config
+from fastllm import generate_tokens_batch
 
 KINDS = ["mistral-swa", "mistral-headdim", "qwen2-swa", "qwen3-swa"]
 WINDOWS = {"mistral-swa": [5, 5], "mistral-headdim": [19, 19], "qwen2-swa": [0, 6, 6], "qwen3-swa": [0, 17]}
@@ -47,7 +48,7 @@ def test_long_prompts_in_rings_and_key_blocks_match_transformers(path, tiny_mode
     window of 6 and passes of 16: 256 slots): within the bound of float64
     transformers at every position, and the same bits as caches that hold
     every position, run token by token, or beside another sequence."""
-    from fastllm.session import extend_together
+    from fastllm.generate.session import extend_together
     simd_path(path)
     folder = tiny_model_dir("qwen2-swa")
     ringed = Model.from_pretrained(folder, threads=2, n_ctx=640, max_batch=16)
@@ -76,7 +77,7 @@ def test_batched_generation_equals_each_prompt_alone(kind, tiny_model_dir):
     lengths, some longer than the window, decoded together."""
     model = Model.from_pretrained(tiny_model_dir(kind), threads=2)
     prompts = [prompt(model.config.vocab_size, n, seed=n) for n in (3, 17, 40)]
-    together = model.generate_tokens_batch(prompts, 24, stop_token_ids=())
+    together = generate_tokens_batch(model, prompts, 24, stop_token_ids=())
     for p, got in zip(prompts, together):
         assert got == list(model.generate_tokens(p, 24, stop_token_ids=()))
 

@@ -17,10 +17,11 @@ import sys
 import numpy as np
 import pytest
 
-from fastllm import Model, _core
-from fastllm.config import ModelConfig
-from fastllm.schema import BY_FIELD
-from fastllm.weights import load_weights, rope_permutation
+from fastllm import Model
+from fastllm.core import _core
+from fastllm.spec.config import ModelConfig
+from fastllm.spec.schema import BY_FIELD
+from fastllm.load.weights import load_weights, rope_permutation
 from oracles.hf_reference import (compare_greedy, hf_greedy, hf_logits, hf_teacher_forced, load_hf,
                                   within)
 

@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from fastllm import Model
-from fastllm.sampling import SamplingParams
-from fastllm.serving import BatchEngine
-from fastllm.speculative import (DraftModel, DraftPolicy, NgramDrafter, Speculation, check_same_vocabulary,
-                                 speculation)
+from fastllm.generate.sampling import SamplingParams
+from fastllm.serve.serving import BatchEngine
+from fastllm.generate.speculative import (DraftModel, DraftPolicy, NgramDrafter, Speculation,
+                                          check_same_vocabulary, speculation)
+from fastllm import generate_tokens_batch
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -198,7 +199,7 @@ def test_ngram_speculation_in_the_engine_and_the_model_on_the_default_model():
     ids = m.tokenizer.encode(m.tokenizer.apply_chat_template(messages, add_generation_prompt=True),
                              add_special_tokens=False)
     tokens = list(m.generate_tokens(ids, 120, speculative=False))
-    assert m.generate_tokens_batch([ids, ids[:-40]], 120, speculative="ngram")[0] == tokens
+    assert generate_tokens_batch(m, [ids, ids[:-40]], 120, speculative="ngram")[0] == tokens
 
 
 def test_structured_output_and_stop_strings_hold_under_speculation():
@@ -286,7 +287,7 @@ def test_a_recurrent_draft_model_keeps_its_state_between_proposals():
 
 
 def test_the_cli_speculates_with_the_same_text(capsys):
-    from fastllm import cli
+    from fastllm.cli import main as cli
     argv = ["run", "--raw", "-n", "48", "--threads", "2",
             "The alphabet: a b c d e f g h i j k l m n o p. The alphabet again: a b c"]
     assert cli.main(argv) == 0
@@ -310,7 +311,7 @@ def test_the_server_speculates_per_request_and_counts_guesses():
     import urllib.request
 
     uvicorn = pytest.importorskip("uvicorn")
-    from fastllm.server import ServeOptions, create_app
+    from fastllm.serve.server import ServeOptions, create_app
 
     m = Model.from_pretrained(n_ctx=1024, threads=2)
     engine = BatchEngine(m, parallel=2, speculative="ngram", draft_max=8)
@@ -379,7 +380,7 @@ def test_the_engine_masks_every_verified_position_of_a_constrained_request():
     """JSON Schema output in the engine with n-gram guesses (the prompt holds
     the JSON to repeat): the text is the constrained text without them."""
     pytest.importorskip("llguidance")
-    from fastllm.constrain import reply_grammar
+    from fastllm.generate.constrain import reply_grammar
     m = Model.from_pretrained(n_ctx=2048, threads=2)
     schema = {"type": "json_schema", "json_schema": {"name": "p", "schema": {
         "type": "object", "properties": {"name": {"type": "string"}, "tags": {"type": "array",

@@ -320,7 +320,7 @@ def test_from_pretrained_matches_transformers(vocabs, name, flavor):
 def test_a_folder_with_only_tokenizer_model_says_how_to_make_tokenizer_json(vocabs, tmp_path):
     import shutil
 
-    from fastllm.errors import ModelFileError
+    from fastllm.spec.errors import ModelFileError
     model, _ = vocabs("llama-bpe-bf")
     shutil.copy(model, tmp_path / "tokenizer.model")
     with pytest.raises(ModelFileError, match="save_pretrained"):

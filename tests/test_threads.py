@@ -32,7 +32,7 @@ def started_spin_count(**env_extra) -> str:
 
 
 def test_default_is_a_short_spin():
-    from fastllm._openmp import SPIN_COUNT
+    from fastllm.core._openmp import SPIN_COUNT
     assert started_spin_count() == SPIN_COUNT
     assert int(SPIN_COUNT) < 300000  # libgomp's own default, which collapses on busy cores
 
@@ -46,7 +46,7 @@ def test_a_setting_of_the_users_own_is_kept(env, want):
 
 def test_the_setting_reaches_no_child_process():
     code = ("import os, subprocess, sys, fastllm\n"
-            "from fastllm._openmp import wait_policy\n"
+            "from fastllm.core._openmp import wait_policy\n"
             "print(wait_policy())\n"
             "print([k for k in ('GOMP_SPINCOUNT', 'KMP_BLOCKTIME') if k in os.environ])\n"
             "subprocess.run([sys.executable, '-c', 'import os; print(os.environ.get(\"GOMP_SPINCOUNT\"))'])\n")
@@ -56,13 +56,13 @@ def test_the_setting_reaches_no_child_process():
 
 
 def test_wait_policy_says_when_the_user_set_it():
-    out = start("from fastllm._openmp import wait_policy; print(wait_policy())", GOMP_SPINCOUNT="42")
+    out = start("from fastllm.core._openmp import wait_policy; print(wait_policy())", GOMP_SPINCOUNT="42")
     assert out.stdout.strip() == "GOMP_SPINCOUNT=42 (set by the user)"
 
 
 def test_info_shows_the_wait_policy():
     from pathlib import Path
     tiny = Path(__file__).parent / "data" / "tiny-llama"
-    out = start(f"import sys; from fastllm.cli import main; sys.exit(main(['info', '--model', {str(tiny)!r}]))",
+    out = start(f"import sys; from fastllm.cli.main import main; sys.exit(main(['info', '--model', {str(tiny)!r}]))",
                 GOMP_SPINCOUNT="42")
     assert "OpenMP wait" in out.stdout and "GOMP_SPINCOUNT=42 (set by the user)" in out.stdout

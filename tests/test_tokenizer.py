@@ -18,7 +18,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, pre_tokenizers, processors, trainers
 from tokenizers.decoders import DecodeStream
 
-from fastllm.errors import FastLLMError, ModelFileError
+from fastllm.spec.errors import FastLLMError, ModelFileError
 from fastllm.tokenizer import Tokenizer, TokenizerError, UnsupportedTokenizerError, _bytes_to_unicode
 from oracles.tokenizer_strings import EDGE_CASES, SPECIAL_MARKERS, corpus, random_strings
 

@@ -1,13 +1,14 @@
-"""Tool calls and reasoning read from a reply's text (fastllm.toolcalls):
+"""Tool calls and reasoning read from a reply's text (fastllm.generate.toolcalls):
 whole, and streamed in pieces, which must add up to the same reply."""
 import json
 import random
 
 import pytest
 
-from fastllm.chat_template import render_chat
-from fastllm.toolcalls import (LLAMA3_JSON, MISTRAL, MISTRAL_LIST, QWEN, ReplyStream, check_tool_choice, check_tools,
-                               gather, messages_for_template, parse_reply, reasoning_mode, tool_format)
+from fastllm.tokenizer.chat_template import render_chat
+from fastllm.generate.toolcalls import (LLAMA3_JSON, MISTRAL, MISTRAL_LIST, QWEN, ReplyStream,
+                                        check_tool_choice, check_tools, gather, messages_for_template,
+                                        parse_reply, reasoning_mode, tool_format)
 from oracles.qwen_tokenizers import QWEN3_CHAT_TEMPLATE, QWEN35_CHAT_TEMPLATE
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
@@ -89,7 +90,7 @@ def test_arguments_stream_as_openai_sends_them():
     assert [d.call for d in more] == [{"function": {"arguments": 'ty": "Paris"}'}}]
     assert stream.called
     # the same through the server's stream chunks: OpenAI's shape, index first
-    from fastllm import openai_api as api
+    from fastllm.serve import openai_api as api
     g = api.Generation(True, [1], 5, [None], [], None, None, reply={"reasoning": None, "tools": NAMES, "fmt": QWEN})
     chunks = api.delta_choices(g, 0, opened + more)
     assert chunks[0]["delta"]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": ""}

@@ -19,7 +19,7 @@ MODEL = HERE / "tiny-llama"
 def main() -> int:
     t0 = time.perf_counter()
     import fastllm
-    from fastllm import _core
+    from fastllm.core import _core
     t_import = time.perf_counter() - t0
     where = Path(fastllm.__file__).resolve()
     print(f"fastllm {fastllm.__version__} from {where.parent}")

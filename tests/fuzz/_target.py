@@ -9,7 +9,7 @@ import glob
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # A checkout built in place (setup.py build_ext --inplace) is fuzzed as it
 # is; elsewhere (an unpacked sdist in CI) the installed fastllm is.
-if glob.glob(os.path.join(ROOT, "src", "fastllm", "_core*.so")) and os.path.join(ROOT, "src") not in sys.path:
+if glob.glob(os.path.join(ROOT, "src", "fastllm", "core", "_core*.so")) and os.path.join(ROOT, "src") not in sys.path:
     sys.path.insert(0, os.path.join(ROOT, "src"))
 warnings.simplefilter("ignore")   # a fuzzed config may warn (a multimodal wrapper): not a finding
 

@@ -1,5 +1,5 @@
 """Chat templates: an arbitrary template and conversation through
-fastllm.chat_template.render_chat.
+fastllm.tokenizer.chat_template.render_chat.
 
 The input, as UTF-8 (invalid bytes replaced), split at NUL characters: the
 template, then the contents of alternating user and assistant messages.
@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _target import instrumented, main  # noqa: E402
 
 with instrumented():
-    from fastllm.chat_template import TemplateError, render_chat
+    from fastllm.tokenizer.chat_template import TemplateError, render_chat
 
 SPECIALS = {"bos_token": "<s>", "eos_token": "</s>"}
 

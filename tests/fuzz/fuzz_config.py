@@ -9,8 +9,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _target import instrumented, main  # noqa: E402
 
 with instrumented():
-    from fastllm.config import ModelConfig
-    from fastllm.errors import ModelFileError
+    from fastllm.spec.config import ModelConfig
+    from fastllm.spec.errors import ModelFileError
 
 _DIR = tempfile.mkdtemp(prefix="fuzz-config-")
 _PATH = os.path.join(_DIR, "config.json")

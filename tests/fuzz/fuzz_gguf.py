@@ -22,7 +22,7 @@ except ImportError:  # the corpus replay test runs without atheris
     atheris = None
 
 with atheris.instrument_imports() if atheris else contextlib.nullcontext():
-    from fastllm.errors import ModelFileError
+    from fastllm.spec.errors import ModelFileError
     from fastllm.formats.gguf import convert_gguf
 
 _TMP = Path(tempfile.mkdtemp(prefix="fuzz-gguf-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))

@@ -23,7 +23,7 @@ from _target import instrumented, main  # noqa: E402
 
 with instrumented():
     from fastllm import Model
-    from fastllm.errors import ModelFileError
+    from fastllm.spec.errors import ModelFileError
     from fastllm.tokenizer import TokenizerError
 
 _TMP = Path(tempfile.mkdtemp(prefix="fuzz-gguf-load-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))

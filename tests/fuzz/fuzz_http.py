@@ -73,14 +73,14 @@ from _target import ROOT, instrumented, main  # noqa: E402
 # templates have targets of their own, and tracing them would slow each
 # request several-fold.
 from fastllm import Model  # noqa: E402
-from fastllm.serving import BatchEngine  # noqa: E402
+from fastllm.serve.serving import BatchEngine  # noqa: E402
 
 with instrumented():
-    import fastllm.server as server_module  # noqa: E402
-    import fastllm.anthropic_api  # noqa: E402,F401
-    import fastllm.embeddings_api  # noqa: E402,F401
-    import fastllm.responses_api  # noqa: E402,F401
-    import fastllm.served  # noqa: E402,F401
+    import fastllm.serve.server as server_module  # noqa: E402
+    import fastllm.serve.anthropic_api  # noqa: E402,F401
+    import fastllm.serve.embeddings_api  # noqa: E402,F401
+    import fastllm.serve.responses_api  # noqa: E402,F401
+    import fastllm.serve.served  # noqa: E402,F401
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TINY = os.path.join(ROOT, "tests", "data", "tiny-llama")

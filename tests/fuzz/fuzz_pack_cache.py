@@ -1,4 +1,4 @@
-"""Fuzz the packed-weights cache reader (fastllm.pack_cache): each input is
+"""Fuzz the packed-weights cache reader (fastllm.load.pack_cache): each input is
 the cache file of a tiny GGUF model, which pack_cache.load must either map
 (and then it holds exactly the weights an uncached load packs) or notice as
 unusable and rebuild; in both cases the model then runs. Nothing else is
@@ -32,9 +32,10 @@ from _target import instrumented, main  # noqa: E402
 
 with instrumented():
     import numpy as np
-    from fastllm import _core, pack_cache
+    from fastllm.core import _core
+    from fastllm.load import pack_cache
     from fastllm.formats.gguf import read_gguf_model
-    from fastllm.weights import load_gguf_weights
+    from fastllm.load.weights import load_gguf_weights
 
 import file_seeds  # noqa: E402
 

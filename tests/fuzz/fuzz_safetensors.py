@@ -21,10 +21,10 @@ from _target import instrumented, main  # noqa: E402
 from file_seeds import TINY_CONFIG  # noqa: E402
 
 with instrumented():
-    from fastllm.config import ModelConfig
-    from fastllm.errors import ModelFileError
+    from fastllm.spec.config import ModelConfig
+    from fastllm.spec.errors import ModelFileError
     from fastllm.formats.safetensors import Checkpoint
-    from fastllm.weights import load_weights
+    from fastllm.load.weights import load_weights
 
 _TMP = Path(tempfile.mkdtemp(prefix="fuzz-st-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
 atexit.register(shutil.rmtree, _TMP, True)

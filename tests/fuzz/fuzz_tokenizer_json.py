@@ -8,7 +8,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _target import instrumented, main  # noqa: E402
 
 with instrumented():
-    from fastllm.errors import ModelFileError
+    from fastllm.spec.errors import ModelFileError
     from fastllm.tokenizer import Tokenizer, TokenizerError
 
 _DIR = tempfile.mkdtemp(prefix="fuzz-tokenizer-json-")

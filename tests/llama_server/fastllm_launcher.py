@@ -53,7 +53,7 @@ _tmp = None
 def default_model() -> str:
     if os.environ.get("FASTLLM_PEER_MODEL"):
         return os.environ["FASTLLM_PEER_MODEL"]
-    from fastllm.hub import default_model_dir
+    from fastllm.load.hub import default_model_dir
     return str(default_model_dir())
 
 

@@ -31,10 +31,10 @@ from typing import Callable, Optional, Union
 
 import numpy as np
 
-from ..config import ModelConfig
-from ..errors import FastLLMError, ModelFileError
-from .. import schema
-from ..families import GGUF_ARCHITECTURES, GGUF_REFUSED
+from ..spec.config import ModelConfig
+from ..spec.errors import FastLLMError, ModelFileError
+from ..spec import schema
+from ..spec.families import GGUF_ARCHITECTURES, GGUF_REFUSED
 from .gguf_config import check_metadata_types, generation_config, model_config
 from .gguf_file import ConversionError
 from .gguf_tensors import (dequantize, expert_tensors_to_write, hf_entries_of, plan_tensors, read_contents,

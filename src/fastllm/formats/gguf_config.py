@@ -10,9 +10,9 @@ from typing import Optional
 
 import numpy as np
 
-from .. import schema
-from ..config import yarn_scaling
-from ..families import FAMILIES, GGUF_ARCHITECTURES
+from ..spec import schema
+from ..spec.config import yarn_scaling
+from ..spec.families import FAMILIES, GGUF_ARCHITECTURES
 from .gguf_file import ConversionError, require
 
 

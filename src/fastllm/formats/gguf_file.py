@@ -21,8 +21,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..errors import ModelFileError
-from ..files import open_regular
+from ..spec.errors import ModelFileError
+from ..spec.files import open_regular
 
 _MAGIC = b"GGUF"
 _VERSIONS = (2, 3)

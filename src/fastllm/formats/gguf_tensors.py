@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
+import warnings
 
-from .. import schema
-from ..config import ModelConfig
-from ..files import open_regular
+from ..spec import schema
+from ..spec.config import ModelConfig
+from ..spec.files import open_regular
 from .gguf_file import ConversionError, GGUFContents, GGUFError, GGUFTensor, read_gguf, read_tensor_bytes
 from .safetensors import f32_to_bf16
 
@@ -264,7 +265,6 @@ def drop_mtp_layers(tensors: dict, cfg: ModelConfig, path: Path, notify: bool) -
     if not extra:
         return tensors
     if notify:
-        import warnings
         which = ", ".join(f"blk.{i}" for i in extra)
         warnings.warn(f"{path.name}: its multi-token-prediction layer{'s' if len(extra) > 1 else ''} {which} "
                       f"{'are' if len(extra) > 1 else 'is'} ignored: fastllm predicts one token at a time",

@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Callable, Optional, Union
 
 import numpy as np
+import warnings
 
-from .. import schema
-from ..config import ModelConfig, no_rope_layers, read_json, yarn_scaling
-from ..errors import ModelFileError
-from ..families import GGUF_ARCHITECTURES
+from ..spec import schema
+from ..spec.config import ModelConfig, no_rope_layers, read_json, yarn_scaling
+from ..spec.errors import ModelFileError
+from ..spec.families import GGUF_ARCHITECTURES
 from . import quants
 from .gguf import OutputExistsError, progress_fn
 from .gguf_config import GEMMA_GGUF, GGUF_MULTIPLIERS, GGUF_NO_ROPE_INTERVAL
@@ -483,7 +484,6 @@ def export_gguf(folder: PathLike, out_path: PathLike, mix: str = "f32",
             raise ConversionError(folder / "config.json", f"{why}: this model cannot be written to GGUF")
     windowed = sum(1 for i in range(cfg.num_hidden_layers) if cfg.attention_window(i))
     if windowed and not cfg.family.gguf_longrope and arch not in GEMMA_GGUF:
-        import warnings
         warnings.warn(f"{folder}: the sliding window of {cfg.sliding_window} positions ({windowed} of "
                       f"{cfg.num_hidden_layers} layers) is not written: llama.cpp's {arch} architecture "
                       f"attends to the whole context, and its own converter writes such a model so too",

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _core
+from ..core import _core
 
 __all__ = ["QTYPES", "FLOAT_TYPES", "block_size", "row_bytes", "ggml_type", "quantize", "dequantize"]
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ModelFileError
-from ..files import open_regular, read_bounded
+from ..spec.errors import ModelFileError
+from ..spec.files import open_regular, read_bounded
 
 # safetensors dtype -> (numpy dtype of the raw bytes, bytes per element).
 # BF16 has no numpy dtype: it is exposed as uint16 bit patterns and turned into

@@ -53,9 +53,9 @@ import numbers
 import os
 import re
 
-from .. import _bpe
-from ..errors import ModelFileError
-from ..files import read_bounded
+from . import _bpe, compact
+from ..spec.errors import ModelFileError
+from ..spec.files import read_bounded
 from . import decoders, normalizers, post_processors, pre_tokenizers
 from .added_tokens import AddedToken, Matcher
 from .bpe import BPE
@@ -64,6 +64,7 @@ from .chars import bytes_to_unicode as _bytes_to_unicode  # noqa: F401  (tests i
 from .errors import TokenizerError, UnsupportedTokenizerError
 from .incremental import IncrementalDecoder
 from .unigram import Unigram
+from .chat_template import get_template, render_chat
 
 __all__ = ["Tokenizer", "TokenizerError", "UnsupportedTokenizerError", "IncrementalDecoder"]
 
@@ -310,7 +311,6 @@ class Tokenizer:
         A merge naming a token that is not in the vocabulary is reported by
         the first encode(), or by validate().
         """
-        from . import compact
         path = os.fspath(path)
         with _collector_paused():
             spec = compact.read_spec(path, lambda: _read_json(path, "tokenizer.json", TOKENIZER_JSON_LIMIT))
@@ -703,7 +703,6 @@ class Tokenizer:
         add_special_tokens=False, so special tokens written by the template
         are recognised and nothing else is added).
         """
-        from ..chat_template import get_template, render_chat
 
         template = get_template(self.chat_template, chat_template, tools)
         text = render_chat(template, messages, tools=tools, documents=documents,

@@ -2,7 +2,7 @@
 import contextlib
 from array import array
 
-from .. import _bpe
+from . import _bpe
 from .chars import BYTE_CHARS, byte_level
 from .errors import TokenizerError, UnsupportedTokenizerError
 

@@ -2,7 +2,7 @@
 
 A large vocabulary's tokenizer.json (262k tokens and 515k merges: 14 MB of
 JSON) takes seconds to parse into Python objects and to turn into the merge
-table. The first load keeps, through fastllm.pack_cache (same cache folder,
+table. The first load keeps, through fastllm.load.pack_cache (same cache folder,
 same checks: a file whose checksums, source or fastllm build do not match
 is made again), the vocabulary as _bpe.Vocab holds it (its tokens' UTF-8
 bytes, their offsets and ids), the merge table's own bytes, and the rest
@@ -17,7 +17,8 @@ import os
 
 import numpy as np
 
-from .. import _bpe, pack_cache
+from . import _bpe
+from ..load import pack_cache
 from .bpe import BPE
 
 # Smaller files parse quickly enough.

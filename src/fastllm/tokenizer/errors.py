@@ -1,5 +1,5 @@
 """The tokenizer's exceptions."""
-from ..errors import FastLLMError
+from ..spec.errors import FastLLMError
 
 
 class TokenizerError(FastLLMError, ValueError):

@@ -16,11 +16,11 @@ import sys
 from pathlib import Path
 from typing import Optional, Union
 
-from .formats.gguf import (DEFAULT_DTYPE, TOKENIZER_ONLY, OutputExistsError, convert_gguf, folder_files,
-                           is_complete_model_dir)
+from ..formats.gguf import (DEFAULT_DTYPE, TOKENIZER_ONLY, OutputExistsError, convert_gguf, folder_files,
+                            is_complete_model_dir)
 from . import huggingface
-from .errors import FastLLMError
-from .files import check_regular, read_bounded
+from ..spec.errors import FastLLMError
+from ..spec.files import check_regular, read_bounded
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -242,7 +242,7 @@ def locate(name: Optional[PathLike] = None, filename: Optional[str] = None) -> P
     None or the default model's name: the default model's GGUF file. A
     local folder or file: itself (a local path always wins). org/name or
     org/name:FILE: a Hugging Face repo, fetched into the Hugging Face cache
-    (see fastllm.huggingface). filename: a GGUF file name, glob or
+    (see fastllm.load.huggingface). filename: a GGUF file name, glob or
     quantization tag picking one file of the folder or repo, as :FILE does.
     """
     if name is None:

@@ -1,5 +1,5 @@
 """Anthropic's Messages API (/v1/messages, /v1/messages/count_tokens) over
-the chat machinery of fastllm.openai_api.
+the chat machinery of fastllm.serve.openai_api.
 
 A Messages request is rewritten as the chat completion it amounts to
 (system prompt, turns, tool_use blocks as tool calls, tool_result blocks
@@ -19,8 +19,8 @@ import uuid
 from dataclasses import dataclass
 
 from . import openai_api as api
-from . import toolcalls
-from .openai_api import APIError
+from ..generate import toolcalls
+from .openai_api import APIError, engine_error
 
 # Anthropic's error types by HTTP status.
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -344,7 +344,6 @@ class _Blocks:
 
 async def events(job: Job, completions, requests, http_request):
     """The server-sent events of a streamed reply."""
-    from .server import engine_error
     reader = api.reply_stream(job.g)
     blocks, state, opened = _Blocks(), completions.new_state(), False
     try:

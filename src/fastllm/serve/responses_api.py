@@ -1,5 +1,5 @@
 """OpenAI's Responses API (/v1/responses) over the chat machinery of
-fastllm.openai_api.
+fastllm.serve.openai_api.
 
 A request's instructions and input items (messages, function calls and
 their outputs, reasoning) become the chat conversation they amount to,
@@ -24,8 +24,8 @@ import uuid
 from dataclasses import dataclass, field
 
 from . import openai_api as api
-from . import toolcalls
-from .openai_api import APIError
+from ..generate import toolcalls
+from .openai_api import APIError, engine_error
 
 _MEDIA = ("input_image", "input_file", "input_audio", "image_url", "image", "file")
 
@@ -425,7 +425,6 @@ class _Items:
 
 async def events(job: Job, completions, requests, http_request):
     """The server-sent events of a streamed response."""
-    from .server import engine_error
     reader = api.reply_stream(job.g)
     items, state = _Items(), completions.new_state()
     try:

@@ -37,13 +37,19 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import importlib
+import ctypes
 
-from . import _core
+from ..core import _core
 
 try:
     import fcntl
 except ImportError:   # Windows: no lock; the rename alone keeps files whole
     fcntl = None
+from .hub import cache_dir
+from ..spec.files import open_regular
+from ..spec.version import __version__
+from ..spec.errors import ModelFileError
 
 # Bumped when the file's format, or what load_weights/load_gguf_weights put
 # in a model's arrays, changes (the code digest below catches the rest).
@@ -77,7 +83,6 @@ def enabled(asked: bool | None) -> bool:
 
 
 def folder() -> Path:
-    from .hub import cache_dir
     return cache_dir() / "packed"
 
 
@@ -97,7 +102,6 @@ def disk_use() -> tuple:
 
 def _hash_file(path: Path) -> dict:
     """A file's identity: size, modification time and hashes of its bytes."""
-    from .files import open_regular
     with open_regular(path, "model file") as f:
         st = os.fstat(f.fileno())
         size = st.st_size
@@ -124,9 +128,8 @@ def _code_digest() -> str:
     fastllm is developed)."""
     global _code
     if _code is None:
-        from . import __version__
         h = hashlib.blake2b(__version__.encode(), digest_size=16)
-        here = Path(__file__).resolve().parent
+        here = Path(__file__).resolve().parent.parent   # the fastllm package
         for p in sorted(here.rglob("*.py")) + [Path(_core.__file__)]:
             try:
                 h.update(str(p.relative_to(here)).encode() + b"\0" + p.read_bytes())
@@ -365,8 +368,6 @@ def _map(path: Path, want: dict, check=None) -> tuple:
     """(tree, extra) of the cache file at path, mapped read-only and shared,
     if it was made for want (a key), is whole and check(tree) (which
     raises ValueError or TypeError otherwise) takes it; else CacheInvalid."""
-    from .files import open_regular
-    from .errors import ModelFileError
     try:
         f = open_regular(path, "packed-weights cache")
     except ModelFileError as e:
@@ -394,7 +395,6 @@ def _map(path: Path, want: dict, check=None) -> tuple:
 
 def _sources_gone(path: Path) -> bool:
     """Whether the cache file at path was made from files that no longer exist."""
-    from .files import open_regular
     try:
         with open_regular(path, "packed-weights cache") as f:
             manifest = _read_manifest(f, os.fstat(f.fileno()).st_size)[0]
@@ -467,7 +467,6 @@ class PackCacheWarning(UserWarning):
 
 def _replay(records: list) -> None:
     """Warnings the loader gave when the cache was made, given again."""
-    import importlib
     for module, name, message in records:
         category = UserWarning
         if module.startswith("fastllm."):
@@ -587,7 +586,6 @@ def _give_back_freed_memory() -> None:
     mapping the file does not add to it."""
     if sys.platform.startswith("linux"):
         try:
-            import ctypes
             ctypes.CDLL(None).malloc_trim(0)
         except (OSError, AttributeError):
             pass

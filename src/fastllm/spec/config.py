@@ -16,6 +16,7 @@ import numpy as np
 from .errors import ModelFileError
 from .families import ACTIVATIONS, EVERY_LAYER, FAMILIES, LAYER_TYPES, USE_SLIDING_WINDOW, Family, family
 from .files import read_bounded
+from .schema import n_params
 
 CONFIG_LIMIT = 4 << 20   # bytes; a config.json is a few kilobytes
 
@@ -948,5 +949,4 @@ class ModelConfig:
         return max(getattr(lc, name) for lc in self.layer_configs())
 
     def n_params(self) -> int:
-        from .schema import n_params
         return n_params(self)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .tokenizer import decoders
+from ..tokenizer import decoders
 from .toolcalls import QWEN, THINK_CLOSE, THINK_OPEN, ToolFormat
 
 # Whitespace allowed between JSON tokens: a bounded run, so that a model

@@ -22,7 +22,7 @@ import jinja2.visitor
 import numpy as np
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .errors import FastLLMError
+from ..spec.errors import FastLLMError
 
 __all__ = ["TemplateError", "render_chat", "get_template", "compile_template"]
 

@@ -16,8 +16,10 @@ import time
 
 import numpy as np
 
-from .cli import whole_number
-from .config import KV_DTYPES
+from .args import whole_number
+from ..spec.config import KV_DTYPES
+from ..generate.model import DTYPES, Model, physical_cores
+from ..core._core import simd_path
 
 
 def add_bench_parser(sub):
@@ -96,7 +98,6 @@ def bench_model(model, n_prompt: int, n_gen: int, repetitions: int, depth: int =
 def run_bench(model_path, n_prompt=512, n_gen=128, threads=None, repetitions=5, dtypes=(None,),
               kv_dtype="f32", depths=(0,)):
     """Yield one result per (dtype, threads, depth, test), loading each dtype once."""
-    from .model import Model, physical_cores
     threads = threads or [physical_cores()]
     for dtype in dtypes:
         ctx = max(depths) + max(n_prompt, n_gen, 1)
@@ -112,8 +113,6 @@ def run_bench(model_path, n_prompt=512, n_gen=128, threads=None, repetitions=5, 
 
 
 def cmd_bench(args) -> int:
-    from ._core import simd_path
-    from .model import DTYPES, physical_cores
     threads = args.threads or [physical_cores()]
     dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()] if args.dtype else [None]
     for d in dtypes:

@@ -2,7 +2,7 @@
 request body read into what the engine runs (prompt ids, sampling, limits),
 every field checked before anything is submitted, and the engine's output
 shaped into OpenAI's responses and stream chunks. Nothing here speaks HTTP
-(fastllm.server routes requests to these functions).
+(fastllm.serve.server routes requests to these functions).
 
 The server's fallbacks for fields a request leaves out are, in order: the
 model's generation_config.json, then OpenAI's defaults (temperature 1,
@@ -16,11 +16,13 @@ import numbers
 from dataclasses import dataclass, field
 
 
-from . import toolcalls
-from .constrain import reply_grammar, response_format_schema
-from .formats.safetensors import json_depth
-from .sampling import SamplingParams
-from .tokenizer.errors import TokenizerError
+from ..generate import toolcalls
+from ..generate.constrain import reply_grammar, response_format_schema
+from ..formats.safetensors import json_depth
+from ..generate.sampling import SamplingParams
+from ..tokenizer.errors import TokenizerError
+from ..spec.version import __version__
+from ..core._core import int8_path, simd_path
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_CHOICES = 16          # n
@@ -489,8 +491,6 @@ def usage(n_prompt: int, completion_tokens: int, cached_tokens: int = 0) -> dict
 def system_fingerprint(model) -> str:
     """What a reply's bits depend on besides the request: fastllm's version,
     the SIMD and int8 kernels this CPU runs, and the activations' type."""
-    from . import __version__
-    from ._core import int8_path, simd_path
     return f"fastllm-{__version__}-{simd_path()}-{int8_path()}-{model.activations}"
 
 
@@ -615,3 +615,11 @@ def chunk(g: Generation, rid: str, created: int, model_name: str, choices: list,
 def error_event(e: APIError) -> str:
     """An error after a stream has begun (its status was 200 already)."""
     return f"data: {json.dumps(error_body(e))}\n\n"
+
+
+def engine_error(e: BaseException) -> APIError:
+    """An error the engine met while running a request: the caller's fault
+    (ValueError) is a 400, anything else a 500."""
+    if isinstance(e, ValueError):
+        return APIError(400, str(e))
+    return server_error(f"generation failed: {type(e).__name__}: {e}")

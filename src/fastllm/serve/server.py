@@ -5,7 +5,7 @@ batching engine (Starlette on uvicorn: `pip install fastllm-engine[serve]`).
 
 GET /v1/models, POST /v1/completions and /v1/chat/completions (JSON, or
 server-sent events with "stream": true), GET /health, GET /metrics
-(Prometheus). The app only routes: fastllm.openai_api reads requests and
+(Prometheus). The app only routes: fastllm.serve.openai_api reads requests and
 shapes responses. Every error comes in OpenAI's JSON shape. A client that
 goes away frees its slot at the engine's next step.
 
@@ -14,7 +14,7 @@ within body_timeout seconds), the nesting of its JSON, the prompt (refused
 before tokenizing when it cannot fit the context; tokenized off the event
 loop), and optionally its time (request_timeout). A connection must send
 a whole request head within head_timeout seconds, and at most
-max_connections requests are in progress at once (fastllm.http_limits).
+max_connections requests are in progress at once (fastllm.serve.http_limits).
 On SIGTERM or Ctrl-C, answers in progress get shutdown_timeout seconds to
 finish; then they are cut, a stream its client stopped reading included.
 """
@@ -30,17 +30,20 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, fields
+import threading
 
-from . import openai_api as api
+from . import anthropic_api, embeddings_api, openai_api as api, responses_api
 from .http_limits import RequestLimit, with_head_deadline
-from .openai_api import APIError
-from .textstream import TextStream
+from .openai_api import APIError, engine_error
+from ..generate.textstream import TextStream
+from .serving import BatchEngine, QueueFull
+from .served import ModelSet, ServedModel
 
 
 @dataclass(frozen=True)
 class ServeOptions:
     """The server's settings and their defaults, which `fastllm serve` and
-    fastllm.ray_serve read from here."""
+    fastllm.serve.ray_serve read from here."""
     host: str = "127.0.0.1"
     port: int = 8000
     parallel: int = 4                   # requests decoded together
@@ -161,7 +164,6 @@ def error_shape(path: str):
     """The error body maker of the API a path belongs to: Anthropic's for
     /v1/messages and below, OpenAI's elsewhere."""
     if path == "/v1/messages" or path.startswith("/v1/messages/"):
-        from . import anthropic_api
         return anthropic_api.error_body
     return api.error_body
 
@@ -209,14 +211,6 @@ def cors_middleware(options: ServeOptions):
     # Fetch standard does not let a "*" cover Authorization).
     return Middleware(CORS, allow_origins=exact, allow_origin_regex=pattern, allow_methods=CORS_METHODS,
                       allow_headers=["*"], allow_credentials=True, expose_headers=["Retry-After"])
-
-
-def engine_error(e: BaseException) -> APIError:
-    """An error the engine met while running a request: the caller's fault
-    (ValueError) is a 400, anything else a 500."""
-    if isinstance(e, ValueError):
-        return APIError(400, str(e))
-    return api.server_error(f"generation failed: {type(e).__name__}: {e}")
 
 
 # A body over max_body is still read, and thrown away, up to this many more
@@ -283,7 +277,6 @@ class Completions:
     def submit(self, g: api.Generation) -> list:
         """One engine request per choice of every prompt, in the order of
         the choices' indexes, all queued or none."""
-        from .serving import QueueFull
         prompts = g.prompts
         if len(g.samplings) > self.engine.max_queue:
             raise APIError(400, f"'n' must be at most {self.engine.max_queue} on this server "
@@ -478,7 +471,6 @@ async def _cancellable(work, job, served, http_request, options: ServeOptions):
     threading.Event, which work looks at between its steps) is set when the
     client goes away or the request's time (options.request_timeout) runs
     out, which answers 408."""
-    import threading
     cancelled = threading.Event()
     task = asyncio.ensure_future(asyncio.to_thread(work, job, served, cancelled))
     deadline = None if options.request_timeout is None else time.monotonic() + options.request_timeout
@@ -518,8 +510,6 @@ def create_app(model, engine, model_name: str | None = None, api_key: str | None
     from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
     from starlette.routing import Route
 
-    from . import anthropic_api, embeddings_api, responses_api
-    from .served import ModelSet, ServedModel
 
     api_key = options.api_key if api_key is None else api_key
     if models is None:
@@ -714,7 +704,6 @@ def serve(model, options: ServeOptions = DEFAULTS):
     """Run the server until interrupted. model: a Model, or [(name, Model),
     ...] to serve several, each with an engine of its own."""
     import uvicorn
-    from .serving import BatchEngine
     several = isinstance(model, list)
     entries = model if several else [(options.model_name or model.name, model)]
     engines = []

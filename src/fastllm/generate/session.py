@@ -12,8 +12,8 @@ from contextlib import ExitStack, contextmanager
 
 import numpy as np
 
-from . import _core
-from .schema import LINEAR
+from ..core import _core
+from ..spec.schema import LINEAR
 
 
 _IN_USE = ("this Session is in use by another thread: a Session serves one thread at a time "

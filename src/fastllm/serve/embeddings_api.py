@@ -6,7 +6,7 @@ An embedding input is a string, an array of token ids, or an array of
 either (llama-server also takes {"content": [text parts]} and
 {"prompt_string": ...} entries, and an array mixing strings and ids as one
 prompt). Each is tokenized with the model's special tokens, run alone, and
-pooled as the model pools (fastllm.embeddings); the vectors are
+pooled as the model pools (fastllm.generate.embeddings); the vectors are
 normalized unless "normalize": false asks otherwise, and cut to
 "dimensions" first where it is given, as OpenAI's shortened embeddings are.
 """
@@ -19,8 +19,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import openai_api as api
-from .embeddings import embed_ids
+from ..generate.embeddings import embed_ids
 from .openai_api import APIError
+from ..tokenizer.errors import TokenizerError
+from ..tokenizer import decoders
 
 MAX_INPUTS = 2048           # inputs in one request, as OpenAI's
 MAX_TOKENS = 300_000        # tokens summed over them, as OpenAI's
@@ -195,7 +197,6 @@ def tokenize(body: dict, model) -> dict:
 
 
 def _plain_encode(tokenizer, text: str, add_special: bool) -> list:
-    from .tokenizer.errors import TokenizerError
     try:
         return tokenizer.encode(text, add_special_tokens=add_special)
     except TokenizerError as e:
@@ -225,7 +226,6 @@ def _check_ids(ids, model, param: str):
 def piece(tokenizer, token: int):
     """A token's text, or its bytes where they are not whole UTF-8 (part
     of a character), as llama-server gives them."""
-    from .tokenizer import decoders
     text = tokenizer.decode([token])
     if "\ufffd" not in text:
         return text

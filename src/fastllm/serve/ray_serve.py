@@ -2,7 +2,7 @@
 endpoint in front of several processes, on one machine or across a Ray
 cluster (`pip install "fastllm-engine[ray]"`).
 
-    serve run fastllm.ray_serve:build model=/models/m.gguf replicas=4 threads=4 parallel=8
+    serve run fastllm.serve.ray_serve:build model=/models/m.gguf replicas=4 threads=4 parallel=8
 
 Each replica is a Ray actor process that loads the model and runs the same
 Starlette app and continuous-batching engine as `fastllm serve`; Ray's proxy
@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import inspect
 
-from .server import DEFAULTS, ServeOptions
+from .server import DEFAULTS, ServeOptions, create_app
+from ..generate.model import Model
+from .serving import BatchEngine
 
 
 def deployment(model: str | None = None, *, replicas: int = 1, threads: int = 1,
@@ -28,7 +30,7 @@ def deployment(model: str | None = None, *, replicas: int = 1, threads: int = 1,
     """A Ray Serve application of `replicas` copies of fastllm's server, for
     serve.run(); each replica loads model with `threads` threads and serves
     `parallel` requests at once with a KV cache of `ctx` tokens each. The
-    other settings are those of fastllm.server.ServeOptions (Ray's proxy
+    other settings are those of fastllm.serve.server.ServeOptions (Ray's proxy
     keeps the connections, so their settings are Ray's)."""
     from ray import serve
 
@@ -39,9 +41,6 @@ def deployment(model: str | None = None, *, replicas: int = 1, threads: int = 1,
 
     def build_app():
         # Runs in each replica's process, when Ray starts it.
-        from .model import Model
-        from .server import create_app
-        from .serving import BatchEngine
         m = Model.from_pretrained(model, n_ctx=ctx, threads=threads, dtype=dtype)
         engine = BatchEngine(m, parallel=options.parallel, max_queue=options.max_queue)
         return create_app(m, engine, options=options)
@@ -57,14 +56,14 @@ def deployment(model: str | None = None, *, replicas: int = 1, threads: int = 1,
 
 def build(args: dict):
     """The application builder for Ray's CLI: `serve run
-    fastllm.ray_serve:build key=value ...`, with deployment()'s arguments
+    fastllm.serve.ray_serve:build key=value ...`, with deployment()'s arguments
     as keys (values come as strings: numbers are read as the setting's
     type, int or float)."""
     params = inspect.signature(deployment).parameters
     unknown = set(args) - set(params)
     if unknown:
         raise ValueError(f"unknown setting(s) {', '.join(sorted(unknown))}; "
-                         f"fastllm.ray_serve takes {', '.join(params)}")
+                         f"fastllm.serve.ray_serve takes {', '.join(params)}")
     kw = {}
     for key, value in args.items():
         kind = next((k for k in (int, float) if k.__name__ in str(params[key].annotation).split(" | ")),

@@ -26,12 +26,13 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _core, schema
-from .config import ModelConfig
-from .errors import ModelFileError
-from .formats import gguf_tensors
-from .formats.gguf_file import read_tensor_bytes
-from .formats.safetensors import Checkpoint, SafetensorsFile, f32_to_bf16
+from ..core import _core
+from ..spec import schema
+from ..spec.config import ModelConfig
+from ..spec.errors import ModelFileError
+from ..formats import gguf_tensors, quants
+from ..formats.gguf_file import read_tensor_bytes
+from ..formats.safetensors import Checkpoint, SafetensorsFile, f32_to_bf16
 
 
 def rope_permutation(head_dim: int, rope_dim: int) -> np.ndarray:
@@ -208,7 +209,6 @@ class SafetensorsSource(TensorSource):
         self.cfg, self.ck, self.path, self.bf16 = cfg, ck, Path(folder), bf16
         self.types = {}
         if mix is not None:
-            from .formats import quants
             views = cfg.layer_configs()
             matrices = {}
             for i in range(cfg.num_hidden_layers):
@@ -258,7 +258,6 @@ class SafetensorsSource(TensorSource):
             return arr, dtype, arr.shape[1]
         if qtype == "f16":
             return arr.astype(np.float16), "f16", arr.shape[1]
-        from .formats import quants
         blocks = quants.quantize(np.ascontiguousarray(arr, np.float32), qtype)
         return blocks, qtype, _row_length(blocks, qtype)
 
@@ -508,7 +507,7 @@ class _Walker:
 
 
 def load_weights(cfg: ModelConfig, folder, bf16: bool = False, mix: str | None = None) -> dict:
-    """The arrays for fastllm._core.Weights from a folder's safetensors:
+    """The arrays for fastllm.core._core.Weights from a folder's safetensors:
     embed, norm, lm_head and a dict per layer (its kind and its tensors by
     FlmLayer field), each checked against the shape the config implies.
     Float32, or bf16 matrices where bf16. mix: quantize the matrices at
@@ -519,7 +518,7 @@ def load_weights(cfg: ModelConfig, folder, bf16: bool = False, mix: str | None =
 
 
 def load_gguf_weights(gguf, mtp: bool = False) -> tuple:
-    """The arrays for fastllm._core.Weights from a GGUF file's own tensors
+    """The arrays for fastllm.core._core.Weights from a GGUF file's own tensors
     (gguf: the file's header as formats.gguf.read_gguf_model read it),
     each matrix in its own type (quantized ones stay quantized; types
     without native kernels are dequantized to float32, with one warning per

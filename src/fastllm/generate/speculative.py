@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 import numpy as np
+from .session import extend_together
+from ..core import _core
 
 
 class Drafter(Protocol):
@@ -160,7 +162,6 @@ def draft_together(jobs) -> list:
     (drafter, tokens, k): each catches up with its tokens, then each greedy
     step runs every drafter still guessing in one pass over the draft
     model's weights (a server's requests draft together)."""
-    from .session import extend_together
     out = [[] for _ in jobs]
     logits = {i: d._catch_up(tokens) for i, (d, tokens, k) in enumerate(jobs)
               if k > 0 and len(tokens) + k <= d.session.n_ctx}
@@ -198,7 +199,6 @@ class MtpDrafter:
         if model._mtp is None:
             raise ValueError(f"{model.name} has no multi-token-prediction block to draft with (a Qwen3.5 "
                              "GGUF file converted with it, without --no-mtp, has one)")
-        from . import _core
         self._core = _core
         self.state = _core.State(model._mtp, model.max_batch)
         self.n_ctx = model.n_ctx

@@ -23,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from .errors import FastLLMError
+from ..spec.errors import FastLLMError
 
 # No package on PyPI ships the wikitext-2 test set that llama.cpp's published
 # figures use; gensim ships the Lee background corpus (300 ABC news stories,

@@ -2,7 +2,7 @@
 """The boundary between Python and the C run loop.
 
 Weights holds a model's arrays for as long as C may read them and checks
-what C cannot (dtypes, contiguity, shapes, from fastllm.schema); a State is
+what C cannot (dtypes, contiguity, shapes, from fastllm.spec.schema); a State is
 one sequence's run buffers (KV cache, recurrent state) over shared Weights.
 Token ids are checked once, by check_token_ids (fastllm.Session calls it);
 State.run checks positions and releases the GIL while C computes.
@@ -28,15 +28,15 @@ cimport numpy as cnp
 
 cnp.import_array()
 
-from fastllm cimport cfastllm as flm
-from fastllm import schema
+from fastllm.core cimport cfastllm as flm
+from fastllm.spec import schema
 
 # FlmLayer is kind, sizes, window, the RoPE tables and v_norm, then one pointer per schema.LAYER tensor, in
 # that order.
 cdef flm.FlmLayer _probe
 cdef size_t _FIRST = <size_t>(<char *>&_probe.wq - <char *>&_probe)
 if (sizeof(flm.FlmLayer) - _FIRST) // sizeof(void *) != len(schema.LAYER):
-    raise ImportError("FlmLayer in fastllm.h and fastllm.schema.LAYER list different tensors")
+    raise ImportError("FlmLayer in fastllm.h and fastllm.spec.schema.LAYER list different tensors")
 _FIELD_INDEX = {t.field: i for i, t in enumerate(schema.LAYER)}
 
 
@@ -354,7 +354,7 @@ def _check_rows(data, str dtype, int K):
 
 
 # Where packed matrices are made: numpy's memory, unless a load on this
-# thread has given another place (fastllm.pack_cache: pages of the file
+# thread has given another place (fastllm.load.pack_cache: pages of the file
 # being written, so the packed bytes are never also copied there).
 _packing = threading.local()
 
@@ -502,7 +502,7 @@ def rows(matrix, str dtype=None, int K=0):
 
 cdef const void *_matrix_ptr(object m, tuple shape, bint packed, str what) except NULL:
     if not isinstance(m, Matrix):
-        raise TypeError(f"{what}: expected a fastllm._core.Matrix, got {type(m).__name__}")
+        raise TypeError(f"{what}: expected a fastllm.core._core.Matrix, got {type(m).__name__}")
     cdef Matrix mat = <Matrix>m
     if mat.shape != shape:
         raise ValueError(f"{what}: expected shape {shape}, got {mat.shape}")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ModelFileError
+from ..spec.errors import ModelFileError
 
 # sentence-transformers' pooling modes, in the order it concatenates them.
 MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")

@@ -28,8 +28,8 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from .config import CONFIG_LIMIT, read_json
-from .errors import ModelFileError
+from ..spec.config import CONFIG_LIMIT, read_json
+from ..spec.errors import ModelFileError
 
 # A logits processor, as in mlx-lm: (tokens so far, logits) -> new logits.
 LogitsProcessor = Callable[[Sequence[int], np.ndarray], np.ndarray]

@@ -65,7 +65,7 @@ cdef extern from "fastllm.h" nogil:
         int type
 
     # The pointer fields follow kind, the sizes, window, the RoPE tables and v_norm in the order of
-    # fastllm.schema.LAYER; _core sets them by index from wq on.
+    # fastllm.spec.schema.LAYER; _core sets them by index from wq on.
     ctypedef struct FlmLayer:
         int kind
         int head_dim

@@ -6,10 +6,25 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
+import warnings
+import atexit
 
-from .config import KV_BYTES, KV_DTYPES
-from .errors import FastLLMError
-from .sampling import SamplingParams
+from ..spec.config import KV_BYTES, KV_DTYPES
+from ..spec.errors import FastLLMError
+from ..generate.sampling import SamplingParams
+from .args import whole_number
+from ..formats.quants import MIXES
+from ..generate.constrain import llguidance
+from ..spec.version import __version__
+from ..formats.gguf import DEFAULT_DTYPE, convert_gguf
+from ..serve.server import DEFAULTS as SERVE, OPTION_NAMES, SLOT_CTX, ServeOptions, serve
+from .bench import add_bench_parser, cmd_bench
+from ..generate.model import ContextFullWarning, Model
+from ..generate.speculative import check_same_vocabulary
+from ..load.hub import cache_dir, locate
+from ..formats.gguf_writer import export_gguf
+from . import perplexity
+from ..load import pack_cache
 
 REPL_HELP = """Type a prompt and press Enter. Longer input:
   end a line with \\ to continue on the next line, or
@@ -43,22 +58,6 @@ _SETTINGS = ("max_new_tokens",) + _SAMPLING_KEYS
 _GEN_SOURCE = "generation_config.json"
 
 
-def whole_number(minimum: int, maximum: int | None = None):
-    """An argparse type: a whole number >= minimum (and <= maximum). A bad
-    value is refused naming the flag, before anything is loaded."""
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
-        if maximum is not None and value > maximum:
-            raise argparse.ArgumentTypeError(f"must be at most {maximum}, got {value}")
-        return value
-    return parse
-
-
 def _model_args(p: argparse.ArgumentParser, several: bool = False):
     p.add_argument("--model", "-m", default=None, action="append" if several else "store",
                    help="HF model folder, .gguf file, or Hugging Face repo id org/name[:QUANT or "
@@ -69,7 +68,6 @@ def _model_args(p: argparse.ArgumentParser, several: bool = False):
     p.add_argument("--ctx", "-c", type=whole_number(1), default=None,
                    help="context length in tokens (default: the model's max_position_embeddings, "
                         "at most 131072)")
-    from .formats.quants import MIXES
     p.add_argument("--dtype", choices=("f32", "bf16", "gguf") + tuple(m for m in MIXES if m.startswith("q")),
                    default=None,
                    help="weights in memory: a GGUF file's own types (gguf, the default for a .gguf), "
@@ -151,7 +149,6 @@ def _response_format(path) -> dict | None:
     """--json-schema FILE as Model.chat/stream's response_format."""
     if path is None:
         return None
-    from .constrain import llguidance
     try:
         llguidance()
         schema = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -171,7 +168,6 @@ def _mode_args(p: argparse.ArgumentParser, what: str):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fastllm", description="CPU LLM inference. With no command: an interactive REPL.")
-    from . import __version__
     parser.add_argument("--version", action="version", version=f"fastllm {__version__}",
                         help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND",
@@ -206,8 +202,6 @@ def build_parser() -> argparse.ArgumentParser:
                                  "(a path, SmolLM2-135M-Instruct, or a Hugging Face repo id)")
     p.add_argument("output", help="the folder to create (from a .gguf), or the .gguf file to write "
                                   "(.gguf is added when missing)")
-    from .formats.gguf import DEFAULT_DTYPE
-    from .formats.quants import MIXES
     p.add_argument("--dtype", choices=tuple(MIXES), default=DEFAULT_DTYPE, metavar="DTYPE",
                    help="from a .gguf: the safetensors precision, f32 (the dequantized values exactly) "
                         "or bf16; to a .gguf: f32, f16, bf16 or a llama.cpp quantization mix "
@@ -220,7 +214,6 @@ def build_parser() -> argparse.ArgumentParser:
                                      "(needs the serve extra: starlette, uvicorn)")
     _model_args(p, several=True)
     _spec_args(p)
-    from .server import DEFAULTS as SERVE, SLOT_CTX
     # A server's slots hold long conversations: its cache defaults to f16
     # (half of f32's memory; how little it moves the logits: README).
     p.set_defaults(kv_dtype="f16")
@@ -294,7 +287,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the model's KV cache precision (the base's is f32): with --kl-divergence-base "
                         "the same file, what the cache's rounding costs (default: f32)")
 
-    from .bench import add_bench_parser
     add_bench_parser(sub)
     return parser
 
@@ -307,8 +299,6 @@ def main(argv=None) -> int:
     elif argv[0] not in commands and not argv[0].startswith("-"):
         argv = ["run"] + argv  # `fastllm "some prompt"` reads as `fastllm run "some prompt"`
     args = build_parser().parse_args(argv)
-    import warnings
-    from .model import ContextFullWarning
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ContextFullWarning)  # the CLI prints its own notice
         warnings.showwarning = _print_warning
@@ -325,7 +315,6 @@ def _dispatch(args) -> int:
         if args.command == "convert":
             return cmd_convert(args)
         if args.command == "bench":
-            from .bench import cmd_bench
             return cmd_bench(args)
         if args.command == "run" and args.prompt is None:
             args.command = "repl"
@@ -349,7 +338,6 @@ def _check_settings(args):
 
 
 def _load(args, max_n_ctx: int | None = None):
-    from .model import Model
     _check_settings(args)
     model = Model.from_pretrained(args.model, n_ctx=args.ctx, threads=args.threads, dtype=args.dtype,
                                   kv_dtype=args.kv_dtype, activations=args.activations, max_n_ctx=max_n_ctx,
@@ -358,7 +346,6 @@ def _load(args, max_n_ctx: int | None = None):
     if getattr(args, "draft", None) is not None:
         if args.spec == "none":
             raise FastLLMError("--draft and --spec none ask for opposite things: give one")
-        from .speculative import check_same_vocabulary
         draft = Model.from_pretrained(args.draft, n_ctx=model.n_ctx, threads=model.threads,
                                       kv_dtype=args.kv_dtype, activations=args.activations)
         check_same_vocabulary(draft, model)
@@ -543,7 +530,6 @@ def _setup_readline():
         # Python turns bracketed paste off; on, a pasted block of lines
         # arrives as one input (GNU readline 8 and later).
         readline.parse_and_bind("set enable-bracketed-paste on")
-    from .hub import cache_dir
     history = Path(cache_dir()) / "history"
     try:
         history.parent.mkdir(parents=True, exist_ok=True)
@@ -551,7 +537,6 @@ def _setup_readline():
     except OSError:
         pass
     readline.set_history_length(1000)
-    import atexit
 
     def save():
         try:
@@ -726,7 +711,6 @@ def cmd_chat(args) -> int:
 
 def cmd_serve(args) -> int:
     try:
-        from .server import OPTION_NAMES, ServeOptions, serve
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as e:
@@ -738,7 +722,6 @@ def cmd_serve(args) -> int:
                                model_name=names[0] if len(names) == 1 and len(args.model or [None]) == 1 else None)
     except ValueError as e:
         raise FastLLMError(f"fastllm serve: {e}") from None
-    from .server import SLOT_CTX
     entries = _served_entries(args)
     models = []
     for entry in entries:
@@ -804,11 +787,9 @@ def _models_file(path: Path) -> list:
 
 
 def cmd_convert(args) -> int:
-    from .hub import locate
     source = locate(args.input)   # a missing input is named before anything about the output
     out = Path(args.output)
     if source.is_dir():
-        from .formats.gguf_writer import export_gguf
         if out.is_dir():
             raise ValueError(f"{out} is a folder; give the name of the .gguf file to write")
         if out.suffix.lower() != ".gguf":
@@ -816,7 +797,6 @@ def cmd_convert(args) -> int:
             print(f"fastllm: writing {out}: the .gguf extension was added to {args.output}", file=sys.stderr)
         out = export_gguf(source, out, mix=args.dtype)
     else:
-        from .formats.gguf import convert_gguf
         if args.dtype not in ("f32", "bf16"):
             raise ValueError(f"a GGUF file converts to a f32 or bf16 folder, not {args.dtype}")
         if out.suffix.lower() == ".gguf":
@@ -828,8 +808,6 @@ def cmd_convert(args) -> int:
 
 
 def cmd_perplexity(args) -> int:
-    from . import perplexity
-    from .model import Model
     text = perplexity.corpus_text() if args.file is None else perplexity.read_text(args.file)
     model = Model.from_pretrained(args.model, n_ctx=args.ctx, threads=args.threads, kv_dtype=args.kv_dtype)
     _check_ctx(model, args.ctx)
@@ -846,8 +824,7 @@ def cmd_perplexity(args) -> int:
 
 
 def _pack_cache_line(model, args) -> str:
-    """Where the packed weights are kept (fastllm.pack_cache), and the disk that takes."""
-    from . import pack_cache
+    """Where the packed weights are kept (fastllm.load.pack_cache), and the disk that takes."""
     n, total = pack_cache.disk_use()
     folder = f"{pack_cache.folder()}: {n} file{'s' if n != 1 else ''}, {total / 2**20:.1f} MiB"
     if model.pack_cache_file is None:
@@ -901,10 +878,10 @@ def cmd_info(args) -> int:
         ("packed weights cache", _pack_cache_line(model, args)),
         ("KV cache at full context", f"{kv_bytes / 2**20:.1f} MiB ({model.kv_dtype})"),
         ("threads", model.threads),
-        ("SIMD path", __import__("fastllm._core", fromlist=["simd_path"]).simd_path()),
-        ("int8 kernels", __import__("fastllm._core", fromlist=["int8_path"]).int8_path()
+        ("SIMD path", __import__("fastllm.core._core", fromlist=["simd_path"]).simd_path()),
+        ("int8 kernels", __import__("fastllm.core._core", fromlist=["int8_path"]).int8_path()
          + ("" if model.activations == "int8" else " (not used: f32 activations)")),
-        ("OpenMP wait", __import__("fastllm._openmp", fromlist=["wait_policy"]).wait_policy()),
+        ("OpenMP wait", __import__("fastllm.core._openmp", fromlist=["wait_policy"]).wait_policy()),
     ]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:

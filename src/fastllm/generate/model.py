@@ -14,19 +14,27 @@ from typing import Iterator
 
 import numpy as np
 
-from . import _core, schema
-from .config import KV_DTYPES, ModelConfig
-from .end_of_generation import end_of_generation_ids, finish_reason
-from .errors import ModelFileError
-from .formats.gguf import read_gguf_model
-from .formats.safetensors import Checkpoint
-from .sampling import (Constraint, Sampler, SamplingParams, as_params, check_generation_config, generation_defaults,
-                       read_generation_config)
+from ..core import _core
+from ..spec import schema
+from ..spec.config import KV_DTYPES, ModelConfig
+from ..spec.end_of_generation import end_of_generation_ids, finish_reason
+from ..spec.errors import ModelFileError
+from ..formats.gguf import read_gguf_model
+from ..formats.safetensors import Checkpoint
+from .sampling import (Constraint, Sampler, SamplingParams, as_params, check_generation_config,
+                       generation_defaults, read_generation_config)
 from .session import Session
 from .speculative import Speculation, speculation
 from .textstream import TextStream
-from .formats.quants import MIXES
-from .weights import load_gguf_weights, load_weights
+from ..formats.quants import MIXES
+from ..load.weights import load_gguf_weights, load_weights
+from ..load import pack_cache
+from ..load.hub import gguf_tokenizer_dir, locate, model_name, resolve_model
+from ..tokenizer import Tokenizer
+from .constrain import reply_grammar
+from .toolcalls import reasoning_mode
+from .embeddings import Pooling, embed_ids, gguf_pooling, read_pooling
+from ..formats.gguf_tensors import read_contents
 
 # Weights as stored: f32 and bf16 for any model; "gguf" (the default for a
 # GGUF file) keeps every tensor of a GGUF file in its own type; a
@@ -214,7 +222,6 @@ def _packed_weights(config: ModelConfig, source, dtype: str, use_cache: bool | N
     """(the arrays for _core.Weights, parameters by weight type or None,
     the cache file they are mapped from or None) of a GGUF file's own
     tensors (dtype "gguf", source the file's GgufModel) or of a folder's."""
-    from . import pack_cache
 
     if dtype == "gguf":
         def build():
@@ -287,12 +294,12 @@ class Model:
         self.default_sampling = SamplingParams().replace(
             **{k: v for k, v in self.generation_defaults.items() if k != "max_new_tokens"})
         self.last_stats = GenerationStats()
-        # The file the packed weights are mapped from (fastllm.pack_cache), or None.
+        # The file the packed weights are mapped from (fastllm.load.pack_cache), or None.
         self.pack_cache_file = None
         # The folder a GGUF file's tokenizer files were built into, or None.
         self.tokenizer_cache = None
         # What generate/stream/chat speculate with when a call says nothing:
-        # None, "ngram", or a draft Model (see fastllm.speculative), with
+        # None, "ngram", or a draft Model (see fastllm.generate.speculative), with
         # at most draft_max guesses a pass.
         self.speculative = None
         self.draft_max = 16
@@ -339,9 +346,8 @@ class Model:
         max_batch: tokens per forward pass (a longer prompt runs in several);
         None: as many as fit WORK_BUFFER_BYTES of work buffers, at most 512.
         pack_cache: keep the packed weights in a file under $FASTLLM_HOME
-        and map it on later loads (see fastllm.pack_cache); None: unless
+        and map it on later loads (see fastllm.load.pack_cache); None: unless
         FASTLLM_PACK_CACHE=0."""
-        from .hub import gguf_tokenizer_dir, locate, model_name, resolve_model
 
         if dtype is not None and dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
@@ -386,7 +392,6 @@ class Model:
         # weights come in.
         tokenizer = None
         if (tokenizer_folder / "tokenizer.json").exists():
-            from .tokenizer import Tokenizer
             tokenizer = Tokenizer.from_pretrained(tokenizer_folder)
         arrays, types, cached = _packed_weights(config, header if native else folder, dtype, pack_cache)
         if native:   # named by the type that holds most of the parameters
@@ -505,7 +510,7 @@ class Model:
         constraint: constrained decoding (see sampling.Constraint): its mask
         comes after every processor.
         speculative: "ngram", a draft Model (same vocabulary) or a
-        fastllm.speculative.Speculation: guesses checked several at a pass
+        fastllm.generate.speculative.Speculation: guesses checked several at a pass
         (the tokens are exactly those without it); None: the model's
         speculative setting; False: none."""
         if not _whole(max_new_tokens) or max_new_tokens < 0:
@@ -612,54 +617,6 @@ class Model:
         yield token
         self._parked = False
 
-    def generate_tokens_batch(self, prompts_ids, max_new_tokens: int = 128,
-                              sampling: SamplingParams | None = None, stop_token_ids=None,
-                              speculative=None) -> list:
-        """New token ids for several prompts, decoded together (continuous
-        batching, fastllm.serving.BatchEngine): each step runs one token of
-        every unfinished prompt in a single pass over the weights, on
-        sessions of their own. Each list is exactly what generate_tokens
-        gives for that prompt alone, whatever the others are (greedy, or
-        sampled: every prompt draws from its own generator seeded with
-        sampling.seed). speculative: as for generate_tokens ("ngram" or a
-        draft Model; None: the model's setting, False: none)."""
-        from .serving import BatchEngine
-        n = len(prompts_ids)
-        if n == 0:
-            return []
-        chunk = min(max(len(p) for p in prompts_ids), self.max_batch)
-        # (the model's "mtp" setting is Model.generate's alone: the engine drafts otherwise)
-        spec = (None if self.speculative == "mtp" else self.speculative) if speculative is None \
-            else speculative or None
-        engine = BatchEngine(self, parallel=n, max_queue=n, prefill_chunk=max(chunk, self.draft_max + 1, 1),
-                             speculative=spec, draft_max=self.draft_max)
-        try:
-            requests = [engine.submit(ids, max_new_tokens, sampling, stop_token_ids) for ids in prompts_ids]
-            return [list(r) for r in requests]
-        finally:
-            engine.close()
-
-    def generate_batch(self, prompts, max_new_tokens: int | None = None, *,
-                       sampling: SamplingParams | None = None, stop=None,
-                       add_special_tokens: bool = True, **overrides) -> list:
-        """The continuations of several prompts (a list of str), decoded
-        together (see generate_tokens_batch): each is exactly what generate
-        gives for that prompt alone. Settings as for stream."""
-        max_new_tokens = _token_limit(max_new_tokens, overrides)
-        params = self._sampling(sampling, overrides)
-        stops = _stop_strings(stop)
-        tok = self._need_tokenizer()
-        ids = [self._encode(p, add_special_tokens) for p in prompts]
-        n = max((self.default_max_new_tokens(len(i)) for i in ids), default=0) \
-            if max_new_tokens is None else max_new_tokens
-        outs = self.generate_tokens_batch(ids, n, params)
-        texts = []
-        for i, out in zip(ids, outs):
-            limit = self.default_max_new_tokens(len(i)) if max_new_tokens is None else n
-            text = TextStream(tok, stops)
-            texts.append("".join(text.feed(t) for t in out[:limit] + [None]))
-        return texts
-
     # ---------------------------------------------------------------- text
 
     def stream(self, prompt: str, max_new_tokens: int | None = None, *, sampling: SamplingParams | None = None,
@@ -698,8 +655,6 @@ class Model:
             return constraint
         if constraint is not None:
             raise ValueError("pass constraint or response_format, not both")
-        from .constrain import reply_grammar
-        from .toolcalls import reasoning_mode
         reasoning = None if prompt is None else reasoning_mode(self.tokenizer.chat_template, prompt)
         grammar = reply_grammar(self, response_format=response_format, reasoning=reasoning)
         return None if grammar is None else grammar.start()
@@ -791,9 +746,7 @@ class Model:
         file's pooling_type; settable with a mode name ("mean", "cls",
         "last", ...)."""
         if self._pooling is None:
-            from .embeddings import gguf_pooling, read_pooling
             if self.source.is_file():
-                from .formats.gguf_tensors import read_contents
                 self._pooling = gguf_pooling(read_contents(self.source, string_arrays=False).metadata)
             else:
                 self._pooling = read_pooling(self.source)
@@ -801,7 +754,6 @@ class Model:
 
     @pooling.setter
     def pooling(self, mode):
-        from .embeddings import Pooling
         self._pooling = mode if isinstance(mode, Pooling) else Pooling.of(mode)
 
     _pooling = None
@@ -814,7 +766,6 @@ class Model:
         pooled (pooling: a mode such as "mean", "cls", "last"; else the
         model's own, see pooling), cut to the first dimensions values where
         given, then scaled to length 1 unless normalize is False."""
-        from .embeddings import embed_ids
         one = isinstance(texts, str)
         items = [texts] if one else texts
         if not isinstance(items, (list, tuple)) or not all(isinstance(t, str) for t in items):
@@ -825,7 +776,6 @@ class Model:
         if one:
             return out[0]
         if not out:
-            from .embeddings import Pooling
             chosen = self.pooling if pooling is None else pooling if isinstance(pooling, Pooling) else \
                 Pooling.of(pooling)
             return np.zeros((0, dimensions or self.config.hidden_size * len(chosen.modes)), np.float32)

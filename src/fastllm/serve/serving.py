@@ -10,7 +10,7 @@ runs beside it (sessions run together give the same bits as alone, and each
 request samples from its own generator).
 
 With speculation (speculative="ngram" or a draft Model), a decoding request
-feeds its last token and its guesses (fastllm.speculative) in the same pass
+feeds its last token and its guesses (fastllm.generate.speculative) in the same pass
 as the other requests' tokens, and keeps the guesses its sampler takes: its
 tokens are still exactly those of generating alone.
 
@@ -28,11 +28,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import _core
-from .end_of_generation import finish_reason
-from .sampling import Constraint, Sampler, SamplingParams, _whole, as_params
-from .session import extend_together
-from .speculative import DraftModel, NgramDrafter, Speculation, check_same_vocabulary, draft_together
+from ..core import _core
+from ..spec.end_of_generation import finish_reason
+from ..generate.sampling import Constraint, Sampler, SamplingParams, _whole, as_params
+from ..generate.session import extend_together
+from ..generate.speculative import (DraftModel, NgramDrafter, Speculation, check_same_vocabulary,
+                                    draft_together)
 
 
 class QueueFull(Exception):

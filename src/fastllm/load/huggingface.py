@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 from typing import Optional
 
-from .errors import FastLLMError
+from ..spec.errors import FastLLMError
 
 __all__ = ["ModelNotFoundError", "fetch", "parse_repo_id", "pick_file", "repo_id_of"]
 
