@@ -861,7 +861,8 @@ def cmd_info(args) -> int:
             or "none")] if c.no_rope_layers is not None else []),
         *([("multipliers", f"embedding {c.embedding_multiplier}, residual {c.residual_multiplier}, "
                            f"attention {c.attention_multiplier}, logits / {c.logits_scaling}")]
-          if c.family.multipliers else []),
+          if (c.embedding_multiplier, c.residual_multiplier, c.attention_multiplier, c.logits_scaling)
+          != (1.0, 1.0, None, 1.0) else []),
         *([("experts", f"{c.num_experts_per_tok} of {c.num_experts} per token, {c.moe_intermediate_size} wide"
                        f"{', renormalised' if c.norm_topk_prob else ''}, in {sum(c.moe_layers)} of "
                        f"{c.num_hidden_layers} layers"

@@ -13,7 +13,9 @@ import numpy as np
 from ..spec import schema
 from ..spec.config import yarn_scaling
 from ..spec.families import FAMILIES, GGUF_ARCHITECTURES
-from .gguf_file import ConversionError, require
+from ..spec.family import GgufMetadata, require
+from ..spec.values import shortest_float32
+from .gguf_file import ConversionError
 
 
 def _kind_ok(value, kind: str) -> bool:
@@ -74,20 +76,21 @@ _ARCH_KEYS = {
     "attention.key_length_swa": "int", "rope.dimension_count_swa": "int", "attention.shared_kv_layers": "int",
     "embedding_length_per_layer_input": "int",
 }
+# The hyperparameters every architecture has: config.json's key -> llama.cpp's
+# (after "ARCH."), read here and written by gguf_writer.
+GGUF_KEYS = {
+    "max_position_embeddings": "context_length",
+    "hidden_size": "embedding_length",
+    "intermediate_size": "feed_forward_length",
+    "num_hidden_layers": "block_count",
+    "num_attention_heads": "attention.head_count",
+    "num_key_value_heads": "attention.head_count_kv",
+    "head_dim": "attention.key_length",
+    "rope_theta": "rope.freq_base",
+    "rms_norm_eps": "attention.layer_norm_rms_epsilon",
+}
 # llama.cpp's expert_gating_func for a softmax router (the only one the families here have).
 GGUF_SOFTMAX_GATING = 1
-# llama.cpp's smollm3 skips RoPE in every fourth layer; its GGUF files say nothing of it.
-GGUF_NO_ROPE_INTERVAL = 4
-# What llama.cpp's gemma2 and gemma3 take where a file says nothing: the
-# window (gemma3: none) and how many layers make one local/global period;
-# the soft-caps (gemma3 reads no attention cap); and the block count of the
-# 27B size, whose attention scale is 1/sqrt(hidden/heads), not 1/sqrt(head_dim).
-GEMMA_GGUF = {
-    "gemma2": dict(window=4096, pattern=2, attn_softcap=50.0, final_softcap=30.0, width_scaled_layers=46,
-                   local_rope=False),
-    "gemma3": dict(window=None, pattern=6, attn_softcap=None, final_softcap=None, width_scaled_layers=62,
-                   local_rope=True),
-}
 
 
 def check_metadata_types(md: dict, path: Path) -> None:
@@ -108,18 +111,6 @@ def check_metadata_types(md: dict, path: Path) -> None:
 
 # --------------------------------------------------------------------------
 # config.json
-
-
-def _shortest_float32(x) -> float:
-    # GGUF stores hyperparameters as float32. The shortest decimal that maps
-    # to the same float32 gives back what the original config.json said
-    # (1e-05 rather than 9.999999747378752e-06) and computes identically.
-    f = np.float32(x)
-    for digits in range(1, 18):
-        s = f"{float(f):.{digits}g}"
-        if np.float32(float(s)) == f:
-            return float(s)
-    return float(f)
 
 
 def _llama3_rope_scaling(factors: np.ndarray, theta: float, head_dim: int, path: Path) -> dict:
@@ -144,8 +135,8 @@ def _llama3_rope_scaling(factors: np.ndarray, theta: float, head_dim: int, path:
                         np.where(wavelen > orig / low, factor, 1.0 / ((1 - smooth) / factor + smooth)))
 
     def result(orig, low, high):
-        return {"rope_type": "llama3", "factor": _shortest_float32(factor),
-                "low_freq_factor": _shortest_float32(low), "high_freq_factor": _shortest_float32(high),
+        return {"rope_type": "llama3", "factor": shortest_float32(factor),
+                "low_freq_factor": shortest_float32(low), "high_freq_factor": shortest_float32(high),
                 "original_max_position_embeddings": int(orig)}
 
     if factor > 1.0:
@@ -174,7 +165,7 @@ def _rope_scaling(md: dict, arch: str, path: Path) -> Optional[dict]:
         return None
     factor = md.get(f"{arch}.rope.scaling.factor")
     if kind == "linear":
-        return {"rope_type": "linear", "factor": _shortest_float32(factor)}
+        return {"rope_type": "linear", "factor": shortest_float32(factor)}
     if kind == "yarn":
         return _yarn_scaling(md, arch, factor, path)
     raise ConversionError(path, f"rope scaling type {kind!r} is not supported")
@@ -193,16 +184,16 @@ def _yarn_scaling(md: dict, arch: str, factor, path: Path) -> dict:
     if type(orig) is not int or orig < 1:
         raise ConversionError(path, f"YaRN scaling needs a positive {arch}.rope.scaling.original_context_length, "
                                     f"got {orig!r}")
-    scaling = {"rope_type": "yarn", "factor": _shortest_float32(factor), "original_max_position_embeddings": orig,
+    scaling = {"rope_type": "yarn", "factor": shortest_float32(factor), "original_max_position_embeddings": orig,
                "truncate": True}
     for key, hf, default in (("yarn_beta_fast", "beta_fast", 32.0), ("yarn_beta_slow", "beta_slow", 1.0)):
         value = md.get(f"{arch}.rope.scaling.{key}", default)
         if not value > 0:
             raise ConversionError(path, f"{arch}.rope.scaling.{key} is {value}; it must be positive")
-        scaling[hf] = _shortest_float32(value)
+        scaling[hf] = shortest_float32(value)
     log_mul = md.get(f"{arch}.rope.scaling.yarn_log_multiplier", 0.0)
     if log_mul:
-        scaling.update(mscale=1.0, mscale_all_dim=_shortest_float32(log_mul))
+        scaling.update(mscale=1.0, mscale_all_dim=shortest_float32(log_mul))
     extra = md.get(f"{arch}.rope.scaling.attn_factor", 1.0)
     if not extra > 0:
         raise ConversionError(path, f"{arch}.rope.scaling.attn_factor is {extra}; it must be positive")
@@ -210,135 +201,6 @@ def _yarn_scaling(md: dict, arch: str, factor, path: Path) -> dict:
         derived = yarn_scaling(scaling, {"max_position_embeddings": orig}, path)["attention_factor"]
         scaling["attention_factor"] = derived * float(np.float32(extra))
     return scaling
-
-
-# Granite's multipliers: llama.cpp's key (after "ARCH.") for each config.json
-# key, read here and written by gguf_writer.
-GGUF_MULTIPLIERS = {"embedding_multiplier": "embedding_scale", "residual_multiplier": "residual_scale",
-                    "attention_multiplier": "attention.scale", "logits_scaling": "logit_scale"}
-
-
-def _multipliers(md: dict, arch: str, head_dim: int, path: Path) -> dict:
-    """Granite's multipliers from llama.cpp's scales, with llama.cpp's
-    defaults where a key is absent (its converter leaves out zeros): no
-    scaling, and the attention's 1/sqrt(head_dim)."""
-    out = {}
-    for hf, key in GGUF_MULTIPLIERS.items():
-        default = head_dim ** -0.5 if hf == "attention_multiplier" else 1.0
-        value = md.get(f"{arch}.{key}")
-        if value is not None and not value > 0:
-            raise ConversionError(path, f"{arch}.{key} is {value}; it must be positive")
-        out[hf] = default if value is None else _shortest_float32(value)
-    return out
-
-
-def _phi3_keys(md: dict, arch: str, rope_dim: int, head_dim: int, factors: dict, path: Path) -> dict:
-    """config.json keys of Phi-3's partial rotary, LongRoPE and sliding
-    window, from llama.cpp's rope_factors_long/short tensors and metadata."""
-    keys = {}
-    if rope_dim != head_dim:
-        keys["partial_rotary_factor"] = rope_dim / head_dim
-    window = md.get(f"{arch}.attention.sliding_window")
-    if window is not None and (type(window) is not int or window < 0):
-        raise ConversionError(path, f"{arch}.attention.sliding_window should be a count, not {window!r}")
-    if window:   # the converter writes 0 for none
-        keys["sliding_window"] = window
-    if not factors:
-        return keys
-    if set(factors) != {"long", "short"}:
-        raise ConversionError(path, "a rope_factors_long tensor needs a rope_factors_short one, and back")
-    orig = md.get(f"{arch}.rope.scaling.original_context_length")
-    if type(orig) is not int or orig < 1:
-        raise ConversionError(path, f"rope factors without a valid {arch}.rope.scaling.original_context_length "
-                                    f"(got {orig!r})")
-    scaling = {"rope_type": "longrope"}
-    for kind in ("short", "long"):
-        values = np.asarray(factors[kind], np.float32).reshape(-1)
-        if values.size != rope_dim // 2 or not (np.isfinite(values).all() and (values > 0).all()):
-            raise ConversionError(path, f"rope_factors_{kind} must hold {rope_dim // 2} positive numbers")
-        scaling[f"{kind}_factor"] = [_shortest_float32(v) for v in values]
-    # The attention factor transformers would derive, unless the file's differs.
-    attn = md.get(f"{arch}.rope.scaling.attn_factor")
-    factor = md[f"{arch}.context_length"] / orig
-    default = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
-    if attn is not None and np.float32(attn) != np.float32(default):
-        scaling["attention_factor"] = _shortest_float32(attn)
-    keys.update(original_max_position_embeddings=orig, rope_scaling=scaling)
-    return keys
-
-
-def _linear_attention(md: dict, arch: str, n_layers: int, a, path: Path) -> dict:
-    """The Gated DeltaNet keys of a hybrid model (Qwen3.5: llama.cpp's
-    ssm.* names) and its layer_types."""
-    def positive(key):
-        value = int(a(key))
-        if value < 1:
-            raise ConversionError(path, f"{arch}.{key} is {value}; it must be at least 1")
-        return value
-    hk, hv = positive("ssm.group_count"), positive("ssm.time_step_rank")
-    inner = positive("ssm.inner_size")
-    if inner % hv:
-        raise ConversionError(path, f"{arch}.ssm.inner_size {inner} is not a whole number of "
-                                    f"{hv} value heads (ssm.time_step_rank)")
-    recurrent = md.get(f"{arch}.attention.recurrent_layers")
-    if recurrent is not None:
-        # One entry per block, the multi-token-prediction ones included.
-        if len(recurrent) < n_layers:
-            raise ConversionError(path, f"{arch}.attention.recurrent_layers has {len(recurrent)} entries "
-                                        f"for {n_layers} layers")
-        recurrent = recurrent[:n_layers]
-    else:
-        interval = int(md.get(f"{arch}.full_attention_interval", 4))
-        if interval < 1:
-            raise ConversionError(path, f"{arch}.full_attention_interval is {interval}; it must be at least 1")
-        recurrent = [(i + 1) % interval != 0 for i in range(n_layers)]
-    return {
-        "layer_types": ["linear_attention" if r else "full_attention" for r in recurrent],
-        "linear_conv_kernel_dim": positive("ssm.conv_kernel"),
-        "linear_key_head_dim": positive("ssm.state_size"),
-        "linear_num_key_heads": hk,
-        "linear_num_value_heads": hv,
-        "linear_value_head_dim": inner // hv,
-    }
-
-
-def _gemma_keys(md: dict, arch: str, n_layers: int, hidden: int, n_heads: int, head_dim: int, theta: float,
-                scaling, path: Path) -> dict:
-    """config.json keys of Gemma 2/3 from llama.cpp's metadata, as llama.cpp
-    runs the file: which layers slide and how far, the local layers' RoPE
-    base (Gemma 3), the soft-caps, and the attention scale llama.cpp
-    derives from the shapes (its files hold no query_pre_attn_scalar)."""
-    assumed = GEMMA_GGUF[arch]
-    window = md.get(f"{arch}.attention.sliding_window", assumed["window"])
-    if window is not None and (type(window) is not int or window < 0):
-        raise ConversionError(path, f"{arch}.attention.sliding_window should be a count, not {window!r}")
-    pattern = md.get(f"{arch}.attention.sliding_window_pattern", assumed["pattern"])
-    if isinstance(pattern, list):
-        if len(pattern) < n_layers:
-            raise ConversionError(path, f"{arch}.attention.sliding_window_pattern has {len(pattern)} entries "
-                                        f"for {n_layers} layers")
-        sliding = [bool(v) for v in pattern[:n_layers]]
-    else:
-        if pattern < 0:
-            raise ConversionError(path, f"{arch}.attention.sliding_window_pattern is {pattern}")
-        sliding = [pattern == 0 or i % pattern < pattern - 1 for i in range(n_layers)]
-    if not window:   # no window: every layer global
-        sliding = [False] * n_layers
-    keys = {"layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
-            "sliding_window": window or None,
-            "query_pre_attn_scalar": hidden // n_heads if n_layers == assumed["width_scaled_layers"] else head_dim,
-            "hidden_activation": "gelu_pytorch_tanh"}
-    # llama.cpp's gemma3 reads no attention cap, and a final cap of 0 (its default there) is none.
-    attn = md.get(f"{arch}.attn_logit_softcapping", assumed["attn_softcap"]) if assumed["attn_softcap"] else None
-    final = md.get(f"{arch}.final_logit_softcapping", assumed["final_softcap"])
-    for name, value in (("attn_logit_softcapping", attn), ("final_logit_softcapping", final)):
-        keys[name] = _shortest_float32(value) if value else None
-    if assumed["local_rope"]:   # Gemma 3's local layers rotate with a base of their own
-        swa_theta = md.get(f"{arch}.rope.freq_base_swa", 10000.0)
-        keys["rope_parameters"] = {
-            "full_attention": {**(scaling or {"rope_type": "default"}), "rope_theta": _shortest_float32(theta)},
-            "sliding_attention": {"rope_type": "default", "rope_theta": _shortest_float32(swa_theta)}}
-    return keys
 
 
 def _experts_keys(md: dict, arch: str, family, a, path: Path) -> dict:
@@ -366,93 +228,6 @@ def _experts_keys(md: dict, arch: str, family, a, path: Path) -> dict:
     return keys
 
 
-def _gemma4_keys(md: dict, arch: str, shapes: dict, rope_freqs, path: Path) -> tuple:
-    """(md with Gemma 4's per-layer lists read as its sliding layers' values,
-    the config.json keys of its per-layer switches), as llama.cpp runs the
-    file: the global layers' head size, KV heads and MLP width, values that
-    are the keys where they have no attn_v, caches shared by the last
-    shared_kv_layers, per-layer inputs, and the global layers' proportional
-    RoPE from rope_freqs (factors of 1 rotated, the rest not)."""
-    n_layers = int(require(md, f"{arch}.block_count", path))
-    pattern = md.get(f"{arch}.attention.sliding_window_pattern")
-    if not isinstance(pattern, list) or len(pattern) != n_layers:
-        raise ConversionError(path, f"{arch}.attention.sliding_window_pattern should list each of the "
-                                    f"{n_layers} layers")
-    sliding = [bool(v) for v in pattern]
-    if all(sliding) or not any(sliding):
-        raise ConversionError(path, f"{arch}: both sliding and global layers are expected")
-    swa, full = sliding.index(True), sliding.index(False)
-    shared = int(md.get(f"{arch}.attention.shared_kv_layers", 0))
-    if not 0 <= shared < n_layers:
-        raise ConversionError(path, f"{arch}.attention.shared_kv_layers is {shared} of {n_layers} layers")
-
-    first_shared = n_layers - shared
-    if shared and (first_shared < 2 or sliding[first_shared - 2:first_shared] != [True, False]):
-        # llama.cpp's gemma4 has layers from there on read the cache of the
-        # last layer before them for the global ones and of the one before
-        # that for the sliding ones; transformers' the last of each type.
-        raise ConversionError(path, f"{arch}: the layers sharing caches start at {first_shared}, after layers "
-                                    "that are not a sliding one then a global one: llama.cpp would run "
-                                    "them with other layers' caches than transformers")
-
-    def per_layer(key, default=None):
-        v = md.get(f"{arch}.{key}", default)
-        v = v if isinstance(v, list) else [v] * n_layers
-        if len(v) != n_layers or any(type(x) is not int or x < 1 for x in v):
-            raise ConversionError(path, f"{arch}.{key} should be a positive count, or one for each layer")
-        return v
-    ff = per_layer("feed_forward_length")
-    double = ff[-1] == 2 * ff[0] and shared > 0
-    want_ff = [ff[0] * (2 if double and i >= n_layers - shared else 1) for i in range(n_layers)]
-    kv = per_layer("attention.head_count_kv", require(md, f"{arch}.attention.head_count", path))
-    head_full = int(require(md, f"{arch}.attention.key_length", path))
-    head_swa = int(md.get(f"{arch}.attention.key_length_swa", head_full))
-    want_kv = [kv[swa] if s else kv[full] for s in sliding]
-    if ff != want_ff or kv != want_kv:
-        raise ConversionError(path, f"{arch}: feed_forward_length {ff} or head_count_kv {kv} differ otherwise "
-                                    "than between sliding and global layers (and the MLP of the layers sharing "
-                                    "a cache)")
-    if int(md.get(f"{arch}.rope.dimension_count_swa", head_swa)) != head_swa or \
-            int(md.get(f"{arch}.rope.dimension_count", head_full)) != head_full:
-        raise ConversionError(path, f"{arch}: partial RoPE other than the global layers' proportional one "
-                                    "is not supported")
-    partial = 1.0
-    if rope_freqs is not None:
-        factors = np.asarray(rope_freqs, np.float64).reshape(-1)
-        rotated = int(np.sum(factors == 1.0))
-        if len(factors) != head_full // 2 or not (factors[:rotated] == 1.0).all() or \
-                not (factors[rotated:] >= 1e30).all():
-            raise ConversionError(path, "rope_freqs should hold factors of 1 for the rotated dims of the global "
-                                        "layers' heads and 1e30 for the rest")
-        partial = 2 * rotated / head_full
-    window = md.get(f"{arch}.attention.sliding_window")
-    if type(window) is not int or window < 1:
-        raise ConversionError(path, f"{arch}.attention.sliding_window should be a positive count, not {window!r}")
-    final = md.get(f"{arch}.final_logit_softcapping")
-    ple = int(md.get(f"{arch}.embedding_length_per_layer_input", 0))
-    vocab = shapes["token_embd.weight"][0]
-    keys = {
-        "head_dim": head_swa, "intermediate_size": ff[0], "num_key_value_heads": kv[swa],
-        "layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
-        "per_layer_config": {str(i): {"head_dim": head_full, "num_key_value_heads": kv[full]}
-                             for i, s in enumerate(sliding) if not s},
-        "attention_k_eq_v": f"blk.{full}.attn_v.weight" not in shapes,
-        "num_kv_shared_layers": shared, "use_double_wide_mlp": double,
-        "hidden_size_per_layer_input": ple, "vocab_size_per_layer_input": vocab,
-        "sliding_window": window, "hidden_activation": "gelu_pytorch_tanh",
-        "final_logit_softcapping": _shortest_float32(final) if final else None,
-        "rope_parameters": {
-            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": partial,
-                               "rope_theta": _shortest_float32(md.get(f"{arch}.rope.freq_base", 1000000.0))},
-            "sliding_attention": {"rope_type": "default",
-                                  "rope_theta": _shortest_float32(md.get(f"{arch}.rope.freq_base_swa", 10000.0))}},
-    }
-    plain = dict(md)
-    plain.update({f"{arch}.feed_forward_length": ff[0], f"{arch}.attention.head_count_kv": kv[swa],
-                  f"{arch}.attention.key_length": head_swa, f"{arch}.rope.dimension_count": head_swa})
-    return plain, keys
-
-
 def model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=None, rope_factors=None) -> dict:
     arch = md["general.architecture"]
     model_type = GGUF_ARCHITECTURES[arch]
@@ -462,12 +237,9 @@ def model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=None
             raise ConversionError(path, f"{arch} files with experts are not supported")
         model_type = family.gguf_experts   # Mixtral: a llama file with experts
         family = FAMILIES[model_type]
-    gemma4 = None
-    if family.gemma4_layers:
-        if "token_embd.weight" not in shapes:
-            raise ConversionError(path, "no token_embd.weight tensor")
-        md, gemma4 = _gemma4_keys(md, arch, shapes, rope_freqs, path)
-        rope_freqs = None
+    source_md, source_freqs = md, rope_freqs
+    if family.gguf_prepare:
+        md, rope_freqs = family.gguf_prepare(md, arch, shapes, rope_freqs, path)
 
     def a(key):
         value = require(md, f"{arch}.{key}", path)
@@ -482,29 +254,28 @@ def model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=None
             raise ConversionError(path, f"tensor {name} has shape {list(shapes[name])}, not two dimensions")
     vocab_size, hidden = shapes["token_embd.weight"]
     # llama.cpp counts a checkpoint's multi-token-prediction layers as blocks.
-    n_layers = int(a("block_count")) - int(md.get(f"{arch}.nextn_predict_layers", 0))
+    n_layers = int(a(GGUF_KEYS["num_hidden_layers"])) - int(md.get(f"{arch}.nextn_predict_layers", 0))
     if not 0 < n_layers <= len(shapes):
         # Every layer has tensors: a count past them would only make the
         # tensor plan below loop over layers that cannot be there.
         raise ConversionError(path, f"{arch}.block_count is {n_layers}, but the file has "
                                     f"{len(shapes)} tensors")
-    n_heads = int(a("attention.head_count"))
+    n_heads = int(a(GGUF_KEYS["num_attention_heads"]))
     if n_heads < 1:
         raise ConversionError(path, f"{arch}.attention.head_count is {n_heads}; it must be at least 1")
-    n_kv = md.get(f"{arch}.attention.head_count_kv", n_heads)
+    n_kv = md.get(f"{arch}.{GGUF_KEYS['num_key_value_heads']}", n_heads)
     if isinstance(n_kv, list):
         raise ConversionError(path, "per-layer key/value head counts are not supported")
     n_kv = int(n_kv)
-    if int(a("embedding_length")) != hidden:
-        raise ConversionError(path, f"embedding_length {a('embedding_length')} != token_embd width {hidden}")
+    if int(a(GGUF_KEYS["hidden_size"])) != hidden:
+        raise ConversionError(path, f"embedding_length {a(GGUF_KEYS['hidden_size'])} != token_embd width {hidden}")
 
-    linear = _linear_attention(md, arch, n_layers, a, path) if family.linear_attention else {}
-    kinds = linear.get("layer_types", ["full_attention"])
-    first_attention = kinds.index("full_attention") if "full_attention" in kinds else None
+    # The first layer with attention (a hybrid model's first layers may have none).
+    first_attention = next((i for i in range(n_layers) if f"blk.{i}.attn_q.weight" in shapes), None)
     q_rows = shapes.get(f"blk.{first_attention}.attn_q.weight", (None,))[0]
     if q_rows is not None and family.attn_output_gate:
         q_rows //= 2   # attn_q holds each head's query and its output gate
-    head_dim = md.get(f"{arch}.attention.key_length")
+    head_dim = md.get(f"{arch}.{GGUF_KEYS['head_dim']}")
     if head_dim is None:
         head_dim = q_rows // n_heads if q_rows else hidden // n_heads
     head_dim = int(head_dim)
@@ -513,12 +284,11 @@ def model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=None
     if q_rows is not None and q_rows != n_heads * head_dim:
         raise ConversionError(path, f"attn_q has {q_rows} rows, expected {n_heads} heads x {head_dim}")
     rope_dim = int(md.get(f"{arch}.rope.dimension_count", head_dim))
-    partial = family.gguf_longrope or family.linear_attention
-    if rope_dim != head_dim and not (partial and 0 < rope_dim < head_dim and rope_dim % 2 == 0):
+    if rope_dim != head_dim and not (family.gguf_partial_rotary and 0 < rope_dim < head_dim and rope_dim % 2 == 0):
         raise ConversionError(path, f"partial rotary embeddings (rope dim {rope_dim} of {head_dim}) are not supported")
 
     tied = schema.LM_HEAD.gguf not in shapes
-    theta = float(md.get(f"{arch}.rope.freq_base", 10000.0))
+    theta = float(md.get(f"{arch}.{GGUF_KEYS['rope_theta']}", 10000.0))
 
     experts = _experts_keys(md, arch, family, a, path) if family.experts_keys else {}
     cfg = {
@@ -526,7 +296,8 @@ def model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=None
         "model_type": model_type,
         "hidden_size": int(hidden),
         # Where every layer routes, the MLP size only matters to a shared expert.
-        "intermediate_size": int(md.get(f"{arch}.feed_forward_length", 0) if experts else a("feed_forward_length"))
+        "intermediate_size": int(md.get(f"{arch}.{GGUF_KEYS['intermediate_size']}", 0) if experts
+                                 else a(GGUF_KEYS["intermediate_size"]))
         or experts.get("moe_intermediate_size", 0),
         "num_hidden_layers": n_layers,
         "num_attention_heads": n_heads,
@@ -540,22 +311,13 @@ def model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=None
     elif head_dim != hidden // n_heads:
         raise ConversionError(path, f"{arch} with head_dim {head_dim} != hidden/heads is not supported")
     cfg.update({
-        "max_position_embeddings": int(a("context_length")),
-        "rms_norm_eps": _shortest_float32(a("attention.layer_norm_rms_epsilon")),
-        "rope_theta": _shortest_float32(theta),
+        "max_position_embeddings": int(a(GGUF_KEYS["max_position_embeddings"])),
+        "rms_norm_eps": shortest_float32(a(GGUF_KEYS["rms_norm_eps"])),
+        "rope_theta": shortest_float32(theta),
         "vocab_size": int(vocab_size),
         "tie_word_embeddings": tied,
         "hidden_act": "silu",
     })
-    if family.linear_attention:
-        # Qwen3.5's rope: partial, and multimodal (its sections only matter
-        # for images; text positions rotate as plain RoPE).
-        sections = md.get(f"{arch}.rope.dimension_sections") or [11, 11, 10, 0]
-        cfg["rope_parameters"] = {
-            "rope_type": "default", "rope_theta": cfg.pop("rope_theta"),
-            "partial_rotary_factor": rope_dim / head_dim, "mrope_section": [int(x) for x in sections[:3]],
-            "mrope_interleaved": True}
-        cfg.update(linear)
     scaling = _rope_scaling(md, arch, path)
     if rope_freqs is not None:
         if scaling is not None:
@@ -563,41 +325,16 @@ def model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=None
         scaling = _llama3_rope_scaling(rope_freqs, theta, head_dim, path)
     if scaling is not None:
         cfg["rope_scaling"] = scaling
-    if family.query_position_scale:
-        # Ministral 3's rope parameters hold the query scaling beside YaRN,
-        # and say "default" outright (transformers' default is YaRN).
-        params = dict(cfg.pop("rope_scaling", None) or {"rope_type": "default"}, rope_theta=cfg.pop("rope_theta"))
-        beta = md.get(f"{arch}.attention.temperature_scale", 0.0)
-        if beta:
-            if not beta > 0:
-                raise ConversionError(path, f"{arch}.attention.temperature_scale is {beta}; it must be positive")
-            params["llama_4_scaling_beta"] = _shortest_float32(beta)
-            params.setdefault("original_max_position_embeddings", md.get(
-                f"{arch}.rope.scaling.original_context_length", cfg["max_position_embeddings"]))
-        cfg["rope_parameters"] = params
-    if family.gguf_longrope:
-        cfg.update(_phi3_keys(md, arch, int(rope_dim), head_dim, rope_factors or {}, path))
     # A bias switch that config.json holds is set by layer 0's tensors; the
     # tensor plan then checks every layer against the resulting config.
     for t in schema.LAYER:
         key = getattr(family, t.switch, None) if t.switch else None
         if isinstance(key, str) and key not in cfg:
             cfg[key] = f"blk.0.{t.gguf}" in shapes
-    if family.no_rope_layers:
-        cfg["no_rope_layer_interval"] = GGUF_NO_ROPE_INTERVAL
-    if family.multipliers:
-        cfg.update(_multipliers(md, arch, head_dim, path))
-    if arch in GEMMA_GGUF:
-        cfg.pop("hidden_act")
-        gemma = _gemma_keys(md, arch, n_layers, hidden, n_heads, head_dim, theta, cfg.get("rope_scaling"), path)
-        if "rope_parameters" in gemma:   # Gemma 3: the RoPE of each layer type
-            cfg.pop("rope_theta")
-            cfg.pop("rope_scaling", None)
-        cfg.update(gemma)
-    if gemma4 is not None:
-        for key in ("hidden_act", "rope_theta", "rope_scaling"):
-            cfg.pop(key, None)
-        cfg.update(gemma4)
+    if family.gguf_read:
+        family.gguf_read(GgufMetadata(md, arch, path, shapes, source_md=source_md, rope_freqs=source_freqs,
+                                      n_layers=n_layers, hidden=hidden, n_heads=n_heads, head_dim=head_dim,
+                                      rope_dim=rope_dim, theta=theta, rope_factors=rope_factors), cfg)
     cfg["attention_dropout"] = 0.0
     for name, key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
                       ("pad_token_id", "padding_token_id"), ("unk_token_id", "unknown_token_id")):

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..spec.errors import ModelFileError
+from ..spec.errors import ConversionError, ModelFileError  # noqa: F401 (ConversionError: importers name it from here)
 from ..spec.files import open_regular
 
 _MAGIC = b"GGUF"
@@ -44,15 +44,6 @@ class GGUFError(ModelFileError):
     """A GGUF file whose container is malformed; the message says where."""
 
 
-class ConversionError(ModelFileError):
-    """A GGUF file that cannot be imported; the message names the file."""
-
-
-def require(md: dict, key: str, path):
-    """The metadata value of key, or a ConversionError naming it."""
-    if key not in md:
-        raise ConversionError(path, f"GGUF metadata lacks {key!r}")
-    return md[key]
 
 
 class GGUFTensor(NamedTuple):

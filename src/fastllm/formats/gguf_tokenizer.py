@@ -9,7 +9,8 @@ import math
 from pathlib import Path
 from typing import NamedTuple, Optional
 
-from .gguf_file import ConversionError, require
+from ..spec.family import require
+from .gguf_file import ConversionError
 
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
 

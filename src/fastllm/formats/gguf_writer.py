@@ -22,12 +22,12 @@ import numpy as np
 import warnings
 
 from ..spec import schema
-from ..spec.config import ModelConfig, no_rope_layers, read_json, yarn_scaling
+from ..spec.config import ModelConfig, read_json, yarn_scaling
 from ..spec.errors import ModelFileError
 from ..spec.families import GGUF_ARCHITECTURES
 from . import quants
 from .gguf import OutputExistsError, progress_fn
-from .gguf_config import GEMMA_GGUF, GGUF_MULTIPLIERS, GGUF_NO_ROPE_INTERVAL
+from .gguf_config import GGUF_KEYS
 from .gguf_file import ConversionError
 from .gguf_tensors import gguf_names, reshaped, slices, to_gguf_values
 from .gguf_tokenizer import (PRE_TOKENIZERS, TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_UNUSED,
@@ -72,57 +72,25 @@ def _llama3_rope_factors(scaling: dict, theta: float, head_dim: int) -> np.ndarr
     return table.astype(np.float32)
 
 
-def _longrope_keys(w, cfg: ModelConfig) -> dict:
-    """Write Phi-3's sliding window and LongRoPE keys as llama.cpp's
-    converter does; returns the rope factor tensors, if any."""
-    w.add_sliding_window(cfg.sliding_window or 0)   # 0: none
-    if not cfg.longrope:
-        return {}
-    scaling = cfg.rope_scaling
-    w.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
-    w.add_rope_scaling_attn_factors(scaling["attention_factor"])
-    return {f"rope_factors_{kind}.weight": np.asarray(scaling[f"{kind}_factor"], np.float32)
-            for kind in ("long", "short")}
-
-
 def _hyperparameters(w, cfg: ModelConfig, folder: Path) -> dict:
     """Write the architecture's keys; returns the tensors that hold the
     rope scaling (llama3's rope_freqs, LongRoPE's factors), if any."""
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_key_length(cfg.head_dim)
+    for hf, key in GGUF_KEYS.items():
+        value = getattr(cfg, hf)
+        (w.add_float32 if isinstance(value, float) else w.add_uint32)(f"{w.arch}.{key}", value)
     w.add_value_length(cfg.head_dim)
     w.add_rope_dimension_count(cfg.rope_dim)
-    w.add_rope_freq_base(float(cfg.rope_theta))
-    w.add_layer_norm_rms_eps(float(cfg.rms_norm_eps))
     w.add_vocab_size(cfg.vocab_size)
-    if cfg.family.linear_attention:
-        _linear_attention(w, cfg, folder)
-    if cfg.family.multipliers:
-        for hf, key in GGUF_MULTIPLIERS.items():
-            w.add_float32(f"{w.arch}.{key}", getattr(cfg, hf))
-    if w.arch in GEMMA_GGUF:
-        _gemma_keys(w, cfg, folder)
-    if cfg.no_rope_layers is not None and cfg.no_rope_layers != no_rope_layers(
-            {"no_rope_layer_interval": GGUF_NO_ROPE_INTERVAL}, cfg.num_hidden_layers, folder):
-        raise ConversionError(folder / "config.json", f"no_rope_layers {cfg.no_rope_layers} cannot be written "
-                                                      f"to GGUF: llama.cpp skips RoPE in every "
-                                                      f"{GGUF_NO_ROPE_INTERVAL}th layer, and only there")
+    tensors = cfg.family.gguf_write(w, cfg, folder) if cfg.family.gguf_write else {}
+    if cfg.family.gguf_longrope:   # the family writes its rope scaling (as tensors)
+        return tensors
+    return {**tensors, **_rope_scaling(w, cfg, folder)}
+
+
+def _rope_scaling(w, cfg: ModelConfig, folder: Path) -> dict:
+    """Write the rope scaling's keys; returns llama3's rope_freqs tensor, if any."""
     scaling = cfg.rope_scaling
     kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
-    if cfg.family.gguf_longrope:
-        if kind not in ("default", "longrope"):
-            raise ConversionError(folder / "config.json", f"rope scaling {kind!r} of {cfg.model_type} cannot "
-                                                          f"be written to GGUF (supported: longrope)")
-        return _longrope_keys(w, cfg)
-    if cfg.query_scale_beta and kind != "yarn":
-        raise ConversionError(folder / "config.json", "a query scaling (llama_4_scaling_beta) without YaRN "
-                                                      "cannot be written to GGUF: llama.cpp scales by YaRN's "
-                                                      "original context")
     if kind == "default":
         return {}
     if kind == "linear":
@@ -140,12 +108,11 @@ def _hyperparameters(w, cfg: ModelConfig, folder: Path) -> dict:
 
 
 def _yarn_keys(w, cfg: ModelConfig, folder: Path) -> None:
-    """YaRN's keys, as llama.cpp's converter writes them, and Ministral 3's
-    query scaling. llama.cpp derives the attention factor itself, taking
-    mscale as 1; where transformers' differs (another mscale, an explicit
-    attention_factor), rope.scaling.attn_factor carries the ratio, which
-    llama.cpp multiplies in. It always truncates the ramp: a folder that
-    does not is refused."""
+    """YaRN's keys, as llama.cpp's converter writes them. llama.cpp derives
+    the attention factor itself, taking mscale as 1; where transformers'
+    differs (another mscale, an explicit attention_factor),
+    rope.scaling.attn_factor carries the ratio, which llama.cpp multiplies
+    in. It always truncates the ramp: a folder that does not is refused."""
     import gguf
     scaling = cfg.rope_scaling
 
@@ -171,67 +138,6 @@ def _yarn_keys(w, cfg: ModelConfig, folder: Path) -> None:
     w.add_rope_scaling_yarn_beta_slow(float(scaling.get("beta_slow") or 1.0))
     if log_mul:
         w.add_rope_scaling_yarn_log_mul(float(log_mul))
-    if cfg.query_scale_beta:
-        if cfg.query_scale_period != scaling["original_max_position_embeddings"]:
-            refuse("a query scaling period apart from YaRN's original context")
-        w.add_attn_temperature_scale(cfg.query_scale_beta)
-
-
-def _gemma_keys(w, cfg: ModelConfig, folder: Path) -> None:
-    """Gemma 2/3's keys as llama.cpp's converter writes them (the soft-caps,
-    the window, Gemma 3's local RoPE base), and the window pattern where it
-    is not the one llama.cpp assumes; a setting llama.cpp cannot run is
-    refused, naming it."""
-    assumed, path = GEMMA_GGUF[w.arch], folder / "config.json"
-
-    def refuse(what):
-        raise ConversionError(path, f"{what} cannot be written to a {w.arch} GGUF: llama.cpp would run "
-                                    f"the file otherwise")
-    width_scaled = cfg.num_hidden_layers == assumed["width_scaled_layers"]
-    scale = (cfg.hidden_size // cfg.num_attention_heads if width_scaled else cfg.head_dim) ** -0.5
-    if np.float32(scale) != np.float32(cfg.attention_scale):
-        refuse(f"an attention scale of {cfg.attention_scale:.6g} (query_pre_attn_scalar; llama.cpp's is "
-               f"{scale:.6g})")
-    if assumed["attn_softcap"] is None:
-        if cfg.attn_logit_softcapping:
-            refuse("attn_logit_softcapping")
-    elif not cfg.attn_logit_softcapping:
-        refuse("attention without attn_logit_softcapping")
-    else:
-        w.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
-    if cfg.final_logit_softcapping:
-        w.add_final_logit_softcapping(cfg.final_logit_softcapping)
-    elif assumed["final_softcap"] is not None:
-        refuse("logits without final_logit_softcapping")
-    sliding = [bool(cfg.attention_window(i)) for i in range(cfg.num_hidden_layers)]
-    if any(sliding):
-        w.add_sliding_window(cfg.sliding_window)
-    n = assumed["pattern"]
-    if sliding != [i % n < n - 1 for i in range(cfg.num_hidden_layers)]:
-        w.add_sliding_window_pattern(sliding)
-    if cfg.local_rope_theta is not None:
-        if cfg.local_rope_scaling is not None:
-            refuse(f"rope scaling of the sliding layers ({cfg.local_rope_scaling})")
-        w.add_rope_freq_base_swa(float(cfg.local_rope_theta))
-
-
-def _linear_attention(w, cfg: ModelConfig, folder: Path) -> None:
-    """Qwen3.5's keys as llama.cpp's converter writes them: the Gated
-    DeltaNet sizes as ssm.*, the layer kinds, and the rope sections."""
-    raw = read_json(folder / "config.json", 1 << 22, "config.json")
-    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
-    rope = text.get("rope_parameters") if isinstance(text.get("rope_parameters"), dict) else {}
-    sections = [int(x) for x in rope.get("mrope_section") or [11, 11, 10]]
-    w.add_rope_dimension_sections((sections + [0, 0, 0, 0])[:4])
-    w.add_ssm_conv_kernel(cfg.linear_conv_kernel_dim)
-    w.add_ssm_state_size(cfg.linear_key_head_dim)
-    w.add_ssm_group_count(cfg.linear_num_key_heads)
-    w.add_ssm_time_step_rank(cfg.linear_num_value_heads)
-    w.add_ssm_inner_size(cfg.linear_value_head_dim * cfg.linear_num_value_heads)
-    # Keys newer than the oldest gguf package this writes with.
-    w.add_array(f"{w.arch}.attention.recurrent_layers",
-                [cfg.layer_kind(i) == "linear_attention" for i in range(cfg.num_hidden_layers)])
-    w.add_uint32(f"{w.arch}.full_attention_interval", int(text.get("full_attention_interval", 4)))
 
 
 # --------------------------------------------------------------------------
@@ -476,14 +382,11 @@ def export_gguf(folder: PathLike, out_path: PathLike, mix: str = "f32",
         raise ConversionError(folder / "config.json",
                               f"model_type {cfg.model_type!r} cannot be written to GGUF "
                               f"(supported: {', '.join(GGUF_ARCHITECTURES.values())})")
-    if cfg.gemma4_layers:
-        raise ConversionError(folder / "config.json", f"model_type {cfg.model_type!r} cannot be written to GGUF "
-                                                      "by fastllm yet (llama.cpp's converter writes it)")
     for switch, why in cfg.family.gguf_refuse.items():
         if getattr(cfg, switch):
             raise ConversionError(folder / "config.json", f"{why}: this model cannot be written to GGUF")
     windowed = sum(1 for i in range(cfg.num_hidden_layers) if cfg.attention_window(i))
-    if windowed and not cfg.family.gguf_longrope and arch not in GEMMA_GGUF:
+    if windowed and not cfg.family.gguf_sliding_window:
         warnings.warn(f"{folder}: the sliding window of {cfg.sliding_window} positions ({windowed} of "
                       f"{cfg.num_hidden_layers} layers) is not written: llama.cpp's {arch} architecture "
                       f"attends to the whole context, and its own converter writes such a model so too",

@@ -132,10 +132,6 @@ def _finite_blocks(blocks: np.ndarray, dtype: str) -> bool:
 _HEAD_CHUNK_BYTES = 16 << 20
 
 
-# The families whose multi-token-prediction block fastllm runs (as a drafter).
-MTP_FAMILIES = ("qwen3_5_text",)
-
-
 def _in_run_order(arr: np.ndarray, t: schema.Tensor, lc: ModelConfig, interleaved: bool) -> np.ndarray:
     """arr's rows (or a head vector's entries) with each query or key head's
     RoPE pairs side by side, as the run loop rotates them; interleaved: the
@@ -534,7 +530,7 @@ def load_gguf_weights(gguf, mtp: bool = False) -> tuple:
     arch = gguf.metadata.get("general.architecture")
     n_mtp = int(gguf.metadata.get(f"{arch}.nextn_predict_layers", 0))
     block = {}   # the multi-token-prediction block's tensors, as blk.0 of mtp_config()
-    if mtp and n_mtp == 1 and cfg.model_type in MTP_FAMILIES:
+    if mtp and n_mtp == 1 and cfg.family.mtp:
         first = f"blk.{cfg.num_hidden_layers}."
         block = {"blk.0." + n[len(first):]: tensors.pop(n) for n in list(tensors) if n.startswith(first)}
         n_mtp = 0

@@ -5,7 +5,6 @@ plus the switches its entry in families.FAMILIES gives.
 """
 from __future__ import annotations
 
-import json
 import math
 import warnings
 from dataclasses import dataclass, field, replace
@@ -14,9 +13,11 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ModelFileError
-from .families import ACTIVATIONS, EVERY_LAYER, FAMILIES, LAYER_TYPES, USE_SLIDING_WINDOW, Family, family
-from .files import read_bounded
+from .families import FAMILIES, family
+from .family import ACTIVATIONS, EVERY_LAYER, LAYER_TYPES, USE_SLIDING_WINDOW, Family
+from .files import read_json
 from .schema import n_params
+from .values import need_int, number, positive_int, token_id
 
 CONFIG_LIMIT = 4 << 20   # bytes; a config.json is a few kilobytes
 
@@ -26,29 +27,7 @@ KV_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "q8_0": 34 / 32}
 KV_DTYPES = tuple(KV_BYTES)
 
 
-def read_json(path, limit: int, what: str):
-    """The JSON value of a regular file of at most limit bytes, else
-    ModelFileError naming the file."""
-    data = read_bounded(path, limit, what)
-    try:
-        return json.loads(data)
-    except (UnicodeDecodeError, ValueError) as e:
-        raise ModelFileError(path, f"not valid JSON: {e}") from None
-    except RecursionError:
-        raise ModelFileError(path, "not valid JSON: nested too deeply") from None
 
-
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _positive_int(v) -> bool:
-    # The C core holds sizes as int.
-    return isinstance(v, int) and not isinstance(v, bool) and 0 < v < 2**31
-
-
-def _token_id(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**31
 
 
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope", "su", "proportional")   # su: LongRoPE's old name
@@ -72,19 +51,19 @@ def check_rope_scaling(scaling, path):
         # Gemma 4: the whole head rotated, the frequencies past partial_rotary_factor's share zero.
         for key in ("factor", "partial_rotary_factor"):
             v = scaling.get(key, 1.0)
-            if not (_number(v) and v > 0) or (key == "partial_rotary_factor" and v > 1):
+            if not (number(v) and v > 0) or (key == "partial_rotary_factor" and v > 1):
                 raise ModelFileError(path, f"rope_scaling {key!r} must be a positive number (at most 1 for "
                                            f"partial_rotary_factor) for proportional scaling, got {v!r}")
         return
     if kind in ("longrope", "su"):
         for key in ("short_factor", "long_factor"):
             v = scaling.get(key)
-            if not isinstance(v, list) or not v or not all(_number(x) and x > 0 for x in v):
+            if not isinstance(v, list) or not v or not all(number(x) and x > 0 for x in v):
                 raise ModelFileError(path, f"rope_scaling {key!r} must be a list of positive numbers "
                                            f"for longrope scaling, got {str(v)[:80]}")
         for key in ("factor", "attention_factor", "original_max_position_embeddings"):
             v = scaling.get(key)
-            if v is not None and not (_number(v) and v > 0):
+            if v is not None and not (number(v) and v > 0):
                 raise ModelFileError(path, f"rope_scaling {key!r} must be a positive number, got {v!r}")
         return
 
@@ -92,7 +71,7 @@ def check_rope_scaling(scaling, path):
         if key not in scaling and not required:
             return
         v = scaling.get(key)
-        ok = _positive_int(v) if whole else _number(v) and v > 0
+        ok = positive_int(v) if whole else number(v) and v > 0
         if not ok:
             raise ModelFileError(path, f"rope_scaling {key!r} must be a positive "
                                        f"{'integer' if whole else 'number'} for {kind} scaling, got {v!r}")
@@ -121,7 +100,7 @@ def longrope_scaling(scaling: dict, raw: dict, rope_dim: int, path) -> dict:
             raise ModelFileError(path, f"rope_scaling {key!r} has {len(scaling[key])} entries; "
                                        f"the {rope_dim} rotated dims need {half}")
     orig = raw.get("original_max_position_embeddings", scaling.get("original_max_position_embeddings"))
-    if not _positive_int(orig):
+    if not positive_int(orig):
         raise ModelFileError(path, "longrope scaling needs original_max_position_embeddings, a positive "
                                    f"integer, got {orig!r}")
     factor = scaling.get("factor") or raw["max_position_embeddings"] / orig
@@ -150,20 +129,6 @@ def yarn_scaling(scaling: dict, raw: dict, path) -> dict:
                 attention_factor=float(attention))
 
 
-def query_position_scaling(scaling, path) -> dict:
-    """Ministral 3's query scaling by position: llama_4_scaling_beta and the
-    original context of its rope parameters, as transformers reads them."""
-    beta = (scaling or {}).get("llama_4_scaling_beta")
-    if beta is None:
-        return {}
-    period = scaling.get("original_max_position_embeddings")
-    if not (_number(beta) and beta >= 0) or not _positive_int(period):
-        raise ModelFileError(path, "llama_4_scaling_beta must be a number >= 0 and the rope parameters' "
-                                   f"original_max_position_embeddings a positive integer, got {beta!r} "
-                                   f"and {period!r}")
-    return dict(query_scale_beta=float(beta), query_scale_period=period)
-
-
 def sliding_layers(raw: dict, fam: Family, n_layers: int, path) -> tuple:
     """(sliding_window, layer_types) of the layers that attend through a
     sliding window, read from config.json as transformers reads it for the
@@ -187,7 +152,7 @@ def sliding_layers(raw: dict, fam: Family, n_layers: int, path) -> tuple:
             raise ModelFileError(path, "layer_types names sliding_attention layers, but no sliding_window "
                                        "is in use (use_sliding_window must be true, sliding_window a size)")
         return None, None
-    if not _positive_int(window):
+    if not positive_int(window):
         raise ModelFileError(path, f"sliding_window must be a positive integer or null, got {window!r}")
     if fam.sliding_window == EVERY_LAYER:
         return window, ["sliding_attention"] * n_layers
@@ -213,11 +178,11 @@ def pattern_layers(raw: dict, n_layers: int, path) -> tuple:
     window, types = raw.get("sliding_window"), raw.get("layer_types")
     if types is None:
         pattern = raw.get("sliding_window_pattern")
-        if not _positive_int(pattern):
+        if not positive_int(pattern):
             raise ModelFileError(path, f"sliding_window_pattern must be a positive integer, got {pattern!r}")
         types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n_layers)]
     _check_layer_types(types, n_layers, path)
-    if "sliding_attention" in types and not _positive_int(window):
+    if "sliding_attention" in types and not positive_int(window):
         raise ModelFileError(path, f"sliding_window must be a positive integer for the sliding_attention "
                                    f"layers, got {window!r}")
     return window, types
@@ -228,7 +193,7 @@ def _rope_of(params: dict, theta_default, path, what: str) -> tuple:
     if not isinstance(params, dict):
         raise ModelFileError(path, f"rope_parameters[{what!r}] must be an object, got {params!r}")
     theta = params.get("rope_theta", theta_default)
-    if not _number(theta) or not theta > 0:
+    if not number(theta) or not theta > 0:
         raise ModelFileError(path, f"rope_theta of the {what} layers must be a positive number, got {theta!r}")
     scaling = {k: v for k, v in params.items() if k != "rope_theta"}
     kind = scaling.get("rope_type", scaling.get("type", "default"))
@@ -255,95 +220,11 @@ def layer_type_ropes(raw: dict, path) -> tuple:
             _rope_of({"rope_theta": raw.get("rope_local_base_freq")}, None, path, "sliding_attention"))
 
 
-def gemma4_layers(raw: dict, n_layers: int, heads: int, layer_types: list, path) -> dict:
-    """Gemma 4's per-layer switches from config.json, checked (see
-    ModelConfig.layer_config for what they do)."""
-    def count(key, default, minimum=0):
-        v = raw.get(key, default)
-        if not (isinstance(v, int) and not isinstance(v, bool) and minimum <= v < 2**31):
-            raise ModelFileError(path, f"{key} must be an integer of at least {minimum}, got {v!r}")
-        return v
-
-    def flag(key):
-        v = raw.get(key, False)
-        if not isinstance(v, bool):
-            raise ModelFileError(path, f"{key} must be true or false, got {v!r}")
-        return v
-    out = dict(hidden_size_per_layer_input=count("hidden_size_per_layer_input", 0),
-               attention_k_eq_v=flag("attention_k_eq_v"), num_kv_shared_layers=count("num_kv_shared_layers", 0),
-               use_double_wide_mlp=flag("use_double_wide_mlp"))
-    if out["hidden_size_per_layer_input"] and raw.get("vocab_size_per_layer_input") != raw.get("vocab_size"):
-        raise ModelFileError(path, "vocab_size_per_layer_input must equal vocab_size (per-layer inputs of "
-                                   f"another vocabulary are not supported), got "
-                                   f"{raw.get('vocab_size_per_layer_input')!r}")
-    out["layer_sizes"] = layer_sizes(raw, n_layers, heads, layer_types, out["attention_k_eq_v"], path)
-    shared = out["num_kv_shared_layers"]
-    if shared > n_layers:
-        raise ModelFileError(path, f"num_kv_shared_layers ({shared}) exceeds num_hidden_layers ({n_layers})")
-    if shared and shared < n_layers and set(layer_types[:n_layers - shared]) != set(layer_types):
-        raise ModelFileError(path, "num_kv_shared_layers: every layer type sharing a cache needs an earlier "
-                                   "layer of its type with a cache of its own")
-    if shared == n_layers:
-        raise ModelFileError(path, "num_kv_shared_layers equal to num_hidden_layers leaves no layer "
-                                   "with a cache of its own")
-    return out
-
-
-def layer_sizes(raw: dict, n_layers: int, heads: int, layer_types: list, k_eq_v: bool, path) -> dict:
-    """{layer: {"head_dim": .., "num_key_value_heads": ..}} of the layers
-    whose sizes differ from the config's, as transformers' Gemma4TextConfig
-    reads them: per_layer_config as it saves it, else the full-attention
-    layers with global_head_dim (and num_global_key_value_heads, where
-    attention_k_eq_v) as published configs give them."""
-    given = raw.get("per_layer_config")
-    if given is None:
-        sizes = {"head_dim": raw.get("global_head_dim", 512)}
-        if k_eq_v and raw.get("num_global_key_value_heads") is not None:
-            sizes["num_key_value_heads"] = raw["num_global_key_value_heads"]
-        given = {i: sizes for i, t in enumerate(layer_types) if t == "full_attention"}
-    if not isinstance(given, dict):
-        raise ModelFileError(path, f"per_layer_config must be an object, got {given!r}"[:200])
-    out = {}
-    for key, sizes in given.items():
-        layer = int(key) if isinstance(key, str) and key.isdigit() else key
-        if not (isinstance(layer, int) and 0 <= layer < n_layers) or not isinstance(sizes, dict):
-            raise ModelFileError(path, f"per_layer_config: {key!r} is not a layer index with an object of sizes")
-        unknown = sizes.keys() - {"head_dim", "num_key_value_heads"}
-        if unknown:
-            raise ModelFileError(path, f"per_layer_config of layer {layer}: {sorted(unknown)} are not supported "
-                                       "(only head_dim and num_key_value_heads)")
-        head_dim, kv = sizes.get("head_dim"), sizes.get("num_key_value_heads")
-        if head_dim is not None and not (_positive_int(head_dim) and head_dim % 2 == 0):
-            raise ModelFileError(path, f"head_dim of layer {layer} must be a positive even integer, got {head_dim!r}")
-        if kv is not None and not (_positive_int(kv) and heads % kv == 0):
-            raise ModelFileError(path, f"num_attention_heads ({heads}) must be a multiple of layer {layer}'s "
-                                       f"num_key_value_heads ({kv!r})")
-        out[layer] = {k: v for k, v in sizes.items() if v is not None}
-    return out
-
-
 def _optional_positive(raw: dict, key: str, path):
     value = raw.get(key)
-    if value is not None and not (_number(value) and value > 0):
+    if value is not None and not (number(value) and value > 0):
         raise ModelFileError(path, f"{key} must be a positive number or null, got {value!r}")
     return None if value is None else float(value)
-
-
-def no_rope_layers(raw: dict, n_layers: int, path) -> list:
-    """Per layer, 1 where it applies RoPE and 0 where it does not, as
-    transformers' SmolLM3Config reads config.json: no_rope_layers, else every
-    no_rope_layer_interval-th layer without."""
-    flags = raw.get("no_rope_layers")
-    if flags is None:
-        interval = raw.get("no_rope_layer_interval", 4)
-        if not _positive_int(interval):
-            raise ModelFileError(path, f"no_rope_layer_interval must be a positive integer, got {interval!r}")
-        return [int((i + 1) % interval != 0) for i in range(n_layers)]
-    if (not isinstance(flags, list) or len(flags) != n_layers
-            or any(type(v) not in (int, bool) or v not in (0, 1) for v in flags)):
-        raise ModelFileError(path, f"no_rope_layers must list 1 (RoPE) or 0 (none) for each of the "
-                                   f"{n_layers} layers, got {flags!r}"[:300])
-    return [int(v) for v in flags]
 
 
 # Experts a router may choose from (the largest models have 512): each
@@ -362,7 +243,7 @@ def experts_config(raw: dict, fam: Family, n_layers: int, path) -> dict:
 
     def positive(name):
         v = raw.get(name)
-        if not _positive_int(v):
+        if not positive_int(v):
             raise ModelFileError(path, f"{name} must be a positive integer, got {v!r}")
         return v
     n, k = positive(key), positive("num_experts_per_tok")
@@ -376,31 +257,13 @@ def experts_config(raw: dict, fam: Family, n_layers: int, path) -> dict:
         only, step = raw.get("mlp_only_layers") or [], raw.get("decoder_sparse_step", 1)
         if not isinstance(only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in only):
             raise ModelFileError(path, f"mlp_only_layers must be a list of layer indices, got {only!r}"[:200])
-        if not _positive_int(step):
+        if not positive_int(step):
             raise ModelFileError(path, f"decoder_sparse_step must be a positive integer, got {step!r}")
         layers = [int(i not in only and (i + 1) % step == 0) for i in range(n_layers)]
     out = dict(num_experts=n, num_experts_per_tok=k, moe_intermediate_size=positive(fam.expert_size_key),
                norm_topk_prob=norm, moe_layers=layers)
     if fam.shared_expert:
         out.update(shared_expert=True, shared_expert_intermediate_size=positive("shared_expert_intermediate_size"))
-    return out
-
-
-# transformers' GraniteConfig defaults (the attention's too is 1, not 1/sqrt(head_dim)).
-MULTIPLIERS = {"embedding_multiplier": 1.0, "residual_multiplier": 1.0, "attention_multiplier": 1.0,
-               "logits_scaling": 1.0}
-
-
-def scale_multipliers(raw: dict, path) -> dict:
-    """Granite's multipliers of the embeddings, the sublayer outputs and the
-    attention scores, and the divisor of the logits, where config.json
-    gives them: each a positive number."""
-    out = {}
-    for key, default in MULTIPLIERS.items():
-        value = raw.get(key, default)
-        if not (_number(value) and value > 0):
-            raise ModelFileError(path, f"{key} must be a positive number, got {value!r}")
-        out[key] = float(value)
     return out
 
 
@@ -595,16 +458,8 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict, path=None) -> "ModelConfig":
-        def need(key, kind=int):
-            if key not in raw or raw[key] is None:
-                raise ModelFileError(path, f"missing key {key!r}")
-            value = raw[key]
-            if kind is int and not _positive_int(value):
-                raise ModelFileError(path, f"{key!r} must be a positive integer below 2**31, got {value!r}")
-            if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not math.isfinite(value) or value <= 0):
-                raise ModelFileError(path, f"{key!r} must be a positive number, got {value!r}")
-            return value
+        def need(key):
+            return need_int(raw, key, path)
 
         model_type = raw.get("model_type")
         fam = family(model_type, path)
@@ -624,7 +479,8 @@ class ModelConfig:
             own = text.get("model_type")
             raw["model_type"] = model_type = own if own in fam.text_models else fam.text_config
             fam = family(model_type, path)
-        raw = {**fam.defaults, **raw}
+        # The family's own names of keys first (qkv_bias for attention_bias), then transformers' defaults.
+        raw = {**fam.defaults, **{fam.attribute_map.get(k, k): v for k, v in raw.items()}}
         for key, why in fam.refuse.items():
             if raw.get(key):
                 raise ModelFileError(path, f"{key} is true: {why}")
@@ -640,10 +496,10 @@ class ModelConfig:
         heads = need("num_attention_heads")
         kv_heads = raw.get("num_key_value_heads") or heads
         head_dim = raw.get("head_dim") or hidden // heads
-        if not _positive_int(kv_heads) or heads % kv_heads:
+        if not positive_int(kv_heads) or heads % kv_heads:
             raise ModelFileError(path, f"num_attention_heads ({heads}) must be a multiple of "
                                        f"num_key_value_heads ({kv_heads})")
-        if not _positive_int(head_dim) or head_dim % 2:
+        if not positive_int(head_dim) or head_dim % 2:
             raise ModelFileError(path, f"head_dim must be a positive even integer, got {head_dim!r}")
         if raw.get("head_dim") is None and hidden % heads:
             raise ModelFileError(path, f"hidden_size ({hidden}) is not divisible by "
@@ -651,53 +507,21 @@ class ModelConfig:
         rope_params = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
         prf = (raw.get("partial_rotary_factor") or rope_params.get("partial_rotary_factor")
                or fam.partial_rotary_factor)
-        if not _number(prf) or not (0 < prf <= 1) or int(head_dim * prf) % 2:
+        if not number(prf) or not (0 < prf <= 1) or int(head_dim * prf) % 2:
             raise ModelFileError(path, f"partial_rotary_factor {prf!r} does not give an even "
                                        f"number of rotated dims of head_dim {head_dim}")
 
-        layer_types, linear = None, {}
-        if fam.linear_attention:
-            n_layers = need("num_hidden_layers")
-            layer_types = raw.get("layer_types")
-            if layer_types is None:
-                interval = raw.get("full_attention_interval", 4)
-                if not _positive_int(interval):
-                    raise ModelFileError(path, "full_attention_interval must be a positive integer, "
-                                               f"got {interval!r}")
-                layer_types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
-                               for i in range(n_layers)]
-            if (not isinstance(layer_types, list) or len(layer_types) != n_layers
-                    or any(t not in ("full_attention", "linear_attention") for t in layer_types)):
-                raise ModelFileError(path, "layer_types must list 'full_attention' or "
-                                           f"'linear_attention' for each of the {n_layers} layers")
-            linear = {key: need(key) for key in (
-                "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
-                "linear_value_head_dim", "linear_conv_kernel_dim")}
-            if linear["linear_num_value_heads"] % linear["linear_num_key_heads"]:
-                raise ModelFileError(path, "linear_num_value_heads must be a multiple of "
-                                           "linear_num_key_heads")
-
-        sliding_window, sliding_types = sliding_layers(raw, fam, need("num_hidden_layers"), path)
-        layer_types = layer_types or sliding_types
-
-        no_rope = no_rope_layers(raw, need("num_hidden_layers"), path) if fam.no_rope_layers else None
-        multipliers = scale_multipliers(raw, path) if fam.multipliers else {}
+        sliding_window, layer_types = sliding_layers(raw, fam, need("num_hidden_layers"), path)
+        multipliers = {}
         if fam.scale_embeddings:
             multipliers["embedding_multiplier"] = hidden ** 0.5
         if fam.query_pre_attn_scalar:
             scalar = raw.get("query_pre_attn_scalar")
-            if not (_number(scalar) and scalar > 0):
+            if not (number(scalar) and scalar > 0):
                 raise ModelFileError(path, f"query_pre_attn_scalar must be a positive number, got {scalar!r}")
             multipliers["attention_multiplier"] = scalar ** -0.5
         softcaps = {key: _optional_positive(raw, key, path) for key in (
             "attn_logit_softcapping", "final_logit_softcapping")} if fam.softcapping else {}
-        gemma4 = {}
-        if fam.gemma4_layers:
-            if layer_types[-1] != "full_attention":
-                # transformers' Gemma4TextConfig makes the last layer a global one whatever config.json says.
-                layer_types = layer_types[:-1] + ["full_attention"]
-            gemma4 = dict(gemma4_layers(raw, len(layer_types), heads, layer_types, path), gemma4_layers=True)
-            multipliers["attention_multiplier"] = 1.0
 
         experts = experts_config(raw, fam, need("num_hidden_layers"), path) if fam.experts_keys else {}
         if experts and all(experts["moe_layers"]) and raw.get("intermediate_size") is None:
@@ -707,11 +531,11 @@ class ModelConfig:
 
         eos = raw.get("eos_token_id")
         eos = [] if eos is None else list(eos) if isinstance(eos, list) else [eos]
-        if not all(_token_id(i) for i in eos):
+        if not all(token_id(i) for i in eos):
             raise ModelFileError(path, "eos_token_id must be a token id or a list of token ids, "
                                        f"got {raw.get('eos_token_id')!r}")
         bos = raw.get("bos_token_id")
-        if bos is not None and not _token_id(bos):
+        if bos is not None and not token_id(bos):
             raise ModelFileError(path, f"bos_token_id must be a token id, got {bos!r}")
         rope_scaling = raw.get("rope_scaling")
         rope_theta = raw.get("rope_theta", 10000.0)
@@ -726,10 +550,10 @@ class ModelConfig:
             rope_theta = params.pop("rope_theta", rope_theta)
             if params.get("rope_type", params.get("type", "default")) != "default":
                 rope_scaling = params
-        if not _number(rope_theta) or not rope_theta > 0:
+        if not number(rope_theta) or not rope_theta > 0:
             raise ModelFileError(path, f"rope_theta must be a positive number, got {rope_theta!r}")
         eps = raw.get("rms_norm_eps", 1e-6)
-        if not _number(eps) or not 0 <= eps < 1:
+        if not number(eps) or not 0 <= eps < 1:
             raise ModelFileError(path, f"rms_norm_eps must be a number in [0, 1), got {eps!r}")
         check_rope_scaling(rope_scaling, path)
         if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) in ("longrope", "su"):
@@ -738,15 +562,13 @@ class ModelConfig:
         if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) == "yarn":
             need("max_position_embeddings")
             rope_scaling = yarn_scaling(rope_scaling, raw, path)
-        # transformers scales queries whatever the rope type (from the rope parameters).
-        query_scale = query_position_scaling(rope_scaling or rope_params, path) if fam.query_position_scale else {}
         switches = ("attention_bias", "o_bias", "mlp_bias")
         keys = {"tie_word_embeddings", "attention_bias", "mlp_bias"} | {
             getattr(fam, name) for name in switches if isinstance(getattr(fam, name), str)}
         for key in sorted(keys):
             if raw.get(key) is not None and not isinstance(raw[key], bool):
                 raise ModelFileError(path, f"{key} must be true or false, got {raw[key]!r}")
-        cfg = cls(
+        fields = dict(
             model_type=model_type,
             hidden_size=hidden,
             intermediate_size=intermediate,
@@ -772,21 +594,20 @@ class ModelConfig:
             qk_norm_whole=fam.qk_norm_whole,
             pre_norms=fam.pre_norms,
             post_norms=fam.post_norms,
-            no_rope_layers=no_rope,
             **multipliers,
             hidden_act=act,
             **softcaps,
             **local_rope,
-            **query_scale,
-            **gemma4,
             fused_qkv=fam.fused_qkv,
             fused_gate_up=fam.fused_gate_up,
             weight_prefix=prefix,
             head_prefix=head_prefix,
             path=Path(path) if path else None,
-            **linear,
             **experts,
         )
+        if fam.read_config:
+            fields.update(fam.read_config(raw, fields, path))
+        cfg = cls(**fields)
         for i in range(cfg.num_hidden_layers if cfg.gemma4_layers else 0):
             mine, theirs = cfg.layer_config(i), cfg.layer_config(cfg.kv_layer(i))
             if (mine.head_dim, mine.num_key_value_heads) != (theirs.head_dim, theirs.num_key_value_heads):

@@ -13,3 +13,8 @@ class ModelFileError(FastLLMError, ValueError):
         self.path = Path(path) if path is not None else None
         self.problem = problem
         super().__init__(f"{path}: {problem}" if path is not None else problem)
+
+
+class ConversionError(ModelFileError):
+    """A GGUF file that cannot be imported, or a folder that cannot be
+    written as one; the message names the file."""

@@ -8,6 +8,7 @@ filling memory.
 """
 from __future__ import annotations
 
+import json
 import os
 import stat
 
@@ -89,3 +90,14 @@ def read_bounded(path, limit: int, what: str) -> bytes:
     if len(data) > limit:  # it grew while being read
         raise ModelFileError(path, f"{what} is more than the {limit} bytes such a file may have")
     return data
+
+def read_json(path, limit: int, what: str):
+    """The JSON value of a regular file of at most limit bytes, else
+    ModelFileError naming the file."""
+    data = read_bounded(path, limit, what)
+    try:
+        return json.loads(data)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ModelFileError(path, f"not valid JSON: {e}") from None
+    except RecursionError:
+        raise ModelFileError(path, "not valid JSON: nested too deeply") from None
