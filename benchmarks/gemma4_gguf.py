@@ -18,7 +18,6 @@ would make every attention row all but one-hot, so that the least rounding
 flips which key a query sees (trained weights learn the scale).
 """
 import argparse
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "data" / "gemma4-gguf"))
 
 import make  # noqa: E402  (tests/data/gemma4-gguf/make.py)
+from oracles.gguf_maker import CONVERTER, QUANTIZE, convert, quantize  # noqa: E402
 
 
 def scale_query_norms(folder: Path) -> None:
@@ -53,9 +53,9 @@ def main():
     folder = make.folder_of("gemma4-bench", dict(make.TEXT, **WIDER), out, llama, init_scale=0.05)
     scale_query_norms(folder)
     f32 = out / "gemma4-F32.gguf"
-    make.convert(llama, folder, f32)
+    convert(llama / CONVERTER, folder, f32)
     for qtype in ("Q8_0", "Q4_K_M"):
-        make.quantize(llama, f32, out / f"gemma4-{qtype}.gguf", qtype)
+        quantize(llama / QUANTIZE, f32, out / f"gemma4-{qtype}.gguf", qtype)
     print(f"wrote {folder} and {out}/gemma4-{{F32,Q8_0,Q4_K_M}}.gguf")
 
 

@@ -2,7 +2,7 @@
 llama-quantize make them, for benchmarks/perplexity.py (fastllm's perplexity
 and KL divergence beside llama-perplexity's on the same files).
 
-    PYTHONPATH=/path/to/llama.cpp/gguf-py python benchmarks/gemma_gguf.py OUT_DIR --llama-cpp /path/to/llama.cpp
+    python benchmarks/gemma_gguf.py OUT_DIR --llama-cpp /path/to/llama.cpp
     python benchmarks/perplexity.py --base OUT_DIR/gemma3-F32.gguf OUT_DIR/gemma3-Q8_0.gguf \\
         OUT_DIR/gemma3-Q4_K_M.gguf --llama-perplexity /path/to/llama.cpp/build/bin/llama-perplexity \\
         --ctx 256 --chunks 16
@@ -14,7 +14,6 @@ context of 256 passes. Each gets that script's Gemma-style SentencePiece
 vocabulary.
 """
 import argparse
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "data" / "gemma-gguf"))
 
 import make  # noqa: E402  (tests/data/gemma-gguf/make.py)
-from oracles.tiny_models import SHAPES, make_tiny_model  # noqa: E402
+from oracles.gguf_maker import CONVERTER, QUANTIZE, convert, quantize, tiny_checkpoint  # noqa: E402
 
 WIDER = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=6, num_attention_heads=4,
              num_key_value_heads=2, head_dim=64, query_pre_attn_scalar=64, sliding_window=64)
@@ -35,17 +34,13 @@ def main():
     parser.add_argument("--llama-cpp", type=Path, required=True, help="llama.cpp's source tree, built")
     args = parser.parse_args()
     llama = args.llama_cpp.resolve()
-    sys.path.insert(0, str(llama))
-    bin_dir = llama / "build" / "bin"
     for kind, spec in make.GGUF_SHAPES.items():
-        SHAPES[f"{kind}-bench"] = dict(spec, **WIDER)
-        folder = make_tiny_model(f"{kind}-bench", args.out / kind, init_scale=0.05)
+        folder = tiny_checkpoint(f"{kind}-bench", dict(spec, **WIDER), args.out / kind, init_scale=0.05)
         make.tokenizer(folder, args.out / "vocab")
         f32 = args.out / f"{kind}-F32.gguf"
-        make.convert(llama / "convert_hf_to_gguf.py", folder, f32)
+        convert(llama / CONVERTER, folder, f32)
         for qtype in ("Q8_0", "Q4_K_M"):
-            subprocess.run([str(bin_dir / "llama-quantize"), str(f32), str(args.out / f"{kind}-{qtype}.gguf"),
-                            qtype], check=True, capture_output=True, env={"LD_LIBRARY_PATH": str(bin_dir)})
+            quantize(llama / QUANTIZE, f32, args.out / f"{kind}-{qtype}.gguf", qtype)
         print(f"wrote {folder} and {args.out}/{kind}-{{F32,Q8_0,Q4_K_M}}.gguf")
 
 

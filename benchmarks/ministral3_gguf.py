@@ -2,7 +2,7 @@
 llama-quantize make them, for benchmarks/perplexity.py (fastllm's perplexity
 and KL divergence beside llama-perplexity's on the same files).
 
-    PYTHONPATH=/path/to/llama.cpp/gguf-py python benchmarks/ministral3_gguf.py OUT_DIR --llama-cpp /path/to/llama.cpp
+    python benchmarks/ministral3_gguf.py OUT_DIR --llama-cpp /path/to/llama.cpp
     python benchmarks/perplexity.py --base OUT_DIR/ministral3-F32.gguf OUT_DIR/ministral3-Q8_0.gguf \\
         OUT_DIR/ministral3-Q4_K_M.gguf --llama-perplexity /path/to/llama.cpp/build/bin/llama-perplexity \\
         --ctx 256 --chunks 16
@@ -14,7 +14,6 @@ that a context of 256 passes four times. Each gets that script's tekken-style
 vocabulary, and its converter patch.
 """
 import argparse
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,8 +22,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "data" / "ministral3-gguf"))
 
 import make  # noqa: E402  (tests/data/ministral3-gguf/make.py)
-from oracles.llama_cpp_converter import convert  # noqa: E402
-from oracles.tiny_models import SHAPES, make_tiny_model  # noqa: E402
+from oracles.gguf_maker import CONVERTER, QUANTIZE, convert, quantize, tiny_checkpoint  # noqa: E402
 
 WIDER = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
              num_key_value_heads=2, head_dim=64)
@@ -36,18 +34,15 @@ def main():
     parser.add_argument("--llama-cpp", type=Path, required=True, help="llama.cpp's source tree, built")
     args = parser.parse_args()
     llama = args.llama_cpp.resolve()
-    make.patch_pre_tokenizer_detection(llama / "convert_hf_to_gguf.py")
-    bin_dir = llama / "build" / "bin"
     for kind, spec in make.GGUF_SHAPES.items():
         rope = dict(spec["rope_parameters"], original_max_position_embeddings=64)
-        SHAPES[f"{kind}-bench"] = dict(spec, **WIDER, rope_parameters=rope)
-        folder = make_tiny_model(f"{kind}-bench", args.out / kind, init_scale=0.05)
+        folder = tiny_checkpoint(f"{kind}-bench", dict(spec, **WIDER, rope_parameters=rope), args.out / kind,
+                                 init_scale=0.05)
         make.tokenizer(folder)
         f32 = args.out / f"{kind}-F32.gguf"
-        convert(llama / "convert_hf_to_gguf.py", folder, f32)
+        convert(llama / CONVERTER, folder, f32, pre=make.PRE_TOKENIZER)
         for qtype in ("Q8_0", "Q4_K_M"):
-            subprocess.run([str(bin_dir / "llama-quantize"), str(f32), str(args.out / f"{kind}-{qtype}.gguf"),
-                            qtype], check=True, capture_output=True, env={"LD_LIBRARY_PATH": str(bin_dir)})
+            quantize(llama / QUANTIZE, f32, args.out / f"{kind}-{qtype}.gguf", qtype)
         print(f"wrote {folder} and {args.out}/{kind}-{{F32,Q8_0,Q4_K_M}}.gguf")
 
 

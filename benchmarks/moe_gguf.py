@@ -15,7 +15,7 @@ sigmoid gate) and a Mixtral (arch llama with expert tensors: top-2 of 8).
 Every layer is routed, as llama.cpp routes these archs. Each has Qwen3.5's
 tokenizer cut to the 32,768 ids of its embedding (tests/data/qwen35-gguf/make.py
 says how, and why the converter's pre-tokenizer detection is told "qwen35");
-tests/data/moe-gguf/make.py's helpers write, convert and quantize them.
+tests/data/moe-gguf/make.py's helpers write them.
 
 The weights are drawn with a standard deviation of 0.03, so that the
 standard deviation times sqrt(hidden) is near qwen35_gguf.py's and
@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "data" / "qwen35-gguf"))
 
 import make as qwen35_make  # noqa: E402  (tests/data/qwen35-gguf/make.py)
+from oracles.gguf_maker import CONVERTER, QUANTIZE, convert, quantize  # noqa: E402
 
 
 def _load(name: str, path: Path):
@@ -94,9 +95,10 @@ def main():
         folder = out / name
         make_folder(name, folder)
         f32 = out / f"{name}-F32.gguf"
-        moe_make.convert(llama, folder, f32, *(["--no-mtp"] if name == "qwen35moe" else []))
+        convert(llama / CONVERTER, folder, f32, pre=qwen35_make.PRE_TOKENIZER,
+                options=moe_make.NO_MTP.get(name, []))
         for qtype in QUANTS:
-            moe_make.quantize(llama, f32, out / f"{name}-{qtype}.gguf", qtype)
+            quantize(llama / QUANTIZE, f32, out / f"{name}-{qtype}.gguf", qtype)
         print(f"wrote {folder} and {out}/{name}-{{F32,{','.join(QUANTS)}}}.gguf")
 
 

@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT / "tests" / "data" / "qwen35-gguf"))
 
 import make  # noqa: E402  (tests/data/qwen35-gguf/make.py)
 from make_qwen35 import MID  # noqa: E402
+from oracles.gguf_maker import QUANTIZE, quantize  # noqa: E402
 
 SHAPE = dict(MID, linear_num_key_heads=8, tie_word_embeddings=True)
 
@@ -37,9 +38,9 @@ def main():
     make.N_RANKS = SHAPE["vocab_size"] - 33
     make.make_folder(SHAPE, folder, seed=0, scale=0.02)
     f32 = args.out / "qwen35-F32.gguf"
-    make.convert(llama, folder, "f32", f32, mtp=False)
+    make.convert_no_mtp(llama, folder, f32)
     for qtype in ("Q8_0", "Q4_K_M"):
-        make.quantize(llama, f32, args.out / f"qwen35-{qtype}.gguf", qtype)
+        quantize(llama / QUANTIZE, f32, args.out / f"qwen35-{qtype}.gguf", qtype)
     print(f"wrote {folder} and {args.out}/qwen35-{{F32,Q8_0,Q4_K_M}}.gguf")
 
 

@@ -1,7 +1,7 @@
 """GGUF files of tiny Gemma 2 and Gemma 3 checkpoints, as llama.cpp's
 converter writes them, for tests/test_conformance.py and test_gemma.py.
 
-    PYTHONPATH=/path/to/llama.cpp/gguf-py python make.py /path/to/llama.cpp/convert_hf_to_gguf.py
+    python make.py /path/to/llama.cpp/convert_hf_to_gguf.py
 
 For oracles/tiny_models.py's "gemma2" and "gemma3-text" shapes, changed
 where llama.cpp runs a file otherwise than transformers runs the folder:
@@ -13,21 +13,17 @@ vocab_size (oracles/spm_vocabs.py's), is converted to <kind>.gguf (F32), and
 prompt (ids, logits), which the tests hold fastllm's results against.
 Nothing of the converter is changed.
 """
-import runpy
-import shutil
 import sys
 import tempfile
 from pathlib import Path
-
-import numpy as np
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
 
 from oracles import spm_vocabs  # noqa: E402
-from oracles.hf_reference import hf_logits, load_hf  # noqa: E402
-from oracles.tiny_models import SHAPES, make_tiny_model  # noqa: E402
+from oracles.gguf_maker import add_spm_tokenizer, convert, prompt, tiny_checkpoint, write_reference  # noqa: E402
+from oracles.tiny_models import SHAPES  # noqa: E402
 
 VOCAB = spm_vocabs.DEFAULT_VOCAB_SIZE
 GGUF_SHAPES = {
@@ -36,37 +32,17 @@ GGUF_SHAPES = {
 }
 
 
-def prompt(vocab: int) -> list:
-    return np.random.default_rng(24).integers(0, vocab, 40).tolist()
-
-
 def tokenizer(folder: Path, work: Path) -> None:
     """Gemma's layout: <pad> <eos> <bos> <unk> at 0..3, no dummy prefix."""
     settings = dict(spm_vocabs.VOCABS["gemma-bpe-bf"][0])
-    model = spm_vocabs.train(vocab_size=VOCAB, out_dir=work, **settings)
-    made = spm_vocabs.hf_folder(model, work, "gemma")
-    for path in made.iterdir():
-        shutil.copy(path, folder / path.name)
-
-
-def convert(converter: Path, folder: Path, out: Path) -> None:
-    argv = sys.argv
-    sys.argv = [str(converter), str(folder), "--outtype", "f32", "--outfile", str(out)]
-    try:
-        runpy.run_path(str(converter), run_name="__main__")
-    finally:
-        sys.argv = argv
+    add_spm_tokenizer(folder, spm_vocabs.train(vocab_size=VOCAB, out_dir=work, **settings), work, "gemma")
 
 
 if __name__ == "__main__":
-    converter = Path(sys.argv[1]).resolve()
-    sys.path.insert(0, str(converter.parent))
+    converter = Path(sys.argv[1])
     with tempfile.TemporaryDirectory() as tmp:
         for kind, spec in GGUF_SHAPES.items():
-            SHAPES[f"{kind}-gguf"] = spec
-            folder = make_tiny_model(f"{kind}-gguf", Path(tmp) / kind)
+            folder = tiny_checkpoint(f"{kind}-gguf", spec, Path(tmp) / kind)
             tokenizer(folder, Path(tmp) / "vocab")
             convert(converter, folder, HERE / f"{kind}.gguf")
-            ids = prompt(VOCAB)
-            np.savez(HERE / f"{kind}.npz", ids=np.array(ids, np.int32),
-                     logits=hf_logits(load_hf(folder), ids).astype(np.float32))
+            write_reference(HERE / f"{kind}.npz", prompt(VOCAB), logits=folder)

@@ -23,23 +23,18 @@ Each checkpoint gets a Gemma-style vocabulary of 2000 tokens
 which the converter writes into the files. Nothing of the converter is
 changed.
 """
-import json
-import os
-import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
-
-import numpy as np
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
 
 from oracles import spm_vocabs  # noqa: E402
-from oracles.hf_reference import hf_logits, load_hf  # noqa: E402
-from oracles.tiny_models import SHAPES, make_tiny_model  # noqa: E402
+from oracles.gguf_maker import (CONVERTER, QUANTIZE, add_spm_tokenizer, convert, prompt, quantize,  # noqa: E402
+                                tiny_checkpoint, update_tokenizer_config, write_reference)
+from oracles.tiny_models import SHAPES  # noqa: E402
 
 VOCAB = spm_vocabs.DEFAULT_VOCAB_SIZE
 # llama.cpp's layers that share caches read those of the last two layers
@@ -52,36 +47,15 @@ WIDE = dict(TEXT, hidden_size=256, intermediate_size=256, num_hidden_layers=4, n
 TEMPLATE = "models/templates/google-gemma-4-31B-it.jinja"
 
 
-def prompt(vocab: int) -> list:
-    return np.random.default_rng(24).integers(0, vocab, 40).tolist()
-
-
 def folder_of(kind: str, spec: dict, work: Path, llama_cpp: Path, init_scale: float = 0.2) -> Path:
     """The tiny checkpoint with a Gemma vocabulary (<pad> <eos> <bos> <unk>
     at 0..3, no dummy prefix) and Gemma 4's chat template."""
-    SHAPES[kind] = spec
-    folder = make_tiny_model(kind, work / kind, init_scale=init_scale)
+    folder = tiny_checkpoint(kind, spec, work / kind, init_scale=init_scale)
     settings = dict(spm_vocabs.VOCABS["gemma-bpe-bf"][0])
     model = spm_vocabs.train(vocab_size=VOCAB, out_dir=work / "vocab", **settings)
-    for path in spm_vocabs.hf_folder(model, work / "vocab", "gemma").iterdir():
-        shutil.copy(path, folder / path.name)
-    config_path = folder / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    config["chat_template"] = (llama_cpp / TEMPLATE).read_text()
-    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False))
+    add_spm_tokenizer(folder, model, work / "vocab", "gemma")
+    update_tokenizer_config(folder, chat_template=(llama_cpp / TEMPLATE).read_text())
     return folder
-
-
-def convert(llama_cpp: Path, folder: Path, out: Path) -> None:
-    env = dict(os.environ, PYTHONPATH=str(llama_cpp / "gguf-py"))
-    subprocess.run([sys.executable, str(llama_cpp / "convert_hf_to_gguf.py"), "--outtype", "f32",
-                    "--outfile", str(out), str(folder)], check=True, env=env)
-
-
-def quantize(llama_cpp: Path, src: Path, out: Path, qtype: str) -> None:
-    bin_dir = llama_cpp / "build" / "bin"
-    env = dict(os.environ, LD_LIBRARY_PATH=str(bin_dir))
-    subprocess.run([str(bin_dir / "llama-quantize"), str(src), str(out), qtype, "1"], check=True, env=env)
 
 
 if __name__ == "__main__":
@@ -89,10 +63,8 @@ if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         folder = folder_of("gemma4-gguf", TEXT, work, llama_cpp)
-        convert(llama_cpp, folder, HERE / "gemma4.gguf")
-        ids = prompt(VOCAB)
-        np.savez(HERE / "gemma4.npz", ids=np.array(ids, np.int32),
-                 logits=hf_logits(load_hf(folder), ids).astype(np.float32))
+        convert(llama_cpp / CONVERTER, folder, HERE / "gemma4.gguf")
+        write_reference(HERE / "gemma4.npz", prompt(VOCAB), logits=folder)
         wide = folder_of("gemma4-gguf-256", WIDE, work, llama_cpp)
-        convert(llama_cpp, wide, work / "gemma4-256-F32.gguf")
-        quantize(llama_cpp, work / "gemma4-256-F32.gguf", HERE / "gemma4-256-Q4_K_M.gguf", "Q4_K_M")
+        convert(llama_cpp / CONVERTER, wide, work / "gemma4-256-F32.gguf")
+        quantize(llama_cpp / QUANTIZE, work / "gemma4-256-F32.gguf", HERE / "gemma4-256-Q4_K_M.gguf", "Q4_K_M")

@@ -25,9 +25,7 @@ markers, [control_N]) as the real one does. Every vocabulary has 2,000
 pieces rather than 32,000 to keep the files small.
 """
 import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -36,7 +34,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
 
-from oracles import spm_vocabs, tiny_models  # noqa: E402
+from oracles import spm_vocabs  # noqa: E402
+from oracles.gguf_maker import (CONVERTER, QUANTIZE, add_spm_tokenizer, convert, quantize,  # noqa: E402
+                                tiny_checkpoint, update_tokenizer_config)
 
 VOCAB_SIZE = spm_vocabs.DEFAULT_VOCAB_SIZE
 V3_CONTROLS = (["[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
@@ -191,33 +191,15 @@ def vocabulary(controls, work: Path) -> Path:
 
 def model_folder(name: str, shape: dict, folder: Path, seed: int) -> None:
     """A random checkpoint of shape, in bf16, as tiny_models makes them."""
-    tiny_models.SHAPES[name] = shape
-    tiny_models.make_tiny_model(name, folder, seed=seed, dtype="bf16")
+    tiny_checkpoint(name, shape, folder, seed=seed, dtype="bf16")
     (folder / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": shape["bos_token_id"], "eos_token_id": shape["eos_token_id"]}, indent=2))
 
 
 def tokenizer_files(model: Path, flavor: str, template: str, extras: dict, folder: Path, work: Path) -> None:
-    made = spm_vocabs.hf_folder(model, work, flavor)
-    for f in made.iterdir():
-        shutil.copy(f, folder / f.name)
-    config_path = folder / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    config.update(extras, chat_template=template, add_bos_token=True, add_eos_token=False,
-                  tokenizer_class="LlamaTokenizer")
-    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False))
-
-
-def convert(folder: Path, out: Path, llama_cpp: Path, outtype="f32") -> None:
-    env = dict(os.environ, PYTHONPATH=str(llama_cpp / "gguf-py"))
-    subprocess.run([sys.executable, str(llama_cpp / "convert_hf_to_gguf.py"), "--outtype", outtype,
-                    "--outfile", str(out), str(folder)], check=True, env=env)
-
-
-def quantize(src: Path, out: Path, qtype: str, llama_cpp: Path) -> None:
-    bin_dir = llama_cpp / "build" / "bin"
-    env = dict(os.environ, LD_LIBRARY_PATH=str(bin_dir))
-    subprocess.run([str(bin_dir / "llama-quantize"), str(src), str(out), qtype, "1"], check=True, env=env)
+    add_spm_tokenizer(folder, model, work, flavor)
+    update_tokenizer_config(folder, **extras, chat_template=template, add_bos_token=True, add_eos_token=False,
+                            tokenizer_class="LlamaTokenizer")
 
 
 def make_family(name: str, llama_cpp: Path, work: Path, seed: int) -> None:
@@ -227,21 +209,21 @@ def make_family(name: str, llama_cpp: Path, work: Path, seed: int) -> None:
     shutil.rmtree(folder, ignore_errors=True)
     model_folder(name, shape, folder, seed)
     tokenizer_files(model, flavor, template, extras, folder, work)
-    convert(folder, HERE / f"{name}.gguf", llama_cpp)
+    convert(llama_cpp / CONVERTER, folder, HERE / f"{name}.gguf")
     if name in QUANTIZED:
         wide = work / f"{name}-256"
         model_folder(f"{name}-256", dict(shape, **WIDE), wide, seed)
         tokenizer_files(model, flavor, template, extras, wide, work)
-        convert(wide, work / f"{name}-256-F32.gguf", llama_cpp)
+        convert(llama_cpp / CONVERTER, wide, work / f"{name}-256-F32.gguf")
         for qtype in QUANTIZED[name]:
-            quantize(work / f"{name}-256-F32.gguf", HERE / f"{name}-256-{qtype}.gguf", qtype, llama_cpp)
+            quantize(llama_cpp / QUANTIZE, work / f"{name}-256-F32.gguf", HERE / f"{name}-256-{qtype}.gguf", qtype)
 
 
 def make_mixtral(llama_cpp: Path, work: Path) -> None:
     folder = work / "mixtral"
     model_folder("mixtral", MIXTRAL, folder, seed=9)
     tokenizer_files(vocabulary((), work), "llama", MISTRAL_V1_TEMPLATE, {}, folder, work)
-    convert(folder, HERE / "mixtral.gguf", llama_cpp, outtype="q8_0")
+    convert(llama_cpp / CONVERTER, folder, HERE / "mixtral.gguf", outtype="q8_0")
 
 
 def convert_vocabularies(work: Path) -> None:

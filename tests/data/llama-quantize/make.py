@@ -9,7 +9,6 @@ that fastllm writes. Rows mix blocks of many kinds, so that the
 quantizers' searches meet sign changes, outliers, zeros, constants and
 scales from 1e-8 to 1e4 within one 256-value superblock.
 """
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +16,10 @@ import gguf
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[2]))
+
+from oracles.gguf_maker import quantize  # noqa: E402
+
 TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
 
 
@@ -66,8 +69,6 @@ def source(path: Path) -> None:
 
 
 if __name__ == "__main__":
-    quantize = sys.argv[1]
     source(HERE / "source-F32.gguf")
     for t in TYPES:
-        subprocess.run([quantize, "--pure", str(HERE / "source-F32.gguf"), str(HERE / f"{t}.gguf"), t, "1"],
-                       check=True)
+        quantize(Path(sys.argv[1]), HERE / "source-F32.gguf", HERE / f"{t}.gguf", t, pure=True)

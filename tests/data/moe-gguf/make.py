@@ -23,9 +23,7 @@ converter's pre-tokenizer detection is patched to name it.
 """
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -35,7 +33,8 @@ ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE.parent / "qwen35-gguf"))
 
-from make import write_tokenizer  # noqa: E402  (tests/data/qwen35-gguf/make.py)
+from make import PRE_TOKENIZER, write_tokenizer  # noqa: E402  (tests/data/qwen35-gguf/make.py)
+from oracles.gguf_maker import CONVERTER, QUANTIZE, convert, quantize, tiny_checkpoint  # noqa: E402
 
 CHECKPOINTS = {
     "qwen3moe": dict(model_type="qwen3_moe", vocab_size=300, hidden_size=64, intermediate_size=96,
@@ -57,52 +56,32 @@ WIDE = dict(CHECKPOINTS["qwen3moe"], hidden_size=256, intermediate_size=256, num
             num_attention_heads=2, num_key_value_heads=1, head_dim=128, num_experts=4, num_experts_per_tok=2,
             moe_intermediate_size=256)
 QUANTS = ("Q8_0", "Q4_K_M")
-
-_CONVERT = """
-import sys
-sys.path.insert(0, {llama!r})
-sys.argv = ["convert_hf_to_gguf.py"] + {args!r}
-import convert_hf_to_gguf
-from conversion import base
-base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen35"
-convert_hf_to_gguf.main()
-"""
+# Without --no-mtp the converter's Qwen3.5 classes expect MTP layers, which these checkpoints lack.
+NO_MTP = {"qwen35moe": ["--no-mtp"]}
 
 
 def make_folder(name: str, spec: dict, folder: Path, seed: int, init_scale: float = 0.2) -> None:
     """init_scale: the weights' standard deviation (Qwen3.5-MoE's is tiny_models' own)."""
-    from oracles import tiny_models
     if folder.exists():
         shutil.rmtree(folder)
-    tiny_models.SHAPES[name] = spec
-    tiny_models.make_tiny_model(name, folder, seed=seed, init_scale=init_scale)
+    tiny_checkpoint(name, spec, folder, seed=seed, init_scale=init_scale)
     write_tokenizer(folder)
 
 
-def convert(llama: Path, folder: Path, out: Path, *extra) -> None:
-    args = [str(folder), "--outtype", "f32", "--outfile", str(out), *extra]
-    subprocess.run([sys.executable, "-c", _CONVERT.format(llama=str(llama), args=args)], check=True,
-                   env=dict(os.environ, PYTHONPATH=str(llama / "gguf-py")))
-
-
-def quantize(llama: Path, src: Path, out: Path, qtype: str) -> None:
-    bin_dir = llama / "build" / "bin"
-    subprocess.run([str(bin_dir / "llama-quantize"), str(src), str(out), qtype, "1"], check=True,
-                   env=dict(os.environ, LD_LIBRARY_PATH=str(bin_dir)))
-
-
 def main(llama: Path) -> None:
+    converter = llama / CONVERTER
     for name, spec in CHECKPOINTS.items():
         make_folder(name, spec, HERE / name, SEEDS[name])
-        convert(llama, HERE / name, HERE / f"{name}-F32.gguf", *(["--no-mtp"] if name == "qwen35moe" else []))
-    convert(llama, HERE / "qwen35moe", HERE / "qwen35moe-fused-F32.gguf", "--no-mtp", "--fuse-gate-up-exps")
-    quantize(llama, HERE / "qwen35moe-F32.gguf", HERE / "qwen35moe-Q8_0.gguf", "Q8_0")
+        convert(converter, HERE / name, HERE / f"{name}-F32.gguf", pre=PRE_TOKENIZER, options=NO_MTP.get(name, []))
+    convert(converter, HERE / "qwen35moe", HERE / "qwen35moe-fused-F32.gguf", pre=PRE_TOKENIZER,
+            options=NO_MTP["qwen35moe"] + ["--fuse-gate-up-exps"])
+    quantize(llama / QUANTIZE, HERE / "qwen35moe-F32.gguf", HERE / "qwen35moe-Q8_0.gguf", "Q8_0")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "wide"
         make_folder("qwen3moe-wide", WIDE, folder, seed=33)
-        convert(llama, folder, Path(tmp) / "wide-F32.gguf")
+        convert(converter, folder, Path(tmp) / "wide-F32.gguf", pre=PRE_TOKENIZER)
         for qtype in QUANTS:
-            quantize(llama, Path(tmp) / "wide-F32.gguf", HERE / f"wide-{qtype}.gguf", qtype)
+            quantize(llama / QUANTIZE, Path(tmp) / "wide-F32.gguf", HERE / f"wide-{qtype}.gguf", qtype)
 
 
 if __name__ == "__main__":

@@ -12,9 +12,7 @@ kept quantized: llama-quantize Q4_K_M of its F32 file gives
 wide-Q4_K_M.gguf (its width, 256, is one K-quant superblock).
 """
 import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -23,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
 
-from oracles import spm_vocabs  # noqa: E402
+from oracles.gguf_maker import CONVERTER, QUANTIZE, add_spm_tokenizer, convert, quantize  # noqa: E402
 
 VOCAB = ROOT / "tests" / "data" / "spm-gguf" / "llama-bpe-bf.model"
 COMMON = dict(model_type="phi3", vocab_size=2000, bos_token_id=1, eos_token_id=2, pad_token_id=0,
@@ -44,7 +42,7 @@ MODELS = {
 }
 
 
-def make_model(name: str, folder: Path, tokenizer: Path) -> Path:
+def make_model(name: str, folder: Path, work: Path) -> Path:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
     spec = dict(MODELS[name])
@@ -56,33 +54,26 @@ def make_model(name: str, folder: Path, tokenizer: Path) -> Path:
             if "norm" in n:
                 p.add_(0.1 * torch.randn_like(p))
     model.save_pretrained(folder, safe_serialization=True)
-    for f in tokenizer.iterdir():
-        shutil.copy(f, folder / f.name)
+    add_spm_tokenizer(folder, VOCAB, work, "llama")
     return folder
 
 
 def main(llama_cpp: Path):
-    env = dict(os.environ, PYTHONPATH=str(llama_cpp / "gguf-py"))
-    bin_dir = llama_cpp / "build" / "bin"
     with tempfile.TemporaryDirectory() as tmp:
-        tokenizer = spm_vocabs.hf_folder(VOCAB, Path(tmp), "llama")
         for name in MODELS:
             keep = name != "wide"
             folder = HERE / name if keep else Path(tmp) / name
             shutil.rmtree(folder, ignore_errors=True)
-            make_model(name, folder, tokenizer)
+            make_model(name, folder, Path(tmp))
             f32 = (HERE if keep else Path(tmp)) / f"{name}-F32.gguf"
-            subprocess.run([sys.executable, str(llama_cpp / "convert_hf_to_gguf.py"), "--outtype", "f32",
-                            "--outfile", str(f32), str(folder)], check=True, env=env)
+            convert(llama_cpp / CONVERTER, folder, f32)
             if keep:
                 # The tokenizer is ../spm-gguf's; only the model is kept here.
                 for f in folder.iterdir():
                     if f.name not in ("config.json", "model.safetensors"):
                         f.unlink()
             else:
-                subprocess.run([str(bin_dir / "llama-quantize"), str(f32), str(HERE / f"{name}-Q4_K_M.gguf"),
-                                "Q4_K_M", "1"], check=True,
-                               env=dict(os.environ, LD_LIBRARY_PATH=str(bin_dir)))
+                quantize(llama_cpp / QUANTIZE, f32, HERE / f"{name}-Q4_K_M.gguf", "Q4_K_M")
     print(json.dumps({p.name: p.stat().st_size for p in sorted(HERE.rglob("*")) if p.is_file()}, indent=1))
 
 

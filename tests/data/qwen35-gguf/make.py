@@ -23,9 +23,7 @@ the name it gives the full Qwen3.5 tokenizer.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -34,6 +32,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
 
+from oracles.gguf_maker import CONVERTER, QUANTIZE, convert, quantize  # noqa: E402
+
+PRE_TOKENIZER = "qwen35"
 N_RANKS = 267   # + Qwen3.5's 33 added tokens = 300 ids
 
 _LINEAR = dict(linear_conv_kernel_dim=4)
@@ -132,29 +133,10 @@ def make_folder(spec: dict, folder: Path, seed: int, scale: float = 0.12) -> Non
         add_mtp_layer(folder, seed + 1000)
 
 
-# Run inside the converter's process: its pre-tokenizer detection answers
-# "qwen35" (see the module docstring), then its own main() runs.
-_CONVERT = """
-import sys
-sys.path.insert(0, {llama!r})
-sys.argv = ["convert_hf_to_gguf.py"] + {args!r}
-import convert_hf_to_gguf
-from conversion import base
-base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen35"
-convert_hf_to_gguf.main()
-"""
-
-
-def convert(llama: Path, folder: Path, outtype: str, out: Path, mtp: bool) -> None:
-    args = [str(folder), "--outtype", outtype, "--outfile", str(out)] + ([] if mtp else ["--no-mtp"])
-    subprocess.run([sys.executable, "-c", _CONVERT.format(llama=str(llama), args=args)], check=True,
-                   env=dict(os.environ, PYTHONPATH=str(llama / "gguf-py")))
-
-
-def quantize(llama: Path, src: Path, out: Path, qtype: str) -> None:
-    bin_dir = llama / "build" / "bin"
-    subprocess.run([str(bin_dir / "llama-quantize"), str(src), str(out), qtype, "1"], check=True,
-                   env=dict(os.environ, LD_LIBRARY_PATH=str(bin_dir)))
+def convert_no_mtp(llama: Path, folder: Path, out: Path, outtype: str = "f32") -> None:
+    """The file of a checkpoint without MTP layers, which the converter's
+    Qwen3.5 classes expect unless told there are none."""
+    convert(llama / CONVERTER, folder, out, outtype, pre=PRE_TOKENIZER, options=["--no-mtp"])
 
 
 def main(llama: Path) -> None:
@@ -162,16 +144,16 @@ def main(llama: Path) -> None:
         folder = HERE / name
         make_folder(spec, folder, SEEDS[name])
         for outtype in ("f32", "bf16") if name in BF16 else ("f32",):
-            convert(llama, folder, outtype, HERE / f"{name}-{outtype.upper()}.gguf", mtp=False)
+            convert_no_mtp(llama, folder, HERE / f"{name}-{outtype.upper()}.gguf", outtype)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "mtp"
         make_folder(MTP, folder, SEEDS["text"])
-        convert(llama, folder, "bf16", HERE / "mtp-BF16.gguf", mtp=True)
+        convert(llama / CONVERTER, folder, HERE / "mtp-BF16.gguf", "bf16", pre=PRE_TOKENIZER)
         folder = Path(tmp) / "wide"
         make_folder(WIDE, folder, seed=20)
-        convert(llama, folder, "f32", Path(tmp) / "wide-F32.gguf", mtp=False)
+        convert_no_mtp(llama, folder, Path(tmp) / "wide-F32.gguf")
         for qtype in QUANTS:
-            quantize(llama, Path(tmp) / "wide-F32.gguf", HERE / f"wide-{qtype}.gguf", qtype)
+            quantize(llama / QUANTIZE, Path(tmp) / "wide-F32.gguf", HERE / f"wide-{qtype}.gguf", qtype)
 
 
 if __name__ == "__main__":

@@ -16,9 +16,7 @@ against exactly the vocabulary llama.cpp converted, whatever version of
 sentencepiece the test machine trains with.
 """
 import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -28,6 +26,7 @@ ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
 
 from oracles import spm_vocabs  # noqa: E402
+from oracles.gguf_maker import CONVERTER, convert  # noqa: E402
 
 # GGUF name -> (spm_vocabs.VOCABS name, converter flavor, HF architecture)
 VOCABS = {
@@ -61,9 +60,8 @@ def make(name: str, llama_cpp: Path, work: Path) -> None:
     t = proto.trainer_spec
     specials = {f"{k}_token_id": i for k, i in (("bos", t.bos_id), ("eos", t.eos_id), ("pad", t.pad_id)) if i >= 0}
     (folder / "config.json").write_text(json.dumps(config(arch, len(proto.pieces), specials)))
-    env = dict(os.environ, PYTHONPATH=str(llama_cpp / "gguf-py"))
-    subprocess.run([sys.executable, str(llama_cpp / "convert_hf_to_gguf.py"), "--vocab-only",
-                    "--outfile", str(HERE / f"{name}.gguf"), str(folder)], check=True, env=env)
+    # A --vocab-only file still records a file type: that of the converter's default, "auto".
+    convert(llama_cpp / CONVERTER, folder, HERE / f"{name}.gguf", outtype="auto", options=["--vocab-only"])
 
 
 if __name__ == "__main__":
