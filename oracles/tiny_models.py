@@ -117,6 +117,11 @@ SHAPES["seed_oss"] = dict(model_type="seed_oss", hidden_size=64, intermediate_si
 SHAPES["seed_oss-biases"] = dict(SHAPES["seed_oss"], num_hidden_layers=3, num_key_value_heads=1, head_dim=32,
                                  attention_bias=False, attention_out_bias=True, mlp_bias=True,
                                  tie_word_embeddings=True)
+# InternLM3 under its own names of the bias switches (transformers' attribute_map).
+SHAPES["internlm3"] = dict(model_type="internlm3", hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=24, vocab_size=300,
+                           qkv_bias=True, bias=True, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+                           pad_token_id=0)
 SHAPES["olmo2"] = dict(model_type="olmo2", hidden_size=64, intermediate_size=128, num_hidden_layers=3,
                        num_attention_heads=4, num_key_value_heads=2, vocab_size=300, tie_word_embeddings=False,
                        bos_token_id=1, eos_token_id=2, pad_token_id=0)

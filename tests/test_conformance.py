@@ -80,15 +80,18 @@ NO_WINDOW = dict(sliding_window=None, use_sliding_window=False, layer_types=None
 SWA_WINDOWS = {"mistral-swa": 5, "mistral-headdim": 19, "qwen2-swa": 6, "qwen3-swa": 17}
 
 FAMILIES = [
-    # NoPE layers, Granite's multipliers, OLMo 2's output norms, Seed-OSS's biases and head size.
-    Family("coverage", kinds=("smollm3-nope", "smollm3", "granite", "olmo2", "seed_oss", "seed_oss-biases"),
+    # NoPE layers, Granite's multipliers, OLMo 2's output norms, Seed-OSS's biases and head size,
+    # InternLM3's names of the bias switches.
+    Family("coverage", kinds=("smollm3-nope", "smollm3", "granite", "olmo2", "seed_oss", "seed_oss-biases",
+                              "internlm3"),
            switched_off={"smollm3-nope": (dict(no_rope_layers=[1] * 5),),
                          "smollm3": (dict(no_rope_layers=[1] * 4),),
                          "granite": (dict(embedding_multiplier=1.0, residual_multiplier=1.0, logits_scaling=1.0),),
                          "seed_oss": (dict(attention_bias=False),),
-                         "seed_oss-biases": (dict(attention_out_bias=False, mlp_bias=False),)},
+                         "seed_oss-biases": (dict(attention_out_bias=False, mlp_bias=False),),
+                         "internlm3": (dict(attention_bias=False, mlp_bias=False),)},
            thread_vocab=200,
-           gguf_data="coverage-gguf", gguf_kinds=("smollm3", "granite", "olmo2", "seed_oss")),
+           gguf_data="coverage-gguf", gguf_kinds=("smollm3", "granite", "olmo2", "seed_oss", "internlm3")),
     # Soft-caps that are reached, windows shorter than the prompt, Gemma 3's two RoPEs.
     Family("gemma", kinds=("gemma2", "gemma3-text", "gemma3-wrapper"),
            switched_off={"gemma2": (dict(attn_logit_softcapping=None), dict(final_logit_softcapping=None),

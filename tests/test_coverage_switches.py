@@ -1,4 +1,4 @@
-"""SmolLM3, Granite, OLMo 2 and Seed-OSS: switches of the one layer, against transformers.
+"""SmolLM3, Granite, OLMo 2, Seed-OSS and InternLM3: switches of the one layer, against transformers.
 
 * smollm3: layers without RoPE (NoPE) among rotated ones;
 * granite: embedding, residual and attention multipliers and the logits'
@@ -6,7 +6,9 @@
 * olmo2: norms of the attention's and the MLP's outputs instead of their
   inputs, and q/k norms over the whole projection;
 * seed_oss: the output projection's bias under a key of its own, a head
-  size apart from hidden/heads (a family that is one row of families.py).
+  size apart from hidden/heads;
+* internlm3: its own names of the bias switches (a family that is one
+  module of spec/families/, which reads them).
 
 The tiny checkpoints are oracles/tiny_models.py's (test_tiny_models.py
 runs them too). Their logits and greedy decoding against transformers, with
@@ -17,6 +19,7 @@ file keeps what is the families' own: their config, refusals and template.
 """
 import re
 
+import numpy as np
 import pytest
 
 from fastllm import Model
@@ -24,6 +27,7 @@ from fastllm.cli.main import main
 from fastllm.spec.errors import ModelFileError
 from fastllm.formats.gguf import ConversionError
 from fastllm.formats.gguf_writer import export_gguf
+from oracles.bpe_gguf_vocabs import trained_family_tokenizer
 from oracles.tiny_models import with_config
 
 
@@ -43,6 +47,22 @@ def test_switches_read_from_config(tiny_model_dir):
     assert (seed.attention_bias, seed.o_bias, seed.mlp_bias, seed.head_dim) == (False, True, True, 32)
 
 
+def test_internlm3_reads_its_published_names_of_the_switches(tiny_model_dir, tmp_path):
+    """Its published config.json files say qkv_bias and bias; transformers
+    saves attention_bias and mlp_bias. Both are the same model."""
+    from transformers import AutoConfig
+    saved = tiny_model_dir("internlm3")
+    published = with_config(saved, tmp_path / "published", attention_bias=None, mlp_bias=None,
+                            qkv_bias=True, bias=True)
+    assert (AutoConfig.from_pretrained(published).attention_bias, AutoConfig.from_pretrained(published).mlp_bias) \
+        == (True, True)
+    ids = list(range(3, 40))
+    want = Model.from_pretrained(saved, threads=1)
+    got = Model.from_pretrained(published, threads=1)
+    assert (got.config.attention_bias, got.config.o_bias, got.config.mlp_bias) == (True, True, True)
+    assert np.array_equal(got.logits(ids), want.logits(ids))
+
+
 @pytest.mark.parametrize("kind, shown", [
     ("smollm3-nope", "layers without RoPE +1, 4\n"),
     ("granite", "multipliers +embedding 12.0, residual 0.22, attention 0.0078125, logits / 2.0\n"),
@@ -60,6 +80,8 @@ def test_info_shows_the_switches(kind, shown, tiny_model_dir, capsys):
     ("granite", dict(residual_multiplier=0), "residual_multiplier must be a positive number"),
     ("granite", dict(logits_scaling="8"), "logits_scaling must be a positive number"),
     ("granite", dict(attention_multiplier=float("inf")), "attention_multiplier must be"),
+    ("internlm3", dict(mlp_bias=False), "must be equal for internlm3"),
+    ("internlm3", dict(attention_bias=None, mlp_bias=None, qkv_bias=True, bias="yes"), "mlp_bias must be true or"),
 ])
 def test_bad_switch_settings_are_refused(kind, changes, message, tiny_model_dir, tmp_path):
     with pytest.raises(ModelFileError, match=message):
@@ -72,6 +94,16 @@ def test_bad_switch_settings_are_refused(kind, changes, message, tiny_model_dir,
 def test_export_refuses_nope_layers_llama_cpp_cannot_say(tiny_model_dir, tmp_path):
     with pytest.raises(ConversionError, match="llama.cpp skips RoPE in every 4th layer"):
         export_gguf(tiny_model_dir("smollm3-nope"), tmp_path / "x.gguf", "f32")
+
+
+def test_internlm3_exports_as_the_llama_gguf_llama_cpp_writes(tiny_model_dir, tmp_path):
+    folder = with_config(tiny_model_dir("internlm3"), tmp_path / "internlm3")
+    trained_family_tokenizer("gpt-2", 280).save(str(folder / "tokenizer.json"))
+    out = export_gguf(folder, tmp_path / "internlm3.gguf", "f32")
+    loaded = Model.from_pretrained(out, threads=1)
+    assert loaded.config.model_type == "llama"
+    ids = list(range(3, 40))
+    assert np.array_equal(loaded.logits(ids), Model.from_pretrained(folder, threads=1).logits(ids))
 
 
 def test_export_refuses_biases_llama_cpp_cannot_load(tiny_model_dir, tmp_path):

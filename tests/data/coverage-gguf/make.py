@@ -1,11 +1,14 @@
-"""GGUF files of tiny SmolLM3, Granite, OLMo 2 and Seed-OSS checkpoints, as
-llama.cpp's converter writes them, for tests/test_conformance.py.
+"""GGUF files of tiny SmolLM3, Granite, OLMo 2, Seed-OSS and InternLM3
+checkpoints, as llama.cpp's converter writes them, for tests/test_conformance.py.
 
     python make.py /path/to/llama.cpp/convert_hf_to_gguf.py [KIND ...]
 
-For each of oracles/tiny_models.py's shapes "smollm3", "granite", "olmo2"
-and "seed_oss" (or the KINDs named): makes the checkpoint, gives it a tiny byte-level BPE tokenizer
-(oracles/bpe_gguf_vocabs.py's), converts it to <kind>.gguf (F32) and
+For each of oracles/tiny_models.py's shapes "smollm3", "granite", "olmo2",
+"seed_oss" and "internlm3" (or the KINDs named): makes the checkpoint, gives
+it a tiny byte-level BPE tokenizer (oracles/bpe_gguf_vocabs.py's; InternLM3,
+whose converter reads only SentencePiece, the llama-bpe vocabulary of
+../spm-gguf, cut by the converter to the model's 300 ids), converts it to
+<kind>.gguf (F32) and
 writes <kind>.npz, transformers' float64 logits on the folder for a fixed
 prompt (ids, logits), which the test holds fastllm's results against.
 
@@ -24,10 +27,12 @@ ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
 
 from oracles.bpe_gguf_vocabs import trained_family_tokenizer  # noqa: E402
-from oracles.gguf_maker import convert, prompt, write_reference  # noqa: E402
+from oracles.gguf_maker import add_spm_tokenizer, convert, prompt, write_reference  # noqa: E402
 from oracles.tiny_models import SHAPES, make_tiny_model  # noqa: E402
 
-KINDS = ["smollm3", "granite", "olmo2", "seed_oss"]
+KINDS = ["smollm3", "granite", "olmo2", "seed_oss", "internlm3"]
+# Kinds whose converter reads a SentencePiece tokenizer.model: the one they get.
+SENTENCEPIECE = {"internlm3": HERE.parent / "spm-gguf" / "llama-bpe.model"}
 
 
 def tokenizer(folder: Path, vocab: int) -> None:
@@ -45,6 +50,10 @@ if __name__ == "__main__":
         for kind in sys.argv[2:] or KINDS:
             folder = make_tiny_model(kind, Path(tmp) / kind)
             vocab = SHAPES[kind]["vocab_size"]
-            tokenizer(folder, vocab - 20)
-            convert(converter, folder, HERE / f"{kind}.gguf", pre="gpt-2")
+            if kind in SENTENCEPIECE:
+                add_spm_tokenizer(folder, SENTENCEPIECE[kind], Path(tmp) / "spm", "llama")
+                convert(converter, folder, HERE / f"{kind}.gguf")
+            else:
+                tokenizer(folder, vocab - 20)
+                convert(converter, folder, HERE / f"{kind}.gguf", pre="gpt-2")
             write_reference(HERE / f"{kind}.npz", prompt(vocab), logits=folder)
