@@ -32,7 +32,8 @@ def _collect() -> dict:
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         rows = importlib.import_module(f"{__name__}.{info.name}").FAMILIES
         for name, row in rows.items():
-            assert isinstance(row, Family) and name not in found, f"{info.name}: family {name!r} twice"
+            if not isinstance(row, Family) or name in found:
+                raise RuntimeError(f"families/{info.name}.py: {name!r} is not a Family, or is in two modules")
             found[name] = row
     return found
 
