@@ -109,9 +109,11 @@ class Family:
     gguf_refuse: dict = field(default_factory=dict)    # ModelConfig switch that llama.cpp's architecture
                                                        # cannot load when true: why (on export)
     gguf_head_dim: bool = True           # HF's config can say head_dim (else it must be hidden/heads)
-    gguf_partial_rotary: bool = False    # llama.cpp's architecture rotates part of each head
-    gguf_sliding_window: bool = False    # ... and keeps the sliding window (else it is not written)
-    gguf_longrope: bool = False          # ... and LongRoPE as rope_factors_long/short tensors
+    gguf_partial_rotary: bool = False    # llama.cpp's architecture can rotate part of each head
+    gguf_sliding_window: bool = False    # llama.cpp's architecture keeps the sliding window (else it is
+                                         # not written, with a warning)
+    gguf_longrope: bool = False          # the family's gguf_write writes the rope scaling (LongRoPE as
+                                         # rope_factors_long/short tensors), not the common writer
     # A family's own reading and writing, where the switches above do not
     # say it all (see families/ for each):
     # read_config(raw, fields, path) -> dict: ModelConfig fields from its config.json keys,
