@@ -103,6 +103,8 @@ def test_the_mixture_of_experts_block_is_refused(tiny_model_dir, tmp_path):
     (dict(per_layer_config={"2": {"intermediate_size": 8}}), r"\['intermediate_size'\] are not supported"),
     (dict(per_layer_config={"9": {"head_dim": 32}}), "'9' is not a layer index"),
     (dict(per_layer_config={"2": {"num_key_value_heads": 3}}), "must be a multiple of layer 2's"),
+    # a head width of hundreds of millions would size the RoPE tables in gigabytes before any weight is read
+    (dict(per_layer_config={"2": {"head_dim": 310000002}}), "head_dim of layer 2 must be .* at most 8192"),
     (dict(num_kv_shared_layers=6), "leaves no layer with a cache of its own"),
     (dict(num_kv_shared_layers=5), "needs an earlier layer of its type"),
     (dict(vocab_size_per_layer_input=100), "vocab_size_per_layer_input must equal vocab_size"),

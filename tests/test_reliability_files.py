@@ -604,6 +604,19 @@ def test_a_huge_layer_count_is_refused_before_any_per_layer_work(tiny_model_dir,
         assert isinstance(err, ModelFileError) and "at most 4096" in str(err), repr(err)
 
 
+@pytest.mark.parametrize("head_dim", [8194, 310000002])
+def test_a_huge_head_dim_is_refused_before_the_rope_tables_are_built(tiny_model_dir, tmp_path, head_dim):
+    # The RoPE tables are sized by head_dim before any weight is read: the
+    # fuzzer's 310000002 took 19 GB to build a table of 8 positions.
+    from fastllm.spec.config import ModelConfig
+    from oracles import tiny_models
+    folder = tiny_models.with_config(tiny_model_dir("llama-gqa"), tmp_path / str(head_dim), head_dim=head_dim)
+    err = _finishes(lambda: ModelConfig.from_file(folder / "config.json"))
+    assert isinstance(err, ModelFileError) and "head_dim must be a positive even integer of at most 8192" in str(err), \
+        repr(err)
+    assert str(folder / "config.json") in str(err)
+
+
 def test_a_layer_count_past_the_checkpoint_is_refused_from_the_tensor_count(tiny_model_dir, tmp_path):
     from fastllm import Model
     from oracles import tiny_models

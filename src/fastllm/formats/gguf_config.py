@@ -14,7 +14,7 @@ from ..spec import schema
 from ..spec.config import yarn_scaling
 from ..spec.families import FAMILIES, GGUF_ARCHITECTURES
 from ..spec.family import GgufMetadata, require
-from ..spec.values import shortest_float32
+from ..spec.values import MAX_HEAD_DIM, shortest_float32
 from .gguf_file import ConversionError
 
 
@@ -279,8 +279,8 @@ def model_config(md: dict, shapes: dict, path: Path, dtype: str, rope_freqs=None
     if head_dim is None:
         head_dim = q_rows // n_heads if q_rows else hidden // n_heads
     head_dim = int(head_dim)
-    if head_dim < 1:
-        raise ConversionError(path, f"the head size comes out as {head_dim}; it must be at least 1")
+    if not 1 <= head_dim <= MAX_HEAD_DIM:
+        raise ConversionError(path, f"the head size comes out as {head_dim}; it must be 1 to {MAX_HEAD_DIM}")
     if q_rows is not None and q_rows != n_heads * head_dim:
         raise ConversionError(path, f"attn_q has {q_rows} rows, expected {n_heads} heads x {head_dim}")
     rope_dim = int(md.get(f"{arch}.rope.dimension_count", head_dim))

@@ -17,7 +17,7 @@ from .families import FAMILIES, family
 from .family import ACTIVATIONS, EVERY_LAYER, LAYER_TYPES, USE_SLIDING_WINDOW, Family
 from .files import read_json
 from .schema import n_params
-from .values import need_int, number, positive_int, token_id
+from .values import MAX_HEAD_DIM, head_dim_ok, need_int, number, positive_int, token_id
 
 CONFIG_LIMIT = 4 << 20   # bytes; a config.json is a few kilobytes
 
@@ -499,8 +499,9 @@ class ModelConfig:
         if not positive_int(kv_heads) or heads % kv_heads:
             raise ModelFileError(path, f"num_attention_heads ({heads}) must be a multiple of "
                                        f"num_key_value_heads ({kv_heads})")
-        if not positive_int(head_dim) or head_dim % 2:
-            raise ModelFileError(path, f"head_dim must be a positive even integer, got {head_dim!r}")
+        if not head_dim_ok(head_dim):
+            raise ModelFileError(path, f"head_dim must be a positive even integer of at most {MAX_HEAD_DIM}, "
+                                       f"got {head_dim!r}")
         if raw.get("head_dim") is None and hidden % heads:
             raise ModelFileError(path, f"hidden_size ({hidden}) is not divisible by "
                                        f"num_attention_heads ({heads}) and no head_dim is given")

@@ -18,6 +18,18 @@ def positive_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and 0 < v < 2**31
 
 
+# A head's width (the widest real ones are 512): the RoPE tables, the
+# attention's per-head scratch and a layer's Q/K/V rows are sized by it
+# before any weight is read, so a claimed 300 million would be gigabytes.
+MAX_HEAD_DIM = 8192
+
+
+def head_dim_ok(v) -> bool:
+    """A head width fastllm runs: positive, even (RoPE rotates pairs) and
+    at most MAX_HEAD_DIM."""
+    return positive_int(v) and v % 2 == 0 and v <= MAX_HEAD_DIM
+
+
 def token_id(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**31
 

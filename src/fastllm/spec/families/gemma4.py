@@ -9,7 +9,7 @@ import numpy as np
 
 from ..errors import ConversionError, ModelFileError
 from ..family import Family, require
-from ..values import positive_int, shortest_float32
+from ..values import MAX_HEAD_DIM, head_dim_ok, positive_int, shortest_float32
 from .gemma import GEMMA
 
 # transformers' Gemma4TextConfig defaults.
@@ -82,8 +82,9 @@ def layer_sizes(raw: dict, n_layers: int, heads: int, layer_types: list, k_eq_v:
             raise ModelFileError(path, f"per_layer_config of layer {layer}: {sorted(unknown)} are not supported "
                                        "(only head_dim and num_key_value_heads)")
         head_dim, kv = sizes.get("head_dim"), sizes.get("num_key_value_heads")
-        if head_dim is not None and not (positive_int(head_dim) and head_dim % 2 == 0):
-            raise ModelFileError(path, f"head_dim of layer {layer} must be a positive even integer, got {head_dim!r}")
+        if head_dim is not None and not head_dim_ok(head_dim):
+            raise ModelFileError(path, f"head_dim of layer {layer} must be a positive even integer of at most "
+                                       f"{MAX_HEAD_DIM}, got {head_dim!r}")
         if kv is not None and not (positive_int(kv) and heads % kv == 0):
             raise ModelFileError(path, f"num_attention_heads ({heads}) must be a multiple of layer {layer}'s "
                                        f"num_key_value_heads ({kv!r})")
