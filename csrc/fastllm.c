@@ -313,6 +313,25 @@ void flm_state_window(const FlmConfig *c, FlmState *s, int pos, float *buf, int 
     }
 }
 
+size_t flm_state_prefix_bytes(const FlmConfig *c, const FlmState *s, int n) {
+    size_t elems = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const FlmKV *kv = &s->kv[l];
+        if (kv->cap && !kv->window)
+            elems += 2 * (size_t)((n + 15) / 16) * 16 * kv->head_dim * kv->n_kv_heads;
+    }
+    return kv_bytes(c, elems);
+}
+
+void flm_state_prefix(const FlmConfig *c, FlmState *s, int n, void *buf, int save) {
+    size_t done = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const FlmKV *kv = &s->kv[l];
+        if (kv->cap && !kv->window)
+            done += copy_blocks(c, kv, 0, (n + 15) / 16, kv_elem(c, buf, done), save);
+    }
+}
+
 void flm_state_copy(const FlmConfig *c, FlmState *dst, const FlmState *src, int n, int whole) {
     for (int l = 0; l < c->n_layers; l++) {
         const FlmKV *from = &src->kv[l], *to = &dst->kv[l];

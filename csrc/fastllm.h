@@ -320,6 +320,15 @@ int flm_state_rewind_room(const FlmConfig *c, const FlmState *s);
 size_t flm_state_window_floats(const FlmConfig *c, const FlmState *s);
 void flm_state_window(const FlmConfig *c, FlmState *s, int pos, float *buf, int save);
 
+/* The keys and values of positions 0 .. n-1 in every cache that is not a
+ * ring, to or from buf (save: into buf), 16-position blocks one after the
+ * other by layer, head, keys then values: with flm_state_window (the
+ * rings) and the recurrent states, what a sequence of n tokens holds, in
+ * a form a file can keep. flm_state_prefix_bytes is buf's size; n must
+ * be at most seq_len. */
+size_t flm_state_prefix_bytes(const FlmConfig *c, const FlmState *s, int n);
+void flm_state_prefix(const FlmConfig *c, FlmState *s, int n, void *buf, int save);
+
 /* Run n tokens at positions pos .. pos+n-1 (their keys/values are written to
  * the cache; positions < pos must hold earlier tokens). Linear layers carry
  * a state instead of a cache: pos == 0 starts it afresh, and pos > 0 must

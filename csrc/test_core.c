@@ -515,7 +515,25 @@ static void test_long(int kv_type) {
         flm_state_window(&c, b, 300, saved, 0);
         flm_forward(&c, &w, b, tok + 300, 400, 300, out, 1, 2);
         CHECK(memcmp(ref + 300 * V, out, 400 * V * 4) == 0, "%s: a window put back differs", paths[pi]);
-        printf("ok  %-11s long sequences, kv_type=%d: rings, blocks, batches, copies\n", paths[pi], kv_type);
+
+        /* A fresh state takes b's first 300 positions as a file would keep
+         * them: the whole caches' blocks (flm_state_prefix) and the rings'
+         * windows, and goes on from there. */
+        FlmState *e = new_state(&c, &w, 64);
+        const size_t prefix_bytes = flm_state_prefix_bytes(&c, b, 300);
+        CHECK(kv_type != FLM_F32 || prefix_bytes == 2 * 304 * (size_t)kvd * 4,   /* layer 0's 19 blocks */
+              "%s: the prefix of the whole cache is %zu bytes", paths[pi], prefix_bytes);
+        void *prefix = own(malloc(prefix_bytes));
+        flm_forward(&c, &w, b, tok, 300, 0, out, 0, 2);
+        flm_state_prefix(&c, b, 300, prefix, 1);
+        flm_state_window(&c, b, 300, saved, 1);
+        flm_state_prefix(&c, e, 300, prefix, 0);
+        flm_state_window(&c, e, 300, saved, 0);
+        flm_forward(&c, &w, e, tok + 300, 400, 300, out, 1, 2);
+        CHECK(memcmp(ref + 300 * V, out, 400 * V * 4) == 0, "%s: a state put back from its prefix differs",
+              paths[pi]);
+        printf("ok  %-11s long sequences, kv_type=%d: rings, blocks, batches, copies, prefixes\n", paths[pi],
+               kv_type);
     }
     free_owned();
 }

@@ -1,6 +1,6 @@
 """Replay the committed corpora of the file-format fuzz targets
-(tests/fuzz/fuzz_safetensors.py, fuzz_gguf.py, fuzz_gguf_load.py, fuzz_pack_cache.py) without
-atheris, so any input that once found a bug keeps being checked."""
+(tests/fuzz/fuzz_safetensors.py, fuzz_gguf.py, fuzz_gguf_load.py, fuzz_pack_cache.py,
+fuzz_session_file.py) without atheris, so any input that once found a bug keeps being checked."""
 import importlib.util
 import sys
 from pathlib import Path
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 FUZZ = Path(__file__).resolve().parent / "fuzz"
-TARGETS = ("safetensors", "safetensors_header", "gguf", "gguf_load", "pack_cache")
+TARGETS = ("safetensors", "safetensors_header", "gguf", "gguf_load", "pack_cache", "session_file")
 
 
 def _target(name, monkeypatch):

@@ -57,8 +57,8 @@ def packed(source, dtype, use):
     source = Path(source)
     if dtype == "gguf":
         header = read_gguf_model(source)
-        return _packed_weights(header.config, header, dtype, use)
-    return _packed_weights(ModelConfig.from_file(source / "config.json"), source, dtype, use)
+        return _packed_weights(header.config, header, dtype, use)[:3]
+    return _packed_weights(ModelConfig.from_file(source / "config.json"), source, dtype, use)[:3]
 
 
 MTP = DATA / "qwen35-gguf" / "mtp-BF16.gguf"   # a multi-token-prediction block beside the model

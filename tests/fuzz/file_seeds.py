@@ -1,8 +1,8 @@
-"""The seed corpora of fuzz_safetensors, fuzz_gguf, fuzz_gguf_load and fuzz_pack_cache,
+"""The seed corpora of fuzz_safetensors, fuzz_gguf, fuzz_gguf_load, fuzz_pack_cache and fuzz_session_file,
 rebuilt by running this file: a tiny model checkpoint in each format and its
 variants.
 
-    python tests/fuzz/file_seeds.py      # rewrites tests/fuzz/corpus/{safetensors,gguf,gguf_load,pack_cache}/
+    python tests/fuzz/file_seeds.py      # rewrites tests/fuzz/corpus/{safetensors,gguf,gguf_load,pack_cache,session_file}/
 """
 import json
 import struct
@@ -161,3 +161,5 @@ if __name__ == "__main__":
     write("gguf_load", gguf_load_seeds())
     import fuzz_pack_cache
     write("pack_cache", fuzz_pack_cache.seeds())
+    import fuzz_session_file
+    write("session_file", fuzz_session_file.seeds())

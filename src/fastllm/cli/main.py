@@ -264,6 +264,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="MiB of what slots held kept in RAM beyond them, so that a known prefix (system "
                         "prompt, tools, a conversation) is not run again when a request lands on another "
                         f"slot (default: {SERVE.cache_ram}; 0: off)")
+    p.add_argument("--cache-dir", default=SERVE.cache_dir, metavar="DIR",
+                   help="also keep what slots held in files in DIR (written in the background, and when "
+                        "the server stops), so that a server started later skips a known prefix too; "
+                        "files of another model, fastllm build or setting are not used (default: none)")
+    p.add_argument("--cache-disk", type=whole_number(0), default=SERVE.cache_disk, metavar="MIB",
+                   help=f"MiB of files in --cache-dir at most; the least recently used go first "
+                        f"(default: {SERVE.cache_disk})")
     p.add_argument("--ctx-checkpoints", type=whole_number(0), default=SERVE.ctx_checkpoints, metavar="N",
                    help="recurrent-state checkpoints each slot keeps, for models with recurrent layers "
                         f"(Qwen3.5) to resume a conversation mid-way (default: {SERVE.ctx_checkpoints})")

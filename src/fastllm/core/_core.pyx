@@ -849,6 +849,28 @@ cdef class State:
             flm.flm_state_window(&w.cfg, &self.s, pos, <float *>cnp.PyArray_DATA(arr) + lin, 0)
         self.s.kept = -1
 
+    def save_prefix(self, int n):
+        """The keys and values of positions 0 .. n-1 of the caches that are
+        not rings, as bytes (a uint8 array): with save_position(n), what a
+        sequence of n tokens holds. load_prefix puts them back."""
+        cdef Weights w = self.weights
+        if not 0 <= n <= w.cfg.seq_len:
+            raise ValueError(f"position {n} is outside the context of {w.cfg.seq_len}")
+        cdef cnp.ndarray out = np.empty(flm.flm_state_prefix_bytes(&w.cfg, &self.s, n), np.uint8)
+        flm.flm_state_prefix(&w.cfg, &self.s, n, cnp.PyArray_DATA(out), 1)
+        return out
+
+    def load_prefix(self, int n, data):
+        """Put back what save_prefix(n) saved."""
+        cdef Weights w = self.weights
+        if not 0 <= n <= w.cfg.seq_len:
+            raise ValueError(f"position {n} is outside the context of {w.cfg.seq_len}")
+        cdef cnp.ndarray arr = data
+        if arr is None or arr.dtype != np.uint8 or not arr.flags.c_contiguous or \
+                arr.size != flm.flm_state_prefix_bytes(&w.cfg, &self.s, n):
+            raise ValueError(f"not what save_prefix saved of {n} positions of this model's caches")
+        flm.flm_state_prefix(&w.cfg, &self.s, n, cnp.PyArray_DATA(arr), 0)
+
     @property
     def recurrent_bytes(self):
         """Bytes of the recurrent layers' states (0 for a model without them)."""

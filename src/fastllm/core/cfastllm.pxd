@@ -131,6 +131,8 @@ cdef extern from "fastllm.h" nogil:
     int flm_state_rewind_room(const FlmConfig *c, const FlmState *s)
     size_t flm_state_window_floats(const FlmConfig *c, const FlmState *s)
     void flm_state_window(const FlmConfig *c, FlmState *s, int pos, float *buf, int save)
+    size_t flm_state_prefix_bytes(const FlmConfig *c, const FlmState *s, int n)
+    void flm_state_prefix(const FlmConfig *c, FlmState *s, int n, void *buf, int save)
     void flm_forward(const FlmConfig *c, const FlmWeights *w, FlmState *s,
                      const int32_t *tokens, int n, int pos,
                      float *logits, int all_logits, int n_threads)

@@ -220,8 +220,9 @@ class GenerationStats:
 
 def _packed_weights(config: ModelConfig, source, dtype: str, use_cache: bool | None) -> tuple:
     """(the arrays for _core.Weights, parameters by weight type or None,
-    the cache file they are mapped from or None) of a GGUF file's own
-    tensors (dtype "gguf", source the file's GgufModel) or of a folder's."""
+    the cache file they are mapped from or None, (the files they were read
+    from, the options they were read with)) of a GGUF file's own tensors
+    (dtype "gguf", source the file's GgufModel) or of a folder's."""
 
     if dtype == "gguf":
         def build():
@@ -239,7 +240,7 @@ def _packed_weights(config: ModelConfig, source, dtype: str, use_cache: bool | N
         if "mtp" in arrays:
             _core.Weights(config.mtp_config(), arrays["mtp"], 1)
     arrays, extra, cached = pack_cache.load(sources, {"dtype": dtype}, build, pack_cache.enabled(use_cache), check)
-    return arrays, extra.get("types"), cached
+    return arrays, extra.get("types"), cached, (sources, {"dtype": dtype})
 
 
 class Model:
@@ -296,6 +297,10 @@ class Model:
         self.last_stats = GenerationStats()
         # The file the packed weights are mapped from (fastllm.load.pack_cache), or None.
         self.pack_cache_file = None
+        # (the files the weights were read from, the options they were read
+        # with): what a saved session's keys and values were computed from
+        # (fastllm.generate.session_file); None for weights built in memory.
+        self.weight_files = None
         # The folder a GGUF file's tokenizer files were built into, or None.
         self.tokenizer_cache = None
         # What generate/stream/chat speculate with when a call says nothing:
@@ -393,7 +398,7 @@ class Model:
         tokenizer = None
         if (tokenizer_folder / "tokenizer.json").exists():
             tokenizer = Tokenizer.from_pretrained(tokenizer_folder)
-        arrays, types, cached = _packed_weights(config, header if native else folder, dtype, pack_cache)
+        arrays, types, cached, read_from = _packed_weights(config, header if native else folder, dtype, pack_cache)
         if native:   # named by the type that holds most of the parameters
             dtype = max(types, key=types.get)
         mtp = arrays.pop("mtp", None)
@@ -406,6 +411,7 @@ class Model:
         model = cls(weights, config, tokenizer, folder, dtype, end_of_generation_ids(gen_config, config, tokenizer),
                     gen_config, max_batch, name=model_name(source), source=source, mtp=mtp)
         model.pack_cache_file = cached
+        model.weight_files = read_from
         model.tokenizer_cache = tokenizer_folder if native else None
         return model
 

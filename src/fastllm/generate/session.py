@@ -13,7 +13,9 @@ from contextlib import ExitStack, contextmanager
 import numpy as np
 
 from ..core import _core
+from ..spec.errors import ModelFileError
 from ..spec.schema import LINEAR
+from . import session_file
 
 
 _IN_USE = ("this Session is in use by another thread: a Session serves one thread at a time "
@@ -59,6 +61,7 @@ class Session:
 
     def __init__(self, model, max_batch: int | None = None):
         weights = self._weights = model._weights   # whose sessions may share keys and values with this one
+        self._weight_files = getattr(model, "weight_files", None)   # what identifies them in a file
         self.max_batch = model.max_batch if max_batch is None else max_batch
         self._state = _core.State(weights, self.max_batch)
         self.vocab_size = weights.vocab_size
@@ -504,6 +507,51 @@ class Session:
         self._checkpoints = [c for c in other._checkpoints if c[0] <= n]
         self._unsettled = False
         self._verified = None
+
+    def file_key(self) -> dict:
+        """What a session file of this model records about the weights,
+        kernels and settings its keys and values were computed with
+        (fastllm.generate.session_file); ValueError for weights built in
+        memory."""
+        return session_file.key(self._weights, self._weight_files)
+
+    def save_file(self, path, key: dict | None = None):
+        """Write what the session holds (the keys and values of its tokens,
+        its recurrent states and checkpoints) to the file at path, whole or
+        not at all, so that load_file gives another session of this model,
+        here or in a later process, those tokens without running them.
+        key: file_key(), where the caller has it already."""
+        with self._use():
+            self._settle()
+            n = len(self._tokens)
+            if n == 0:
+                raise ValueError("the session holds no tokens: there is nothing to save")
+            session_file.write(path, key or self.file_key(), self._tokens, self._state.save_prefix(n),
+                               self._state.save_position(n), self._checkpoints, self._state.rope_long)
+
+    def load_file(self, path, key: dict | None = None):
+        """Hold what save_file wrote at path (forgetting what the session
+        held): ModelFileError naming the file where it was saved from
+        another model, file, build, machine or settings, or is damaged (the
+        session then holds what it held, or nothing where the file failed
+        only once its states were being put back)."""
+        data = session_file.read(path, key or self.file_key(), self.vocab_size, self.n_ctx)
+        n, at = len(data["tokens"]), data["at"]
+        if any(a is None or at is None or a.size != at.size for _, a in data["checkpoints"]):
+            raise ModelFileError(path, "its checkpoints do not fit its states")
+        with self._use():
+            self._tokens, self._checkpoints = [], []
+            self._floor = self._written = 0
+            self._verified, self._unsettled = None, False
+            try:
+                self._state.rope_long = data["rope_long"]
+                self._state.load_prefix(n, data["prefix"])
+                self._state.restore_position(n, at)
+            except ValueError as e:
+                raise ModelFileError(path, f"does not fit this model's caches ({e})") from None
+            self._tokens = list(data["tokens"])
+            self._written = self._floor = n
+            self._checkpoints = [(p, np.array(a)) for p, a in data["checkpoints"]]
 
     def __repr__(self):
         return f"Session(position={self.position}, n_ctx={self.n_ctx}, can_rewind={self.can_rewind})"

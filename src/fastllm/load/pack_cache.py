@@ -391,6 +391,40 @@ def _map(path: Path, want: dict, check=None) -> tuple:
     return tree, manifest["extra"]
 
 
+# ----------------------------------------- the container, for other files
+
+def write_file(path: Path, want: dict, tree, extra: dict) -> None:
+    """Write tree (arrays, lists, dicts of plain values) and extra into a
+    file of this format at path, made for want (a key): whole or not at
+    all (a temporary file renamed into place), read-only."""
+    arena = _Arena(path)
+    try:
+        manifest = arena.finish(want, tree, extra)
+    except BaseException:
+        arena.discard()
+        raise
+    _seal(arena, path, manifest)
+
+
+def read_file(path: Path, want: dict) -> tuple:
+    """(tree, extra) of a file write_file wrote for want, its arrays mapped
+    read-only; CacheInvalid where it was made for another key or is not
+    whole."""
+    return _map(path, want)
+
+
+def read_header(path: Path) -> tuple:
+    """(key, extra) of a file of this format, once its header and manifest
+    check out (its data is not read); CacheInvalid otherwise."""
+    try:
+        f = open_regular(path, "cache file")
+    except ModelFileError as e:
+        raise CacheInvalid(str(e)) from None
+    with f:
+        manifest = _read_manifest(f, os.fstat(f.fileno()).st_size)[0]
+    return manifest.get("key"), manifest["extra"]
+
+
 # ------------------------------------------------------------ the cache
 
 def _sources_gone(path: Path) -> bool:

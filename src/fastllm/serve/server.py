@@ -61,13 +61,15 @@ class ServeOptions:
     # "*" for any, "localhost" for any port of this machine's own names.
     cors_origins: str | None = None
     cache_ram: int = 2048               # MiB of slots' sequences kept beyond the slots (0: none)
+    cache_dir: str | None = None        # a folder where they are kept in files too (None: RAM only)
+    cache_disk: int = 8192              # MiB of those files at most (the least recently used go first)
     ctx_checkpoints: int = 8            # recurrent-state checkpoints a slot keeps
 
     def __post_init__(self):
         for name in ("parallel", "max_queue", "max_body", "max_connections"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
-        for name in ("cache_ram", "ctx_checkpoints"):
+        for name in ("cache_ram", "cache_disk", "ctx_checkpoints"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be 0 or more, got {getattr(self, name)!r}")
         for name in ("body_timeout", "keep_alive", "request_timeout", "head_timeout", "shutdown_timeout"):
@@ -115,6 +117,7 @@ class Metrics:
     def text(self, engine) -> str:
         now = time.monotonic()
         rate = sum(k for t, k in self.recent if now - t < 10) / 10
+        disk = engine.cache.disk if engine.cache else None
         lines = ["# TYPE fastllm_requests_total counter"]
         lines += [f'fastllm_requests_total{{endpoint="{e}",status="{s}"}} {n}'
                   for (e, s), n in sorted(self.requests.items())]
@@ -128,6 +131,10 @@ class Metrics:
                   f"fastllm_prompt_cache_bytes {engine.cache.nbytes if engine.cache else 0}",
                   "# TYPE fastllm_prompt_cache_hits_total counter",
                   f"fastllm_prompt_cache_hits_total {engine.cache.hits if engine.cache else 0}",
+                  "# TYPE fastllm_prompt_cache_files gauge",
+                  f"fastllm_prompt_cache_files {disk.files if disk else 0}",
+                  "# TYPE fastllm_prompt_cache_files_loaded_total counter",
+                  f"fastllm_prompt_cache_files_loaded_total {disk.loaded if disk else 0}",
                   "# TYPE fastllm_draft_tokens_total counter", f"fastllm_draft_tokens_total {engine.drafted}",
                   "# TYPE fastllm_draft_accepted_tokens_total counter",
                   f"fastllm_draft_accepted_tokens_total {engine.accepted}",
@@ -711,7 +718,8 @@ def serve(model, options: ServeOptions = DEFAULTS):
         for _, m in entries:
             engines.append(BatchEngine(m, parallel=options.parallel, max_queue=options.max_queue,
                                        speculative=m.speculative, draft_max=m.draft_max,
-                                       cache_bytes=options.cache_ram << 20, checkpoints=options.ctx_checkpoints))
+                                       cache_bytes=options.cache_ram << 20, checkpoints=options.ctx_checkpoints,
+                                       cache_dir=options.cache_dir, cache_disk_bytes=options.cache_disk << 20))
         app = create_app(None, None, options=options,
                          models=[(name, m, e) for (name, m), e in zip(entries, engines)])
         for name, m in entries:

@@ -34,65 +34,11 @@ from ..generate.sampling import Constraint, Sampler, SamplingParams, _whole, as_
 from ..generate.session import extend_together
 from ..generate.speculative import (DraftModel, NgramDrafter, Speculation, check_same_vocabulary,
                                     draft_together)
+from .prompt_cache import PromptCache
 
 
 class QueueFull(Exception):
     """Every slot is busy and the waiting queue is full: try again later."""
-
-
-class PromptCache:
-    """What slots held, kept in RAM beyond the slots: before a slot takes a
-    request that keeps little of what it holds, its sequence (keys and
-    values, recurrent states and checkpoints) is copied here, so that a
-    later request that lands on another slot, or comes back after other
-    conversations used the slots, still skips its known prefix (a system
-    prompt and tools, a conversation so far). Least recently used entries go
-    first once their bytes pass the budget."""
-
-    # Sequences shorter than this are cheaper to run again than to keep.
-    MIN_TOKENS = 64
-
-    def __init__(self, model, budget_bytes: int):
-        self.model, self.budget = model, budget_bytes
-        self._entries = []   # sessions, least recently used first
-        self.hits = self.saved = 0
-
-    @property
-    def nbytes(self) -> int:
-        return sum(e.memory_bytes for e in self._entries)
-
-    def __len__(self):
-        return len(self._entries)
-
-    def best(self, prompt_ids):
-        """(entry, tokens it lets prompt_ids skip), the most of any entry."""
-        best = max(self._entries, key=lambda e: e.reusable(prompt_ids), default=None)
-        return (best, best.reusable(prompt_ids)) if best is not None else (None, 0)
-
-    def touch(self, entry):
-        self._entries.remove(entry)
-        self._entries.append(entry)
-        self.hits += 1
-
-    def save(self, session):
-        """Keep a copy of what session holds (unless an entry already holds
-        it all, or it is short, or alone over the budget)."""
-        held = session.tokens
-        if len(held) < self.MIN_TOKENS or session.memory_bytes > self.budget:
-            return
-        for e in self._entries:
-            if e.tokens[:len(held)] == held:
-                self.touch(e)
-                return
-        # entries that hold a prefix of it are superseded
-        self._entries = [e for e in self._entries if held[:e.position] != e.tokens]
-        entry = self.model.new_session(1)
-        entry.max_checkpoints = session.max_checkpoints
-        entry.copy_prefix(session, len(held))
-        self._entries.append(entry)
-        self.saved += 1
-        while self.nbytes > self.budget:
-            self._entries.pop(0)
 
 
 @dataclass(eq=False)
@@ -200,7 +146,8 @@ class BatchEngine:
     prompt comes in."""
 
     def __init__(self, model, parallel: int = 4, max_queue: int = 64, prefill_chunk: int = 128,
-                 speculative=None, draft_max: int = 16, cache_bytes: int = 0, checkpoints: int = 8):
+                 speculative=None, draft_max: int = 16, cache_bytes: int = 0, checkpoints: int = 8,
+                 cache_dir=None, cache_disk_bytes: int = 8 << 30):
         if parallel < 1 or max_queue < 1 or prefill_chunk < 1:
             raise ValueError("parallel, max_queue and prefill_chunk must be positive")
         if not 0 <= draft_max <= 64:
@@ -224,8 +171,10 @@ class BatchEngine:
         self._free = [model.new_session(1) for _ in range(parallel)]
         for slot in self._free:
             slot.max_checkpoints = checkpoints
-        # What the slots held, kept beyond them (see PromptCache); None: off.
-        self.cache = PromptCache(model, cache_bytes) if cache_bytes > 0 else None
+        # What the slots held, kept beyond them in RAM (cache_bytes) and in
+        # files under cache_dir (see PromptCache); None: off.
+        self.cache = (PromptCache(model, cache_bytes, cache_dir, cache_disk_bytes)
+                      if cache_bytes > 0 or cache_dir is not None else None)
         self._running: list[_Running] = []
         self._waiting: queue.Queue = queue.Queue(max_queue)
         self.prefill_chunk = prefill_chunk
@@ -339,6 +288,16 @@ class BatchEngine:
             self._stop = True
         self._wake.set()
         self._thread.join()
+        if self.cache is not None and self.cache.disk is not None:
+            # what the slots hold goes into the files too: a server started
+            # later resumes the conversations they held
+            for slot in self._free:
+                try:
+                    if slot.position >= PromptCache.MIN_TOKENS:
+                        self.cache.save(slot)
+                except (RuntimeError, ValueError):   # a slot left taken by an interrupted call
+                    pass
+            self.cache.close()
 
     # ------------------------------------------------------------- engine
 
