@@ -237,12 +237,14 @@ def test_the_server_shows_the_files_in_its_metrics(tmp_path):
     from starlette.testclient import TestClient
     from fastllm.serve.server import create_app
     m = model("dense")
-    engine = BatchEngine(m, parallel=1, cache_bytes=1 << 20, cache_dir=tmp_path / "c")
+    engine = BatchEngine(m, parallel=1, cache_bytes=64 << 20, cache_dir=tmp_path / "c")
     try:
-        app = create_app(m, engine)
-        with TestClient(app) as client:
+        with TestClient(create_app(m, engine)) as client:
+            list(engine.submit(ids(m, 100, 1), 2, stop_ids=()))
+            list(engine.submit(ids(m, 100, 2), 2, stop_ids=()))   # the first goes into the cache
+            engine.cache.disk.flush()
             text = client.get("/metrics").text
-        assert "fastllm_prompt_cache_files 0" in text and "fastllm_prompt_cache_files_loaded_total 0" in text
+        assert "fastllm_prompt_cache_files 1" in text and "fastllm_prompt_cache_files_loaded_total 0" in text
+        assert f"fastllm_prompt_cache_bytes {engine.cache.nbytes}" in text and engine.cache.nbytes > 0
     finally:
         engine.close()
-    shutil.rmtree(tmp_path / "c", ignore_errors=True)

@@ -84,10 +84,13 @@ class ModelSet:
     @property
     def cache(self):
         """The engines' prompt caches together (None where none has one)."""
-        caches = [s.engine.cache for s in self.served if getattr(s.engine, "cache", None)]
+        caches = [s.engine.cache for s in self.served if getattr(s.engine, "cache", None) is not None]
         if not caches:
             return None
-        return SimpleNamespace(nbytes=sum(c.nbytes for c in caches), hits=sum(c.hits for c in caches))
+        disks = [c.disk for c in caches if c.disk is not None]
+        disk = SimpleNamespace(files=sum(d.files for d in disks), loaded=sum(d.loaded for d in disks))
+        return SimpleNamespace(nbytes=sum(c.nbytes for c in caches), hits=sum(c.hits for c in caches),
+                               disk=disk if disks else None)
 
     def close(self):
         for s in self.served:

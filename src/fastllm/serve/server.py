@@ -117,7 +117,7 @@ class Metrics:
     def text(self, engine) -> str:
         now = time.monotonic()
         rate = sum(k for t, k in self.recent if now - t < 10) / 10
-        disk = engine.cache.disk if engine.cache else None
+        disk = engine.cache.disk if engine.cache is not None else None
         lines = ["# TYPE fastllm_requests_total counter"]
         lines += [f'fastllm_requests_total{{endpoint="{e}",status="{s}"}} {n}'
                   for (e, s), n in sorted(self.requests.items())]
@@ -128,13 +128,13 @@ class Metrics:
                   f"fastllm_generated_tokens_total {self.generated_tokens}",
                   "# TYPE fastllm_tokens_per_second gauge", f"fastllm_tokens_per_second {rate:.3f}",
                   "# TYPE fastllm_prompt_cache_bytes gauge",
-                  f"fastllm_prompt_cache_bytes {engine.cache.nbytes if engine.cache else 0}",
+                  f"fastllm_prompt_cache_bytes {engine.cache.nbytes if engine.cache is not None else 0}",
                   "# TYPE fastllm_prompt_cache_hits_total counter",
-                  f"fastllm_prompt_cache_hits_total {engine.cache.hits if engine.cache else 0}",
+                  f"fastllm_prompt_cache_hits_total {engine.cache.hits if engine.cache is not None else 0}",
                   "# TYPE fastllm_prompt_cache_files gauge",
-                  f"fastllm_prompt_cache_files {disk.files if disk else 0}",
+                  f"fastllm_prompt_cache_files {disk.files if disk is not None else 0}",
                   "# TYPE fastllm_prompt_cache_files_loaded_total counter",
-                  f"fastllm_prompt_cache_files_loaded_total {disk.loaded if disk else 0}",
+                  f"fastllm_prompt_cache_files_loaded_total {disk.loaded if disk is not None else 0}",
                   "# TYPE fastllm_draft_tokens_total counter", f"fastllm_draft_tokens_total {engine.drafted}",
                   "# TYPE fastllm_draft_accepted_tokens_total counter",
                   f"fastllm_draft_accepted_tokens_total {engine.accepted}",
