@@ -332,6 +332,25 @@ void flm_state_prefix(const FlmConfig *c, FlmState *s, int n, void *buf, int sav
     }
 }
 
+int flm_state_tail(const FlmConfig *c, const FlmState *s, int n, size_t *ranges, int max) {
+    const size_t from = (size_t)(n + 15) / 16 * 16;   /* whole blocks: a q8_0 block never straddles it */
+    int count = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const FlmKV *kv = &s->kv[l];
+        if (!kv->cap || kv->window || from >= (size_t)kv->cap) continue;
+        for (int part = 0; part < 2; part++)
+            for (int h = 0; h < kv->n_kv_heads; h++, count++) {
+                if (count >= max) continue;
+                char *base = part ? kv->values : kv->keys;
+                const char *start = kv_elem(c, base, ((size_t)h * kv->cap + from) * kv->head_dim);
+                const char *end = kv_elem(c, base, (size_t)(h + 1) * kv->cap * kv->head_dim);
+                ranges[2 * count] = (size_t)(start - (const char *)s->lin_state);
+                ranges[2 * count + 1] = (size_t)(end - start);
+            }
+    }
+    return count;
+}
+
 void flm_state_copy(const FlmConfig *c, FlmState *dst, const FlmState *src, int n, int whole) {
     for (int l = 0; l < c->n_layers; l++) {
         const FlmKV *from = &src->kv[l], *to = &dst->kv[l];

@@ -329,6 +329,14 @@ void flm_state_window(const FlmConfig *c, FlmState *s, int pos, float *buf, int 
 size_t flm_state_prefix_bytes(const FlmConfig *c, const FlmState *s, int n);
 void flm_state_prefix(const FlmConfig *c, FlmState *s, int n, void *buf, int save);
 
+/* Where in the cache memory given to flm_state_init (byte offsets from its
+ * start, and lengths) the positions from n on of every cache that is not
+ * a ring lie: one range per layer, head, keys and values, at most max
+ * written to ranges[2*i], ranges[2*i+1]. Returns how many there are. Those
+ * bytes are written before they are read again, so a caller may give
+ * their pages back to the system. */
+int flm_state_tail(const FlmConfig *c, const FlmState *s, int n, size_t *ranges, int max);
+
 /* Run n tokens at positions pos .. pos+n-1 (their keys/values are written to
  * the cache; positions < pos must hold earlier tokens). Linear layers carry
  * a state instead of a cache: pos == 0 starts it afresh, and pos > 0 must

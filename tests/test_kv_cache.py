@@ -99,3 +99,38 @@ def test_q8_0_needs_heads_of_whole_blocks(tiny_model_dir):
     with pytest.raises(ValueError, match=r"config.json: kv_dtype q8_0 keeps blocks of 32 values, and layer 0's "
                                          r"head_dim is 16"):
         Model.from_pretrained(folder, threads=1, kv_dtype="q8_0")
+
+
+def _rss_anon_mib():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) / 1024
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/status"), reason="reads RssAnon from /proc")
+@pytest.mark.parametrize("kv", ["f32", "q8_0"])
+def test_a_session_that_goes_back_gives_its_cache_pages_back(kv, smollm2_dir):
+    """A session (a server's slot) that held 2,400 positions and goes back
+    to 400, or to none, gives the pages of the positions past its end back
+    to the system (they cost memory only once written again), and what it
+    runs next is, bit for bit, a cold run's (a page given back too early
+    would read as zeros)."""
+    from fastllm.generate.session import RELEASE_AFTER
+    m = Model.from_pretrained(smollm2_dir, n_ctx=4096, threads=2, kv_dtype=kv)
+    long = np.random.default_rng(3).integers(0, m.config.vocab_size, 2400).tolist()
+    cold = m.new_session().prefill(long)
+    s = m.new_session()
+    s.prefill(long)
+    tail = (s._state.kv_bytes(2400) - s._state.kv_bytes(400)) / 2**20   # 86 MiB at f32
+    before = _rss_anon_mib()
+    s.rewind(400)
+    assert before - _rss_anon_mib() > 0.9 * tail, (before, _rss_anon_mib(), tail)
+    assert np.array_equal(s.prefill(long), cold)
+    # a short step back keeps its pages (they are written again soon)
+    back = 2400 - RELEASE_AFTER + 16
+    before = _rss_anon_mib()
+    s.rewind(back)
+    assert before - _rss_anon_mib() < 0.1 * tail
+    assert np.array_equal(s.prefill(long), cold)
+    s.reset()
+    assert np.array_equal(s.prefill(long[:300]), m.new_session().prefill(long[:300]))

@@ -745,8 +745,10 @@ def _lazy_zeros(size_t n):
     """n float32 zeros in fresh pages that cost memory only once written:
     the KV cache grows with the positions used, not with n_ctx. (numpy asks
     for 2 MB huge pages for large arrays, and the first key written to each
-    layer and head would then bring in 2 MB.)"""
-    buf = mmap.mmap(-1, max(n, 1) * 4)
+    layer and head would then bring in 2 MB. Private: an anonymous map is
+    shared by default, which puts the cache in shared memory, counted
+    apart from the process's own and kept across a fork.)"""
+    buf = mmap.mmap(-1, max(n, 1) * 4, flags=mmap.MAP_PRIVATE)
     if hasattr(mmap, "MADV_NOHUGEPAGE"):
         buf.madvise(mmap.MADV_NOHUGEPAGE)
     return np.frombuffer(buf, np.float32, n)
@@ -870,6 +872,29 @@ cdef class State:
                 arr.size != flm.flm_state_prefix_bytes(&w.cfg, &self.s, n):
             raise ValueError(f"not what save_prefix saved of {n} positions of this model's caches")
         flm.flm_state_prefix(&w.cfg, &self.s, n, cnp.PyArray_DATA(arr), 0)
+
+    def release(self, int n):
+        """Give back to the system the pages of the caches (not the rings)
+        that positions from n on take: they cost memory again only once
+        written. For a sequence that held many more tokens than it holds
+        now. Returns the bytes given back."""
+        cdef Weights w = self.weights
+        n = max(n, 0)
+        cdef int count = flm.flm_state_tail(&w.cfg, &self.s, n, NULL, 0)
+        base = (<object>self._cache).base
+        buf = getattr(base, "obj", base)   # the anonymous map (_lazy_zeros), under a memoryview
+        if count == 0 or not isinstance(buf, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED"):
+            return 0
+        cdef cnp.ndarray ranges = np.empty(2 * count, np.uint64)
+        flm.flm_state_tail(&w.cfg, &self.s, n, <size_t *>cnp.PyArray_DATA(ranges), count)
+        page, freed = mmap.PAGESIZE, 0
+        for i in range(count):
+            start, length = int(ranges[2 * i]), int(ranges[2 * i + 1])
+            first, last = -(-start // page) * page, (start + length) // page * page
+            if last > first:
+                buf.madvise(mmap.MADV_DONTNEED, first, last - first)
+                freed += last - first
+        return freed
 
     @property
     def recurrent_bytes(self):

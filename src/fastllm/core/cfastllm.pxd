@@ -133,6 +133,7 @@ cdef extern from "fastllm.h" nogil:
     void flm_state_window(const FlmConfig *c, FlmState *s, int pos, float *buf, int save)
     size_t flm_state_prefix_bytes(const FlmConfig *c, const FlmState *s, int n)
     void flm_state_prefix(const FlmConfig *c, FlmState *s, int n, void *buf, int save)
+    int flm_state_tail(const FlmConfig *c, const FlmState *s, int n, size_t *ranges, int max)
     void flm_forward(const FlmConfig *c, const FlmWeights *w, FlmState *s,
                      const int32_t *tokens, int n, int pos,
                      float *logits, int all_logits, int n_threads)

@@ -27,6 +27,10 @@ _IN_USE = ("this Session is in use by another thread: a Session serves one threa
 # renders the previous reply otherwise: Qwen3.5 drops its thinking).
 CHECKPOINT_EVERY = 2048
 CHECKPOINT_BEFORE_END = 4
+# A session that goes back this many positions or more from the furthest
+# it has written gives the cache pages past its new end back to the system
+# (a slot that held a long conversation and now holds a short one).
+RELEASE_AFTER = 1024
 
 
 class Session:
@@ -74,6 +78,7 @@ class Session:
         self._ring_room = self._state.rewind_room
         self.can_rewind = not self._recurrent and self._ring_room is None
         self._chunk = self.max_batch if self._ring_room is None else min(self.max_batch, weights.max_pass)
+        self._touched = 0   # the furthest position written since pages were last given back
         self._written = 0   # rings: the furthest position written since the state started at 0,
         self._floor = 0     # and the first they surely hold (a checkpoint put back holds none before)
         # LongRoPE: past this many tokens a sequence is rotated with the long tables.
@@ -157,6 +162,15 @@ class Session:
         if start == 0:
             self._floor = self._written = 0
         self._written = max(self._written, start + n)
+        self._touched = max(self._touched, start + n)
+
+    def _give_back(self, n: int):
+        """The state holds n positions from now on: where it had written
+        RELEASE_AFTER or more past them, their cache pages go back to the
+        system."""
+        if self._touched - n >= RELEASE_AFTER:
+            self._state.release(n)
+            self._touched = n
 
     def can_rewind_to(self, position: int) -> bool:
         """Whether rewind(position) goes back without a checkpoint: always
@@ -281,6 +295,7 @@ class Session:
             self._floor = self._written = n
         del self._tokens[n:]
         self._checkpoints = [c for c in self._checkpoints if c[0] <= n]
+        self._give_back(n)
 
     def checkpoint(self):
         """Save what the session needs to come back where it is now (the
@@ -507,6 +522,8 @@ class Session:
         self._checkpoints = [c for c in other._checkpoints if c[0] <= n]
         self._unsettled = False
         self._verified = None
+        self._touched = max(self._touched, n)
+        self._give_back(n)
 
     def file_key(self) -> dict:
         """What a session file of this model records about the weights,
@@ -552,6 +569,8 @@ class Session:
             self._tokens = list(data["tokens"])
             self._written = self._floor = n
             self._checkpoints = [(p, np.array(a)) for p, a in data["checkpoints"]]
+            self._touched = max(self._touched, n)
+            self._give_back(n)
 
     def __repr__(self):
         return f"Session(position={self.position}, n_ctx={self.n_ctx}, can_rewind={self.can_rewind})"
