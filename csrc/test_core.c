@@ -532,6 +532,18 @@ static void test_long(int kv_type) {
         flm_forward(&c, &w, e, tok + 300, 400, 300, out, 1, 2);
         CHECK(memcmp(ref + 300 * V, out, 400 * V * 4) == 0, "%s: a state put back from its prefix differs",
               paths[pi]);
+
+        /* What flm_state_tail names past position 300 is never read before
+         * it is written again: filled with NaNs, the run from 300 is the same. */
+        size_t ranges[2 * 16];
+        const int nr = flm_state_tail(&c, e, 300, ranges, 16);
+        CHECK(nr == 2 * c.n_kv_heads, "%s: %d tail ranges (one per head, keys and values, of layer 0)",
+              paths[pi], nr);
+        for (int r = 0; r < nr && r < 16; r++)
+            memset((char *)e->lin_state + ranges[2 * r], 0xFF, ranges[2 * r + 1]);
+        flm_state_window(&c, e, 300, saved, 0);
+        flm_forward(&c, &w, e, tok + 300, 400, 300, out, 1, 2);
+        CHECK(memcmp(ref + 300 * V, out, 400 * V * 4) == 0, "%s: a tail filled with NaNs was read", paths[pi]);
         printf("ok  %-11s long sequences, kv_type=%d: rings, blocks, batches, copies, prefixes\n", paths[pi],
                kv_type);
     }
