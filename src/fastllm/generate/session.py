@@ -33,6 +33,16 @@ CHECKPOINT_BEFORE_END = 4
 RELEASE_AFTER = 1024
 
 
+def common_prefix(a, b) -> int:
+    """The length of the prefix two token sequences share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 class Session:
     """One sequence's state on a Model, sharing the model's weights.
 
@@ -255,12 +265,7 @@ class Session:
 
     def shared(self, token_ids) -> int:
         """The length of the prefix token_ids share with the tokens held."""
-        common = 0
-        for a, b in zip(self._tokens, token_ids):
-            if a != b:
-                break
-            common += 1
-        return common
+        return common_prefix(self._tokens, token_ids)
 
     def reusable(self, token_ids) -> int:
         """How many of token_ids' first tokens a prefill would not run again:

@@ -50,13 +50,14 @@ def write(path, want: dict, tokens, prefix: np.ndarray, at, checkpoints, rope_lo
 
 
 def header(path) -> tuple:
-    """(key, tokens) of a session file, its header and manifest checked
-    (its data is not read); pack_cache.CacheInvalid otherwise."""
+    """(key, tokens, checkpoint positions) of a session file, its header
+    and manifest checked (its data is not read): what tells whether it may
+    serve a prompt; pack_cache.CacheInvalid otherwise."""
     want, extra = pack_cache.read_header(Path(path))
-    tokens = extra.get("tokens")
-    if not isinstance(tokens, list):
+    tokens, points = extra.get("tokens"), extra.get("checkpoints")
+    if not isinstance(tokens, list) or not isinstance(points, list):
         raise pack_cache.CacheInvalid("it holds no token list")
-    return want, tokens
+    return want, tuple(tokens), tuple(points)
 
 
 def read(path, want: dict, vocab_size: int, n_ctx: int) -> dict:

@@ -20,6 +20,7 @@ import threading
 from pathlib import Path
 
 from ..generate import session_file
+from ..generate.session import common_prefix
 from ..load import pack_cache
 from ..spec.errors import ModelFileError
 
@@ -33,12 +34,7 @@ def reusable(tokens, checkpoints, can_rewind: bool, prompt) -> int:
     tokens (with checkpoints at those positions) would not run again: as
     Session.reusable says of it (a loaded session goes back before its end
     only to a checkpoint, unless its caches can go back anywhere)."""
-    shared = 0
-    for a, b in zip(tokens, prompt):
-        if a != b:
-            break
-        shared += 1
-    n = min(shared, len(prompt) - 1)
+    n = min(common_prefix(tokens, prompt), len(prompt) - 1)
     if can_rewind or n >= len(tokens):
         return n
     return max((p for p in checkpoints if p <= n), default=0)
@@ -151,16 +147,15 @@ class DiskCache:
 
     def _read_header(self, path: Path):
         try:
-            want, extra = pack_cache.read_header(path)
+            want, tokens, points = session_file.header(path)
         except pack_cache.CacheInvalid as e:
             _say(f"the prompt cache file {path} cannot be used ({e}); deleting it")
             _unlink(path)
             return
         except OSError:
             return
-        tokens, points = extra.get("tokens"), extra.get("checkpoints")
-        if want == self.key and isinstance(tokens, list) and isinstance(points, list):
-            self._index[path] = (tuple(tokens), tuple(points))
+        if want == self.key:
+            self._index[path] = (tokens, points)
 
     @property
     def files(self) -> int:
