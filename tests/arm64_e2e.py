@@ -20,7 +20,7 @@ Against the portable path:
   and that noise is as large as int8's own (on x86, avx2 and avx512 against
   generic on these prompts: logits up to 1.3 apart, mean KL 0.0034, top-1
   agreement 0.995 and 1). So the
-  bounds are test_quant.py's for int8 against f32 with the KL doubled (two
+  bounds are test_quantized_gguf.py's for int8 against f32 with the KL doubled (two
   paths' noise adds): top-1 agreement >= 0.94, mean KL < 0.01, and greedy
   tokens equal wherever the margin is >= 1.
 The aarch64 paths share their float kernels and their int8 kernels all give
@@ -125,7 +125,7 @@ def compare_to_portable(ref, got, act, label):
         if worst > 1:
             failures.append(f"{label}, f32 activations: logits {worst:.2f} times the bound")
     else:
-        # Over all positions compared, as test_quant.py counts them.
+        # Over all positions compared, as test_quantized_gguf.py counts them.
         kl, agree = float(np.concatenate(kls).mean()), float(np.concatenate(top1).mean())
         summary = (f"mean KL {kl:.5f} (bound {INT8_KL}), top-1 agreement {agree:.3f} (bound {INT8_TOP1}) "
                    f"over {sum(map(len, top1))} positions")

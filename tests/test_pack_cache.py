@@ -225,7 +225,7 @@ def test_warnings_of_the_packing_load_come_again_from_the_cache(home, tmp_path, 
     """A file whose Q2_K tensors are dequantized at load says so, from the cache as when packed."""
     import gguf
     from fastllm.load.weights import DequantizedTypeWarning
-    from test_quant import k_quant_checkpoint, random_blocks, synthetic_vocab, write_gguf
+    from test_quantized_gguf import k_quant_checkpoint, random_blocks, synthetic_vocab, write_gguf
     QT = gguf.GGMLQuantizationType
     write_gguf(tmp_path / "m.gguf", k_quant_checkpoint(tmp_path, tiny_model_dir), synthetic_vocab(300),
                quantize=lambda name, data: (random_blocks(*data.shape, QT.Q2_K, 1, 1e-3), QT.Q2_K))

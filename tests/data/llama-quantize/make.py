@@ -1,4 +1,4 @@
-"""The tensors that tests/test_quants.py quantizes beside llama-quantize.
+"""The tensors that tests/test_block_quantization.py quantizes beside llama-quantize.
 
     python make.py /path/to/llama-quantize
 
