@@ -16,7 +16,7 @@ from fastllm.load import hub
 from fastllm.spec.errors import ModelFileError
 from fastllm.spec.files import check_regular, read_bounded
 from fastllm.formats.gguf import convert_gguf
-from fastllm.formats.gguf_file import read_gguf
+from fastllm.formats.gguf_file import read_gguf, read_string_arrays
 from fastllm.formats.safetensors import Checkpoint, SafetensorsFile, json_depth, load_file, save_file
 
 needs_fifo = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
@@ -365,6 +365,54 @@ def test_the_gguf_reader_reads_what_the_writer_wrote():
     assert {k: f.contents() for k, f in theirs.fields.items() if not k.startswith("GGUF.")} == ours.metadata
     assert [(t.name, t.tensor_type, tuple(int(d) for d in t.shape), t.n_bytes, t.data_offset)
             for t in theirs.tensors] == [(t.name, t.tensor_type, t.dims, t.n_bytes, t.offset) for t in ours.tensors]
+
+
+def test_string_arrays_decoded_later_are_those_a_full_walk_gives():
+    gguf = pytest.importorskip("gguf")
+    path = hub.default_gguf_path()
+    bare = read_gguf(path, gguf, string_arrays=False)
+    assert bare.metadata["tokenizer.ggml.tokens"] is None and bare.string_spans
+    assert read_string_arrays(path, bare).metadata == read_gguf(path, gguf).metadata
+
+
+def test_a_gguf_file_that_changed_since_its_header_was_walked_is_refused_by_name(tmp_path):
+    """The vocabulary is decoded after the header's walk, from where that
+    walk found it: a file cut short meanwhile, or whose strings are no
+    longer UTF-8, is a GGUFError naming it, not a crash or a wrong vocabulary."""
+    gguf = pytest.importorskip("gguf")
+    p = tmp_path / "m.gguf"
+    shutil.copy(hub.default_gguf_path(), p)
+    bare = read_gguf(p, gguf, string_arrays=False)
+    offset, _ = bare.string_spans["tokenizer.ggml.tokens"]
+    with open(p, "r+b") as f:      # the first token's bytes: not UTF-8
+        f.seek(offset + 8)
+        f.write(b"\xff")
+    with pytest.raises(ModelFileError, match=r"'tokenizer.ggml.tokens'\[0\] is not valid UTF-8") as e:
+        read_string_arrays(p, bare)
+    assert str(p) in str(e.value)
+    os.truncate(p, offset + 1000)
+    with pytest.raises(ModelFileError, match="got shorter since its header was read") as e:
+        read_string_arrays(p, bare)
+    assert str(p) in str(e.value)
+
+
+def test_a_gguf_load_walks_the_header_once_and_builds_the_config_once(tmp_path, monkeypatch):
+    """On a first load (the tokenizer is built into the cache) and on later
+    ones alike: one walk of the header, one config build."""
+    from fastllm import Model
+    from fastllm.formats import gguf_tensors
+    from fastllm.spec.config import ModelConfig
+    _home(monkeypatch, tmp_path / "home")
+    walks, builds = [], []
+    build = ModelConfig.from_dict.__func__
+    monkeypatch.setattr(gguf_tensors, "read_gguf", lambda *a, **k: walks.append(a[0]) or read_gguf(*a, **k))
+    monkeypatch.setattr(ModelConfig, "from_dict", classmethod(
+        lambda cls, *a, **k: builds.append(1) or build(cls, *a, **k)))
+    for first in (True, False):
+        walks.clear(), builds.clear()
+        model = Model.from_pretrained(hub.default_gguf_path(), threads=1)
+        assert (len(walks), len(builds)) == (1, 1), first
+        assert model.tokenizer.decode(model.tokenizer.encode("Hello, world")) == "Hello, world"
 
 
 @pytest.mark.parametrize("key, value, match", [

@@ -38,7 +38,7 @@ from ..spec.families import GGUF_ARCHITECTURES, GGUF_REFUSED
 from .gguf_config import check_metadata_types, generation_config, model_config
 from .gguf_file import ConversionError
 from .gguf_tensors import (dequantize, expert_tensors_to_write, hf_entries_of, plan_tensors, read_contents,
-                           slices_to_write, tensor_shapes)
+                           slices_to_write, tensor_shapes, with_strings)
 from .gguf_tokenizer import SUPPORTED_PRE_TOKENIZERS, check_vocabulary_size, tokenizer_files
 
 __all__ = [
@@ -323,7 +323,7 @@ def read_gguf_model(gguf_path: PathLike, string_arrays: bool = False, dtype: str
     contents = read_contents(path, string_arrays=False)
     check_vocabulary_size(contents, path)
     if string_arrays:
-        contents = read_contents(path)
+        contents = with_strings(path, contents)
     md = contents.metadata
     check_metadata_types(md, path)
     arch = md.get("general.architecture")
@@ -390,7 +390,7 @@ def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DT
         model = read_gguf_model(path, string_arrays=True, dtype=dtype)
         md = model.metadata
     else:   # its vocabulary's size was checked when it was read
-        md = read_contents(path).metadata
+        md = with_strings(path, model.contents).metadata
         check_metadata_types(md, path)
     config, cfg = model.config_dict, model.config
     order = []

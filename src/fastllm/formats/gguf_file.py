@@ -136,10 +136,11 @@ class GGUFContents(NamedTuple):
     tensors: list   # of GGUFTensor, in file order
     data_start: int
     array_lengths: dict = {}   # key -> elements, for every array (those not decoded too)
+    string_spans: dict = {}    # key -> (file offset, elements) of each string array not decoded
 
 
 def _value(cur: _Cursor, vtype: int, what: str, keep_strings: bool = True, lengths: dict | None = None,
-           key: str | None = None):
+           key: str | None = None, spans: dict | None = None):
     if vtype == _STRING:
         return cur.string(what)
     if vtype in _SCALARS:
@@ -162,6 +163,8 @@ def _value(cur: _Cursor, vtype: int, what: str, keep_strings: bool = True, lengt
     if lengths is not None:
         lengths[key] = count
     if itype == _STRING:
+        if not keep_strings and spans is not None:
+            spans[key] = (cur.pos, count)
         return cur.strings(count, what, keep_strings)
     raw = cur.take(count * least, what)
     return np.frombuffer(raw, np.dtype("<" + _SCALARS[itype]), count).tolist()
@@ -194,7 +197,9 @@ def read_gguf(path, gguf, string_arrays: bool = True) -> GGUFContents:
     string_arrays, arrays of strings (the vocabulary, the merges) are
     walked but not decoded, and read as None: loading the tensors needs
     only the rest, and their counts (array_lengths) can be checked against
-    the tensors before a vocabulary is built."""
+    the tensors before a vocabulary is built; read_string_arrays decodes
+    them later from where they lie (string_spans), without a second walk
+    of the header."""
     path = Path(path)
     with open_regular(path, "GGUF file") as f:
         size = os.fstat(f.fileno()).st_size
@@ -212,13 +217,13 @@ def read_gguf(path, gguf, string_arrays: bool = True) -> GGUFContents:
         if n_kv * 13 + n_tensors * 24 > cur.left():
             raise GGUFError(path, f"{n_kv} metadata keys and {n_tensors} tensors cannot fit in "
                                   f"the {size}-byte file")
-        metadata, lengths = {}, {}
+        metadata, lengths, strings = {}, {}, {}
         for i in range(n_kv):
             key = cur.string(f"the name of metadata key {i}")
             if key in metadata:
                 raise GGUFError(path, f"metadata key {key!r} appears twice")
             vtype = cur.unpack("I", f"the value type of {key!r}")
-            metadata[key] = _value(cur, vtype, f"metadata {key!r}", string_arrays, lengths, key)
+            metadata[key] = _value(cur, vtype, f"metadata {key!r}", string_arrays, lengths, key, strings)
         infos = [_tensor_info(cur, i, gguf) for i in range(n_tensors)]
         alignment = metadata.get("general.alignment", _DEFAULT_ALIGNMENT)
         if type(alignment) is not int or alignment <= 0 or alignment & (alignment - 1):
@@ -240,7 +245,29 @@ def read_gguf(path, gguf, string_arrays: bool = True) -> GGUFContents:
     for (_, end_a, a), (begin_b, _, b) in zip(spans, spans[1:]):
         if begin_b < end_a:
             raise GGUFError(path, f"tensors {a!r} and {b!r} overlap in the data section")
-    return GGUFContents(version, metadata, tensors, data_start, lengths)
+    return GGUFContents(version, metadata, tensors, data_start, lengths, strings)
+
+
+def read_string_arrays(path, contents: GGUFContents) -> GGUFContents:
+    """contents, read by read_gguf without string_arrays, with those arrays
+    decoded from the places its walk of the header found them. Each string
+    is checked as read_gguf checks it (its length against the file's end,
+    its UTF-8), and a file that is no longer the size it was is refused."""
+    path = Path(path)
+    if not contents.string_spans:
+        return contents
+    metadata = dict(contents.metadata)
+    with open_regular(path, "GGUF file") as f:
+        size = os.fstat(f.fileno()).st_size
+        end = contents.tensors[-1].offset + contents.tensors[-1].n_bytes if contents.tensors else 0
+        if size < max(end, contents.data_start):
+            raise GGUFError(path, "the file got shorter since its header was read")
+        for key, (offset, count) in contents.string_spans.items():
+            f.seek(offset)
+            cur = _Cursor(f, size, path)
+            cur.pos = cur.base = offset
+            metadata[key] = cur.strings(count, f"metadata {key!r}")
+    return contents._replace(metadata=metadata, string_spans={})
 
 
 def read_tensor_bytes(path, tensor: GGUFTensor, start: int = 0, length: int | None = None) -> np.ndarray:

@@ -14,7 +14,8 @@ import warnings
 from ..spec import schema
 from ..spec.config import ModelConfig
 from ..spec.files import open_regular
-from .gguf_file import ConversionError, GGUFContents, GGUFError, GGUFTensor, read_gguf, read_tensor_bytes
+from .gguf_file import (ConversionError, GGUFContents, GGUFError, GGUFTensor, read_gguf, read_string_arrays,
+                        read_tensor_bytes)
 from .safetensors import f32_to_bf16
 
 
@@ -33,6 +34,15 @@ def read_contents(path: Path, string_arrays: bool = True) -> GGUFContents:
         raise FileNotFoundError(f"GGUF file not found: {path}")
     try:
         return read_gguf(path, _gguf_module(), string_arrays)
+    except GGUFError as e:
+        raise ConversionError(path, e.problem) from None
+
+
+def with_strings(path: Path, contents: GGUFContents) -> GGUFContents:
+    """contents (read without string arrays) with its vocabulary and merges
+    decoded, from where the header's one walk found them."""
+    try:
+        return read_string_arrays(path, contents)
     except GGUFError as e:
         raise ConversionError(path, e.problem) from None
 
