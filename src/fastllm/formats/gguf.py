@@ -33,7 +33,6 @@ import numpy as np
 
 from ..spec.config import ModelConfig
 from ..spec.errors import FastLLMError, ModelFileError
-from ..spec import schema
 from ..spec.families import GGUF_ARCHITECTURES, GGUF_REFUSED
 from .gguf_config import check_metadata_types, generation_config, model_config
 from .gguf_file import ConversionError
