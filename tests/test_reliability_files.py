@@ -375,6 +375,18 @@ def test_string_arrays_decoded_later_are_those_a_full_walk_gives():
     assert read_string_arrays(path, bare).metadata == read_gguf(path, gguf).metadata
 
 
+def test_skipping_strings_stops_at_the_first_one_the_buffer_does_not_hold_whole():
+    from fastllm.core._core import skip_strings
+    buf = bytearray(_gstr("ab") + _gstr("") + _gstr("xyz"))
+    assert skip_strings(buf, 0, 3) == (len(buf), 3)
+    assert skip_strings(buf, 0, 2) == (10 + 8, 2)
+    assert skip_strings(buf[:-1], 0, 3) == (18, 2)                 # the last one cut short
+    assert skip_strings(buf[:21], 0, 3) == (18, 2)                 # its length cut short
+    huge = bytearray(struct.pack("<Q", 2**64 - 1) + b"abc")
+    assert skip_strings(huge, 0, 1) == (0, 0)                      # no wrap-around past the end
+    assert skip_strings(buf, 10, 5) == (len(buf), 2)
+
+
 def test_a_gguf_file_that_changed_since_its_header_was_walked_is_refused_by_name(tmp_path):
     """The vocabulary is decoded after the header's walk, from where that
     walk found it: a file cut short meanwhile, or whose strings are no

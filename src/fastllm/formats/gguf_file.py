@@ -23,6 +23,7 @@ import numpy as np
 
 from ..spec.errors import ConversionError, ModelFileError  # noqa: F401 (ConversionError: importers name it from here)
 from ..spec.files import open_regular
+from ..core import _core
 
 _MAGIC = b"GGUF"
 _VERSIONS = (2, 3)
@@ -100,7 +101,18 @@ class _Cursor:
         """count strings (a vocabulary: 10^5 of them), read straight out of
         the buffer where they lie whole in it; None where not kept, which
         skips them undecoded."""
-        out = [] if keep else None
+        if not keep:
+            done = 0
+            while done < count:
+                start = self.pos - self.base
+                end, walked = _core.skip_strings(self.buf, start, count - done)
+                self.pos += end - start
+                done += walked
+                if done < count:   # one the buffer does not hold whole: refill, check the file's end
+                    self.string(f"{what}[{done}]")
+                    done += 1
+            return None
+        out = []
         length = _U64.unpack_from
         for i in range(count):
             start = self.pos - self.base
@@ -109,16 +121,13 @@ class _Cursor:
                 end = start + 8 + n
                 if end <= len(self.buf):
                     self.pos += 8 + n
-                    if keep:
-                        try:
-                            out.append(self.buf[start + 8:end].decode("utf-8"))
-                        except UnicodeDecodeError as e:
-                            raise GGUFError(self.path, f"{what}[{i}] is not valid UTF-8 "
-                                                       f"({e.reason} at byte {e.start})") from None
+                    try:
+                        out.append(self.buf[start + 8:end].decode("utf-8"))
+                    except UnicodeDecodeError as e:
+                        raise GGUFError(self.path, f"{what}[{i}] is not valid UTF-8 "
+                                                   f"({e.reason} at byte {e.start})") from None
                     continue
-            value = self.string(f"{what}[{i}]")   # refills the buffer, checks the file's end
-            if keep:
-                out.append(value)
+            out.append(self.string(f"{what}[{i}]"))   # refills the buffer, checks the file's end
         return out
 
     def string(self, what: str) -> str:
