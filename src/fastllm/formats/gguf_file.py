@@ -261,14 +261,14 @@ def read_string_arrays(path, contents: GGUFContents) -> GGUFContents:
     """contents, read by read_gguf without string_arrays, with those arrays
     decoded from the places its walk of the header found them. Each string
     is checked as read_gguf checks it (its length against the file's end,
-    its UTF-8), and a file that is no longer the size it was is refused."""
+    its UTF-8), and a file cut short since the walk is refused."""
     path = Path(path)
     if not contents.string_spans:
         return contents
     metadata = dict(contents.metadata)
     with open_regular(path, "GGUF file") as f:
         size = os.fstat(f.fileno()).st_size
-        end = contents.tensors[-1].offset + contents.tensors[-1].n_bytes if contents.tensors else 0
+        end = max((t.offset + t.n_bytes for t in contents.tensors), default=contents.data_start)
         if size < max(end, contents.data_start):
             raise GGUFError(path, "the file got shorter since its header was read")
         for key, (offset, count) in contents.string_spans.items():
