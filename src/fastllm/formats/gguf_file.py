@@ -67,11 +67,12 @@ class _Cursor:
     """Sequential reads of a file whose size is known, refusing any read
     that would pass its end; the file is read in chunks as it is walked."""
 
-    def __init__(self, f, size: int, path: Path):
+    def __init__(self, f, size: int, path: Path, pos: int = 0):
+        """pos: the offset f is at, where the walk starts."""
         self.f, self.size, self.path = f, size, path
         self.buf = bytearray()
-        self.base = 0   # file offset of buf[0]
-        self.pos = 0
+        self.base = pos   # file offset of buf[0]
+        self.pos = pos
 
     def left(self) -> int:
         return self.size - self.pos
@@ -268,14 +269,11 @@ def read_string_arrays(path, contents: GGUFContents) -> GGUFContents:
     metadata = dict(contents.metadata)
     with open_regular(path, "GGUF file") as f:
         size = os.fstat(f.fileno()).st_size
-        end = max((t.offset + t.n_bytes for t in contents.tensors), default=contents.data_start)
-        if size < max(end, contents.data_start):
+        if size < max((t.offset + t.n_bytes for t in contents.tensors), default=contents.data_start):
             raise GGUFError(path, "the file got shorter since its header was read")
         for key, (offset, count) in contents.string_spans.items():
             f.seek(offset)
-            cur = _Cursor(f, size, path)
-            cur.pos = cur.base = offset
-            metadata[key] = cur.strings(count, f"metadata {key!r}")
+            metadata[key] = _Cursor(f, size, path, offset).strings(count, f"metadata {key!r}")
     return contents._replace(metadata=metadata, string_spans={})
 
 
