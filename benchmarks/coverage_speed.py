@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """fastllm against llama-bench on random checkpoints of Gemma-3-1B's,
-Phi-4-mini's and Gemma 4 E2B's shapes, Q4_K_M.
+Phi-4-mini's, Gemma 4 E2B's and Llama-3.2-3B's shapes, Q4_K_M.
 
     python benchmarks/coverage_speed.py WORK --llama-cpp DIR [--models gemma3-1b,phi4-mini]
         [--threads 1,2] [--pp 512] [--tg 128] [--reps 3] [--prepare-only]
@@ -82,8 +82,19 @@ GEMMA4_E2B = dict(
     max_position_embeddings=131072, tie_word_embeddings=True, bos_token_id=2, eos_token_id=1, pad_token_id=0,
     torch_dtype="bfloat16")
 
+# meta-llama/Llama-3.2-3B-Instruct's config.json: the dense 3B people run,
+# tied, Llama 3's RoPE scaling from 8k to 128k.
+LLAMA32_3B = dict(
+    architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=128256, hidden_size=3072,
+    intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24, num_key_value_heads=8, head_dim=128,
+    hidden_act="silu", rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=131072,
+    rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 8192},
+    attention_bias=False, mlp_bias=False, tie_word_embeddings=True, bos_token_id=128000,
+    eos_token_id=[128001, 128008, 128009], torch_dtype="bfloat16")
+
 MODELS = {"gemma3-1b": (GEMMA3_1B, "spm"), "phi4-mini": (PHI4_MINI, "bpe"),
-          "gemma4-e2b": (GEMMA4_E2B, "byte-fallback")}
+          "gemma4-e2b": (GEMMA4_E2B, "byte-fallback"), "llama3.2-3b": (LLAMA32_3B, "bpe")}
 
 
 def made_up_pieces(n: int, prefix: str = "") -> list:
@@ -150,8 +161,11 @@ def bpe_tokenizer(folder: Path, n_regular: int, added: dict) -> None:
     (folder / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False))
     first = min(added)
     (folder / "tokenizer_config.json").write_text(json.dumps(
+        # unk_token named: GPT2Tokenizer's default, <|endoftext|>, would be
+        # added past the vocabulary where the model's specials lack it.
         {"tokenizer_class": "GPT2Tokenizer", "bos_token": added[first], "eos_token": added[first],
-         "pad_token": added[first], "add_bos_token": False, "add_eos_token": False}))
+         "pad_token": added[first], "unk_token": added[first], "add_bos_token": False,
+         "add_eos_token": False}))
 
 
 def byte_fallback_tokenizer(folder: Path, vocab_size: int) -> None:
@@ -186,6 +200,11 @@ def tokenizer(name: str, folder: Path) -> None:
         bpe_tokenizer(folder, 199999, {199999: "<|endoftext|>", 200018: "<|endofprompt|>",
                                        200019: "<|assistant|>", 200020: "<|end|>", 200021: "<|user|>",
                                        200022: "<|system|>"})
+    elif name == "llama3.2-3b":  # 128,000 ranks, then Llama 3's 256 specials
+        bpe_tokenizer(folder, 128000, {128000: "<|begin_of_text|>", 128001: "<|end_of_text|>",
+                                       128006: "<|start_header_id|>", 128007: "<|end_header_id|>",
+                                       128008: "<|eom_id|>", 128009: "<|eot_id|>",
+                                       128255: "<|reserved_special_token_247|>"})
     else:
         byte_fallback_tokenizer(folder, shape["vocab_size"])
 
@@ -201,7 +220,7 @@ sys.argv = ["convert_hf_to_gguf.py", {folder!r}, "--outtype", "bf16", "--outfile
 import runpy
 runpy.run_path({llama!r} + "/convert_hf_to_gguf.py", run_name="__main__")
 """
-PRE = {"phi4-mini": "gpt-4o"}
+PRE = {"phi4-mini": "gpt-4o", "llama3.2-3b": "llama-bpe"}
 
 
 def prepare(work: Path, llama_cpp: Path, name: str) -> Path:

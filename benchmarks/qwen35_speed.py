@@ -11,7 +11,8 @@ of 256 and 2 KV heads, intermediate 6144, the Qwen3.5 vocabulary of 248,320
 rows, tied - with random bf16 weights, as scale.py writes them, and the
 Qwen3.5 tokenizer rebuilt by oracles/qwen_tokenizers.py), its BF16 GGUF by
 llama.cpp's own converter (DIR/convert_hf_to_gguf.py, gguf-py from DIR),
-and from that the Q4_K_M and Q8_0 files by DIR/build/bin/llama-quantize.
+and from that the files of the mixes asked for (Q4_K_M and Q8_0 unless
+--mixes says otherwise; Q5_K_M and Q6_K too) by DIR/build/bin/llama-quantize.
 Then it times both engines as gguf_speed.py does: per repetition one run
 of each (mix, threads) case per engine, each in a process of its own, the
 engine that goes first alternating; medians and their ratio.
@@ -50,7 +51,7 @@ SHAPE = dict(
     rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
                      "mrope_section": [11, 11, 10], "mrope_interleaved": True},
     bos_token_id=None, eos_token_id=248046, torch_dtype="bfloat16")
-MIXES = {"q4_k_m": "Q4_K_M", "q8_0": "Q8_0"}
+MIXES = {"q4_k_m": "Q4_K_M", "q5_k_m": "Q5_K_M", "q6_k": "Q6_K", "q8_0": "Q8_0"}
 
 
 def run(cmd, log: Path, env=None) -> None:
@@ -119,6 +120,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     mixes = args.mixes.split(",")
+    if unknown := [m for m in mixes if m not in MIXES]:
+        p.error(f"unknown mixes {unknown}; known: {', '.join(MIXES)}")
     files = prepare(args.work, args.llama_cpp, mixes)
     if args.prepare_only:
         for mix, path in files.items():
