@@ -137,8 +137,11 @@ class BuildExt(build_ext):
             if ctype == "msvc":
                 ext.extra_compile_args += ["/O2", "/fp:precise"] + omp_c
             else:
-                # -g0 after Python's own CFLAGS (which carry -g): no debug info.
-                ext.extra_compile_args += ["-O3", "-g0", "-fno-fast-math",
+                # After Python's own CFLAGS: -g0 drops their debug info, and
+                # -fno-wrapv their -fwrapv, which keeps GCC from treating the
+                # int index arithmetic of the kernels' inner loops as plain
+                # counting (a Q6_K decode ran 25-35% slower with it).
+                ext.extra_compile_args += ["-O3", "-g0", "-fno-wrapv", "-fno-fast-math",
                                            "-ffp-contract=off", "-std=gnu11"] + omp_c
                 if not omp_c:
                     ext.extra_compile_args.append("-Wno-unknown-pragmas")
