@@ -159,7 +159,10 @@ def _strict_overflow_in_csrc(compiler):
     counting, and a Q6_K decode ran 25-35% slower. The C core never relies on
     signed overflow (its standalone test, tests/test_c_core.py, builds it
     without -fwrapv); the Cython modules keep Python's flags."""
-    compile_one = compiler._compile
+    compile_one = getattr(compiler, "_compile", None)
+    if compile_one is None:   # a distutils without the per-file hook: Python's flags, slower kernels
+        print("WARNING: fastllm: csrc/ is built with Python's -fwrapv (slower kernels)", file=sys.stderr)
+        return
 
     def _compile(obj, src, ext, cc_args, extra_postargs, pp_opts):
         if os.path.basename(os.path.dirname(os.path.abspath(src))) == "csrc":
