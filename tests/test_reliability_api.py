@@ -5,6 +5,7 @@ import shutil
 import signal
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -145,6 +146,29 @@ def test_a_timer_interrupt_during_prefill_and_decode(small_batch_model):
         # a recurrent state restarts after an interrupt; an attention cache
         # keeps the chunks that ran
         assert mid_prefill > 0
+
+
+def test_an_interrupt_as_a_generation_takes_its_session_leaves_it_free(small_batch_model):
+    """A Ctrl-C that lands just after a generation marked the session as
+    held, as the session's lock is given back: the session is not left held
+    by a generation that no longer exists (the timer test above hits this
+    moment only now and then)."""
+    model = small_batch_model
+    want = fresh(model, PROMPT, N_NEW)
+    session = model.new_session()
+    release = session._use
+
+    @contextmanager
+    def interrupted_as_released():
+        with release():
+            yield
+        raise KeyboardInterrupt
+
+    session._use = interrupted_as_released
+    with pytest.raises(KeyboardInterrupt):
+        list(model.generate_tokens(PROMPT, N_NEW, session=session))
+    del session._use
+    assert list(model.generate_tokens(PROMPT, N_NEW, session=session)) == want
 
 
 def test_a_timer_interrupt_on_the_default_session_leaves_it_usable(small_batch_model):

@@ -104,20 +104,27 @@ class Session:
         self._guard = threading.Lock()  # guards _busy_by and _holder (see _use)
         self._busy_by = None            # (thread, call) while C runs this session
         self._holder = None             # the thread whose generation holds it (see held)
+        self._hold = None               # and that generation's own mark
 
     @contextmanager
     def held(self):
         """Hold the session for one generation (a generator between its
         tokens): another thread's use, or a second generation, raises."""
-        with self._use():
-            if self._holder is not None:
-                raise RuntimeError("this Session is already used by a generation that has not "
-                                   "finished: finish or close it first, or use another session")
-            self._holder = threading.get_ident()
+        # The hold is taken inside the try, and given back only by the
+        # generation that took it: a Ctrl-C that lands between taking it
+        # and the yield (as _use gives the session back) must not leave the
+        # session held by a generation that no longer exists.
+        hold = object()
         try:
+            with self._use():
+                if self._holder is not None:
+                    raise RuntimeError("this Session is already used by a generation that has not "
+                                       "finished: finish or close it first, or use another session")
+                self._holder, self._hold = threading.get_ident(), hold
             yield self
         finally:
-            self._holder = None
+            if self._hold is hold:
+                self._holder = self._hold = None
 
     @contextmanager
     def _use(self):
