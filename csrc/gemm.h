@@ -15,7 +15,7 @@
 /* The version of what flm_pack writes (every type's panel layout): packed
  * weights kept on disk are only reused by a build whose version is the same,
  * so it goes up with any change to the layout. */
-#define FLM_PACK_LAYOUT 2
+#define FLM_PACK_LAYOUT 3
 
 /* Bytes of an (N, K) matrix of a type packed in panels, and the packing
  * itself, from rows of fp32, bf16 or f16 values or of GGML blocks. Quantized

@@ -136,10 +136,11 @@ static inline __attribute__((always_inline)) void decode(Decoded *o, uint8_t *u,
 static inline __attribute__((always_inline)) void put_header(uint8_t *h, int type, int r, const Decoded *o) {
     memcpy(h + 2 * r, &o->d, 2);
     if (type == FLM_Q4_1 || type == FLM_Q5_1 || type == FLM_Q4_K || type == FLM_Q5_K) memcpy(h + 32 + 2 * r, &o->m, 2);
-    if (type == FLM_Q4_K || type == FLM_Q5_K)
-        for (int i = 0; i < 8; i++) {
-            h[64 + i * 16 + r] = o->sc[i];
-            h[64 + 128 + i * 16 + r] = o->mn[i];
+    if (type == FLM_Q4_K || type == FLM_Q5_K)   /* 6-bit fields (flm_k_scale: quant.h) */
+        for (int j = 0; j < 4; j++) {
+            h[64 + 16 * j + r] = (uint8_t)(o->sc[j] | (o->sc[j + 4] >> 4) << 6);
+            h[128 + 16 * j + r] = (uint8_t)(o->mn[j] | (o->mn[j + 4] >> 4) << 6);
+            h[192 + 16 * j + r] = (uint8_t)((o->sc[j + 4] & 15) | (o->mn[j + 4] & 15) << 4);
         }
     if (type == FLM_Q6_K)
         for (int i = 0; i < 16; i++) h[32 + i * 16 + r] = o->sc[i];
@@ -301,8 +302,8 @@ static RowScale row_scale(const uint8_t *h, int type, int i, int r) {
     case FLM_Q5_1: s.b = flm_f16_to_f32(rd16(h + 32 + 2 * r)); break;
     case FLM_Q4_K:
     case FLM_Q5_K:
-        s.a = s.a2 = d * (float)h[64 + i * 16 + r];
-        s.b = -(flm_f16_to_f32(rd16(h + 32 + 2 * r)) * (float)h[64 + 128 + i * 16 + r]);
+        s.a = s.a2 = d * (float)flm_k_scale(h, i, r);
+        s.b = -(flm_f16_to_f32(rd16(h + 32 + 2 * r)) * (float)flm_k_min(h, i, r));
         break;
     case FLM_Q6_K:
         s.a = d * (float)(int8_t)h[32 + (2 * i) * 16 + r];
@@ -445,8 +446,8 @@ static float fma_block(float acc, const uint8_t *hdr, int type, int i, int r, co
         return fmaf(flm_f16_to_f32(rd16(hdr + 32 + 2 * r)), x->d * (float)S, acc);
     case FLM_Q4_K:
     case FLM_Q5_K: {
-        const float a = d * (float)hdr[64 + i * 16 + r];
-        const float b = flm_f16_to_f32(rd16(hdr + 32 + 2 * r)) * (float)hdr[64 + 128 + i * 16 + r];
+        const float a = d * (float)flm_k_scale(hdr, i, r);
+        const float b = flm_f16_to_f32(rd16(hdr + 32 + 2 * r)) * (float)flm_k_min(hdr, i, r);
         acc = fmaf((float)(I0 + I1), a * x->d, acc);
         return fmaf(-b, x->d * (float)S, acc);
     }
@@ -494,6 +495,19 @@ INLINE int q_data(int t) { return flm_quant_types[t].data; }
 INLINE int q_offset(int t) { return flm_quant_types[t].offset; }
 INLINE int q_has_min(int t) { return t == FLM_Q4_1 || t == FLM_Q5_1; }
 INLINE int q_is_k(int t) { return t == FLM_Q4_K || t == FLM_Q5_K; }
+
+/* Sub-block i's 6-bit scales (min = 0) or mins (min = 1) of a Q4_K/Q5_K
+ * panel superblock's 16 rows, as bytes (flm_k_scale in quant.h). The 16-bit
+ * shifts move bits within each byte; the masks drop what crossed over. */
+static inline __m128i k_fields16(const uint8_t *h, int i, int min) {
+    const uint8_t *plane = h + (min ? 128 : 64);
+    if (i < 4) return _mm_and_si128(_mm_loadu_si128((const __m128i *)(plane + 16 * i)), _mm_set1_epi8(63));
+    const __m128i top = _mm_loadu_si128((const __m128i *)(plane + 16 * (i - 4)));
+    const __m128i low = _mm_loadu_si128((const __m128i *)(h + 192 + 16 * (i - 4)));
+    const __m128i nib = min ? _mm_srli_epi16(low, 4) : low;
+    return _mm_or_si128(_mm_and_si128(nib, _mm_set1_epi8(15)),
+                        _mm_and_si128(_mm_srli_epi16(top, 2), _mm_set1_epi8(0x30)));
+}
 
 /* v[m]: the 16 rows' quants for k = 4m .. 4m+3 of one record, as bytes. */
 INLINE AVX512VNNI void unpack16(__m512i v[8], const uint8_t *rec, const int bits) {
@@ -543,9 +557,7 @@ INLINE AVX512VNNI __m512i dot4(__m512i acc, __m512i w, const int8_t *x) {
 }
 
 INLINE AVX512VNNI __m512 f16x16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
-INLINE AVX512VNNI __m512 u8x16(const uint8_t *p) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
-}
+INLINE AVX512VNNI __m512 u8x16(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)); }
 INLINE AVX512VNNI __m512 i8x16(const uint8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
@@ -598,8 +610,8 @@ INLINE AVX512VNNI void qpanel(float *out, int ldo, const FlmQ8 *x, int lda, cons
         __m512 a = d, a2 = d, mn = d;
         if (q_has_min(type)) mn = f16x16(h + 32);
         if (q_is_k(type)) {
-            a = _mm512_mul_ps(d, u8x16(h + 64 + i * 16));
-            mn = _mm512_mul_ps(f16x16(h + 32), u8x16(h + 64 + 128 + i * 16));
+            a = _mm512_mul_ps(d, u8x16(k_fields16(h, i, 0)));
+            mn = _mm512_mul_ps(f16x16(h + 32), u8x16(k_fields16(h, i, 1)));
         }
         if (type == FLM_Q6_K) {
             a = _mm512_mul_ps(d, i8x16(h + 32 + (2 * i) * 16));
@@ -734,10 +746,9 @@ INLINE AVX2 __m256i dot4_avx2(__m256i acc, __m256i w, const int8_t *x, const int
 }
 
 INLINE AVX2 __m256 f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
-INLINE AVX2 __m256 u8x8(const uint8_t *p) {
-    int64_t e;
-    memcpy(&e, p, 8);
-    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(e)));
+/* Bytes 8h .. 8h+7 of v as floats. */
+INLINE AVX2 __m256 u8x8(__m128i v, int h) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h ? _mm_unpackhi_epi64(v, v) : v));
 }
 INLINE AVX2 __m256 i8x8(const uint8_t *p) {
     int64_t e;
@@ -764,8 +775,8 @@ INLINE AVX2 void qhalf(float *out, int ldo, const FlmQ8 *x, int lda, const uint8
         __m256 a = d, a2 = d, mn = d;
         if (q_has_min(type)) mn = f16x8(hp + 32 + 16 * h);
         if (q_is_k(type)) {
-            a = _mm256_mul_ps(d, u8x8(hp + 64 + i * 16 + 8 * h));
-            mn = _mm256_mul_ps(f16x8(hp + 32 + 16 * h), u8x8(hp + 64 + 128 + i * 16 + 8 * h));
+            a = _mm256_mul_ps(d, u8x8(k_fields16(hp, i, 0), h));
+            mn = _mm256_mul_ps(f16x8(hp + 32 + 16 * h), u8x8(k_fields16(hp, i, 1), h));
         }
         if (type == FLM_Q6_K) {
             a = _mm256_mul_ps(d, i8x8(hp + 32 + (2 * i) * 16 + 8 * h));

@@ -63,10 +63,27 @@ static const FlmQuantType flm_quant_types[FLM_TYPES] = {
     [FLM_Q4_1] = {"q4_1", 32, 64, 256, 4, 0, 32, 20},
     [FLM_Q5_0] = {"q5_0", 32, 32, 320, 5, 16, 32, 22},
     [FLM_Q5_1] = {"q5_1", 32, 64, 320, 5, 0, 32, 24},
-    [FLM_Q4_K] = {"q4_k", 256, 320, 256, 4, 0, 256, 144},
-    [FLM_Q5_K] = {"q5_k", 256, 320, 320, 5, 0, 256, 176},
+    [FLM_Q4_K] = {"q4_k", 256, 256, 256, 4, 0, 256, 144},
+    [FLM_Q5_K] = {"q5_k", 256, 256, 320, 5, 0, 256, 176},
     [FLM_Q6_K] = {"q6_k", 256, 288, 384, 6, 32, 256, 210},
 };
+
+/* A Q4_K or Q5_K panel superblock keeps GGML's 6-bit scales and mins, 12
+ * bytes a row as in the file (so a packed row is no larger than GGML's),
+ * in byte planes of the panel's 16 rows: one 16-byte load reads a field of
+ * every row. After d (16 f16) and dmin (16 f16), for j = 0 .. 3 and row r:
+ *   64 + 16j + r:   sc[j] | (sc[j+4] >> 4) << 6
+ *   128 + 16j + r:  mn[j] | (mn[j+4] >> 4) << 6
+ *   192 + 16j + r:  (sc[j+4] & 15) | (mn[j+4] & 15) << 4
+ * The scale and min of row r's sub-block i (0 .. 7) from header h: */
+static inline uint8_t flm_k_scale(const uint8_t *h, int i, int r) {
+    return i < 4 ? (uint8_t)(h[64 + 16 * i + r] & 63)
+                 : (uint8_t)((h[192 + 16 * (i - 4) + r] & 15) | (h[64 + 16 * (i - 4) + r] >> 6) << 4);
+}
+static inline uint8_t flm_k_min(const uint8_t *h, int i, int r) {
+    return i < 4 ? (uint8_t)(h[128 + 16 * i + r] & 63)
+                 : (uint8_t)((h[192 + 16 * (i - 4) + r] >> 4) | (h[128 + 16 * (i - 4) + r] >> 6) << 4);
+}
 
 static inline const FlmQuantType *flm_quant_type(int type) {
     return type >= 0 && type < FLM_TYPES ? &flm_quant_types[type] : NULL;

@@ -57,6 +57,16 @@ ARM_INLINE void unpack4(int8x16_t v[8], const uint8_t *rec, const int bits, int 
 }
 
 ARM_INLINE float32x4_t f16x4(const uint8_t *p) { return vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(p))); }
+/* Sub-block i's 6-bit scales (min = 0) or mins (min = 1) of a Q4_K/Q5_K
+ * panel superblock's 16 rows, as bytes (flm_k_scale in quant.h). */
+ARM_INLINE uint8x16_t k_fields16(const uint8_t *h, int i, int min) {
+    const uint8_t *plane = h + (min ? 128 : 64);
+    if (i < 4) return vandq_u8(vld1q_u8(plane + 16 * i), vdupq_n_u8(63));
+    const uint8x16_t top = vld1q_u8(plane + 16 * (i - 4)), low = vld1q_u8(h + 192 + 16 * (i - 4));
+    const uint8x16_t nib = min ? vshrq_n_u8(low, 4) : vandq_u8(low, vdupq_n_u8(15));
+    return vorrq_u8(nib, vshlq_n_u8(vshrq_n_u8(top, 6), 4));
+}
+
 ARM_INLINE float32x4_t u8x4(const uint8_t *p) {
     uint32_t w;
     memcpy(&w, p, 4);
@@ -78,8 +88,11 @@ ARM_INLINE RowScales row_scales(const uint8_t *h, const int type, int i, int q) 
     s.d = s.a = s.a2 = s.mn = f16x4(h + 8 * q);
     if (type == FLM_Q4_1 || type == FLM_Q5_1) s.mn = f16x4(h + 32 + 8 * q);
     if (type == FLM_Q4_K || type == FLM_Q5_K) {
-        s.a = vmulq_f32(s.d, u8x4(h + 64 + i * 16 + 4 * q));
-        s.mn = vmulq_f32(f16x4(h + 32 + 8 * q), u8x4(h + 64 + 128 + i * 16 + 4 * q));
+        uint8_t sc[16], mn[16];
+        vst1q_u8(sc, k_fields16(h, i, 0));
+        vst1q_u8(mn, k_fields16(h, i, 1));
+        s.a = vmulq_f32(s.d, u8x4(sc + 4 * q));
+        s.mn = vmulq_f32(f16x4(h + 32 + 8 * q), u8x4(mn + 4 * q));
     }
     if (type == FLM_Q6_K) {
         s.a = vmulq_f32(s.d, i8x4(h + 32 + (2 * i) * 16 + 4 * q));
