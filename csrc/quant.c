@@ -496,18 +496,6 @@ INLINE int q_offset(int t) { return flm_quant_types[t].offset; }
 INLINE int q_has_min(int t) { return t == FLM_Q4_1 || t == FLM_Q5_1; }
 INLINE int q_is_k(int t) { return t == FLM_Q4_K || t == FLM_Q5_K; }
 
-/* Sub-block i's 6-bit scales (min = 0) or mins (min = 1) of a Q4_K/Q5_K
- * panel superblock's 16 rows, as bytes (flm_k_scale in quant.h). The 16-bit
- * shifts move bits within each byte; the masks drop what crossed over. */
-static inline __m128i k_fields16(const uint8_t *h, int i, int min) {
-    const uint8_t *plane = h + (min ? 128 : 64);
-    if (i < 4) return _mm_and_si128(_mm_loadu_si128((const __m128i *)(plane + 16 * i)), _mm_set1_epi8(63));
-    const __m128i top = _mm_loadu_si128((const __m128i *)(plane + 16 * (i - 4)));
-    const __m128i low = _mm_loadu_si128((const __m128i *)(h + 192 + 16 * (i - 4)));
-    const __m128i nib = min ? _mm_srli_epi16(low, 4) : low;
-    return _mm_or_si128(_mm_and_si128(nib, _mm_set1_epi8(15)),
-                        _mm_and_si128(_mm_srli_epi16(top, 2), _mm_set1_epi8(0x30)));
-}
 
 /* v[m]: the 16 rows' quants for k = 4m .. 4m+3 of one record, as bytes. */
 INLINE AVX512VNNI void unpack16(__m512i v[8], const uint8_t *rec, const int bits) {
@@ -557,7 +545,24 @@ INLINE AVX512VNNI __m512i dot4(__m512i acc, __m512i w, const int8_t *x) {
 }
 
 INLINE AVX512VNNI __m512 f16x16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
-INLINE AVX512VNNI __m512 u8x16(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)); }
+INLINE AVX512VNNI __m512 u8x16(const uint8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+
+/* A Q4_K/Q5_K superblock's 6-bit scales and mins (flm_k_scale in quant.h)
+ * as bytes, once for its 8 blocks: f[16i + r] the scale, f[128 + 16i + r]
+ * the min of row r's sub-block i. The 16-bit shifts move bits within each
+ * byte; the masks drop what crossed over from the next. */
+INLINE AVX512VNNI void k_fields(uint8_t f[256], const uint8_t *h) {
+    const __m512i P = _mm512_loadu_si512(h + 64), M = _mm512_loadu_si512(h + 128), L = _mm512_loadu_si512(h + 192);
+    const __m512i six = _mm512_set1_epi8(63), nib = _mm512_set1_epi8(15), top = _mm512_set1_epi8(0x30);
+    _mm512_storeu_si512(f, _mm512_and_si512(P, six));
+    _mm512_storeu_si512(f + 64, _mm512_or_si512(_mm512_and_si512(L, nib),
+                                                _mm512_and_si512(_mm512_srli_epi16(P, 2), top)));
+    _mm512_storeu_si512(f + 128, _mm512_and_si512(M, six));
+    _mm512_storeu_si512(f + 192, _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(L, 4), nib),
+                                                 _mm512_and_si512(_mm512_srli_epi16(M, 2), top)));
+}
 INLINE AVX512VNNI __m512 i8x16(const uint8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
@@ -599,10 +604,12 @@ INLINE AVX512VNNI void qpanel(float *out, int ldo, const FlmQ8 *x, int lda, cons
     __m512 acc[NT];
     _Pragma("GCC unroll 8")
     for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
+    uint8_t fields[256];
     for (int b = 0; b < K / 32; b++) {
         const uint8_t *h = pp + (size_t)(b * 32 / sb) * sbb;
         const int i = b * 32 % sb / 32;
         __m512i v[8];
+        if (q_is_k(type) && i == 0) k_fields(fields, h);
         if (NT >= 4) prefetch_record(h + hdr + (size_t)i * data, data);
         if (high16) unpack16_high(v, h + hdr + (size_t)i * data);
         else unpack16(v, h + hdr + (size_t)i * data, q_bits(type));
@@ -610,8 +617,8 @@ INLINE AVX512VNNI void qpanel(float *out, int ldo, const FlmQ8 *x, int lda, cons
         __m512 a = d, a2 = d, mn = d;
         if (q_has_min(type)) mn = f16x16(h + 32);
         if (q_is_k(type)) {
-            a = _mm512_mul_ps(d, u8x16(k_fields16(h, i, 0)));
-            mn = _mm512_mul_ps(f16x16(h + 32), u8x16(k_fields16(h, i, 1)));
+            a = _mm512_mul_ps(d, u8x16(fields + i * 16));
+            mn = _mm512_mul_ps(f16x16(h + 32), u8x16(fields + 128 + i * 16));
         }
         if (type == FLM_Q6_K) {
             a = _mm512_mul_ps(d, i8x16(h + 32 + (2 * i) * 16));
@@ -746,9 +753,27 @@ INLINE AVX2 __m256i dot4_avx2(__m256i acc, __m256i w, const int8_t *x, const int
 }
 
 INLINE AVX2 __m256 f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
-/* Bytes 8h .. 8h+7 of v as floats. */
-INLINE AVX2 __m256 u8x8(__m128i v, int h) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h ? _mm_unpackhi_epi64(v, v) : v));
+INLINE AVX2 __m256 u8x8(const uint8_t *p) {
+    int64_t e;
+    memcpy(&e, p, 8);
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(e)));
+}
+
+/* k_fields (above) in 256-bit halves. */
+INLINE AVX2 void k_fields8(uint8_t f[256], const uint8_t *h) {
+    const __m256i six = _mm256_set1_epi8(63), nib = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30);
+    for (int o = 0; o < 64; o += 32) {
+        const __m256i P = _mm256_loadu_si256((const __m256i *)(h + 64 + o));
+        const __m256i M = _mm256_loadu_si256((const __m256i *)(h + 128 + o));
+        const __m256i L = _mm256_loadu_si256((const __m256i *)(h + 192 + o));
+        _mm256_storeu_si256((__m256i *)(f + o), _mm256_and_si256(P, six));
+        _mm256_storeu_si256((__m256i *)(f + 64 + o), _mm256_or_si256(_mm256_and_si256(L, nib),
+                                                                     _mm256_and_si256(_mm256_srli_epi16(P, 2), top)));
+        _mm256_storeu_si256((__m256i *)(f + 128 + o), _mm256_and_si256(M, six));
+        _mm256_storeu_si256((__m256i *)(f + 192 + o),
+                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L, 4), nib),
+                                            _mm256_and_si256(_mm256_srli_epi16(M, 2), top)));
+    }
 }
 INLINE AVX2 __m256 i8x8(const uint8_t *p) {
     int64_t e;
@@ -765,18 +790,20 @@ INLINE AVX2 void qhalf(float *out, int ldo, const FlmQ8 *x, int lda, const uint8
     __m256 acc[NT];
     _Pragma("GCC unroll 8")
     for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
+    uint8_t fields[256];
     for (int b = 0; b < K / 32; b++) {
         const uint8_t *hp = pp + (size_t)(b * 32 / sb) * sbb;
         const int i = b * 32 % sb / 32;
         __m256i v[8];
+        if (q_is_k(type) && i == 0) k_fields8(fields, hp);
         if (NT >= 4 && h == 0) prefetch_record(hp + hdr + (size_t)i * data, data);
         unpack8(v, hp + hdr + (size_t)i * data, bits, h);
         const __m256 d = f16x8(hp + 16 * h);
         __m256 a = d, a2 = d, mn = d;
         if (q_has_min(type)) mn = f16x8(hp + 32 + 16 * h);
         if (q_is_k(type)) {
-            a = _mm256_mul_ps(d, u8x8(k_fields16(hp, i, 0), h));
-            mn = _mm256_mul_ps(f16x8(hp + 32 + 16 * h), u8x8(k_fields16(hp, i, 1), h));
+            a = _mm256_mul_ps(d, u8x8(fields + i * 16 + 8 * h));
+            mn = _mm256_mul_ps(f16x8(hp + 32 + 16 * h), u8x8(fields + 128 + i * 16 + 8 * h));
         }
         if (type == FLM_Q6_K) {
             a = _mm256_mul_ps(d, i8x8(hp + 32 + (2 * i) * 16 + 8 * h));

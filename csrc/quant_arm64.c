@@ -57,14 +57,18 @@ ARM_INLINE void unpack4(int8x16_t v[8], const uint8_t *rec, const int bits, int 
 }
 
 ARM_INLINE float32x4_t f16x4(const uint8_t *p) { return vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(p))); }
-/* Sub-block i's 6-bit scales (min = 0) or mins (min = 1) of a Q4_K/Q5_K
- * panel superblock's 16 rows, as bytes (flm_k_scale in quant.h). */
-ARM_INLINE uint8x16_t k_fields16(const uint8_t *h, int i, int min) {
-    const uint8_t *plane = h + (min ? 128 : 64);
-    if (i < 4) return vandq_u8(vld1q_u8(plane + 16 * i), vdupq_n_u8(63));
-    const uint8x16_t top = vld1q_u8(plane + 16 * (i - 4)), low = vld1q_u8(h + 192 + 16 * (i - 4));
-    const uint8x16_t nib = min ? vshrq_n_u8(low, 4) : vandq_u8(low, vdupq_n_u8(15));
-    return vorrq_u8(nib, vshlq_n_u8(vshrq_n_u8(top, 6), 4));
+/* A Q4_K/Q5_K superblock's 6-bit scales and mins (flm_k_scale in quant.h)
+ * as bytes, once for its 8 blocks: f[16i + r] the scale, f[128 + 16i + r]
+ * the min of row r's sub-block i. */
+ARM_INLINE void k_fields(uint8_t f[256], const uint8_t *h) {
+    const uint8x16_t six = vdupq_n_u8(63), nib = vdupq_n_u8(15);
+    for (int j = 0; j < 4; j++) {
+        const uint8x16_t P = vld1q_u8(h + 64 + 16 * j), M = vld1q_u8(h + 128 + 16 * j), L = vld1q_u8(h + 192 + 16 * j);
+        vst1q_u8(f + 16 * j, vandq_u8(P, six));
+        vst1q_u8(f + 64 + 16 * j, vorrq_u8(vandq_u8(L, nib), vshlq_n_u8(vshrq_n_u8(P, 6), 4)));
+        vst1q_u8(f + 128 + 16 * j, vandq_u8(M, six));
+        vst1q_u8(f + 192 + 16 * j, vorrq_u8(vshrq_n_u8(L, 4), vshlq_n_u8(vshrq_n_u8(M, 6), 4)));
+    }
 }
 
 ARM_INLINE float32x4_t u8x4(const uint8_t *p) {
@@ -80,19 +84,17 @@ ARM_INLINE float32x4_t i8x4(const uint8_t *p) {
 
 /* The scales of rows 4q .. 4q+3 for block i of a superblock header h, as
  * quant.c's row_scale forms them: a for k < 16, a2 for k >= 16 (Q6_K),
- * mn the min (Q4_1, Q5_1) or dmin*mn (Q4_K, Q5_K). */
+ * mn the min (Q4_1, Q5_1) or dmin*mn (Q4_K, Q5_K); f: the superblock's
+ * k_fields (Q4_K, Q5_K). */
 typedef struct { float32x4_t d, a, a2, mn; } RowScales;
 
-ARM_INLINE RowScales row_scales(const uint8_t *h, const int type, int i, int q) {
+ARM_INLINE RowScales row_scales(const uint8_t *h, const uint8_t *f, const int type, int i, int q) {
     RowScales s;
     s.d = s.a = s.a2 = s.mn = f16x4(h + 8 * q);
     if (type == FLM_Q4_1 || type == FLM_Q5_1) s.mn = f16x4(h + 32 + 8 * q);
     if (type == FLM_Q4_K || type == FLM_Q5_K) {
-        uint8_t sc[16], mn[16];
-        vst1q_u8(sc, k_fields16(h, i, 0));
-        vst1q_u8(mn, k_fields16(h, i, 1));
-        s.a = vmulq_f32(s.d, u8x4(sc + 4 * q));
-        s.mn = vmulq_f32(f16x4(h + 32 + 8 * q), u8x4(mn + 4 * q));
+        s.a = vmulq_f32(s.d, u8x4(f + 16 * i + 4 * q));
+        s.mn = vmulq_f32(f16x4(h + 32 + 8 * q), u8x4(f + 128 + 16 * i + 4 * q));
     }
     if (type == FLM_Q6_K) {
         s.a = vmulq_f32(s.d, i8x4(h + 32 + (2 * i) * 16 + 4 * q));

@@ -59,12 +59,14 @@ ARM_INLINE TARGET void FN(qrows)(float *out, int ldo, const FlmQ8 *x, int lda, c
     const size_t sbb = sb_bytes(L);
     float32x4_t acc[NT];
     for (int t = 0; t < NT; t++) acc[t] = vdupq_n_f32(0.0f);
+    uint8_t fields[256];
     for (int b = 0; b < K / 32; b++) {
         const uint8_t *h = pp + (size_t)(b * 32 / L->sb) * sbb;
         const int i = b * 32 % L->sb / 32;
         int8x16_t v[8];
+        if ((type == FLM_Q4_K || type == FLM_Q5_K) && i == 0) k_fields(fields, h);
         unpack4(v, h + L->header + (size_t)i * L->data, bits, q);
-        RowScales s = row_scales(h, type, i, q);
+        RowScales s = row_scales(h, fields, type, i, q);
 #if MODE == 2
         /* Pairs of tokens: SMMLA multiplies 2 tokens x 8 k by 2 rows x 8 k.
          * Zipping the panels' 4-k groups into its 8-k rows costs about what
@@ -120,9 +122,11 @@ ARM_INLINE TARGET void FN(qpanel1)(float *out, const FlmQ8 *x, const uint8_t *pp
     const size_t sbb = sb_bytes(L);
     float32x4_t acc[4];
     for (int q = 0; q < G; q++) acc[q] = vdupq_n_f32(0.0f);
+    uint8_t fields[256];
     for (int b = 0; b < K / 32; b++) {
         const uint8_t *h = pp + (size_t)(b * 32 / L->sb) * sbb;
         const int i = b * 32 % L->sb / 32;
+        if ((type == FLM_Q4_K || type == FLM_Q5_K) && i == 0) k_fields(fields, h);
         const FlmQ8 *xb = x + b;
         const int8x16_t x0 = vld1q_s8(xb->q), x1 = vld1q_s8(xb->q + 16);
         _Pragma("GCC unroll 4")   /* the sums stay in registers */
@@ -131,7 +135,7 @@ ARM_INLINE TARGET void FN(qpanel1)(float *out, const FlmQ8 *x, const uint8_t *pp
             unpack4(v, h + L->header + (size_t)i * L->data, bits, q);
             int32x4_t I0, I1;
             BLOCK_SUMS(I0, I1, v, x0, x1, type)
-            acc[q] = block_fma(acc[q], I0, I1, row_scales(h, type, i, q), type, off, xb);
+            acc[q] = block_fma(acc[q], I0, I1, row_scales(h, fields, type, i, q), type, off, xb);
         }
     }
     for (int q = 0; q < G; q++) store4(out + 4 * q, acc[q], rows - 4 * q);
