@@ -20,7 +20,6 @@ and iterating it raises it), and the others go on.
 """
 from __future__ import annotations
 
-import asyncio
 import queue
 import threading
 import time
@@ -105,6 +104,7 @@ class Request:
     async def __aiter__(self):
         """The tokens in an asyncio program: the engine wakes the event loop
         for each token, and no thread waits meanwhile."""
+        import asyncio   # here: a script that never serves need not load asyncio (and ssl) at all
         loop = asyncio.get_running_loop()
         ready = asyncio.Event()
         self._wake = lambda: loop.call_soon_threadsafe(ready.set)

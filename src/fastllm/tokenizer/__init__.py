@@ -64,7 +64,6 @@ from .chars import bytes_to_unicode as _bytes_to_unicode  # noqa: F401  (tests i
 from .errors import TokenizerError, UnsupportedTokenizerError
 from .incremental import IncrementalDecoder
 from .unigram import Unigram
-from .chat_template import get_template, render_chat
 
 __all__ = ["Tokenizer", "TokenizerError", "UnsupportedTokenizerError", "IncrementalDecoder"]
 
@@ -703,7 +702,8 @@ class Tokenizer:
         add_special_tokens=False, so special tokens written by the template
         are recognised and nothing else is added).
         """
-
+        # here: jinja2 is only loaded by the first conversation rendered
+        from .chat_template import get_template, render_chat
         template = get_template(self.chat_template, chat_template, tools)
         text = render_chat(template, messages, tools=tools, documents=documents,
                            add_generation_prompt=add_generation_prompt,
