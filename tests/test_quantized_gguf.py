@@ -224,6 +224,17 @@ def test_packing_in_chunks_is_packing_whole(qtype):
         _core.pack_in_chunks(lambda first, n: blocks[first:first + n], 100, 512, qtype.name.lower(), 24)
 
 
+@pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q4_K, QT.Q5_K, QT.Q6_K],
+                         ids=lambda q: q.name)
+def test_packed_weights_take_no_more_bytes_than_the_file(qtype):
+    """Whole panels of every block type take the bytes of GGML's blocks: a
+    model's packed weights (its memory, the bytes a token streams) are no
+    larger than its file. Q4_K and Q5_K keep the file's 6-bit scales."""
+    from fastllm.core import _core
+    blocks = random_blocks(32, 512, qtype, seed=1)
+    assert _core.pack(blocks, dtype=qtype.name.lower(), K=512).data.nbytes == blocks.nbytes
+
+
 def test_lm_head_read_in_chunks_gives_the_same_logits(tmp_path, tiny_model_dir, monkeypatch):
     """The LM head is read and packed a chunk of rows at a time (here 16
     rows, a panel, as small as chunks go): same logits; a NaN scale in a
