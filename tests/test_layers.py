@@ -25,8 +25,11 @@ ALLOWED_LOCAL = {
         "the OpenMP wait policy is set in the environment before the extension loads",
     ("fastllm.tokenizer.normalizers", "fastllm.tokenizer.precompiled"):
         "precompiled builds on normalizers._Rewrite (a cycle inside the room)",
+    ("fastllm.tokenizer", "fastllm.tokenizer.chat_template"):
+        "jinja2 loads at the first conversation rendered, not in every process that generates",
 }
-# Third-party (or platform) modules that may be imported inside a function.
+# Third-party (or platform) modules that may be imported inside a function, and
+# standard ones too heavy to load in every process.
 OPTIONAL = {
     "gguf": "llama.cpp's package: slow to import, needed only to convert or write GGUF files",
     "llguidance": "optional (structured output)",
@@ -35,6 +38,7 @@ OPTIONAL = {
     "huggingface_hub": "optional (models by Hugging Face repo id)",
     "ray": "optional (Ray Serve replicas)",
     "readline": "absent on Windows; only for the interactive prompt",
+    "asyncio": "standard, but it loads ssl and subprocess: only an asyncio program iterating a request needs it",
 }
 
 
