@@ -496,7 +496,6 @@ INLINE int q_offset(int t) { return flm_quant_types[t].offset; }
 INLINE int q_has_min(int t) { return t == FLM_Q4_1 || t == FLM_Q5_1; }
 INLINE int q_is_k(int t) { return t == FLM_Q4_K || t == FLM_Q5_K; }
 
-
 /* v[m]: the 16 rows' quants for k = 4m .. 4m+3 of one record, as bytes. */
 INLINE AVX512VNNI void unpack16(__m512i v[8], const uint8_t *rec, const int bits) {
     if (bits == 8) {
