@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tarfile
 import zipfile
 from pathlib import Path
@@ -80,7 +81,6 @@ def test_import_leaves_the_server_and_template_libraries_unloaded():
     """`import fastllm` in a script that generates text does not load
     asyncio (with ssl and subprocess) or jinja2: they cost every process
     about 4 MiB and 50 ms, and only serving or a chat template needs them."""
-    import sys
     code = ("import sys, fastllm; "
             "print(' '.join(m for m in ('asyncio', 'ssl', 'jinja2') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
