@@ -416,6 +416,7 @@ void flm_quantize_q8_generic(FlmQ8 *dst, const float *x, int K) {
         }
         dst[b].s[0] = (int16_t)s0;
         dst[b].s[1] = (int16_t)s1;
+        dst[b].ds = dst[b].d * (float)(s0 + s1);
     }
 }
 
@@ -427,6 +428,7 @@ void flm_quantize_q8_generic(FlmQ8 *dst, const float *x, int K) {
  *   min types (Q4_1, Q5_1):          acc = fma((float)I, d*xd, acc); acc = fma(m, xd*S, acc)
  *   Q4_K, Q5_K (a = d*sc, b = dmin*mn): acc = fma((float)I, a*xd, acc); acc = fma(-b, xd*S, acc)
  *   Q6_K, per 16 k (h = 0, 1):       acc = fma((float)(I_h - 32*s_h), (d*sc_h)*xd, acc)
+ * xd*S is formed once, when the activations are quantized (FlmQ8.ds).
  * The SIMD paths compute the same operations in the same order. */
 
 static float fma_block(float acc, const uint8_t *hdr, int type, int i, int r, const uint8_t *u, const FlmQ8 *x) {
@@ -443,13 +445,13 @@ static float fma_block(float acc, const uint8_t *hdr, int type, int i, int r, co
     case FLM_Q4_1:
     case FLM_Q5_1:
         acc = fmaf((float)(I0 + I1), d * x->d, acc);
-        return fmaf(flm_f16_to_f32(rd16(hdr + 32 + 2 * r)), x->d * (float)S, acc);
+        return fmaf(flm_f16_to_f32(rd16(hdr + 32 + 2 * r)), x->ds, acc);
     case FLM_Q4_K:
     case FLM_Q5_K: {
         const float a = d * (float)flm_k_scale(hdr, i, r);
         const float b = flm_f16_to_f32(rd16(hdr + 32 + 2 * r)) * (float)flm_k_min(hdr, i, r);
         acc = fmaf((float)(I0 + I1), a * x->d, acc);
-        return fmaf(-b, x->d * (float)S, acc);
+        return fmaf(-b, x->ds, acc);
     }
     default: { /* FLM_Q6_K */
         const float a0 = d * (float)(int8_t)hdr[32 + (2 * i) * 16 + r];
@@ -655,8 +657,8 @@ INLINE AVX512VNNI void qpanel(float *out, int ldo, const FlmQ8 *x, int lda, cons
             }
             I = _mm512_add_epi32(I, high16 ? _mm512_srai_epi32(J, 4) : J);
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(a, xd), acc[t]);
-            if (q_has_min(type)) acc[t] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xb->d * (float)S), acc[t]);
-            if (q_is_k(type)) acc[t] = _mm512_fnmadd_ps(mn, _mm512_set1_ps(xb->d * (float)S), acc[t]);
+            if (q_has_min(type)) acc[t] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xb->ds), acc[t]);
+            if (q_is_k(type)) acc[t] = _mm512_fnmadd_ps(mn, _mm512_set1_ps(xb->ds), acc[t]);
         }
     }
     _Pragma("GCC unroll 8")
@@ -827,8 +829,8 @@ INLINE AVX2 void qhalf(float *out, int ldo, const FlmQ8 *x, int lda, const uint8
             _Pragma("GCC unroll 8")
             for (int m = 0; m < 8; m++) I = dot4_avx2(I, v[m], xb->q + 4 * m, bits);
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(a, xd), acc[t]);
-            if (q_has_min(type)) acc[t] = _mm256_fmadd_ps(mn, _mm256_set1_ps(xb->d * (float)S), acc[t]);
-            if (q_is_k(type)) acc[t] = _mm256_fnmadd_ps(mn, _mm256_set1_ps(xb->d * (float)S), acc[t]);
+            if (q_has_min(type)) acc[t] = _mm256_fmadd_ps(mn, _mm256_set1_ps(xb->ds), acc[t]);
+            if (q_is_k(type)) acc[t] = _mm256_fnmadd_ps(mn, _mm256_set1_ps(xb->ds), acc[t]);
         }
     }
     _Pragma("GCC unroll 8")
@@ -883,6 +885,7 @@ AVX512 void flm_quantize_q8_avx512(FlmQ8 *dst, const float *x, int K) {
         _mm_storeu_si128((__m128i *)(dst[b].q + 16), _mm512_cvtepi32_epi8(i1));
         dst[b].s[0] = (int16_t)_mm512_reduce_add_epi32(i0);
         dst[b].s[1] = (int16_t)_mm512_reduce_add_epi32(i1);
+        dst[b].ds = dst[b].d * (float)(dst[b].s[0] + dst[b].s[1]);
     }
 }
 #endif

@@ -34,6 +34,7 @@
  * q[16h .. 16h+15]. */
 typedef struct {
     float d;
+    float ds;        /* d * (float)(s[0] + s[1]), formed once for every row's kernel */
     int16_t s[2];
     int8_t q[32];
 } FlmQ8;

@@ -117,8 +117,8 @@ ARM_INLINE float32x4_t block_fma(float32x4_t acc, int32x4_t I0, int32x4_t I1, Ro
     const int S = x->s[0] + x->s[1];
     const int32x4_t I = vaddq_s32(vaddq_s32(I0, I1), vdupq_n_s32(-off * S));
     acc = vfmaq_f32(acc, vcvtq_f32_s32(I), vmulq_n_f32(s.a, xd));
-    if (type == FLM_Q4_1 || type == FLM_Q5_1) acc = vfmaq_f32(acc, s.mn, vdupq_n_f32(xd * (float)S));
-    if (type == FLM_Q4_K || type == FLM_Q5_K) acc = vfmsq_f32(acc, s.mn, vdupq_n_f32(xd * (float)S));
+    if (type == FLM_Q4_1 || type == FLM_Q5_1) acc = vfmaq_f32(acc, s.mn, vdupq_n_f32(x->ds));
+    if (type == FLM_Q4_K || type == FLM_Q5_K) acc = vfmsq_f32(acc, s.mn, vdupq_n_f32(x->ds));
     return acc;
 }
 
@@ -167,6 +167,7 @@ void flm_quantize_q8_neon(FlmQ8 *dst, const float *x, int K) {
         }
         dst[b].s[0] = (int16_t)vaddvq_s32(s[0]);
         dst[b].s[1] = (int16_t)vaddvq_s32(s[1]);
+        dst[b].ds = dst[b].d * (float)(dst[b].s[0] + dst[b].s[1]);
     }
 }
 
