@@ -12,7 +12,10 @@ rows, tied - with random bf16 weights, as scale.py writes them, and the
 Qwen3.5 tokenizer rebuilt by oracles/qwen_tokenizers.py), its BF16 GGUF by
 llama.cpp's own converter (DIR/convert_hf_to_gguf.py, gguf-py from DIR),
 and from that the files of the mixes asked for (Q4_K_M and Q8_0 unless
---mixes says otherwise; Q5_K_M and Q6_K too) by DIR/build/bin/llama-quantize.
+--mixes says otherwise; Q5_K_M and Q6_K too) by DIR/build/bin/llama-quantize
+(`bf16` times the BF16 file itself; fastllm's bf16 matmuls multiply float32
+activations unless FASTLLM_SIMD=avx512_bf16 is set, which rounds them to
+bf16 as llama.cpp's BF16 path does).
 Then it times both engines as gguf_speed.py does: per repetition one run
 of each (mix, threads) case per engine, each in a process of its own, the
 engine that goes first alternating; medians and their ratio.
@@ -51,7 +54,7 @@ SHAPE = dict(
     rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
                      "mrope_section": [11, 11, 10], "mrope_interleaved": True},
     bos_token_id=None, eos_token_id=248046, torch_dtype="bfloat16")
-MIXES = {"q4_k_m": "Q4_K_M", "q5_k_m": "Q5_K_M", "q6_k": "Q6_K", "q8_0": "Q8_0"}
+MIXES = {"q4_k_m": "Q4_K_M", "q5_k_m": "Q5_K_M", "q6_k": "Q6_K", "q8_0": "Q8_0", "bf16": "BF16"}
 
 
 def run(cmd, log: Path, env=None) -> None:
