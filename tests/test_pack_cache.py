@@ -177,6 +177,24 @@ def test_a_cache_from_another_version_or_machine_is_rebuilt(field, value, home, 
     assert model.pack_cache_file == only_file(home)
 
 
+def test_each_simd_path_keeps_a_cache_file_of_its_own(home, simd_path, capfd):
+    # A BF16 file run with FASTLLM_SIMD=avx512_bf16, then without, must not
+    # make the model's one file anew at every switch.
+    best = _core.simd_path()
+    if best == "generic":
+        pytest.skip("this CPU has no SIMD path but the portable one")
+    files = {}
+    for path in ("generic", best, "generic", best):
+        simd_path(path)
+        capfd.readouterr()
+        model = Model.from_pretrained(QUANTIZED, threads=2, n_ctx=64)
+        assert "cannot be used" not in capfd.readouterr().err
+        files.setdefault(path, model.pack_cache_file)
+        assert model.pack_cache_file == files[path]
+    assert files["generic"] != files[best]
+    assert sorted((home / "packed").glob("*.flmpack")) == sorted(files.values())
+
+
 def test_a_changed_source_replaces_its_cache(home, tmp_path, capfd):
     src = tmp_path / "m.gguf"
     src.write_bytes(QUANTIZED.read_bytes())

@@ -149,8 +149,12 @@ def key(sources: list, options: dict) -> dict:
 
 
 def path_for(sources: list, options: dict) -> Path:
-    """The cache file for sources and options (where it is, whatever it holds)."""
-    where = json.dumps([[str(Path(s).resolve()) for s in sources], options], sort_keys=True)
+    """The cache file for sources and options (where it is, whatever it holds).
+    The SIMD paths name files of their own: runs that alternate paths on
+    one model (FASTLLM_SIMD=avx512_bf16 for a BF16 file, then the default)
+    would otherwise make its file anew at every switch."""
+    where = json.dumps([[str(Path(s).resolve()) for s in sources], options,
+                        _core.simd_path(), _core.int8_path()], sort_keys=True)
     stem = Path(sources[0]).name[:64] if sources else "model"
     return folder() / f"{stem}-{hashlib.blake2b(where.encode(), digest_size=8).hexdigest()}{SUFFIX}"
 
