@@ -9,8 +9,9 @@
  *      benchmarks/gemm_speed.c -lm -o /tmp/gemm_speed
  *   /tmp/gemm_speed [threads] [path] [f32|bf16|f16|q8_0|q4_0|...|q6_k] [T] [shapes]
  *
- * path: a SIMD path name (default: the best this CPU has); T: 512 or 1
- * (default both); shapes: only those whose name contains this text.
+ * path: a SIMD path name (default: the best this CPU has); T: the tokens
+ * of one pass (default 512 and 1); shapes: only those whose name contains
+ * this text.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +28,8 @@ static const struct { const char *what; int N, K; } SHAPES[] = {
     {"1.7B q/o    2048x2048", 2048, 2048},
     {"1.7B up     8192x2048", 8192, 2048},
     {"1.7B down   2048x8192", 2048, 8192},
+    {"2B up       6144x2048", 6144, 2048},
+    {"2B down     2048x6144", 2048, 6144},
     {"7B up     14336x4096", 14336, 4096},
     {"head      49152x2048", 49152, 2048},
 };
@@ -77,7 +80,7 @@ int main(int argc, char **argv) {
         FlmMatrix w = {malloc(flm_packed_bytes(N, K, wtype)), wtype};
         flm_pack((void *)w.data, raw, N, K, wtype, threads);
         free(raw);
-        const int Ts[2] = {512, 1};
+        const int Ts[2] = {only_T > 0 ? only_T : 512, 1};
         for (int ti = 0; ti < 2; ti++) {
             const int T = Ts[ti];
             if (only_T && T != only_T) continue;
