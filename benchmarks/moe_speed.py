@@ -35,11 +35,13 @@ llama.cpp: llama_model_load_from_file, llama_init_from_model and one
 llama_decode, the calls llama-cli makes (llama_load.c, built against
 DIR/build/bin/libllama.so), with mmap (load mode mmap, where the weights
 are mostly read by the first pass) and without (none: the file is read into
-allocated memory), --load-reps runs of each at --load-threads. fastllm
-reads and packs every weight in Model.from_pretrained (with every core,
-whatever its thread count), so the speed runs' load times are its figures
-(with --no-speed, runs of from_pretrained, new_session and one step).
-The total wall and CPU time of the runs close the report.
+allocated memory), --load-reps runs of each at --load-threads. fastllm:
+runs of from_pretrained, new_session and one step, its packed-weights cache
+made beforehand. The runs go file by file, each file's runs after one
+untimed load by each engine: the files of several models (GGUF and packed
+cache) outgrow the page cache, and taking turns between them times reads
+from disk, not a load from the page cache. The total wall and CPU time of
+the runs close the report.
 """
 from __future__ import annotations
 
@@ -220,10 +222,6 @@ def main(argv=None) -> int:
                         out = gguf_speed.fastllm_output(path, t, args.pp, args.tg)
                         f = {row["test"]: row["tok_s"] for row in out["results"]}
                         runs.setdefault((m, q, t, "rss"), []).append(out["peak_rss_mib"])
-                        # fastllm reads and packs every weight at load, so its
-                        # speed runs give its load time too.
-                        loads.setdefault((path, "fastllm"), []).append(
-                            {"load_s": out["load_s"], "peak_rss_mib": out["peak_rss_mib"]})
                     else:
                         f = gguf_speed.llama_run(str(bench), path, t, args.pp, args.tg)
                     runs.setdefault((m, q, t, engine), []).append(f)
@@ -250,18 +248,26 @@ def main(argv=None) -> int:
                 print(f"| {path.name} | {t} | " + " | ".join(cells) + f" | {rss} |")
     if not args.no_load and args.load_reps > 0:
         exe = build_llama_load(args.llama_cpp, args.work)
-        for rep in range(args.load_reps):
-            for path in files.values():
-                if args.no_speed and "fastllm" in engine_list:
-                    r = subprocess.run([sys.executable, __file__, "load-fastllm", str(path), str(args.load_threads)],
-                                       capture_output=True, text=True, check=True)
-                    loads.setdefault((path, "fastllm"), []).append(json.loads(r.stdout.strip().splitlines()[-1]))
+
+        def fastllm_load(path: Path) -> dict:
+            r = subprocess.run([sys.executable, __file__, "load-fastllm", str(path), str(args.load_threads)],
+                               capture_output=True, text=True, check=True)
+            return json.loads(r.stdout.strip().splitlines()[-1])
+
+        for path in files.values():
+            # Untimed: fastllm's cache file made, and each engine's file read
+            # into the page cache after the other files pushed it out.
+            if "fastllm" in engine_list:
+                fastllm_load(path)
+            llama_load_times(exe, path, args.load_threads)
+            for rep in range(args.load_reps):
+                if "fastllm" in engine_list:
+                    loads.setdefault((path, "fastllm"), []).append(fastllm_load(path))
                 for engine, r in llama_load_times(exe, path, args.load_threads).items():
                     loads.setdefault((path, engine), []).append(r)
         print(f"\nload, the file in the page cache, medians: seconds to load / to the logits of a one-token "
-              f"prompt (load, context, one decode). llama.cpp: {args.load_reps} runs at {args.load_threads} "
-              "threads; fastllm: " + (f"{args.load_reps} runs" if args.no_speed else
-                                       "Model.from_pretrained of every speed run (it packs with every core)"))
+              f"prompt (load, context, one decode), {args.load_reps} runs of each engine at "
+              f"{args.load_threads} threads, file by file")
         names = ["fastllm", "llama.cpp mmap", "llama.cpp no mmap"]
         print("| file | size MiB | " + " | ".join(names) + " | fastllm peak RSS MiB |")
         print("|---|---|---|---|---|---|")
