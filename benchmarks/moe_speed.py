@@ -27,7 +27,8 @@ engine, each run a process of its own, the engine that goes first
 alternating, with llama-bench's protocol on both sides (gguf_speed.py's
 functions: scale_worker.py for fastllm on the GGUF file at its own types,
 `llama-bench -r 1` for llama.cpp); medians, their ratios, and fastllm's
-peak RSS against the file size plus its KV cache plus 300 MB.
+peak RSS against the file size plus its KV cache plus 100 MiB, the bound
+fastllm holds itself to.
 
 Load: the seconds from the start of loading a file, already in the page
 cache, to the end of loading, and to the logits of a one-token prompt.
@@ -81,7 +82,7 @@ QWEN35_MOE = dict(
     bos_token_id=None, eos_token_id=248046, torch_dtype="bfloat16")
 MODELS = {"qwen3moe": (QWEN3_MOE, "qwen3"), "qwen35moe": (QWEN35_MOE, "qwen3.5")}
 QUANTS = {"q4_k_m": "Q4_K_M", "q8_0": "Q8_0"}
-RSS_SLACK_MIB = 300
+RSS_SLACK_MIB = 100
 
 
 def prepare(work: Path, llama_cpp: Path, model: str, quants: list) -> dict:
