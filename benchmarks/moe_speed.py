@@ -38,8 +38,8 @@ DIR/build/bin/libllama.so), with mmap (load mode mmap, where the weights
 are mostly read by the first pass) and without (none: the file is read into
 allocated memory), --load-reps runs of each at --load-threads. fastllm:
 runs of from_pretrained, new_session and one step, its packed-weights cache
-made beforehand. The runs go file by file, each file's runs after one
-untimed load by each engine: the files of several models (GGUF and packed
+made beforehand. The runs go file by file, the engine that goes first
+alternating, each file's runs after one untimed load by each engine: the files of several models (GGUF and packed
 cache) outgrow the page cache, and taking turns between them times reads
 from disk, not a load from the page cache. The total wall and CPU time of
 the runs close the report.
@@ -262,10 +262,12 @@ def main(argv=None) -> int:
                 fastllm_load(path)
             llama_load_times(exe, path, args.load_threads)
             for rep in range(args.load_reps):
-                if "fastllm" in engine_list:
-                    loads.setdefault((path, "fastllm"), []).append(fastllm_load(path))
-                for engine, r in llama_load_times(exe, path, args.load_threads).items():
-                    loads.setdefault((path, engine), []).append(r)
+                for engine in engine_list if rep % 2 == 0 else engine_list[::-1]:
+                    if engine == "fastllm":
+                        loads.setdefault((path, "fastllm"), []).append(fastllm_load(path))
+                    else:
+                        for name, r in llama_load_times(exe, path, args.load_threads).items():
+                            loads.setdefault((path, name), []).append(r)
         print(f"\nload, the file in the page cache, medians: seconds to load / to the logits of a one-token "
               f"prompt (load, context, one decode), {args.load_reps} runs of each engine at "
               f"{args.load_threads} threads, file by file")
