@@ -615,6 +615,33 @@ static void kv_store_q8(int8_t *q, uint16_t *scales, size_t stride, const float 
     }
 }
 
+/* A q8_0 cache stores each head's key and value times an orthonormal
+ * Walsh-Hadamard matrix: rotated, a head's few large channels spread over
+ * all of its values, so that no group's scale is set by one outlier and
+ * the int8 steps of the others stay fine.
+ * Scores are unchanged, the queries being rotated alike (H is orthogonal),
+ * and a head's output is rotated back (H is symmetric: its own inverse).
+ * Keys rotate in runs of the largest power of two dividing head_dim,
+ * values in runs of at most 64. */
+static int key_rotation(int hd) { return hd & -hd; }
+static int value_rotation(int hd) { return imin(hd & -hd, 64); }
+
+/* x (n values) times the orthonormal Walsh-Hadamard matrix of size m, a
+ * power of two dividing n, in each run of m values. */
+static void hadamard(float *x, int n, int m) {
+    const float norm = 1.0f / sqrtf((float)m);
+    for (float *y = x; y < x + n; y += m) {
+        for (int h = 1; h < m; h *= 2)
+            for (int i = 0; i < m; i += 2 * h)
+                for (int j = i; j < i + h; j++) {
+                    const float a = y[j], b = y[j + h];
+                    y[j] = a + b;
+                    y[j + h] = a - b;
+                }
+        for (int i = 0; i < m; i++) y[i] *= norm;
+    }
+}
+
 /* Key and value of slot (of head kh's slots) into layer cache kv. */
 static void kv_store_token(const FlmConfig *c, const FlmKV *kv, size_t slot, const float *k, const float *v) {
     const int hd = kv->head_dim;
@@ -738,9 +765,10 @@ static void fold(float *run, const float *part, int hd) {
 
 /* A query's output from its folded partials, times sigmoid(gate) where the
  * layer gates its attention. */
-static void finish(float *out, const float *run, int hd, const float *gate) {
+static void finish(const FlmConfig *c, float *out, const float *run, int hd, const float *gate) {
     const float inv = 1.0f / run[hd + 1];
     for (int d = 0; d < hd; d++) out[d] = run[d] * inv;
+    if (c->kv_type == FLM_Q8_0) hadamard(out, hd, value_rotation(hd));   /* the values were stored rotated */
     if (gate)
         for (int d = 0; d < hd; d++) out[d] *= sigmoid(gate[d]);
 }
@@ -807,7 +835,7 @@ static void attend_tile(const Attn *a, int k, int kvh, int g0, int gn, int r0, i
     }
     for (int i = 0; i < nq; i++) {
         const int t = a->row0[k] + r0 + i / gn, h = kvh * a->group + g0 + i % gn;
-        finish(out_row(a, t, h), run + (size_t)i * ld, hd, gate_row(a, t, h));
+        finish(a->c, out_row(a, t, h), run + (size_t)i * ld, hd, gate_row(a, t, h));
     }
 }
 
@@ -935,6 +963,7 @@ static void attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
                 const float f = L->q_pos_scale[p];
                 for (int j = 0; j < hd; j++) qh[j] *= f;
             }
+            if (c->kv_type == FLM_Q8_0) hadamard(qh, hd, key_rotation(hd));
         } else {
             int kh = h - nh;
             float *kh_src = s->k + (size_t)t * kvd + kh * hd, *vh = s->v + (size_t)t * kvd + kh * hd;
@@ -942,6 +971,10 @@ static void attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
             if (L->v_norm) rmsnorm(vh, vh, L->v_norm, hd, c->norm_eps);
             if (head_norms) rmsnorm(kh_src, kh_src, L->k_norm, hd, c->norm_eps);
             if (cr) rope(kh_src, cr, sr, L->rope_dim);
+            if (c->kv_type == FLM_Q8_0) {
+                hadamard(kh_src, hd, key_rotation(hd));
+                hadamard(vh, hd, value_rotation(hd));
+            }
             const FlmKV *kv = &seqs[s->row_seq[t]].state->kv[l];
             const size_t slot = (size_t)kh * kv->cap + (size_t)(p % kv->cap);
             kv_store_token(c, kv, slot, kh_src, vh);
@@ -976,7 +1009,7 @@ static void attention(const FlmConfig *c, const FlmLayer *L, FlmState *s,
         float *run = partial_at(&a, split[k], r, h, first_block(p, a.window));
         for (int b = first_block(p, a.window) + 1; b <= last_block(p); b++)
             fold(run, partial_at(&a, split[k], r, h, b), hd);
-        finish(out_row(&a, t, h), run, hd, gate_row(&a, t, h));
+        finish(c, out_row(&a, t, h), run, hd, gate_row(&a, t, h));
     }
     mark(s, FLM_PHASE_ATTENTION);
     matmul(c, s, s->xb2, s->xb, L->wo, L->bo, T, qd, dim);
