@@ -1059,6 +1059,36 @@ static void test_quant_matmul(int type) {
     free_owned();
 }
 
+/* Decoding's int8 matmul, which runs several panels side by side, against
+ * the portable one, bit for bit: one and two tokens over 8 panels whose
+ * last has 5 rows, on one thread (work items of 4 panels) and on 3. */
+static void test_quant_decode(int type) {
+    const int N = 117, K = 512;
+    FlmConfig c = {.dim = K, .hidden_dim = K, .n_layers = 1, .n_heads = 1, .n_kv_heads = 1, .head_dim = 16,
+                   .vocab_size = N, .seq_len = 16, .rope_dim = 16};
+    FlmState s;
+    float *work = own(calloc(flm_state_work_floats(&c, 2, 4), 4));
+    flm_state_init(&s, &c, NULL, 2, 4, work, NULL);
+    void *rows = own(alloc_rows(N, K, type, 1.0f));
+    FlmMatrix *q = packed(rows, N, K, type);
+    float *x = own(malloc((size_t)2 * K * 4)), *ref = own(malloc((size_t)2 * N * 4)), *out = own(malloc((size_t)2 * N * 4));
+    for (int i = 0; i < 2 * K; i++) x[i] = frand() * (i % 7 == 0 ? 3.0f : 1.0f);
+    for (int T = 1; T <= 2; T++) {
+        flm_set_simd_path("generic");
+        flm_matmul(ref, x, q, T, K, N, &s, 0, 1);
+        for (int pi = 0; pi < N_PATHS; pi++) {
+            if (flm_set_simd_path(paths[pi]) != 0) continue;
+            for (int threads = 1; threads <= 3; threads += 2) {
+                flm_matmul(out, x, q, T, K, N, &s, 0, threads);
+                CHECK(memcmp(out, ref, (size_t)T * N * 4) == 0, "%s %s: %d token(s) on %d thread(s) differ from "
+                      "the portable matmul", paths[pi], flm_quant_type(type)->name, T, threads);
+            }
+        }
+    }
+    printf("ok  %s decoding matmul (1 and 2 tokens, bit for bit across paths)\n", flm_quant_type(type)->name);
+    free_owned();
+}
+
 int main(void) {
     printf("SIMD path of this CPU: %s\n", flm_simd_path());
     test_conversions();
@@ -1094,6 +1124,7 @@ int main(void) {
     test_long(FLM_F32);
     test_long(FLM_F16);
     test_long(FLM_Q8_0);
+    for (int type = FLM_Q8_0; type < FLM_TYPES; type++) test_quant_decode(type);
     printf(failures ? "%d failed\n" : "all passed\n", failures);
     return failures != 0;
 }
