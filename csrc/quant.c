@@ -699,11 +699,13 @@ INLINE AVX512VNNI void qgemm_type(float *out, int ldo, const FlmQ8 *x, int lda, 
         const uint8_t *pp = (const uint8_t *)wp + (size_t)p * pb;
         const __mmask16 rows = tail_mask(N - p * PANEL);
         float *o = out + p * PANEL;
+#define TOKENS(NT) qpanel(o + (size_t)t * ldo, ldo, x + (size_t)t * lda, lda, pp, pb, K, type, NT, 1, rows)
         int t = 0;
-        for (; T - t >= 8; t += 8) qpanel(o + (size_t)t * ldo, ldo, x + (size_t)t * lda, lda, pp, pb, K, type, 8, 1, rows);
-        if (T - t >= 4) { qpanel(o + (size_t)t * ldo, ldo, x + (size_t)t * lda, lda, pp, pb, K, type, 4, 1, rows); t += 4; }
-        if (T - t >= 2) { qpanel(o + (size_t)t * ldo, ldo, x + (size_t)t * lda, lda, pp, pb, K, type, 2, 1, rows); t += 2; }
-        if (T - t >= 1) qpanel(o + (size_t)t * ldo, ldo, x + (size_t)t * lda, lda, pp, pb, K, type, 1, 1, rows);
+        for (; T - t >= 8; t += 8) TOKENS(8);
+        if (T - t >= 4) { TOKENS(4); t += 4; }
+        if (T - t >= 2) { TOKENS(2); t += 2; }
+        if (T - t >= 1) TOKENS(1);
+#undef TOKENS
     }
 }
 
@@ -809,82 +811,103 @@ INLINE AVX2 __m256 i8x8(const uint8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(e)));
 }
 
-/* Rows 8h .. 8h+7 of one panel for NT tokens: fma_block's operations. */
-INLINE AVX2 void qhalf(float *out, int ldo, const FlmQ8 *x, int lda, const uint8_t *pp, int K, const int type,
-                       const int NT, int h, int rows) {
+/* Rows 8h .. 8h+7 of NP consecutive panels (pb bytes apart) for NT tokens:
+ * fma_block's operations, the panels side by side as qpanel's (above);
+ * rows: those of the last panel's half. */
+INLINE AVX2 void qhalf(float *out, int ldo, const FlmQ8 *x, int lda, const uint8_t *pp, size_t pb, int K,
+                       const int type, const int NT, const int NP, int h, int rows) {
     const int sb = q_sb(type), hdr = q_header(type), data = q_data(type), bits = q_bits(type);
     const int off = bits == 8 ? 0 : q_offset(type);   /* 8-bit quants come back signed */
     const size_t sbb = (size_t)hdr + (size_t)sb / 32 * data;
-    __m256 acc[NT];
+    __m256 acc[NP * NT];
     _Pragma("GCC unroll 8")
-    for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
-    uint8_t fields[256];
+    for (int t = 0; t < NP * NT; t++) acc[t] = _mm256_setzero_ps();
+    uint8_t fields[NP][256];
     for (int b = 0; b < K / 32; b++) {
-        const uint8_t *hp = pp + (size_t)(b * 32 / sb) * sbb;
         const int i = b * 32 % sb / 32;
-        __m256i v[8];
-        if (q_is_k(type) && i == 0) k_fields8(fields, hp);
-        if (NT >= 4 && h == 0) prefetch_record(hp + hdr + (size_t)i * data, data);
-        unpack8(v, hp + hdr + (size_t)i * data, bits, h);
-        const __m256 d = f16x8(hp + 16 * h);
-        __m256 a = d, a2 = d, mn = d;
-        if (q_has_min(type)) mn = f16x8(hp + 32 + 16 * h);
-        if (q_is_k(type)) {
-            a = _mm256_mul_ps(d, u8x8(fields + i * 16 + 8 * h));
-            mn = _mm256_mul_ps(f16x8(hp + 32 + 16 * h), u8x8(fields + 128 + i * 16 + 8 * h));
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < NP; j++) {
+            const uint8_t *hp = pp + (size_t)j * pb + (size_t)(b * 32 / sb) * sbb;
+            __m256i v[8];
+            if (q_is_k(type) && i == 0) k_fields8(fields[j], hp);
+            if (NT >= 4 && h == 0) prefetch_record(hp + hdr + (size_t)i * data, data);
+            unpack8(v, hp + hdr + (size_t)i * data, bits, h);
+            const __m256 d = f16x8(hp + 16 * h);
+            __m256 a = d, a2 = d, mn = d;
+            if (q_has_min(type)) mn = f16x8(hp + 32 + 16 * h);
+            if (q_is_k(type)) {
+                a = _mm256_mul_ps(d, u8x8(fields[j] + i * 16 + 8 * h));
+                mn = _mm256_mul_ps(f16x8(hp + 32 + 16 * h), u8x8(fields[j] + 128 + i * 16 + 8 * h));
+            }
+            if (type == FLM_Q6_K) {
+                a = _mm256_mul_ps(d, i8x8(hp + 32 + (2 * i) * 16 + 8 * h));
+                a2 = _mm256_mul_ps(d, i8x8(hp + 32 + (2 * i + 1) * 16 + 8 * h));
+            }
+            _Pragma("GCC unroll 8")
+            for (int t = 0; t < NT; t++) {
+                const FlmQ8 *xb = x + (size_t)t * lda + b;
+                const __m256 xd = _mm256_set1_ps(xb->d);
+                __m256 *A = &acc[j * NT + t];
+                if (type == FLM_Q6_K) {
+                    __m256i I0 = _mm256_set1_epi32(-32 * xb->s[0]), I1 = _mm256_set1_epi32(-32 * xb->s[1]);
+                    _Pragma("GCC unroll 4")
+                    for (int m = 0; m < 4; m++) I0 = dot4_avx2(I0, v[m], xb->q + 4 * m, bits);
+                    _Pragma("GCC unroll 4")
+                    for (int m = 4; m < 8; m++) I1 = dot4_avx2(I1, v[m], xb->q + 4 * m, bits);
+                    *A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I0), _mm256_mul_ps(a, xd), *A);
+                    *A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I1), _mm256_mul_ps(a2, xd), *A);
+                    continue;
+                }
+                const int S = xb->s[0] + xb->s[1];
+                __m256i I = _mm256_set1_epi32(-off * S);
+                _Pragma("GCC unroll 8")
+                for (int m = 0; m < 8; m++) I = dot4_avx2(I, v[m], xb->q + 4 * m, bits);
+                *A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(a, xd), *A);
+                if (q_has_min(type)) *A = _mm256_fmadd_ps(mn, _mm256_set1_ps(xb->ds), *A);
+                if (q_is_k(type)) *A = _mm256_fnmadd_ps(mn, _mm256_set1_ps(xb->ds), *A);
+            }
         }
-        if (type == FLM_Q6_K) {
-            a = _mm256_mul_ps(d, i8x8(hp + 32 + (2 * i) * 16 + 8 * h));
-            a2 = _mm256_mul_ps(d, i8x8(hp + 32 + (2 * i + 1) * 16 + 8 * h));
-        }
+    }
+    _Pragma("GCC unroll 4")
+    for (int j = 0; j < NP; j++)
         _Pragma("GCC unroll 8")
         for (int t = 0; t < NT; t++) {
-            const FlmQ8 *xb = x + (size_t)t * lda + b;
-            const __m256 xd = _mm256_set1_ps(xb->d);
-            if (type == FLM_Q6_K) {
-                __m256i I0 = _mm256_set1_epi32(-32 * xb->s[0]), I1 = _mm256_set1_epi32(-32 * xb->s[1]);
-                _Pragma("GCC unroll 4")
-                for (int m = 0; m < 4; m++) I0 = dot4_avx2(I0, v[m], xb->q + 4 * m, bits);
-                _Pragma("GCC unroll 4")
-                for (int m = 4; m < 8; m++) I1 = dot4_avx2(I1, v[m], xb->q + 4 * m, bits);
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I0), _mm256_mul_ps(a, xd), acc[t]);
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I1), _mm256_mul_ps(a2, xd), acc[t]);
-                continue;
+            float *o = out + (size_t)j * PANEL + (size_t)t * ldo;
+            if (j < NP - 1 || rows >= 8) {
+                _mm256_storeu_ps(o, acc[j * NT + t]);
+            } else {
+                float tmp[8];
+                _mm256_storeu_ps(tmp, acc[j * NT + t]);
+                for (int r = 0; r < rows; r++) o[r] = tmp[r];
             }
-            const int S = xb->s[0] + xb->s[1];
-            __m256i I = _mm256_set1_epi32(-off * S);
-            _Pragma("GCC unroll 8")
-            for (int m = 0; m < 8; m++) I = dot4_avx2(I, v[m], xb->q + 4 * m, bits);
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(a, xd), acc[t]);
-            if (q_has_min(type)) acc[t] = _mm256_fmadd_ps(mn, _mm256_set1_ps(xb->ds), acc[t]);
-            if (q_is_k(type)) acc[t] = _mm256_fnmadd_ps(mn, _mm256_set1_ps(xb->ds), acc[t]);
         }
-    }
-    _Pragma("GCC unroll 8")
-    for (int t = 0; t < NT; t++) {
-        if (rows >= 8) {
-            _mm256_storeu_ps(out + (size_t)t * ldo, acc[t]);
-        } else {
-            float tmp[8];
-            _mm256_storeu_ps(tmp, acc[t]);
-            for (int r = 0; r < rows; r++) out[(size_t)t * ldo + r] = tmp[r];
-        }
-    }
 }
 
 INLINE AVX2 void qgemm_type_avx2(float *out, int ldo, const FlmQ8 *x, int lda, const void *wp, int K, int T,
                                  int p0, int np, int N, const int type) {
     const size_t pb = (size_t)K / q_sb(type) * ((size_t)q_header(type) + (size_t)q_sb(type) / 32 * q_data(type));
-    for (int p = p0; p < p0 + np; p++) {
+    int p = p0;
+    if (T <= 2)   /* decoding: whole panels side by side (the last may be partial: alone, below) */
+        for (; p + DECODE_PANELS <= p0 + np && (p + DECODE_PANELS) * PANEL <= N; p += DECODE_PANELS) {
+            const uint8_t *pp = (const uint8_t *)wp + (size_t)p * pb;
+            for (int h = 0; h < 2; h++) {
+                float *o = out + p * PANEL + 8 * h;
+                if (T == 2) qhalf(o, ldo, x, lda, pp, pb, K, type, 2, DECODE_PANELS, h, 8);
+                else qhalf(o, ldo, x, lda, pp, pb, K, type, 1, DECODE_PANELS, h, 8);
+            }
+        }
+    for (; p < p0 + np; p++) {
         const uint8_t *pp = (const uint8_t *)wp + (size_t)p * pb;
         for (int h = 0; h < 2; h++) {
             const int rows = N - p * PANEL - 8 * h;
             if (rows <= 0) break;
             float *o = out + p * PANEL + 8 * h;
+#define TOKENS(NT) qhalf(o + (size_t)t * ldo, ldo, x + (size_t)t * lda, lda, pp, pb, K, type, NT, 1, h, rows)
             int t = 0;
-            for (; T - t >= 4; t += 4) qhalf(o + (size_t)t * ldo, ldo, x + (size_t)t * lda, lda, pp, K, type, 4, h, rows);
-            if (T - t >= 2) { qhalf(o + (size_t)t * ldo, ldo, x + (size_t)t * lda, lda, pp, K, type, 2, h, rows); t += 2; }
-            if (T - t >= 1) qhalf(o + (size_t)t * ldo, ldo, x + (size_t)t * lda, lda, pp, K, type, 1, h, rows);
+            for (; T - t >= 4; t += 4) TOKENS(4);
+            if (T - t >= 2) { TOKENS(2); t += 2; }
+            if (T - t >= 1) TOKENS(1);
+#undef TOKENS
         }
     }
 }
