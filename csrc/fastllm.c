@@ -437,7 +437,9 @@ static int chunk_of(int items) { return imax(1, items / (num_threads() * 16)); }
  * cache at once (4 x 16 rows of 576 fp32 are 147 KB, at home in L2);
  * decoding streams each panel once, in calls of 4 panels rather than one,
  * so that the calls' own cost stays small beside a panel's few microseconds
- * (threads are balanced by handing out chunks of items as they come free). */
+ * (threads are balanced by handing out chunks of items as they come free),
+ * and the x86 int8 kernels read a call's 4 panels side by side
+ * (DECODE_PANELS in quant.c: fewer per call and they read one at a time). */
 static int item_panels(int T) { (void)T; return 4; }
 
 /* Tokens per work item (a whole number of the gemm's token tiles):
