@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """fastllm against llama-bench on random checkpoints of Gemma-3-1B's,
-Phi-4-mini's, Gemma 4 E2B's, Llama-3.2-3B's and Qwen3-4B's shapes, Q4_K_M.
+Phi-4-mini's, Gemma 4 E2B's, Llama-3.2-3B's, Qwen3-4B's and Qwen2.5-1.5B's
+shapes, Q4_K_M.
 
     python benchmarks/coverage_speed.py WORK --llama-cpp DIR [--models gemma3-1b,phi4-mini]
         [--threads 1,2] [--pp 512] [--tg 128] [--reps 3] [--prepare-only]
@@ -10,9 +11,10 @@ config.json's shape, random bf16 weights as scale_worker.py writes them, and
 a tokenizer of the real vocabulary size that llama.cpp's converter takes:
 a SentencePiece model for Gemma 3, a byte-level BPE tokenizer.json for
 Phi-4-mini and Gemma 4, built from made-up pieces, not trained, and for
-Qwen3 its own tokenizer as oracles/qwen_tokenizers.py rebuilds it); its BF16
-GGUF by llama.cpp's own converter; and from that the Q4_K_M file by
-llama-quantize (the BF16 file is then deleted). Then it times both engines
+Qwen3 and Qwen2.5 their own tokenizer (the same one) as
+oracles/qwen_tokenizers.py rebuilds it); its BF16 GGUF by llama.cpp's own
+converter; and from that the Q4_K_M file by llama-quantize (the BF16 file
+is then deleted). Then it times both engines
 on that one file as gguf_speed.py does: per repetition one run of each
 (model, threads) case per engine, each in a process of its own, the
 engine that goes first alternating; medians and their ratio, and fastllm's
@@ -103,9 +105,18 @@ QWEN3_4B = dict(
     max_position_embeddings=40960, attention_bias=False, tie_word_embeddings=True, bos_token_id=151643,
     eos_token_id=151645, torch_dtype="bfloat16")
 
+# Qwen/Qwen2.5-1.5B-Instruct's config.json: the dense 1.5B, 12 query heads
+# to 2 KV heads of 128, biases on q/k/v, tied, 32k positions.
+QWEN25_1_5B = dict(
+    architectures=["Qwen2ForCausalLM"], model_type="qwen2", vocab_size=151936, hidden_size=1536,
+    intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+    hidden_act="silu", rms_norm_eps=1e-6, rope_theta=1000000.0, rope_scaling=None,
+    max_position_embeddings=32768, sliding_window=32768, use_sliding_window=False, max_window_layers=21,
+    tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151645, torch_dtype="bfloat16")
+
 MODELS = {"gemma3-1b": (GEMMA3_1B, "spm"), "phi4-mini": (PHI4_MINI, "bpe"),
           "gemma4-e2b": (GEMMA4_E2B, "byte-fallback"), "llama3.2-3b": (LLAMA32_3B, "bpe"),
-          "qwen3-4b": (QWEN3_4B, "qwen3")}
+          "qwen3-4b": (QWEN3_4B, "qwen3"), "qwen2.5-1.5b": (QWEN25_1_5B, "qwen3")}
 
 
 def made_up_pieces(n: int, prefix: str = "") -> list:
@@ -236,7 +247,7 @@ sys.argv = ["convert_hf_to_gguf.py", {folder!r}, "--outtype", "bf16", "--outfile
 import runpy
 runpy.run_path({llama!r} + "/convert_hf_to_gguf.py", run_name="__main__")
 """
-PRE = {"phi4-mini": "gpt-4o", "llama3.2-3b": "llama-bpe", "qwen3-4b": "qwen2"}
+PRE = {"phi4-mini": "gpt-4o", "llama3.2-3b": "llama-bpe", "qwen3-4b": "qwen2", "qwen2.5-1.5b": "qwen2"}
 
 
 def prepare(work: Path, llama_cpp: Path, name: str) -> Path:
