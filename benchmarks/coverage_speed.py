@@ -14,12 +14,12 @@ Phi-4-mini and Gemma 4, built from made-up pieces, not trained, and for
 Qwen3 and Qwen2.5 their own tokenizer (the same one) as
 oracles/qwen_tokenizers.py rebuilds it); its BF16 GGUF by llama.cpp's own
 converter; and from that the Q4_K_M file by llama-quantize (the BF16 file
-is then deleted). Then it times both engines
-on that one file as gguf_speed.py does: per repetition one run of each
-(model, threads) case per engine, each in a process of its own, the
-engine that goes first alternating; medians and their ratio, and fastllm's
-peak RSS against the file size plus its KV cache (f32, as timed, at the
-context of max(pp, tg)) plus 150 MB.
+is then deleted). Then it times both engines on that one file as
+gguf_speed.py does: per repetition one run of each (model, threads) case
+per engine, each in a process of its own, the engine that goes first
+alternating; medians and their ratio, and fastllm's peak RSS against the
+file size plus its KV cache (f32, as timed, at the context of max(pp, tg))
+plus 150 MB.
 
 The vocabularies' contents do not change the speed (both engines are fed
 random token ids); their sizes do, through the embedding and the LM head.
