@@ -568,13 +568,20 @@ INLINE AVX512VNNI __m512 i8x16(const uint8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
 
-/* Bytes ahead of the block in hand that a tile of 4 or more tokens asks
- * the cache for. Such a tile computes long enough on each block that the
- * hardware prefetcher falls behind and the pass waits on memory: on the
+/* Bytes ahead of the block in hand that each panel's stream asks the cache
+ * for. A tile of 4 or more tokens computes long enough on each block that
+ * the hardware prefetcher falls behind and the pass waits on memory: on a
  * 2-core AVX-512 machine a pass of 8 tokens (8 decoding streams, or a short
  * prompt) ran 13-25% faster with it on the default model's shape and 45% on
- * a 1.7B shape, a pass of 512 the same. Tiles of 1 and 2 tokens (decoding)
- * were slower with it. */
+ * a 1.7B shape, a pass of 512 the same. Decoding (tiles of 1 and 2 tokens,
+ * 4 panels side by side) reaches the memory's bandwidth only with it too,
+ * on the 2-core Xeon: forward_speed's 1.7B shape, tg at 1 / 2 threads,
+ * q4_k +37% / +37%, q5_k +23% / +22%, q6_k +10% / +10%, q4_0 +8% / +13%,
+ * q8_0 level; Phi-4-mini's and Qwen3.5-2B's shapes at q4_k_m +23-28%;
+ * the AVX2 kernels (qhalf) on the same CPU q4_k +17%, q4_k_m +14-15%,
+ * q8_0 +3%.
+ * (The single-panel decoding kernel of an earlier build was slower with it
+ * on the 2-core AMD EPYC.) */
 #define PREFETCH_AHEAD 2048
 
 INLINE void prefetch_record(const uint8_t *rec, int data) {
@@ -621,7 +628,7 @@ INLINE AVX512VNNI void qpanel(float *out, int ldo, const FlmQ8 *x, int lda, cons
             const uint8_t *h = pp + (size_t)j * pb + (size_t)(b * 32 / sb) * sbb;
             __m512i v[8];
             if (q_is_k(type) && i == 0) k_fields(fields[j], h);
-            if (NT >= 4) prefetch_record(h + hdr + (size_t)i * data, data);
+            prefetch_record(h + hdr + (size_t)i * data, data);
             if (high16) unpack16_high(v, h + hdr + (size_t)i * data);
             else unpack16(v, h + hdr + (size_t)i * data, q_bits(type));
             const __m512 d = f16x16(h);
@@ -830,7 +837,7 @@ INLINE AVX2 void qhalf(float *out, int ldo, const FlmQ8 *x, int lda, const uint8
             const uint8_t *hp = pp + (size_t)j * pb + (size_t)(b * 32 / sb) * sbb;
             __m256i v[8];
             if (q_is_k(type) && i == 0) k_fields8(fields[j], hp);
-            if (NT >= 4 && h == 0) prefetch_record(hp + hdr + (size_t)i * data, data);
+            if (h == 0) prefetch_record(hp + hdr + (size_t)i * data, data);
             unpack8(v, hp + hdr + (size_t)i * data, bits, h);
             const __m256 d = f16x8(hp + 16 * h);
             __m256 a = d, a2 = d, mn = d;
