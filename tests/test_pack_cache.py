@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -162,6 +163,53 @@ def test_a_damaged_cache_file_is_noticed_and_rebuilt(damage, home, capfd):
     assert np.array_equal(model.logits(IDS), want)
     assert only_file(home) == path and path.stat().st_mode & 0o222 == 0
     assert Model.from_pretrained(QUANTIZED, threads=2, n_ctx=64).pack_cache_file == path   # whole again
+
+
+def data_checksums(monkeypatch) -> list:
+    """The sizes of the buffers of more than a page that pack_cache checksums from now on."""
+    seen, real = [], _core.checksum
+    def spy(data, *a, **k):
+        if len(data) > 4096:
+            seen.append(len(data))
+        return real(data, *a, **k)
+    monkeypatch.setattr(_core, "checksum", spy)
+    return seen
+
+
+@pytest.mark.skipif(pack_cache._boot() is None, reason="the system does not name its boot")
+def test_a_file_checked_whole_is_not_read_again_until_it_changes(home, monkeypatch, capfd):
+    monkeypatch.setattr(pack_cache, "_SETTLED_NS", 0)   # no wait for the file's times to settle
+    want = Model.from_pretrained(QUANTIZED, threads=2, n_ctx=64, pack_cache=False).logits(IDS)
+    Model.from_pretrained(QUANTIZED, threads=2, n_ctx=64)   # made, then mapped and checked whole
+    path = only_file(home)
+    assert (path.parent / (path.name + pack_cache.CHECKED)).exists()
+    sums = data_checksums(monkeypatch)
+    model = Model.from_pretrained(QUANTIZED, threads=2, n_ctx=64)
+    assert sums == [] and model.pack_cache_file == path and np.array_equal(model.logits(IDS), want)
+    time.sleep(0.05)   # past the tick of the clock that stamps the file's times
+    st = path.stat()
+    rewrite(path, DAMAGE["data, middle"])
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))   # its modification time put back
+    capfd.readouterr()
+    model = Model.from_pretrained(QUANTIZED, threads=2, n_ctx=64)
+    assert "its data is damaged" in capfd.readouterr().err
+    assert np.array_equal(model.logits(IDS), want)
+
+
+@pytest.mark.parametrize("settled", [False, True])
+def test_a_record_from_another_boot_or_of_a_new_file_is_not_trusted(settled, home, monkeypatch):
+    """A file younger than _SETTLED_NS gets no record; one from before
+    the machine's last boot is read whole again."""
+    if settled:
+        monkeypatch.setattr(pack_cache, "_SETTLED_NS", 0)
+    monkeypatch.setattr(pack_cache, "_boot", lambda: "the boot before")
+    Model.from_pretrained(QUANTIZED, threads=2, n_ctx=64)
+    path = only_file(home)
+    assert (path.parent / (path.name + pack_cache.CHECKED)).exists() == settled
+    monkeypatch.setattr(pack_cache, "_boot", lambda: "this boot")
+    sums = data_checksums(monkeypatch)
+    Model.from_pretrained(QUANTIZED, threads=2, n_ctx=64)
+    assert len(sums) == 1
 
 
 @pytest.mark.parametrize("field,value", [("format", 999), ("layout", -1), ("simd", "another"),

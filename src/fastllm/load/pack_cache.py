@@ -13,7 +13,13 @@ the load options), and holds what makes it valid: the source's identity
 sample of the rest), the layout version of the panels (FLM_PACK_LAYOUT),
 the SIMD and int8 paths, the machine, and a digest of fastllm's own code.
 It is only used when all of them match and its checksums (of its header,
-its manifest and all of its data) hold; else it is rebuilt. Files are
+its manifest and all of its data) hold; else it is rebuilt. Reading all
+of its data for the checksum costs as much again as the first pass over
+the weights, so once a file has been checked whole, a record beside it
+(NAME.checked) says so, with the file's inode, size and change times and
+the machine's boot: a later load in the same boot, of that same unchanged
+file, skips the data's checksum (any write to the file, even one that
+puts its modification time back, moves its change time). Files are
 written to a temporary name and renamed into place, so a reader sees a
 whole file or none; a process that finds another filling the same cache
 waits for it (a lock file) and then maps its result. A rebuilt cache
@@ -33,6 +39,7 @@ import platform
 import struct
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -368,6 +375,58 @@ def _decode(node, buf, data_offset: int, data_bytes: int, depth: int = 0):
     raise CacheInvalid("malformed manifest")
 
 
+# A file's times come from a clock that ticks every few milliseconds, so a
+# write in the same tick as the check before it could leave them as they
+# were: only a file this long unchanged is recorded as checked.
+_SETTLED_NS = 2_000_000_000
+CHECKED = ".checked"
+
+
+def _boot() -> str | None:
+    """This boot of the machine, where the system names it (Linux)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def _stamp(f, data_sum: int) -> list | None:
+    """What a record of the open cache file f, checked whole, holds: None
+    where the boot cannot be told."""
+    boot = _boot()
+    if boot is None:
+        return None
+    st = os.fstat(f.fileno())
+    return [boot, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, data_sum]
+
+
+def _checked_before(path: Path, stamp) -> bool:
+    try:
+        with open(path.parent / (path.name + CHECKED)) as f:
+            return stamp is not None and json.load(f) == stamp
+    except (OSError, ValueError):
+        return False
+
+
+def _record_checked(path: Path, stamp) -> None:
+    """Write the record that the file at path, as stamp says, was checked
+    whole (a temporary file renamed into place); nothing where it cannot."""
+    if stamp is None or time.time_ns() - stamp[5] < _SETTLED_NS:
+        return
+    try:
+        fd, tmp = tempfile.mkstemp(prefix="." + path.name, suffix=CHECKED + ".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(stamp, f)
+            os.replace(tmp, path.parent / (path.name + CHECKED))
+        except BaseException:
+            _unlink(Path(tmp))
+            raise
+    except OSError:
+        pass
+
+
 def _map(path: Path, want: dict, check=None) -> tuple:
     """(tree, extra) of the cache file at path, mapped read-only and shared,
     if it was made for want (a key), is whole and check(tree) (which
@@ -384,8 +443,11 @@ def _map(path: Path, want: dict, check=None) -> tuple:
                                "fastllm build or machine")
         flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
         buf = mmap.mmap(f.fileno(), size, flags=flags, prot=mmap.PROT_READ)
-    if _core.checksum(memoryview(buf)[data_offset:data_offset + data_bytes]) != data_sum:
-        raise CacheInvalid("its data is damaged")
+        stamp = _stamp(f, data_sum)
+    if not _checked_before(path, stamp):
+        if _core.checksum(memoryview(buf)[data_offset:data_offset + data_bytes]) != data_sum:
+            raise CacheInvalid("its data is damaged")
+        _record_checked(path, stamp)
     tree = _decode(manifest.get("tree"), buf, data_offset, data_bytes)
     if check is not None:
         try:
@@ -449,6 +511,7 @@ def _collect_garbage(keep: Path) -> None:
         if p != keep and _sources_gone(p):
             _unlink(p)
             _unlink(p.parent / (p.name + ".lock"))
+            _unlink(p.parent / (p.name + CHECKED))
     for p in folder().glob(".*" + SUFFIX + ".*.tmp"):
         if _lock_free(p.parent / (p.name.split(SUFFIX)[0].lstrip(".") + SUFFIX + ".lock")):
             _unlink(p)
