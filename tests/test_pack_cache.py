@@ -263,8 +263,10 @@ def test_cache_files_of_deleted_sources_are_removed(home, tmp_path):
     b.write_bytes(QUANTIZED.read_bytes())
     of_a = Model.from_pretrained(a, threads=2, n_ctx=64).pack_cache_file
     a.unlink()
+    stale = of_a.parent / ("gone" + pack_cache.SUFFIX + pack_cache.CHECKED)
+    stale.write_text("[]")   # the record of a cache file someone deleted
     of_b = Model.from_pretrained(b, threads=2, n_ctx=64).pack_cache_file
-    assert not of_a.exists() and of_b.exists()
+    assert not of_a.exists() and of_b.exists() and not stale.exists()
 
 
 @pytest.mark.parametrize("how", ["argument", "environment"])

@@ -505,13 +505,17 @@ def _sources_gone(path: Path) -> bool:
 
 
 def _collect_garbage(keep: Path) -> None:
-    """Delete cache files whose sources are gone, and temporary files that
-    no process is writing (their writer died)."""
+    """Delete cache files whose sources are gone, records of files that
+    are gone, and temporary files that no process is writing (their
+    writer died)."""
     for p in folder().glob("*" + SUFFIX):
         if p != keep and _sources_gone(p):
             _unlink(p)
             _unlink(p.parent / (p.name + ".lock"))
             _unlink(p.parent / (p.name + CHECKED))
+    for p in folder().glob("*" + SUFFIX + CHECKED):
+        if not os.path.lexists(p.parent / p.name[:-len(CHECKED)]):
+            _unlink(p)
     for p in folder().glob(".*" + SUFFIX + ".*.tmp"):
         if _lock_free(p.parent / (p.name.split(SUFFIX)[0].lstrip(".") + SUFFIX + ".lock")):
             _unlink(p)
