@@ -190,6 +190,15 @@ static AVX512 void f32_6x4(float *out, int ldo, const float *x, int ldx, const f
     }
 }
 
+/* Decoding streams each panel once, 4 panels side by side: each stream asks
+ * for its weights this many bytes ahead, which the hardware prefetcher
+ * alone does not keep up with (as quant.c's PREFETCH_AHEAD). On the 2-core
+ * Xeon, forward_speed's 1.7B shape, tg at 1 / 2 threads: bf16 +13% / +16%
+ * (AVX512-BF16) and +17% / +13% (AVX-512), f32 +6% / +6%; the 135M shape's
+ * bf16 +11% and f32 level at 2 threads. */
+#define STREAM_AHEAD 2048
+#define PREFETCH(W) _mm_prefetch((const char *)(W) + STREAM_AHEAD, _MM_HINT_T0)
+
 static AVX512 void f32_1x4(float *out, const float *x, const float *b0, size_t ps, int nk, int first,
                            int p, int N) {
     const float *b1 = b0 + ps, *b2 = b1 + ps, *b3 = b2 + ps;
@@ -197,6 +206,8 @@ static AVX512 void f32_1x4(float *out, const float *x, const float *b0, size_t p
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         for (int k = kb; k < imin(nk, kb + KBLOCK); k++) {
             __m512 v = _mm512_set1_ps(x[k]);
+            PREFETCH(b0 + (size_t)k * PANEL); PREFETCH(b1 + (size_t)k * PANEL);
+            PREFETCH(b2 + (size_t)k * PANEL); PREFETCH(b3 + (size_t)k * PANEL);
             a0 = _mm512_fmadd_ps(v, F32_STEP(b0, k), a0);
             a1 = _mm512_fmadd_ps(v, F32_STEP(b1, k), a1);
             a2 = _mm512_fmadd_ps(v, F32_STEP(b2, k), a2);
@@ -229,6 +240,7 @@ static AVX512 void bf16_1x1(float *out, const float *x, const uint16_t *b0, int 
     for (int kb = 0; kb < K; kb += KBLOCK) {
         __m512 a = _mm512_setzero_ps();
         for (int k = kb; k < imin(K, kb + KBLOCK); k += 2) {
+            PREFETCH(b0 + (size_t)k * PANEL);
             __m512i q = BF_PAIR(b0, k / 2);
             a = _mm512_fmadd_ps(_mm512_set1_ps(x[k]), BF_LO(q), a);
             if (k + 1 < K) a = _mm512_fmadd_ps(_mm512_set1_ps(x[k + 1]), BF_HI(q), a);
@@ -335,6 +347,8 @@ static AVX512BF16 void dp_1x4(float *out, const uint32_t *x, const uint16_t *b0,
     for (int jb = 0; jb < nj; jb += JBLOCK) {
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         for (int j = jb; j < imin(nj, jb + JBLOCK); j++) {
+            PREFETCH(b0 + (size_t)j * 2 * PANEL); PREFETCH(b1 + (size_t)j * 2 * PANEL);
+            PREFETCH(b2 + (size_t)j * 2 * PANEL); PREFETCH(b3 + (size_t)j * 2 * PANEL);
             DP(a0, x[j], BF_PAIR(b0, j)); DP(a1, x[j], BF_PAIR(b1, j));
             DP(a2, x[j], BF_PAIR(b2, j)); DP(a3, x[j], BF_PAIR(b3, j));
         }
