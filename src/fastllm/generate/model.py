@@ -51,15 +51,22 @@ ACTIVATIONS = ("int8", "f32")
 
 # A State's work buffers hold every intermediate of a pass for each of its
 # tokens: a long prompt runs in passes of as many tokens as fit in this many
-# bytes of them (512 at most), not all at once. On a 2B shape a pass of 256
-# tokens costs the same CPU time per token as one of 512, one of 128 about 3%
-# more (benchmarks/forward_speed.c).
+# bytes of them, not all at once. On a 2B shape a pass of 256 tokens costs
+# the same CPU time per token as one of 512, one of 128 about 3% more
+# (benchmarks/forward_speed.c). Passes of 512 gain little more (a 512-token
+# prompt 3.5% faster on Gemma-3-1B, 1.4% on SmolLM2-135M, 2 threads), so
+# they are taken only where their buffers need half of this: Gemma-3-1B's
+# need 52 MiB, 22 MiB of peak memory more than passes of 256.
 WORK_BUFFER_BYTES = 64 << 20
 
 
 def pass_tokens(weights: _core.Weights) -> int:
-    """Tokens per pass whose work buffers fit WORK_BUFFER_BYTES (64 at least)."""
-    for n in (512, 256, 128):
+    """Tokens per pass: 512 where their work buffers take at most half of
+    WORK_BUFFER_BYTES, else the most of 256 and 128 whose buffers fit it
+    (64 at least)."""
+    if weights.work_bytes(512) <= WORK_BUFFER_BYTES // 2:
+        return 512
+    for n in (256, 128):
         if weights.work_bytes(n) <= WORK_BUFFER_BYTES:
             return n
     return 64
@@ -349,7 +356,7 @@ class Model:
         max_n_ctx: without n_ctx, the context is the model's
         max_position_embeddings, or this many positions where fewer.
         max_batch: tokens per forward pass (a longer prompt runs in several);
-        None: as many as fit WORK_BUFFER_BYTES of work buffers, at most 512.
+        None: as many as pass_tokens allows for the work buffers, at most 512.
         pack_cache: keep the packed weights in a file under $FASTLLM_HOME
         and map it on later loads (see fastllm.load.pack_cache); None: unless
         FASTLLM_PACK_CACHE=0."""
