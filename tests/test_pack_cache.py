@@ -196,6 +196,17 @@ def test_a_file_checked_whole_is_not_read_again_until_it_changes(home, monkeypat
     assert np.array_equal(model.logits(IDS), want)
 
 
+@pytest.mark.parametrize("record", ["not json", "[" * 100000, " " * 5000 + "[]", '{"boot": 1}'])
+def test_a_malformed_record_only_means_the_file_is_read_whole(record, home, monkeypatch):
+    Model.from_pretrained(QUANTIZED, threads=2, n_ctx=64)
+    path = only_file(home)
+    (path.parent / (path.name + pack_cache.CHECKED)).write_text(record)
+    sums = data_checksums(monkeypatch)
+    want = Model.from_pretrained(QUANTIZED, threads=2, n_ctx=64, pack_cache=False).logits(IDS)
+    assert np.array_equal(Model.from_pretrained(QUANTIZED, threads=2, n_ctx=64).logits(IDS), want)
+    assert len(sums) == 1
+
+
 @pytest.mark.parametrize("settled", [False, True])
 def test_a_record_from_another_boot_or_of_a_new_file_is_not_trusted(settled, home, monkeypatch):
     """A file younger than _SETTLED_NS gets no record; one from before

@@ -402,10 +402,14 @@ def _stamp(f, data_sum: int) -> list | None:
 
 
 def _checked_before(path: Path, stamp) -> bool:
+    """Whether the record beside path holds stamp (a record of more than
+    4 KiB, or not JSON, holds nothing)."""
+    if stamp is None:
+        return False
     try:
-        with open(path.parent / (path.name + CHECKED)) as f:
-            return stamp is not None and json.load(f) == stamp
-    except (OSError, ValueError):
+        with open(path.parent / (path.name + CHECKED), "rb") as f:
+            return json.loads(f.read(4096)) == stamp
+    except (OSError, ValueError, RecursionError):
         return False
 
 
