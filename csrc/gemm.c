@@ -544,12 +544,11 @@ static inline AVX2 void flush8(float *out, __m256 v, int row0, int N, int first)
 #define BF8_LO(v) _mm256_castsi256_ps(_mm256_slli_epi32(v, 16))
 #define BF8_HI(v) _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xFFFF0000)))
 
-/* The panel's weights 2 KiB ahead, as the AVX-512 kernels ask for them
- * (STREAM_AHEAD): on the 2-core Xeon with FASTLLM_SIMD=avx2, forward_speed's
- * 1.7B shape decoded bf16 +21% / +15% and f32 +14% / +13% at 1 / 2
- * threads; the 135M shape's f32 prompt (pp128) level. */
-#define PREFETCH8(W) _mm_prefetch((const char *)(W) + 2048, _MM_HINT_T0)
-
+/* The panel's weights are asked for STREAM_AHEAD bytes ahead (PREFETCH,
+ * above), as in the AVX-512 kernels: on the 2-core Xeon with
+ * FASTLLM_SIMD=avx2, forward_speed's 1.7B shape decoded bf16 +21% / +15%
+ * and f32 +14% / +13% at 1 / 2 threads; the 135M shape's f32 prompt
+ * (pp128) level. */
 /* One panel for nt <= 4 tokens; bf16 selects the weight format. */
 static inline __attribute__((always_inline)) AVX2 void panel_avx2(
         int bf16, float *out, int ldo, const float *x, int ldx, const void *b, int K, int nt, int p, int N) {
@@ -568,7 +567,7 @@ static inline __attribute__((always_inline)) AVX2 void panel_avx2(
         if (bf16) {
             const uint16_t *w = (const uint16_t *)b;
             for (int k = kb; k < kend; k += 2) {
-                PREFETCH8(w + (size_t)k * PANEL);
+                PREFETCH(w + (size_t)k * PANEL);
                 __m256i q0 = _mm256_loadu_si256((const __m256i *)(w + (size_t)k * PANEL));
                 __m256i q1 = _mm256_loadu_si256((const __m256i *)(w + (size_t)k * PANEL + 16));
                 __m256 lo = BF8_LO(q0), hi = BF8_LO(q1);
@@ -581,7 +580,7 @@ static inline __attribute__((always_inline)) AVX2 void panel_avx2(
         } else {
             const float *w = (const float *)b;
             for (int k = kb; k < kend; k++) {
-                PREFETCH8(w + (size_t)k * PANEL);
+                PREFETCH(w + (size_t)k * PANEL);
                 __m256 lo = _mm256_loadu_ps(w + (size_t)k * PANEL), hi = _mm256_loadu_ps(w + (size_t)k * PANEL + 8);
                 ACC(0, k, lo, hi) ACC(1, k, lo, hi) ACC(2, k, lo, hi) ACC(3, k, lo, hi)
             }
