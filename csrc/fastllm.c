@@ -105,6 +105,12 @@ static int max_input(const FlmConfig *c) {
 }
 /* Rows of hb and hb2: the MLP's (or the shared expert's) hidden values, or a per-layer input's gate. */
 static int hidden_buf(const FlmConfig *c) { return imax(mlp_dim(c), c->per_layer_dim); }
+/* Floats a token of hb and hb2, and of gate, which shares their memory:
+ * the mixer's gate is read before the MLP (or the per-layer input) writes
+ * hb, so the two are never live at once. */
+static size_t mlp_or_gate(const FlmConfig *c) {
+    return (size_t)imax(2 * hidden_buf(c), imax(q_dim(c), lin_value_dim(c)));
+}
 static size_t ple_floats(const FlmConfig *c) { return (size_t)c->n_layers * c->per_layer_dim; }
 /* Widest matmul input, rounded up to whole bf16 pairs, and in int8 blocks. */
 static int max_input_pairs(const FlmConfig *c) { return (max_input(c) + 1) / 2; }
@@ -125,9 +131,8 @@ size_t flm_state_work_floats(const FlmConfig *c, int max_batch, int max_threads)
          + b * mixer_dim(c)                   /* xb */
          + b * c->dim                         /* xb2 */
          + b * q_dim(c) + 2 * b * kv_dim(c)   /* q, k, v */
-         + 2 * b * hidden_buf(c)              /* hb, hb2 */
+         + b * mlp_or_gate(c)                 /* hb, hb2; gate */
          + b * ple_floats(c)                  /* ple */
-         + b * imax(q_dim(c), lin_value_dim(c)) /* gate */
          + b * (conv_dim(c) + 2 * (size_t)c->lin_v_heads) /* lin */
          + max_rows(c, max_batch) * max_input_pairs(c) /* xq (two bf16 per float) */
          + max_rows(c, max_batch) * max_input_blocks(c) * (sizeof(FlmQ8) / 4) /* xa */
@@ -197,10 +202,10 @@ void flm_state_init(FlmState *s, const FlmConfig *c, const FlmLayer *layers, int
     s->q = work;    work += b * q_dim(c);
     s->k = work;    work += b * kv_dim(c);
     s->v = work;    work += b * kv_dim(c);
-    s->hb = work;   work += b * hidden_buf(c);
-    s->hb2 = work;  work += b * hidden_buf(c);
+    s->hb = s->gate = work;
+    s->hb2 = work + b * hidden_buf(c);
+    work += b * mlp_or_gate(c);
     s->ple = work;  work += b * ple_floats(c);
-    s->gate = work; work += b * imax(q_dim(c), lin_value_dim(c));
     s->lin = work;  work += b * (conv_dim(c) + 2 * (size_t)c->lin_v_heads);
     s->xq = (uint16_t *)work; work += max_rows(c, max_batch) * max_input_pairs(c);
     s->xa = work;   work += max_rows(c, max_batch) * max_input_blocks(c) * (sizeof(FlmQ8) / 4);

@@ -203,7 +203,8 @@ typedef struct {
                          results of each key block of the queries of short passes */
     int32_t *plan;    /* (3, max_batch + 1) how a layer's attention is cut into work items */
     FlmKV *kv;        /* (n_layers) each layer's keys and values, in the cache */
-    float *gate;      /* (max_batch, max(q_dim, Hv*dv)) attention gate or z */
+    float *gate;      /* (max_batch, max(q_dim, Hv*dv)) attention gate or z, in hb's memory
+                         (the mixer is done with it before the MLP writes hb) */
     float *lin;       /* (max_batch, conv_dim + 2*Hv) projections of a linear layer */
     float *ple;       /* (max_batch, n_layers*per_layer_dim) the per-layer inputs */
     uint16_t *xq;     /* (max_batch, max matmul input, even) matmul input as bf16,
