@@ -1008,7 +1008,8 @@ static void test_attention_kernels(void) {
  * matmul of the dequantized matrix, both bit for bit; packed rows against
  * GGML rows dequantized directly. */
 static void test_quant_matmul(int type) {
-    const int N = 37, K = 512, T = 13;
+    /* T: every tile of tokens the int8 kernels have (16 + 8 + 4 + 1). */
+    const int N = 37, K = 512, T = 29, DRAWN = 13;
     FlmConfig c = {.dim = K, .hidden_dim = K, .n_layers = 1, .n_heads = 1, .n_kv_heads = 1, .head_dim = 16,
                    .vocab_size = N, .seq_len = 16, .rope_dim = 16};
     FlmState s;
@@ -1026,7 +1027,10 @@ static void test_quant_matmul(int type) {
     }
     CHECK(rows_ok, "%s: packed rows differ from the GGML rows", flm_quant_type(type)->name);
     FlmMatrix *f = packed(deq, N, K, FLM_F32);
-    for (size_t i = 0; i < (size_t)T * K; i++) x[i] = frand() * (i % 7 == 0 ? 3.0f : 1.0f);
+    /* The tokens past DRAWN are the first ones, rotated and scaled: the
+     * random draws, and so the tests after this one, stay as they were. */
+    for (size_t i = 0; i < (size_t)DRAWN * K; i++) x[i] = frand() * (i % 7 == 0 ? 3.0f : 1.0f);
+    for (size_t i = (size_t)DRAWN * K; i < (size_t)T * K; i++) x[i] = -1.5f * x[(i * 5 + 3) % ((size_t)DRAWN * K)];
     float *ref = own(malloc((size_t)T * N * 4)), *out = own(malloc((size_t)T * N * 4)), *exact = own(malloc((size_t)T * N * 4));
     flm_set_simd_path("generic");
     if (flm_is_quantized(type)) flm_matmul(ref, x, q, T, K, N, &s, 0, 2);
