@@ -60,13 +60,27 @@ def llama_run(llama_bench: str, path: Path, threads: int, pp: int, tg: int) -> d
 
 
 def matrix_bytes(path: Path) -> int:
-    """Bytes of the 2-D tensors a token reads (all but the embedding when
-    the head has its own matrix)."""
+    """Bytes of the matrices one decoded token reads: every 2-D tensor but
+    the embedding when the head has its own matrix, and of a mixture's
+    expert tensors (3-D, one matrix per expert) the share of the experts a
+    token uses (expert_used_count of expert_count)."""
     import gguf
-    tensors = gguf.GGUFReader(str(path)).tensors
+    reader = gguf.GGUFReader(str(path))
+    tensors = reader.tensors
     names = {t.name for t in tensors}
-    return sum(int(t.n_bytes) for t in tensors if len(t.shape) == 2
-               and not (t.name == "token_embd.weight" and "output.weight" in names))
+
+    def number(suffix):
+        keys = [k for k in reader.fields if k.endswith(suffix)]
+        return int(reader.fields[keys[0]].parts[-1][0]) if keys else 0
+
+    used, count = number(".expert_used_count"), number(".expert_count")
+    total = 0
+    for t in tensors:
+        if len(t.shape) == 2 and not (t.name == "token_embd.weight" and "output.weight" in names):
+            total += int(t.n_bytes)
+        elif len(t.shape) == 3 and count:
+            total += int(t.n_bytes) * used // count
+    return total
 
 
 def main(argv=None) -> int:

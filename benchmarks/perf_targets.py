@@ -19,7 +19,8 @@ cache, its packed weights mapped from the cache, made before the first
 run; `llama-bench -r 1` with its
 defaults). Medians of the repetitions, their ratios, each engine's decode
 as a share of the ceiling the median bandwidth sets for the bytes of the
-file's matrices, and fastllm's peak RSS against the file's size, its KV
+matrices a decoded token reads (gguf_speed.matrix_bytes: of a mixture's
+experts, the share a token uses), and fastllm's peak RSS against the file's size, its KV
 cache (and recurrent state) at the context of max(pp, tg), and 100 MiB.
 
 load: seconds from the start to the logits of a one-token prompt, the file
