@@ -450,9 +450,13 @@ static int item_panels(int T) { (void)T; return 4; }
 /* Tokens per work item (a whole number of the gemm's token tiles):
  * splitting a long prompt too evens out the threads when a matrix has few
  * panel groups. Items run panel group by panel group, so one thread's
- * consecutive items reuse the same weights from its cache. */
-static int token_block(void) { return flm_kernels->token_block; }
-static int token_blocks(int T) { return (T + token_block() - 1) / token_block(); }
+ * consecutive items reuse the same weights from its cache. int8: products
+ * whose weights all take int8 activations, whose kernels run tiles of up
+ * to 16 tokens (quant.c); the float kernels' blocks (60: ten of their
+ * 6-token tiles) would leave every block a tile of 4. */
+#define INT8_TOKEN_BLOCK 64
+static int token_block(int int8) { return int8 ? INT8_TOKEN_BLOCK : flm_kernels->token_block; }
+static int token_blocks(int T, int int8) { return (T + token_block(int8) - 1) / token_block(int8); }
 
 typedef struct {
     float *out;
@@ -461,6 +465,13 @@ typedef struct {
     int N;     /* rows of w */
     int ldo;   /* row stride of out: N, or more when products share a buffer */
 } MatJob;
+
+/* Whether every product of jobs takes int8 activations. */
+static int all_int8(const MatJob *jobs, int njobs, int float_acts) {
+    int all = 1;
+    for (int i = 0; i < njobs; i++) all &= takes_int8(jobs[i].w, float_acts);
+    return all;
+}
 
 /* The input x (T, K) in the forms the weights of jobs take. Called inside
  * a parallel region. */
@@ -494,7 +505,7 @@ static MatInput matmul_input(const FlmState *s, const float *x, int T, int K, co
 static void matmul_multi(const FlmState *s, const float *x, int T, int K, const MatJob *jobs, int njobs,
                          int float_acts) {
     const MatInput in = matmul_input(s, x, T, K, jobs, njobs, float_acts);
-    const int per = item_panels(T), tb = token_blocks(T);
+    const int int8 = all_int8(jobs, njobs, float_acts), per = item_panels(T), tb = token_blocks(T, int8);
     int items[8] = {0}, total = 0;
     for (int i = 0; i < njobs; i++) {
         items[i] = ((jobs[i].N + FLM_PANEL - 1) / FLM_PANEL + per - 1) / per * tb;
@@ -505,7 +516,7 @@ static void matmul_multi(const FlmState *s, const float *x, int T, int K, const 
         int i = 0, local = g;
         while (local >= items[i]) local -= items[i++];
         int panels = (jobs[i].N + FLM_PANEL - 1) / FLM_PANEL, p0 = local / tb * per;
-        int t0 = local % tb * token_block(), nt = imin(token_block(), T - t0);
+        int t0 = local % tb * token_block(int8), nt = imin(token_block(int8), T - t0);
         matmul_panels(jobs[i].out + (size_t)t0 * jobs[i].ldo, jobs[i].ldo, &in, t0, jobs[i].w, jobs[i].bias, nt,
                       K, jobs[i].N, p0, imin(per, panels - p0));
     }
@@ -549,16 +560,16 @@ static void (*act_mul_of(const FlmConfig *c))(float *, const float *, int) {
 static void gate_up(const FlmConfig *c, FlmState *s, int T, const FlmMatrix *w_gate, const FlmMatrix *w_up,
                     const float *b_gate, const float *b_up, int hidden) {
     const int dim = c->dim;
-    const int per = item_panels(T), tb = token_blocks(T);
-    const int panels = (hidden + FLM_PANEL - 1) / FLM_PANEL, groups = (panels + per - 1) / per;
     MatJob jobs[2] = {{s->hb, w_gate, b_gate, hidden, hidden}, {s->hb2, w_up, b_up, hidden, hidden}};
+    const int int8 = all_int8(jobs, 2, c->float_acts), per = item_panels(T), tb = token_blocks(T, int8);
+    const int panels = (hidden + FLM_PANEL - 1) / FLM_PANEL, groups = (panels + per - 1) / per;
     const MatInput in = matmul_input(s, s->xb, T, dim, jobs, 2, c->float_acts);
     void (*act_mul)(float *, const float *, int) = act_mul_of(c);
 #pragma omp for schedule(dynamic, chunk_of(groups * tb))
     for (int g = 0; g < groups * tb; g++) {
         int p0 = g / tb * per, np = imin(per, panels - p0);
         int r0 = p0 * FLM_PANEL, nr = imin(np * FLM_PANEL, hidden - r0);
-        int t0 = g % tb * token_block(), nt = imin(token_block(), T - t0);
+        int t0 = g % tb * token_block(int8), nt = imin(token_block(int8), T - t0);
         for (int j = 0; j < 2; j++)
             matmul_panels(jobs[j].out + (size_t)t0 * hidden, hidden, &in, t0, jobs[j].w, jobs[j].bias, nt, dim,
                           hidden, p0, np);
@@ -1231,10 +1242,10 @@ static void route(const FlmConfig *c, float *p, int32_t *chosen, float *weight) 
 }
 
 /* Work items of one expert's product with an (N, .) matrix over its n rows. */
-static int expert_items(int n, int N) {
+static int expert_items(int n, int N, int int8) {
     if (n == 0) return 0;
     const int per = item_panels(n), panels = (N + FLM_PANEL - 1) / FLM_PANEL;
-    return (panels + per - 1) / per * token_blocks(n);
+    return (panels + per - 1) / per * token_blocks(n, int8);
 }
 
 /* The expert whose items hold item g (starts ascending, E + 1 of them). */
@@ -1252,15 +1263,15 @@ static int expert_of_item(const int32_t *starts, int E, int g) {
  * nt of its rows from row (of the expert buffers), panels p0 .. p0+np-1. */
 typedef struct { int e, row, nt, p0, np; } ExpertItem;
 
-static ExpertItem expert_item(const FlmState *s, const int32_t *starts, int E, int g, int N) {
+static ExpertItem expert_item(const FlmState *s, const int32_t *starts, int E, int g, int N, int int8) {
     ExpertItem it;
     it.e = expert_of_item(starts, E, g);
     const int local = g - starts[it.e], n = s->expert_row[it.e + 1] - s->expert_row[it.e];
-    const int per = item_panels(n), tb = token_blocks(n), panels = (N + FLM_PANEL - 1) / FLM_PANEL;
+    const int per = item_panels(n), tb = token_blocks(n, int8), panels = (N + FLM_PANEL - 1) / FLM_PANEL;
     it.p0 = local / tb * per;
     it.np = imin(per, panels - it.p0);
-    const int t0 = local % tb * token_block();
-    it.nt = imin(token_block(), n - t0);
+    const int t0 = local % tb * token_block(int8);
+    it.nt = imin(token_block(int8), n - t0);
     it.row = s->expert_row[it.e] + t0;
     return it;
 }
@@ -1269,6 +1280,8 @@ static void moe_ffn(const FlmConfig *c, const FlmLayer *L, FlmState *s, int T) {
     const int dim = c->dim, E = c->n_experts, k = c->n_experts_used, ed = c->expert_dim;
     const int R = T * k;
     int32_t *up_items = s->item_start, *down_items = s->item_start + E + 1;
+    const int up_int8 = takes_int8(L->w_exp_gate, c->float_acts) && takes_int8(L->w_exp_up, c->float_acts);
+    const int down_int8 = takes_int8(L->w_exp_down, c->float_acts);
     if (L->w_shexp_gate) {
         gate_up(c, s, T, L->w_shexp_gate, L->w_shexp_up, NULL, NULL, c->shared_dim);
         mark(s, FLM_PHASE_MLP_UP);
@@ -1291,8 +1304,8 @@ static void moe_ffn(const FlmConfig *c, const FlmLayer *L, FlmState *s, int T) {
         up_items[0] = down_items[0] = 0;
         for (int e = 0; e < E; e++) {
             const int n = s->expert_row[e + 1] - s->expert_row[e];
-            up_items[e + 1] = up_items[e] + expert_items(n, ed);
-            down_items[e + 1] = down_items[e] + expert_items(n, dim);
+            up_items[e + 1] = up_items[e] + expert_items(n, ed, up_int8);
+            down_items[e + 1] = down_items[e] + expert_items(n, dim, down_int8);
         }
     }
 #pragma omp for schedule(static)
@@ -1306,7 +1319,7 @@ static void moe_ffn(const FlmConfig *c, const FlmLayer *L, FlmState *s, int T) {
     void (*act_mul)(float *, const float *, int) = act_mul_of(c);
 #pragma omp for schedule(dynamic, chunk_of(up_items[E]))
     for (int g = 0; g < up_items[E]; g++) {
-        const ExpertItem it = expert_item(s, up_items, E, g, ed);
+        const ExpertItem it = expert_item(s, up_items, E, g, ed, up_int8);
         const FlmMatrix wg = expert_matrix(L->w_exp_gate, it.e, ed, dim);
         const FlmMatrix wu = expert_matrix(L->w_exp_up, it.e, ed, dim);
         matmul_panels(s->moe_h + (size_t)it.row * ed, ed, &in, it.row, &wg, NULL, it.nt, dim, ed, it.p0, it.np);
@@ -1322,7 +1335,7 @@ static void moe_ffn(const FlmConfig *c, const FlmLayer *L, FlmState *s, int T) {
     const MatInput hin = matmul_input(s, s->moe_h, R, ed, &down, 1, c->float_acts);
 #pragma omp for schedule(dynamic, chunk_of(down_items[E]))
     for (int g = 0; g < down_items[E]; g++) {
-        const ExpertItem it = expert_item(s, down_items, E, g, dim);
+        const ExpertItem it = expert_item(s, down_items, E, g, dim, down_int8);
         const FlmMatrix wd = expert_matrix(L->w_exp_down, it.e, dim, ed);
         matmul_panels(s->moe_x + (size_t)it.row * dim, dim, &hin, it.row, &wd, NULL, it.nt, ed, dim, it.p0, it.np);
     }
