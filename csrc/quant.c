@@ -652,16 +652,24 @@ INLINE AVX512VNNI void qpanel(float *out, int ldo, const FlmQ8 *x, int lda, cons
                  * token does not wait on one chain's latency. */
                 if (type == FLM_Q6_K) {
                     __m512i I0 = _mm512_set1_epi32(-32 * xb->s[0]), I1 = _mm512_set1_epi32(-32 * xb->s[1]);
-                    __m512i J0 = _mm512_setzero_si512(), J1 = _mm512_setzero_si512();
-                    _Pragma("GCC unroll 8")
-                    for (int m = 0; m < 4; m += 2) {
-                        I0 = dot4(I0, v[m], xb->q + 4 * m);
-                        J0 = dot4(J0, v[m + 1], xb->q + 4 * m + 4);
-                        I1 = dot4(I1, v[m + 4], xb->q + 4 * m + 16);
-                        J1 = dot4(J1, v[m + 5], xb->q + 4 * m + 20);
+                    if (NT >= 8) {
+                        _Pragma("GCC unroll 4")
+                        for (int m = 0; m < 4; m++) {
+                            I0 = dot4(I0, v[m], xb->q + 4 * m);
+                            I1 = dot4(I1, v[m + 4], xb->q + 4 * m + 16);
+                        }
+                    } else {
+                        __m512i J0 = _mm512_setzero_si512(), J1 = _mm512_setzero_si512();
+                        _Pragma("GCC unroll 8")
+                        for (int m = 0; m < 4; m += 2) {
+                            I0 = dot4(I0, v[m], xb->q + 4 * m);
+                            J0 = dot4(J0, v[m + 1], xb->q + 4 * m + 4);
+                            I1 = dot4(I1, v[m + 4], xb->q + 4 * m + 16);
+                            J1 = dot4(J1, v[m + 5], xb->q + 4 * m + 20);
+                        }
+                        I0 = _mm512_add_epi32(I0, J0);
+                        I1 = _mm512_add_epi32(I1, J1);
                     }
-                    I0 = _mm512_add_epi32(I0, J0);
-                    I1 = _mm512_add_epi32(I1, J1);
                     *A = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I0), _mm512_mul_ps(a, xd), *A);
                     *A = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I1), _mm512_mul_ps(a2, xd), *A);
                     continue;
