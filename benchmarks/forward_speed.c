@@ -3,7 +3,7 @@
  * that says where a slow configuration spends it. Random weights, made here:
  * no checkpoint, no Python.
  *
- *   cc -O2 -fopenmp -Icsrc csrc/fastllm.c csrc/kernels.c csrc/gemm.c csrc/quant.c \
+ *   cc -O2 -fopenmp -Icsrc $(find csrc -name '*.c' ! -name 'test_*') \
  *      benchmarks/forward_speed.c -lm -o /tmp/forward_speed
  *   /tmp/forward_speed SHAPE f32|bf16 THREADS [PP [TG [PATH [KV]]]]
  *

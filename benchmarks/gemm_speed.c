@@ -5,7 +5,7 @@
  * where it also reports the weight bytes streamed per second. Median of
  * several repetitions.
  *
- *   cc -O2 -fopenmp -Icsrc csrc/fastllm.c csrc/kernels.c csrc/gemm.c csrc/quant.c \
+ *   cc -O2 -fopenmp -Icsrc $(find csrc -name '*.c' ! -name 'test_*') \
  *      benchmarks/gemm_speed.c -lm -o /tmp/gemm_speed
  *   /tmp/gemm_speed [threads] [path] [f32|bf16|f16|q8_0|q4_0|...|q6_k] [T] [shapes]
  *
