@@ -547,19 +547,15 @@ INLINE AVX512VNNI void unpack16(__m512i v[8], const uint8_t *rec, const int bits
  * thread, Q8_0 +6%, Q5_K +3%, Q4_K +1%, decoding level; forward_speed's
  * 1.7B shape, pp512, one thread, Q5_K +2.6%, Q8_0 +3%, Q4_K_M level.
  * Clang keeps the intrinsic (the asm was not tried with it). */
-#if defined(__GNUC__) && !defined(__clang__)
 typedef int32_t __attribute__((may_alias, aligned(1))) unaligned_i32;
 INLINE AVX512VNNI __m512i dot4(__m512i acc, __m512i w, const int8_t *x) {
+#if defined(__GNUC__) && !defined(__clang__)
     __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const unaligned_i32 *)x));
     return acc;
-}
 #else
-INLINE AVX512VNNI __m512i dot4(__m512i acc, __m512i w, const int8_t *x) {
-    int32_t four;
-    memcpy(&four, x, 4);
-    return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(four));
-}
+    return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(*(const unaligned_i32 *)x));
 #endif
+}
 
 INLINE AVX512VNNI __m512 f16x16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 INLINE AVX512VNNI __m512 u8x16(const uint8_t *p) {
