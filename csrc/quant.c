@@ -614,18 +614,86 @@ INLINE AVX512VNNI void unpack16_high(__m512i v[8], const uint8_t *rec) {
     }
 }
 
-/* NP consecutive panels (pb bytes apart) for NT tokens: the operations of
- * fma_block, 16 rows at a time, each panel's sums in the order one panel
- * alone would take. Panels side by side, block by block, are for decoding:
- * a single stream of weights keeps too few reads in flight to reach the
- * memory's bandwidth from one core (the 16-core Xeon read Q8_0 weights at
- * 9 GB/s a core), where NP streams keep NP times as many: 4 panels made
- * decoding a 1.7B shape 12-14% faster at Q8_0 and 30-35% at Q4_K_M, at 1
- * and 2 threads of a 2-core Xeon; 8 panels no faster than 4. rows: the
- * mask of the last panel's rows. */
+/* A block's scales for its 16 rows: a = d * scale (Q6_K: a, a2 for its two
+ * halves), mn the min (Q4_1, Q5_1) or dmin * min (Q4_K, Q5_K); fields:
+ * the superblock's 6-bit fields from k_fields. */
+INLINE AVX512VNNI void block_scales(const uint8_t *h, const uint8_t *fields, int i, const int type, __m512 *a,
+                                    __m512 *a2, __m512 *mn) {
+    const __m512 d = f16x16(h);
+    *a = *a2 = *mn = d;
+    if (q_has_min(type)) *mn = f16x16(h + 32);
+    if (q_is_k(type)) {
+        *a = _mm512_mul_ps(d, u8x16(fields + i * 16));
+        *mn = _mm512_mul_ps(f16x16(h + 32), u8x16(fields + 128 + i * 16));
+    }
+    if (type == FLM_Q6_K) {
+        *a = _mm512_mul_ps(d, i8x16(h + 32 + (2 * i) * 16));
+        *a2 = _mm512_mul_ps(d, i8x16(h + 32 + (2 * i + 1) * 16));
+    }
+}
+
+/* acc + one token's (xb) products with a block's 16 rows (v, unpacked):
+ * the operations of fma_block. Integer sums are exact in any order: one
+ * chain of dot products per sum where a tile has tokens enough to keep the
+ * core busy (an addition less per token and block), two where the tokens
+ * are few, so that a single token does not wait on one chain's latency.
+ * high16: v's odd groups hold 4-bit quants times 16 (unpack16_high). */
+INLINE AVX512VNNI __m512 block_dot(__m512 acc, const __m512i v[8], const FlmQ8 *xb, __m512 a, __m512 a2, __m512 mn,
+                                   const int type, const int one_chain, const int high16) {
+    const __m512 xd = _mm512_set1_ps(xb->d);
+    if (type == FLM_Q6_K) {
+        __m512i I0 = _mm512_set1_epi32(-32 * xb->s[0]), I1 = _mm512_set1_epi32(-32 * xb->s[1]);
+        if (one_chain) {
+            _Pragma("GCC unroll 4")
+            for (int m = 0; m < 4; m++) {
+                I0 = dot4(I0, v[m], xb->q + 4 * m);
+                I1 = dot4(I1, v[m + 4], xb->q + 4 * m + 16);
+            }
+        } else {
+            __m512i J0 = _mm512_setzero_si512(), J1 = _mm512_setzero_si512();
+            _Pragma("GCC unroll 8")
+            for (int m = 0; m < 4; m += 2) {
+                I0 = dot4(I0, v[m], xb->q + 4 * m);
+                J0 = dot4(J0, v[m + 1], xb->q + 4 * m + 4);
+                I1 = dot4(I1, v[m + 4], xb->q + 4 * m + 16);
+                J1 = dot4(J1, v[m + 5], xb->q + 4 * m + 20);
+            }
+            I0 = _mm512_add_epi32(I0, J0);
+            I1 = _mm512_add_epi32(I1, J1);
+        }
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I0), _mm512_mul_ps(a, xd), acc);
+        return _mm512_fmadd_ps(_mm512_cvtepi32_ps(I1), _mm512_mul_ps(a2, xd), acc);
+    }
+    __m512i I = _mm512_set1_epi32(-q_offset(type) * (xb->s[0] + xb->s[1]));
+    if (one_chain) {
+        _Pragma("GCC unroll 8")
+        for (int m = 0; m < 8; m++) I = dot4(I, v[m], xb->q + 4 * m);
+    } else {
+        __m512i J = _mm512_setzero_si512();
+        _Pragma("GCC unroll 8")
+        for (int m = 0; m < 8; m += 2) {
+            I = dot4(I, v[m], xb->q + 4 * m);
+            J = dot4(J, v[m + 1], xb->q + 4 * m + 4);
+        }
+        I = _mm512_add_epi32(I, high16 ? _mm512_srai_epi32(J, 4) : J);
+    }
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(a, xd), acc);
+    if (q_has_min(type)) acc = _mm512_fmadd_ps(mn, _mm512_set1_ps(xb->ds), acc);
+    if (q_is_k(type)) acc = _mm512_fnmadd_ps(mn, _mm512_set1_ps(xb->ds), acc);
+    return acc;
+}
+
+/* NP consecutive panels (pb bytes apart) for NT tokens, for decoding: the
+ * panels side by side, block by block, each panel's sums in the order one
+ * panel alone would take. A single stream of weights keeps too few reads
+ * in flight to reach the memory's bandwidth from one core (the 16-core Xeon
+ * read Q8_0 weights at 9 GB/s a core), where NP streams keep NP times as
+ * many: 4 panels made decoding a 1.7B shape 12-14% faster at Q8_0 and
+ * 30-35% at Q4_K_M, at 1 and 2 threads of a 2-core Xeon; 8 panels no
+ * faster than 4. rows: the mask of the last panel's rows. */
 INLINE AVX512VNNI void qpanel(float *out, int ldo, const FlmQ8 *x, int lda, const uint8_t *pp, size_t pb, int K,
                               const int type, const int NT, const int NP, __mmask16 rows) {
-    const int sb = q_sb(type), hdr = q_header(type), data = q_data(type), off = q_offset(type);
+    const int sb = q_sb(type), hdr = q_header(type), data = q_data(type);
     const size_t sbb = (size_t)hdr + (size_t)sb / 32 * data;
     /* Few tokens: the high nibbles of 4-bit quants stay in place. */
     const int high16 = q_bits(type) == 4 && NT <= 2;
@@ -643,68 +711,11 @@ INLINE AVX512VNNI void qpanel(float *out, int ldo, const FlmQ8 *x, int lda, cons
             prefetch_record(h + hdr + (size_t)i * data, data);
             if (high16) unpack16_high(v, h + hdr + (size_t)i * data);
             else unpack16(v, h + hdr + (size_t)i * data, q_bits(type));
-            const __m512 d = f16x16(h);
-            __m512 a = d, a2 = d, mn = d;
-            if (q_has_min(type)) mn = f16x16(h + 32);
-            if (q_is_k(type)) {
-                a = _mm512_mul_ps(d, u8x16(fields[j] + i * 16));
-                mn = _mm512_mul_ps(f16x16(h + 32), u8x16(fields[j] + 128 + i * 16));
-            }
-            if (type == FLM_Q6_K) {
-                a = _mm512_mul_ps(d, i8x16(h + 32 + (2 * i) * 16));
-                a2 = _mm512_mul_ps(d, i8x16(h + 32 + (2 * i + 1) * 16));
-            }
+            __m512 a, a2, mn;
+            block_scales(h, fields[j], i, type, &a, &a2, &mn);
             _Pragma("GCC unroll 16")
-            for (int t = 0; t < NT; t++) {
-                const FlmQ8 *xb = x + (size_t)t * lda + b;
-                const __m512 xd = _mm512_set1_ps(xb->d);
-                __m512 *A = &acc[j * NT + t];
-                /* Integer sums are exact in any order: two chains of dot
-                 * products each where the tokens are few, so a single
-                 * token does not wait on one chain's latency. */
-                if (type == FLM_Q6_K) {
-                    __m512i I0 = _mm512_set1_epi32(-32 * xb->s[0]), I1 = _mm512_set1_epi32(-32 * xb->s[1]);
-                    if (NT >= 8) {
-                        _Pragma("GCC unroll 4")
-                        for (int m = 0; m < 4; m++) {
-                            I0 = dot4(I0, v[m], xb->q + 4 * m);
-                            I1 = dot4(I1, v[m + 4], xb->q + 4 * m + 16);
-                        }
-                    } else {
-                        __m512i J0 = _mm512_setzero_si512(), J1 = _mm512_setzero_si512();
-                        _Pragma("GCC unroll 8")
-                        for (int m = 0; m < 4; m += 2) {
-                            I0 = dot4(I0, v[m], xb->q + 4 * m);
-                            J0 = dot4(J0, v[m + 1], xb->q + 4 * m + 4);
-                            I1 = dot4(I1, v[m + 4], xb->q + 4 * m + 16);
-                            J1 = dot4(J1, v[m + 5], xb->q + 4 * m + 20);
-                        }
-                        I0 = _mm512_add_epi32(I0, J0);
-                        I1 = _mm512_add_epi32(I1, J1);
-                    }
-                    *A = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I0), _mm512_mul_ps(a, xd), *A);
-                    *A = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I1), _mm512_mul_ps(a2, xd), *A);
-                    continue;
-                }
-                const int S = xb->s[0] + xb->s[1];
-                __m512i I = _mm512_set1_epi32(-off * S), J = _mm512_setzero_si512();
-                if (NT >= 8) {
-                    /* Tokens enough to keep the core busy: one chain each
-                     * (an addition less per token and block). */
-                    _Pragma("GCC unroll 8")
-                    for (int m = 0; m < 8; m++) I = dot4(I, v[m], xb->q + 4 * m);
-                } else {
-                    _Pragma("GCC unroll 8")
-                    for (int m = 0; m < 8; m += 2) {
-                        I = dot4(I, v[m], xb->q + 4 * m);
-                        J = dot4(J, v[m + 1], xb->q + 4 * m + 4);
-                    }
-                    I = _mm512_add_epi32(I, high16 ? _mm512_srai_epi32(J, 4) : J);
-                }
-                *A = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(a, xd), *A);
-                if (q_has_min(type)) *A = _mm512_fmadd_ps(mn, _mm512_set1_ps(xb->ds), *A);
-                if (q_is_k(type)) *A = _mm512_fnmadd_ps(mn, _mm512_set1_ps(xb->ds), *A);
-            }
+            for (int t = 0; t < NT; t++)
+                acc[j * NT + t] = block_dot(acc[j * NT + t], v, x + (size_t)t * lda + b, a, a2, mn, type, 0, high16);
         }
     }
     _Pragma("GCC unroll 4")
@@ -714,6 +725,42 @@ INLINE AVX512VNNI void qpanel(float *out, int ldo, const FlmQ8 *x, int lda, cons
             _mm512_mask_storeu_ps(out + (size_t)j * PANEL + (size_t)t * ldo, j == NP - 1 ? rows : 0xFFFF,
                                   acc[j * NT + t]);
 }
+
+/* One panel for a tile of NT tokens (at most 16), for prompts: each block
+ * of weights unpacked once for all of them. The sums are named variables,
+ * not an array: GCC 12 kept an array of them in memory as well as in
+ * registers and stored every update (gemm_speed's 1.7B up projection, 512
+ * tokens, one thread, on the 2-core Xeon: Q5_K +10%, Q4_K +18%, Q8_0 +6%
+ * without). */
+#define EACH_TOKEN(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15)
+INLINE AVX512VNNI void qtile(float *out, int ldo, const FlmQ8 *x, int lda, const uint8_t *pp, int K, const int type,
+                             const int NT, __mmask16 rows) {
+    const int sb = q_sb(type), hdr = q_header(type), data = q_data(type);
+    const size_t sbb = (size_t)hdr + (size_t)sb / 32 * data;
+    const int high16 = q_bits(type) == 4 && NT <= 2;   /* as qpanel's */
+#define DECLARE(t) __m512 acc##t = _mm512_setzero_ps();
+    EACH_TOKEN(DECLARE)
+#undef DECLARE
+    uint8_t fields[256];
+    for (int b = 0; b < K / 32; b++) {
+        const int i = b * 32 % sb / 32;
+        const uint8_t *h = pp + (size_t)(b * 32 / sb) * sbb;
+        __m512i v[8];
+        if (q_is_k(type) && i == 0) k_fields(fields, h);
+        prefetch_record(h + hdr + (size_t)i * data, data);
+        if (high16) unpack16_high(v, h + hdr + (size_t)i * data);
+        else unpack16(v, h + hdr + (size_t)i * data, q_bits(type));
+        __m512 a, a2, mn;
+        block_scales(h, fields, i, type, &a, &a2, &mn);
+#define STEP(t) if ((t) < NT) acc##t = block_dot(acc##t, v, x + (size_t)(t) * lda + b, a, a2, mn, type, NT >= 8, high16);
+        EACH_TOKEN(STEP)
+#undef STEP
+    }
+#define STORE(t) if ((t) < NT) _mm512_mask_storeu_ps(out + (size_t)(t) * ldo, rows, acc##t);
+    EACH_TOKEN(STORE)
+#undef STORE
+}
+#undef EACH_TOKEN
 
 /* Panels side by side when decoding (qpanel). */
 #define DECODE_PANELS 4
@@ -733,7 +780,7 @@ INLINE AVX512VNNI void qgemm_type(float *out, int ldo, const FlmQ8 *x, int lda, 
         const uint8_t *pp = (const uint8_t *)wp + (size_t)p * pb;
         const __mmask16 rows = tail_mask(N - p * PANEL);
         float *o = out + p * PANEL;
-#define TOKENS(NT) qpanel(o + (size_t)t * ldo, ldo, x + (size_t)t * lda, lda, pp, pb, K, type, NT, 1, rows)
+#define TOKENS(NT) qtile(o + (size_t)t * ldo, ldo, x + (size_t)t * lda, lda, pp, K, type, NT, rows)
         int t = 0;
         /* Tiles of 16 tokens unpack each block of weights once for 16
          * (fastllm's 1.7B shape at pp256, one thread: Q5_K +7%, Q4_K_M +2%,
