@@ -896,13 +896,62 @@ INLINE AVX2 __m256 i8x8(const uint8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(e)));
 }
 
-/* Rows 8h .. 8h+7 of NP consecutive panels (pb bytes apart) for NT tokens:
- * fma_block's operations, the panels side by side as qpanel's (above);
- * rows: those of the last panel's half. */
+/* Rows 8h .. 8h+7 of a block's scales (block_scales, above). */
+INLINE AVX2 void block_scales8(const uint8_t *hp, const uint8_t *fields, int i, int h, const int type, __m256 *a,
+                               __m256 *a2, __m256 *mn) {
+    const __m256 d = f16x8(hp + 16 * h);
+    *a = *a2 = *mn = d;
+    if (q_has_min(type)) *mn = f16x8(hp + 32 + 16 * h);
+    if (q_is_k(type)) {
+        *a = _mm256_mul_ps(d, u8x8(fields + i * 16 + 8 * h));
+        *mn = _mm256_mul_ps(f16x8(hp + 32 + 16 * h), u8x8(fields + 128 + i * 16 + 8 * h));
+    }
+    if (type == FLM_Q6_K) {
+        *a = _mm256_mul_ps(d, i8x8(hp + 32 + (2 * i) * 16 + 8 * h));
+        *a2 = _mm256_mul_ps(d, i8x8(hp + 32 + (2 * i + 1) * 16 + 8 * h));
+    }
+}
+
+/* acc + one token's products with 8 rows of a block (block_dot, above). */
+INLINE AVX2 __m256 block_dot8(__m256 acc, const __m256i v[8], const FlmQ8 *xb, __m256 a, __m256 a2, __m256 mn,
+                              const int type) {
+    const int bits = q_bits(type), off = bits == 8 ? 0 : q_offset(type);   /* 8-bit quants come back signed */
+    const __m256 xd = _mm256_set1_ps(xb->d);
+    if (type == FLM_Q6_K) {
+        __m256i I0 = _mm256_set1_epi32(-32 * xb->s[0]), I1 = _mm256_set1_epi32(-32 * xb->s[1]);
+        _Pragma("GCC unroll 4")
+        for (int m = 0; m < 4; m++) I0 = dot4_avx2(I0, v[m], xb->q + 4 * m, bits);
+        _Pragma("GCC unroll 4")
+        for (int m = 4; m < 8; m++) I1 = dot4_avx2(I1, v[m], xb->q + 4 * m, bits);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I0), _mm256_mul_ps(a, xd), acc);
+        return _mm256_fmadd_ps(_mm256_cvtepi32_ps(I1), _mm256_mul_ps(a2, xd), acc);
+    }
+    __m256i I = _mm256_set1_epi32(-off * (xb->s[0] + xb->s[1]));
+    _Pragma("GCC unroll 8")
+    for (int m = 0; m < 8; m++) I = dot4_avx2(I, v[m], xb->q + 4 * m, bits);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(a, xd), acc);
+    if (q_has_min(type)) acc = _mm256_fmadd_ps(mn, _mm256_set1_ps(xb->ds), acc);
+    if (q_is_k(type)) acc = _mm256_fnmadd_ps(mn, _mm256_set1_ps(xb->ds), acc);
+    return acc;
+}
+
+/* 8 of a panel's rows, stored from acc: all of them, or the first rows. */
+INLINE AVX2 void store_rows8(float *o, __m256 acc, int rows) {
+    if (rows >= 8) {
+        _mm256_storeu_ps(o, acc);
+        return;
+    }
+    float tmp[8];
+    _mm256_storeu_ps(tmp, acc);
+    for (int r = 0; r < rows; r++) o[r] = tmp[r];
+}
+
+/* Rows 8h .. 8h+7 of NP consecutive panels (pb bytes apart) for NT tokens,
+ * for decoding: the panels side by side as qpanel's (above); rows: those
+ * of the last panel's half. */
 INLINE AVX2 void qhalf(float *out, int ldo, const FlmQ8 *x, int lda, const uint8_t *pp, size_t pb, int K,
                        const int type, const int NT, const int NP, int h, int rows) {
-    const int sb = q_sb(type), hdr = q_header(type), data = q_data(type), bits = q_bits(type);
-    const int off = bits == 8 ? 0 : q_offset(type);   /* 8-bit quants come back signed */
+    const int sb = q_sb(type), hdr = q_header(type), data = q_data(type);
     const size_t sbb = (size_t)hdr + (size_t)sb / 32 * data;
     __m256 acc[NP * NT];
     _Pragma("GCC unroll 8")
@@ -916,57 +965,50 @@ INLINE AVX2 void qhalf(float *out, int ldo, const FlmQ8 *x, int lda, const uint8
             __m256i v[8];
             if (q_is_k(type) && i == 0) k_fields8(fields[j], hp);
             if (h == 0) prefetch_record(hp + hdr + (size_t)i * data, data);
-            unpack8(v, hp + hdr + (size_t)i * data, bits, h);
-            const __m256 d = f16x8(hp + 16 * h);
-            __m256 a = d, a2 = d, mn = d;
-            if (q_has_min(type)) mn = f16x8(hp + 32 + 16 * h);
-            if (q_is_k(type)) {
-                a = _mm256_mul_ps(d, u8x8(fields[j] + i * 16 + 8 * h));
-                mn = _mm256_mul_ps(f16x8(hp + 32 + 16 * h), u8x8(fields[j] + 128 + i * 16 + 8 * h));
-            }
-            if (type == FLM_Q6_K) {
-                a = _mm256_mul_ps(d, i8x8(hp + 32 + (2 * i) * 16 + 8 * h));
-                a2 = _mm256_mul_ps(d, i8x8(hp + 32 + (2 * i + 1) * 16 + 8 * h));
-            }
+            unpack8(v, hp + hdr + (size_t)i * data, q_bits(type), h);
+            __m256 a, a2, mn;
+            block_scales8(hp, fields[j], i, h, type, &a, &a2, &mn);
             _Pragma("GCC unroll 8")
-            for (int t = 0; t < NT; t++) {
-                const FlmQ8 *xb = x + (size_t)t * lda + b;
-                const __m256 xd = _mm256_set1_ps(xb->d);
-                __m256 *A = &acc[j * NT + t];
-                if (type == FLM_Q6_K) {
-                    __m256i I0 = _mm256_set1_epi32(-32 * xb->s[0]), I1 = _mm256_set1_epi32(-32 * xb->s[1]);
-                    _Pragma("GCC unroll 4")
-                    for (int m = 0; m < 4; m++) I0 = dot4_avx2(I0, v[m], xb->q + 4 * m, bits);
-                    _Pragma("GCC unroll 4")
-                    for (int m = 4; m < 8; m++) I1 = dot4_avx2(I1, v[m], xb->q + 4 * m, bits);
-                    *A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I0), _mm256_mul_ps(a, xd), *A);
-                    *A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I1), _mm256_mul_ps(a2, xd), *A);
-                    continue;
-                }
-                const int S = xb->s[0] + xb->s[1];
-                __m256i I = _mm256_set1_epi32(-off * S);
-                _Pragma("GCC unroll 8")
-                for (int m = 0; m < 8; m++) I = dot4_avx2(I, v[m], xb->q + 4 * m, bits);
-                *A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(a, xd), *A);
-                if (q_has_min(type)) *A = _mm256_fmadd_ps(mn, _mm256_set1_ps(xb->ds), *A);
-                if (q_is_k(type)) *A = _mm256_fnmadd_ps(mn, _mm256_set1_ps(xb->ds), *A);
-            }
+            for (int t = 0; t < NT; t++)
+                acc[j * NT + t] = block_dot8(acc[j * NT + t], v, x + (size_t)t * lda + b, a, a2, mn, type);
         }
     }
     _Pragma("GCC unroll 4")
     for (int j = 0; j < NP; j++)
         _Pragma("GCC unroll 8")
-        for (int t = 0; t < NT; t++) {
-            float *o = out + (size_t)j * PANEL + (size_t)t * ldo;
-            if (j < NP - 1 || rows >= 8) {
-                _mm256_storeu_ps(o, acc[j * NT + t]);
-            } else {
-                float tmp[8];
-                _mm256_storeu_ps(tmp, acc[j * NT + t]);
-                for (int r = 0; r < rows; r++) o[r] = tmp[r];
-            }
-        }
+        for (int t = 0; t < NT; t++)
+            store_rows8(out + (size_t)j * PANEL + (size_t)t * ldo, acc[j * NT + t], j < NP - 1 ? 8 : rows);
 }
+
+/* Rows 8h .. 8h+7 of one panel for a tile of NT tokens (at most 4), for
+ * prompts, the sums in named variables as qtile's (above). */
+#define EACH_TOKEN(X) X(0) X(1) X(2) X(3)
+INLINE AVX2 void qhalf_tile(float *out, int ldo, const FlmQ8 *x, int lda, const uint8_t *pp, int K, const int type,
+                            const int NT, int h, int rows) {
+    const int sb = q_sb(type), hdr = q_header(type), data = q_data(type);
+    const size_t sbb = (size_t)hdr + (size_t)sb / 32 * data;
+#define DECLARE(t) __m256 acc##t = _mm256_setzero_ps();
+    EACH_TOKEN(DECLARE)
+#undef DECLARE
+    uint8_t fields[256];
+    for (int b = 0; b < K / 32; b++) {
+        const int i = b * 32 % sb / 32;
+        const uint8_t *hp = pp + (size_t)(b * 32 / sb) * sbb;
+        __m256i v[8];
+        if (q_is_k(type) && i == 0) k_fields8(fields, hp);
+        if (h == 0) prefetch_record(hp + hdr + (size_t)i * data, data);
+        unpack8(v, hp + hdr + (size_t)i * data, q_bits(type), h);
+        __m256 a, a2, mn;
+        block_scales8(hp, fields, i, h, type, &a, &a2, &mn);
+#define STEP(t) if ((t) < NT) acc##t = block_dot8(acc##t, v, x + (size_t)(t) * lda + b, a, a2, mn, type);
+        EACH_TOKEN(STEP)
+#undef STEP
+    }
+#define STORE(t) if ((t) < NT) store_rows8(out + (size_t)(t) * ldo, acc##t, rows);
+    EACH_TOKEN(STORE)
+#undef STORE
+}
+#undef EACH_TOKEN
 
 INLINE AVX2 void qgemm_type_avx2(float *out, int ldo, const FlmQ8 *x, int lda, const void *wp, int K, int T,
                                  int p0, int np, int N, const int type) {
@@ -987,7 +1029,7 @@ INLINE AVX2 void qgemm_type_avx2(float *out, int ldo, const FlmQ8 *x, int lda, c
             const int rows = N - p * PANEL - 8 * h;
             if (rows <= 0) break;
             float *o = out + p * PANEL + 8 * h;
-#define TOKENS(NT) qhalf(o + (size_t)t * ldo, ldo, x + (size_t)t * lda, lda, pp, pb, K, type, NT, 1, h, rows)
+#define TOKENS(NT) qhalf_tile(o + (size_t)t * ldo, ldo, x + (size_t)t * lda, lda, pp, K, type, NT, h, rows)
             int t = 0;
             for (; T - t >= 4; t += 4) TOKENS(4);
             if (T - t >= 2) { TOKENS(2); t += 2; }
