@@ -343,9 +343,10 @@ ARM_INLINE float32x4_t pow2(int32x4_t n) {
     return vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(n, vdupq_n_s32(127)), 23));
 }
 
-/* exp(x) as exp16 (kernels.c) computes it: 2^n * p(r), x = n*ln2 + r,
+/* exp(x) as exp16 (kernels_x86.c) computes it: 2^n * p(r), x = n*ln2 + r,
  * |r| <= ln2/2, a degree-6 polynomial for exp(r); about 1 ulp, exactly 0
- * below -104, inf above 89, NaN kept. 2^n is applied in two halves, each
+ * below -104, inf above 89, NaN kept. (exp16 gives 0 below -87: the
+ * subnormals cost Intel cores a microcode assist each.) 2^n is applied in two halves, each
  * a normal float: p times the first is exact, so a result below FLT_MIN
  * is rounded once, as AVX-512's scalef rounds it. */
 ARM_INLINE float32x4_t exp4(float32x4_t x) {

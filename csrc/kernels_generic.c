@@ -17,6 +17,12 @@ static inline float reduce8(const float *acc) {
     return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 
+/* exp(x), but 0 below -87, as the AVX-512 path's exp16 gives it: below
+ * about -87.3 expf is subnormal, and Intel cores take a microcode assist
+ * for each subnormal result and each operation that reads one (the AVX2
+ * path uses these loops). A sum changes by less than 2e-38. */
+static inline float exp_normal(float x) { return x < -87.0f ? 0.0f : expf(x); }
+
 static void key_scores_generic(float *att, size_t lda, const float *const *q, int nq, const void *kb, int n,
                                int hd, int kv) {
     if (kv == FLM_Q8_0) {
@@ -36,7 +42,7 @@ static void key_scores_generic(float *att, size_t lda, const float *const *q, in
 float flm_exp_sum_generic(float *x, int n, float max) {
     float acc[GENERIC_LANES] = {0};
     for (int i = 0; i < n; i++) {
-        x[i] = expf(x[i] - max);
+        x[i] = exp_normal(x[i] - max);
         acc[i % GENERIC_LANES] += x[i];
     }
     return reduce8(acc);
@@ -95,7 +101,7 @@ void flm_conv_silu_generic(float *x, size_t ldx, int T, float *win, size_t ldw, 
             acc += wc[K - 1] * m;
             for (int j = 0; j + 1 < K - 1; j++) win[j * ldw + c] = win[(j + 1) * ldw + c];
             if (K > 1) win[(K - 2) * ldw + c] = m;
-            x[(size_t)t * ldx + c] = acc / (1.0f + expf(-acc));
+            x[(size_t)t * ldx + c] = acc / (1.0f + exp_normal(-acc));
         }
     }
 }
@@ -108,7 +114,7 @@ void flm_rmsnorm_generic(float *out, const float *x, const float *weight, int n,
 }
 
 void flm_silu_mul_generic(float *g, const float *u, int n) {
-    for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + exp_normal(-g[i])) * u[i];
 }
 
 static void gelu_tanh_mul_generic(float *g, const float *u, int n) {
