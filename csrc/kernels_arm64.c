@@ -345,10 +345,11 @@ ARM_INLINE float32x4_t pow2(int32x4_t n) {
 
 /* exp(x) as exp16 (kernels_x86.c) computes it: 2^n * p(r), x = n*ln2 + r,
  * |r| <= ln2/2, a degree-6 polynomial for exp(r); about 1 ulp, exactly 0
- * below -104, inf above 89, NaN kept. (exp16 gives 0 below -87: the
- * subnormals cost Intel cores a microcode assist each.) 2^n is applied in two halves, each
- * a normal float: p times the first is exact, so a result below FLT_MIN
- * is rounded once, as AVX-512's scalef rounds it. */
+ * below -104, inf above 89, NaN kept. Unlike exp16 it keeps the subnormals
+ * between -104 and EXP_LOWEST (ARM cores compute them in hardware; their
+ * cost was not measured here). 2^n is applied in two halves, each a normal
+ * float: p times the first is exact, so a result below FLT_MIN is rounded
+ * once, as scalef rounds it. */
 ARM_INLINE float32x4_t exp4(float32x4_t x) {
     x = vminq_f32(vmaxq_f32(x, vdupq_n_f32(-104.0f)), vdupq_n_f32(89.0f));
     const float32x4_t n = vrndnq_f32(vmulq_n_f32(x, 1.44269504088896341f));

@@ -17,11 +17,9 @@ static inline float reduce8(const float *acc) {
     return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 
-/* exp(x), but 0 below -87, as the AVX-512 path's exp16 gives it: below
- * about -87.3 expf is subnormal, and Intel cores take a microcode assist
- * for each subnormal result and each operation that reads one (the AVX2
- * path uses these loops). A sum changes by less than 2e-38. */
-static inline float exp_normal(float x) { return x < -87.0f ? 0.0f : expf(x); }
+/* exp(x), 0 below EXP_LOWEST (kernels.h says why; the AVX2 path runs
+ * these loops). */
+static inline float exp_normal(float x) { return x < EXP_LOWEST ? 0.0f : expf(x); }
 
 static void key_scores_generic(float *att, size_t lda, const float *const *q, int nq, const void *kb, int n,
                                int hd, int kv) {

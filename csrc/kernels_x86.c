@@ -331,14 +331,11 @@ static const FlmKernels kernels_avx2 = {
 /* ---- AVX-512: 16 lanes, masked tails */
 
 /* exp(x) as 2^n * p(r), x = n*ln2 + r, |r| <= ln2/2, with a degree-6
- * polynomial for exp(r): about 1 ulp, and exactly 0 below -87 (NaN too).
- * Below about -87.3 exp(x) is subnormal, and each subnormal result (or
- * input to the FMAs that use it) costs Intel cores a microcode assist:
- * scores far below a row's largest took 70% of the softmax's time, and
- * silu(g) of a large gate g as much, in forward_speed's random 1.7B shape
- * (2-core Xeon); dropping them changes a sum by less than 2e-38. */
+ * polynomial for exp(r): about 1 ulp, and exactly 0 below EXP_LOWEST (NaN
+ * too; kernels.h says why). The input is clamped there too, so that the
+ * zeroed lanes compute no subnormal either. */
 INLINE AVX512 __m512 exp16(__m512 x) {
-    const __m512 lowest = _mm512_set1_ps(-87.0f);
+    const __m512 lowest = _mm512_set1_ps(EXP_LOWEST);
     const __mmask16 normal = _mm512_cmp_ps_mask(x, lowest, _CMP_GE_OQ);
     x = _mm512_max_ps(x, lowest);
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
