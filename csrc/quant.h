@@ -35,6 +35,8 @@
 typedef struct {
     float d;
     float ds;        /* d * (float)(s[0] + s[1]), formed once for every row's kernel */
+    int32_t s32[2];  /* -32 * s[h]: Q6_K's offset terms, which the SIMD kernels
+                      * broadcast from memory instead of forming per row panel */
     int16_t s[2];
     int8_t q[32];
 } FlmQ8;

@@ -109,8 +109,8 @@ ARM_INLINE float32x4_t block_fma(float32x4_t acc, int32x4_t I0, int32x4_t I1, Ro
                                  const FlmQ8 *x) {
     const float xd = x->d;
     if (type == FLM_Q6_K) {
-        I0 = vaddq_s32(I0, vdupq_n_s32(-32 * x->s[0]));
-        I1 = vaddq_s32(I1, vdupq_n_s32(-32 * x->s[1]));
+        I0 = vaddq_s32(I0, vdupq_n_s32(x->s32[0]));
+        I1 = vaddq_s32(I1, vdupq_n_s32(x->s32[1]));
         acc = vfmaq_f32(acc, vcvtq_f32_s32(I0), vmulq_n_f32(s.a, xd));
         return vfmaq_f32(acc, vcvtq_f32_s32(I1), vmulq_n_f32(s.a2, xd));
     }
@@ -167,6 +167,8 @@ void flm_quantize_q8_neon(FlmQ8 *dst, const float *x, int K) {
         }
         dst[b].s[0] = (int16_t)vaddvq_s32(s[0]);
         dst[b].s[1] = (int16_t)vaddvq_s32(s[1]);
+        dst[b].s32[0] = -32 * dst[b].s[0];
+        dst[b].s32[1] = -32 * dst[b].s[1];
         dst[b].ds = dst[b].d * (float)(dst[b].s[0] + dst[b].s[1]);
     }
 }
