@@ -414,11 +414,7 @@ void flm_quantize_q8_generic(FlmQ8 *dst, const float *x, int K) {
             if (k < 16) s0 += v;
             else s1 += v;
         }
-        dst[b].s[0] = (int16_t)s0;
-        dst[b].s[1] = (int16_t)s1;
-        dst[b].s32[0] = -32 * s0;
-        dst[b].s32[1] = -32 * s1;
-        dst[b].ds = dst[b].d * (float)(s0 + s1);
+        flm_q8_set_sums(&dst[b], s0, s1);
     }
 }
 
@@ -1068,11 +1064,7 @@ AVX512 void flm_quantize_q8_avx512(FlmQ8 *dst, const float *x, int K) {
         const __m512i i1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)));
         _mm_storeu_si128((__m128i *)dst[b].q, _mm512_cvtepi32_epi8(i0));
         _mm_storeu_si128((__m128i *)(dst[b].q + 16), _mm512_cvtepi32_epi8(i1));
-        dst[b].s[0] = (int16_t)_mm512_reduce_add_epi32(i0);
-        dst[b].s[1] = (int16_t)_mm512_reduce_add_epi32(i1);
-        dst[b].s32[0] = -32 * dst[b].s[0];
-        dst[b].s32[1] = -32 * dst[b].s[1];
-        dst[b].ds = dst[b].d * (float)(dst[b].s[0] + dst[b].s[1]);
+        flm_q8_set_sums(&dst[b], _mm512_reduce_add_epi32(i0), _mm512_reduce_add_epi32(i1));
     }
 }
 #endif

@@ -41,6 +41,16 @@ typedef struct {
     int8_t q[32];
 } FlmQ8;
 
+/* A block's sums and what the kernels derive from them, once d and q[]
+ * are set: every path's quantizer ends a block with this. */
+static inline void flm_q8_set_sums(FlmQ8 *b, int s0, int s1) {
+    b->s[0] = (int16_t)s0;
+    b->s[1] = (int16_t)s1;
+    b->s32[0] = -32 * s0;
+    b->s32[1] = -32 * s1;
+    b->ds = b->d * (float)(s0 + s1);
+}
+
 typedef struct {
     const char *name;
     int sb;          /* k per superblock of scales: 32 or 256 (F16: 1) */

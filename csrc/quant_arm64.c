@@ -165,11 +165,7 @@ void flm_quantize_q8_neon(FlmQ8 *dst, const float *x, int K) {
             s[j / 4] = vaddq_s32(s[j / 4], vaddq_s32(i0, i1));
             vst1_s8(dst[b].q + 4 * j, vmovn_s16(vcombine_s16(vmovn_s32(i0), vmovn_s32(i1))));
         }
-        dst[b].s[0] = (int16_t)vaddvq_s32(s[0]);
-        dst[b].s[1] = (int16_t)vaddvq_s32(s[1]);
-        dst[b].s32[0] = -32 * dst[b].s[0];
-        dst[b].s32[1] = -32 * dst[b].s[1];
-        dst[b].ds = dst[b].d * (float)(dst[b].s[0] + dst[b].s[1]);
+        flm_q8_set_sums(&dst[b], vaddvq_s32(s[0]), vaddvq_s32(s[1]));
     }
 }
 
