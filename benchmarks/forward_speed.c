@@ -7,7 +7,7 @@
  *      benchmarks/forward_speed.c -lm -o /tmp/forward_speed
  *   /tmp/forward_speed SHAPE f32|bf16 THREADS [PP [TG [PATH [KV]]]]
  *
- * SHAPE: 135m, 360m, 1.7b (SmolLM2), 7b (Llama-2), qwen3.5-2b (Gated
+ * SHAPE: 135m, 360m, 1.7b (SmolLM2), 0.5b (Qwen2.5), 7b (Llama-2), qwen3.5-2b (Gated
  * DeltaNet layers, three to each gated full-attention layer, a tied LM head
  * of 248,320 rows) or phi4-mini (heads of 128, three quarters rotated, a
  * head of 200,064 rows); the weight type may also be the mix q4_k_m, which gives
@@ -17,7 +17,8 @@
  * (default 512, 0 skips), TG generated tokens (default 64, 0 skips); PATH a
  * SIMD path; KV f32, bf16 or f16. pp is one pass over PP tokens from an
  * empty cache, tg TG one-token steps from an empty cache; the median of
- * FS_REPS runs (default 3) after a warm-up.
+ * FS_REPS runs (default 3) after a warm-up. Each phase is printed as its
+ * share of the time and its mean wall time per pass (for tg, per token).
  */
 #include <math.h>
 #include <stdio.h>
@@ -129,6 +130,8 @@ int main(int argc, char **argv) {
         c.dim = 960; c.hidden_dim = 2560; c.n_layers = 32; c.n_heads = 15; c.n_kv_heads = 5;
     } else if (!strcmp(argv[1], "1.7b")) {
         c.dim = 2048; c.hidden_dim = 8192; c.n_layers = 24; c.n_heads = 32; c.n_kv_heads = 32;
+    } else if (!strcmp(argv[1], "0.5b")) {
+        c.dim = 896; c.hidden_dim = 4864; c.n_layers = 24; c.n_heads = 14; c.n_kv_heads = 2;
     } else if (!strcmp(argv[1], "7b")) {
         c.dim = 4096; c.hidden_dim = 11008; c.n_layers = 32; c.n_heads = 32; c.n_kv_heads = 32;
     } else if (!strcmp(argv[1], "qwen3.5-2b")) {
@@ -143,7 +146,8 @@ int main(int argc, char **argv) {
     const int qwen35 = c.conv_kernel > 0;
     c.head_dim = qwen35 ? 256 : c.dim / c.n_heads;
     const int phi4 = !strcmp(argv[1], "phi4-mini");
-    c.vocab_size = !strcmp(argv[1], "7b") ? 32000 : qwen35 ? 248320 : phi4 ? 200064 : 49152;
+    c.vocab_size = !strcmp(argv[1], "7b") ? 32000 : qwen35 ? 248320 : phi4 ? 200064
+                 : !strcmp(argv[1], "0.5b") ? 151936 : 49152;
     const int q4_k_m = !strcmp(argv[2], "q4_k_m");
     const int wtype = q4_k_m ? FLM_Q4_K : type_by_name(argv[2]);
     if (wtype < 0) {
@@ -246,7 +250,9 @@ int main(int argc, char **argv) {
         printf("%s%d: %.1f tok/s  (ms per pass: %.2f, CPU ms per pass: %.2f; phases:", test == 0 ? "pp" : "tg", n,
                n / med, med * 1e3 / (test == 0 ? 1 : tg), cpu_times[reps / 2] * 1e3 / (test == 0 ? 1 : tg));
         for (int k = 0; k < FLM_PHASES; k++)
-            if (profile[k] > 0) printf(" %s %.0f%%", PHASE_NAMES[k], 100 * profile[k] / total);
+            if (profile[k] > 0)
+                printf(" %s %.0f%% %.0f us", PHASE_NAMES[k], 100 * profile[k] / total,
+                       profile[k] * 1e6 / (test == 0 ? 1 : tg));
         printf(")\n");
     }
     return 0;

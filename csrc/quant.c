@@ -599,6 +599,17 @@ INLINE void prefetch_record(const uint8_t *rec, int data) {
     for (int o = 0; o <= data; o += 64) _mm_prefetch((const char *)rec + PREFETCH_AHEAD + o, _MM_HINT_T0);
 }
 
+/* prefetch_record for stream j of NP panels side by side (the decoding
+ * kernels; end: the end of its panel): past that, not the next panel, which
+ * stream j+1 of this call read already, but the same place NP panels on,
+ * where stream j of the kernel's next call starts when a thread runs
+ * consecutive items, as decoding hands them out (fastllm.c). At 2 threads
+ * of the 2-core Xeon, forward_speed's 1.7B shape at Q4_K_M decoded
+ * 25.5-25.8 → 26.5-27.1 tokens/s (1 thread 13.2-13.4 → 14.0-14.1). */
+INLINE void prefetch_stream(const uint8_t *rec, int data, const uint8_t *end, int NP, size_t pb) {
+    prefetch_record(rec + (rec + PREFETCH_AHEAD >= end ? (size_t)(NP - 1) * pb : 0), data);
+}
+
 /* v[m]: as unpack16, but for 4-bit quants the high nibbles (odd m) are
  * left in place, 16 times their value: one operation less per 64 bytes,
  * for tiles of few tokens, whose integer sums of odd m are divided by 16
@@ -712,7 +723,7 @@ INLINE AVX512VNNI void qpanel(float *out, int ldo, const FlmQ8 *x, int lda, cons
             const uint8_t *h = pp + (size_t)j * pb + (size_t)(b * 32 / sb) * sbb;
             __m512i v[8];
             if (q_is_k(type) && i == 0) k_fields(fields[j], h);
-            prefetch_record(h + hdr + (size_t)i * data, data);
+            prefetch_stream(h + hdr + (size_t)i * data, data, pp + (size_t)(j + 1) * pb, NP, pb);
             if (high16) unpack16_high(v, h + hdr + (size_t)i * data);
             else unpack16(v, h + hdr + (size_t)i * data, q_bits(type));
             __m512 a, a2, mn;
@@ -968,7 +979,7 @@ INLINE AVX2 void qhalf(float *out, int ldo, const FlmQ8 *x, int lda, const uint8
             const uint8_t *hp = pp + (size_t)j * pb + (size_t)(b * 32 / sb) * sbb;
             __m256i v[8];
             if (q_is_k(type) && i == 0) k_fields8(fields[j], hp);
-            if (h == 0) prefetch_record(hp + hdr + (size_t)i * data, data);
+            if (h == 0) prefetch_stream(hp + hdr + (size_t)i * data, data, pp + (size_t)(j + 1) * pb, NP, pb);
             unpack8(v, hp + hdr + (size_t)i * data, q_bits(type), h);
             __m256 a, a2, mn;
             block_scales8(hp, fields[j], i, h, type, &a, &a2, &mn);
