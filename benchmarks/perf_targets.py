@@ -22,6 +22,7 @@ as a share of the ceiling the median bandwidth sets for the bytes of the
 matrices a decoded token reads (gguf_speed.matrix_bytes: of a mixture's
 experts, the share a token uses), and fastllm's peak RSS against the file's size, its KV
 cache (and recurrent state) at the context of max(pp, tg), and 100 MiB.
+`--pp 0` times decoding alone (and `--tg 0` prompts alone).
 
 load: seconds from the start to the logits of a one-token prompt, the file
 in the page cache, each run a process of its own, at the largest thread
@@ -191,9 +192,11 @@ def speed(files, args, env, report):
             rss = max(runs[(path, t, "rss")])
             rows.append({"file": path.name, "threads": t, "fastllm": f, "llama.cpp": l, "peak_rss_mib": rss,
                          "rss_bound_mib": bound, "membw": median_bw[t]})
-            lines.append(f"| {path.name} | {t} | {f[pp]:.1f} / {l[pp]:.1f} | {f[pp] / l[pp]:.2f} | {f[tg]:.2f} / "
-                         f"{l[tg]:.2f} | {f[tg] / l[tg]:.2f} | {f[tg] / ceiling:.0%} / {l[tg] / ceiling:.0%} | "
-                         f"{rss:.0f} / {bound:.0f} MiB |")
+            # --pp 0 or --tg 0 leaves that test out (a decoding-only run).
+            prompt = (f"{f[pp]:.1f} / {l[pp]:.1f} | {f[pp] / l[pp]:.2f}" if pp in f else "- | -")
+            decode = (f"{f[tg]:.2f} / {l[tg]:.2f} | {f[tg] / l[tg]:.2f} | {f[tg] / ceiling:.0%} / "
+                      f"{l[tg] / ceiling:.0%}" if tg in f else "- | - | -")
+            lines.append(f"| {path.name} | {t} | {prompt} | {decode} | {rss:.0f} / {bound:.0f} MiB |")
     report["speed"] = rows
     return lines
 
