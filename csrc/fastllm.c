@@ -446,7 +446,7 @@ static int chunk_of(int items) { return imax(1, items / (num_threads() * 16)); }
  * finishing the last (quant.c). There the items go out in runs that halve
  * as the loop ends (schedule(guided)): on the 2-core Xeon, forward_speed's
  * Qwen2.5-0.5B shape at Q5_0 decoded 74-76 → 77-80 tokens/s at 2 threads. */
-static int decoding(int T) { return T <= 2; }
+static int decoding(int T) { return T <= FLM_DECODE_TOKENS; }
 
 /* Panels per parallel work item: a batch of tokens wants several panels in
  * cache at once (4 x 16 rows of 576 fp32 are 147 KB, at home in L2);

@@ -784,7 +784,7 @@ INLINE AVX512VNNI void qgemm_type(float *out, int ldo, const FlmQ8 *x, int lda, 
                                   int p0, int np, int N, const int type) {
     const size_t pb = (size_t)K / q_sb(type) * ((size_t)q_header(type) + (size_t)q_sb(type) / 32 * q_data(type));
     int p = p0;
-    if (T <= 2)
+    if (T <= FLM_DECODE_TOKENS)
         for (; p + DECODE_PANELS <= p0 + np; p += DECODE_PANELS) {
             const uint8_t *pp = (const uint8_t *)wp + (size_t)p * pb;
             const __mmask16 rows = tail_mask(N - (p + DECODE_PANELS - 1) * PANEL);
@@ -1029,7 +1029,7 @@ INLINE AVX2 void qgemm_type_avx2(float *out, int ldo, const FlmQ8 *x, int lda, c
                                  int p0, int np, int N, const int type) {
     const size_t pb = (size_t)K / q_sb(type) * ((size_t)q_header(type) + (size_t)q_sb(type) / 32 * q_data(type));
     int p = p0;
-    if (T <= 2)   /* decoding: whole panels side by side (the last may be partial: alone, below) */
+    if (T <= FLM_DECODE_TOKENS)   /* decoding: whole panels side by side (the last may be partial: alone, below) */
         for (; p + DECODE_PANELS <= p0 + np && (p + DECODE_PANELS) * PANEL <= N; p += DECODE_PANELS) {
             const uint8_t *pp = (const uint8_t *)wp + (size_t)p * pb;
             for (int h = 0; h < 2; h++) {

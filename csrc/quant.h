@@ -123,6 +123,10 @@ void flm_quantize_q8_generic(FlmQ8 *dst, const float *x, int K);
  * summed block by block, in order, whatever T and the panels are. */
 typedef void (*flm_qgemm_fn)(float *out, int ldo, const FlmQ8 *x, int lda, const void *wp, int K, int T,
                              int p0, int np, int N, int type);
+/* Passes of at most this many tokens are decoding: the x86 kernels read
+ * their panels side by side, and fastllm.c hands their work items out in
+ * runs of consecutive panels, which those kernels' prefetches count on. */
+#define FLM_DECODE_TOKENS 2
 void flm_qgemm_generic(float *, int, const FlmQ8 *, int, const void *, int, int, int, int, int, int);
 void flm_qgemm_avx512_vnni(float *, int, const FlmQ8 *, int, const void *, int, int, int, int, int, int);
 void flm_qgemm_avx2(float *, int, const FlmQ8 *, int, const void *, int, int, int, int, int, int);
