@@ -354,31 +354,54 @@ def _check_rows(data, str dtype, int K):
 
 
 # Where packed matrices are made: numpy's memory, unless a load on this
-# thread has given another place (fastllm.load.pack_cache: pages of the file
-# being written, so the packed bytes are never also copied there).
+# thread has given another place (fastllm.load.pack_cache: the file being
+# written). A matrix is packed in parts: sink.reserve(n) its n bytes, then
+# for each part sink.part(where, at, size) (a writable uint8 array to pack
+# it into) and sink.done(where, at, part) once it is packed, and last
+# sink.result(where), the matrix's bytes as a uint8 array.
 _packing = threading.local()
 
 
-def _packed_buffer(size_t n):
-    """A writable uint8 array of n bytes for a packed matrix."""
-    make = getattr(_packing, "buffer", None)
-    return np.empty(n, np.uint8) if make is None else make(n)
+class _InMemory:
+    """Packed matrices in numpy's memory, each part packed in place."""
+
+    @staticmethod
+    def reserve(size_t n):
+        return np.empty(n, np.uint8)
+
+    @staticmethod
+    def part(dst, size_t at, size_t n):
+        return dst[at:at + n]
+
+    @staticmethod
+    def done(dst, size_t at, part):
+        pass
+
+    @staticmethod
+    def result(dst):
+        return dst
+
+
+def _sink():
+    sink = getattr(_packing, "sink", None)
+    return _InMemory if sink is None else sink
 
 
 class packing_into:
-    """Within it, the packed matrices this thread makes are buffer(n) (n
-    bytes, a writable uint8 array) instead of numpy's own memory."""
+    """Within it, the packed matrices this thread makes go to sink (an
+    object with reserve, part, done and result, as _InMemory's) instead of
+    numpy's own memory."""
 
-    def __init__(self, buffer):
-        self.buffer = buffer
+    def __init__(self, sink):
+        self.sink = sink
 
     def __enter__(self):
-        self.before = getattr(_packing, "buffer", None)
-        _packing.buffer = self.buffer
+        self.before = getattr(_packing, "sink", None)
+        _packing.sink = self.sink
         return self
 
     def __exit__(self, *exc):
-        _packing.buffer = self.before
+        _packing.sink = self.before
 
 
 def pack(matrix, int n_threads=0, str dtype=None, int K=0):
@@ -396,14 +419,18 @@ def pack(matrix, int n_threads=0, str dtype=None, int K=0):
         K = arr.shape[1]
     src, N = _check_rows(matrix, dtype, K)
     cdef int n = N, k = K, wtype = TYPES[dtype]
-    cdef cnp.ndarray dst = _packed_buffer(flm.flm_packed_bytes(n, k, wtype))
+    cdef size_t size = flm.flm_packed_bytes(n, k, wtype)
+    sink = _sink()
+    where = sink.reserve(size)
+    cdef cnp.ndarray dst = sink.part(where, 0, size)
     cdef int nt = n_threads if n_threads > 0 else (os.cpu_count() or 1)
     cdef PackArgs job
     job.dst = cnp.PyArray_DATA(dst)
     job.src = cnp.PyArray_DATA(<cnp.ndarray>src)
     job.N, job.K, job.wtype, job.n_threads = n, k, wtype, nt
     _run_job(_pack_job, &job)
-    return Matrix(dst, dtype, N, K, True)
+    sink.done(where, 0, dst)
+    return Matrix(sink.result(where), dtype, N, K, True)
 
 
 def pack_experts(expert, int n_experts, str dtype, int N, int K, int n_threads=0):
@@ -415,19 +442,23 @@ def pack_experts(expert, int n_experts, str dtype, int N, int K, int n_threads=0
         raise ValueError(f"unknown weight type {dtype!r}; known: {', '.join(TYPES)}")
     cdef int wtype = TYPES[dtype]
     cdef size_t stride = flm.flm_expert_bytes(N, K, wtype)
-    cdef cnp.ndarray dst = _packed_buffer(stride * n_experts)
+    sink = _sink()
+    where = sink.reserve(stride * n_experts)
+    cdef cnp.ndarray dst
     cdef int nt = n_threads if n_threads > 0 else (os.cpu_count() or 1)
     cdef PackArgs job
     for e in range(n_experts):
         src, n = _check_rows(expert(e), dtype, K)
         if n != N:
             raise ValueError(f"expert {e} has {n} rows, expected {N}")
-        job.dst = <void *>(<char *>cnp.PyArray_DATA(dst) + stride * <size_t>e)
+        dst = sink.part(where, stride * e, stride)
+        job.dst = cnp.PyArray_DATA(dst)
         job.src = cnp.PyArray_DATA(<cnp.ndarray>src)
         job.N, job.K, job.wtype, job.n_threads = N, K, wtype, nt
         _run_job(_pack_job, &job)
+        sink.done(where, stride * e, dst)
         src = None   # this expert's rows, before the next is read
-    return Matrix(dst, dtype, N, K, True, n_experts)
+    return Matrix(sink.result(where), dtype, N, K, True, n_experts)
 
 
 def packed_matrix(data, str dtype, int N, int K, int experts=0):
@@ -491,20 +522,26 @@ def pack_in_chunks(read_rows, int N, int K, str dtype, int chunk_rows, int n_thr
     if N < 1:
         raise ValueError(f"a matrix has at least one row, got N = {N}")
     cdef int wtype = TYPES[dtype]
-    cdef cnp.ndarray dst = _packed_buffer(flm.flm_packed_bytes(N, K, wtype))
+    sink = _sink()
+    where = sink.reserve(flm.flm_packed_bytes(N, K, wtype))
+    cdef cnp.ndarray dst
     cdef int nt = n_threads if n_threads > 0 else (os.cpu_count() or 1)
     cdef PackArgs job
     cdef int first, n
+    cdef size_t at
     for first in range(0, N, chunk_rows):
         n = min(chunk_rows, N - first)
         src, got = _check_rows(read_rows(first, n), dtype, K)
         if got != n:
             raise ValueError(f"read_rows({first}, {n}) gave {got} rows")
-        job.dst = <char *>cnp.PyArray_DATA(dst) + flm.flm_packed_bytes(first, K, wtype)
+        at = flm.flm_packed_bytes(first, K, wtype)
+        dst = sink.part(where, at, flm.flm_packed_bytes(n, K, wtype))
+        job.dst = cnp.PyArray_DATA(dst)
         job.src = cnp.PyArray_DATA(<cnp.ndarray>src)
         job.N, job.K, job.wtype, job.n_threads = n, K, wtype, nt
         _run_job(_pack_job, &job)
-    return Matrix(dst, dtype, N, K, True)
+        sink.done(where, at, dst)
+    return Matrix(sink.result(where), dtype, N, K, True)
 
 
 def rows(matrix, str dtype=None, int K=0):
