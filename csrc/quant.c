@@ -11,6 +11,52 @@
 
 int flm_is_quantized(int type) { return type >= FLM_Q8_0 && type < FLM_TYPES; }
 
+/* The finite check of flm_finite, for one type, over n_words 16-bit or
+ * 32-bit words (stride: words from one checked word to the next; of GGML
+ * blocks, their bytes): all exponent bits set is infinity or NaN. Chunks
+ * of 64K words go to the threads; one found is enough. */
+static int all_finite(const uint8_t *p, size_t n_words, size_t stride, int wide, uint32_t exponent,
+                      int n_threads) {
+    const size_t chunk = 1 << 16, chunks = (n_words + chunk - 1) / chunk;
+    int bad = 0;
+#pragma omp parallel for schedule(static) reduction(| : bad) num_threads(n_threads > 0 ? n_threads : 1)
+    for (size_t c = 0; c < chunks; c++) {
+        const size_t end = (c + 1) * chunk < n_words ? (c + 1) * chunk : n_words;
+        int found = 0;
+        if (wide)
+            for (size_t i = c * chunk; i < end; i++) {
+                uint32_t w;
+                memcpy(&w, p + i * stride, 4);
+                found |= (w & exponent) == exponent;
+            }
+        else
+            for (size_t i = c * chunk; i < end; i++) {
+                uint16_t h;
+                memcpy(&h, p + i * stride, 2);
+                found |= (h & exponent) == exponent;
+            }
+        bad |= found;
+    }
+    return !bad;
+}
+
+int flm_finite(const void *data, size_t n, int type, int n_threads) {
+    const uint8_t *p = (const uint8_t *)data;
+    switch (type) {
+    case FLM_F32: return all_finite(p, n, 4, 1, 0x7F800000u, n_threads);
+    case FLM_BF16: return all_finite(p, n, 2, 0, 0x7F80u, n_threads);
+    case FLM_F16: return all_finite(p, n, 2, 0, 0x7C00u, n_threads);
+    }
+    const FlmQuantType *q = flm_quant_type(type);
+    if (!q) return 0;
+    const size_t blocks = n / (size_t)q->ggml_block, bytes = (size_t)q->ggml_bytes;
+    /* the f16 fields of a block: d (Q6_K's after its quants), and m or dmin */
+    const int d_at = type == FLM_Q6_K ? 208 : 0;
+    const int has_min = type == FLM_Q4_1 || type == FLM_Q5_1 || type == FLM_Q4_K || type == FLM_Q5_K;
+    return all_finite(p + d_at, blocks, bytes, 0, 0x7C00u, n_threads) &&
+           (!has_min || all_finite(p + 2, blocks, bytes, 0, 0x7C00u, n_threads));
+}
+
 static size_t sb_bytes(const FlmQuantType *q) { return (size_t)q->header + (size_t)q->sb / 32 * q->data; }
 static size_t panel_bytes(const FlmQuantType *q, int K) {
     return q->bits == 16 ? (size_t)K * PANEL * 2 : (size_t)K / q->sb * sb_bytes(q);

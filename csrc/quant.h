@@ -103,6 +103,12 @@ static inline const FlmQuantType *flm_quant_type(int type) {
 }
 int flm_is_quantized(int type);
 
+/* Whether n values of a weight type, as a GGUF or safetensors file stores
+ * them (plain values, or rows of GGML blocks: n a whole number of blocks),
+ * hold no NaN or infinity: every value of the float types; of GGML blocks,
+ * their f16 scales (the quants are integers). */
+int flm_finite(const void *data, size_t n, int type, int n_threads);
+
 /* Bytes of an (N, K) quantized matrix in panels; K must be a whole number of superblocks. */
 size_t flm_quant_packed_bytes(int N, int K, int type);
 /* Repack N rows of GGML blocks (F16: N rows of K halves). */

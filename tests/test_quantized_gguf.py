@@ -125,14 +125,21 @@ def test_unsupported_type_is_dequantized_with_a_warning(tmp_path, tiny_model_dir
     assert_close(model.logits(ids), logits_ref(tmp_path, "m.gguf", ids))
 
 
-def test_nan_scale_is_refused(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("qtype", GGUF_QUANTIZED, ids=lambda q: q.name)
+def test_nan_scale_is_refused(qtype, tmp_path, tiny_model_dir):
     folder = tiny_model_dir("llama-gqa")
 
     def quantize(name, data):
-        blocks = random_blocks(*data.shape, QT.Q4_0, 2)
+        if qtype == QT.F16:
+            values = data.astype(np.float16)
+            if name == "blk.1.ffn_up.weight":
+                values[3, 7] = np.nan
+            return values.view(np.uint8), qtype
+        blocks = random_blocks(*data.shape, qtype, 2)
         if name == "blk.1.ffn_up.weight":
-            blocks[3, 0:2] = np.array([np.nan], np.float16).view(np.uint8)
-        return blocks, QT.Q4_0
+            at = F16_SCALES[qtype][-1]
+            blocks[3, at:at + 2] = np.array([np.nan], np.float16).view(np.uint8)
+        return blocks, qtype
 
     write_gguf(tmp_path / "m.gguf", folder, synthetic_vocab(300), quantize=quantize)
     with pytest.raises(ModelFileError, match="blk.1.ffn_up.weight.*NaN"):
@@ -233,6 +240,56 @@ def test_packed_weights_take_no_more_bytes_than_the_file(qtype):
     from fastllm.core import _core
     blocks = random_blocks(32, 512, qtype, seed=1)
     assert _core.pack(blocks, dtype=qtype.name.lower(), K=512).data.nbytes == blocks.nbytes
+
+
+@pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q4_K, QT.Q5_K, QT.Q6_K],
+                         ids=lambda q: q.name)
+def test_finite_finds_a_bad_f16_scale_in_any_block(qtype):
+    """_core.finite, the load's check of every weight: a NaN or infinity in
+    either f16 field of a block (d; m or dmin), in the first block, at the
+    edge of a thread's chunk of 65,536 blocks or in the last, is found at
+    any thread count; the quants, integers, are not read as scales; the
+    largest finite scale passes."""
+    from fastllm.core import _core
+    dtype = qtype.name.lower()
+    n, size = gguf.GGML_QUANT_SIZES[qtype]
+    blocks = random_blocks(140_001, n, qtype, seed=5)       # one block a row
+    quants = np.ones(size, bool)
+    for at in F16_SCALES[qtype]:
+        quants[at:at + 2] = False
+    blocks[:, quants] = 0xFF     # read as an f16 these would be NaN
+    for threads in (1, 3):
+        assert _core.finite(blocks, dtype, threads)
+    for at in F16_SCALES[qtype]:
+        for row in (0, 65_535, 65_536, 140_000):
+            for value in (np.inf, -np.inf, np.nan, 65504.0):
+                poisoned = blocks.copy()
+                poisoned[row, at:at + 2] = np.array([value], np.float16).view(np.uint8)
+                for threads in (1, 3):
+                    assert _core.finite(poisoned, dtype, threads) == (value == 65504.0), (at, row, value)
+    with pytest.raises(ValueError, match="whole"):
+        _core.finite(blocks.reshape(-1)[:-1], dtype)
+    with pytest.raises(TypeError, match="uint8"):
+        _core.finite(blocks.view(np.uint16), dtype)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
+def test_finite_finds_a_bad_float_anywhere(dtype):
+    from fastllm.core import _core
+    rng = np.random.default_rng(7)
+    values = rng.standard_normal(200_003).astype(np.float32)
+    values[5] = np.finfo(np.float32).max if dtype == "f32" else 65504.0
+    as_stored = {"f32": lambda v: v, "bf16": lambda v: (v.view(np.uint32) >> 16).astype(np.uint16),
+                 "f16": lambda v: v.astype(np.float16)}[dtype]
+    assert _core.finite(as_stored(values), dtype, 2)
+    for at in (0, 65_535, 65_536, 200_002):
+        for value in (np.inf, -np.inf, np.nan):
+            poisoned = values.copy()
+            poisoned[at] = value
+            for threads in (1, 3):
+                assert not _core.finite(as_stored(poisoned), dtype, threads), (at, value)
+    with pytest.raises(TypeError):
+        _core.finite(values, "bf16")
 
 
 def test_lm_head_read_in_chunks_gives_the_same_logits(tmp_path, tiny_model_dir, monkeypatch):

@@ -149,6 +149,16 @@ cdef void _checksum_job(void *p) noexcept nogil:
     a.result = flm.flm_checksum(a.data, a.n, a.n_threads)
 
 
+cdef struct FiniteArgs:
+    const void *data
+    size_t n
+    int wtype, n_threads, result
+
+cdef void _finite_job(void *p) noexcept nogil:
+    cdef FiniteArgs *a = <FiniteArgs *>p
+    a.result = flm.flm_finite(a.data, a.n, a.wtype, a.n_threads)
+
+
 cdef struct ForwardArgs:
     const flm.FlmConfig *cfg
     const flm.FlmWeights *w
@@ -278,6 +288,28 @@ def block_size(str dtype):
     """(values, bytes) of one block of a weight type: (1, 4) for f32."""
     cdef const flm.FlmQuantType *q = _weight_type(dtype)
     return q.ggml_block, q.ggml_bytes
+
+
+def finite(values, str dtype, int n_threads=0):
+    """Whether values of a weight type as a file stores them (float32, bf16
+    bits as uint16, float16, or GGML blocks as uint8) hold no NaN or
+    infinity (GGML blocks: in their f16 scales; the quants are integers).
+    Threads share the work: the check costs a read of the values, at every
+    load of every weight."""
+    cdef const flm.FlmQuantType *q = _weight_type(dtype)
+    cdef cnp.ndarray arr = np.ascontiguousarray(values)
+    want = _ROW_DTYPES.get(dtype, np.uint8)
+    if arr.dtype != want:
+        raise TypeError(f"{dtype} values are held as {np.dtype(want)}, got {arr.dtype}")
+    if arr.nbytes % q.ggml_bytes:
+        raise ValueError(f"{arr.nbytes} bytes are not whole {dtype} blocks of {q.ggml_bytes} bytes")
+    cdef FiniteArgs job
+    job.data = cnp.PyArray_DATA(arr)
+    job.n = <size_t>arr.nbytes // q.ggml_bytes * q.ggml_block
+    job.wtype = TYPES[dtype]
+    job.n_threads = n_threads if n_threads > 0 else (os.cpu_count() or 1)
+    _run_job(_finite_job, &job)
+    return bool(job.result)
 
 
 def superblock(str dtype):

@@ -157,6 +157,7 @@ cdef extern from "quant.h" nogil:
         int ggml_bytes
     const FlmQuantType *flm_quant_type(int type)
     int flm_is_quantized(int type)
+    int flm_finite(const void *data, size_t n, int type, int n_threads)
     void flm_quant_dequant_row(float *out, const void *row, int K, int type)
 
 cdef extern from "gemm.h" nogil:

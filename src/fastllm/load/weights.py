@@ -71,12 +71,7 @@ def _head_rows(n: int, heads: int, perm: np.ndarray, interleaved: bool):
 
 def _all_finite(a: np.ndarray) -> bool:
     """No NaN or infinity in a float32 array or in bf16 bit patterns."""
-    if a.dtype == np.uint16:
-        # bf16: exponent bits all ones is infinity or NaN.
-        return a.size == 0 or int(np.max(a & np.uint16(0x7FFF))) < 0x7F80
-    # A sum is NaN or infinite if any term is; it can also overflow on
-    # finite terms, so only then is every element looked at.
-    return bool(np.isfinite(np.sum(a, dtype=np.float32))) or bool(np.isfinite(a).all())
+    return _core.finite(a, "bf16" if a.dtype == np.uint16 else "f32")
 
 
 def _row_length(blocks: np.ndarray, qtype: str) -> int:
@@ -106,26 +101,9 @@ def model_tensors(cfg: ModelConfig) -> tuple:
 # GGML tensor types the run loop multiplies as they are: gguf's type names
 # are the upper-case names of the C core's types.
 NATIVE_GGML_TYPES = {name.upper(): name for name in _core.TYPES}
-# Byte offsets of the f16 scales in one GGML block of each quantized type.
-_F16_SCALES = {"q8_0": (0,), "q4_0": (0,), "q5_0": (0,), "q4_1": (0, 2), "q5_1": (0, 2),
-               "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,)}
-
-
 class DequantizedTypeWarning(UserWarning):
     """A GGUF file holds tensors of a type without native kernels; they are
     dequantized to float32 at load."""
-
-
-def _finite_blocks(blocks: np.ndarray, dtype: str) -> bool:
-    """No NaN or infinity among the f16 scales of rows of GGML blocks (the
-    quants themselves are integers)."""
-    n, size = _core.block_size(dtype)
-    flat = blocks.reshape(-1, size)
-    for at in _F16_SCALES[dtype]:
-        scales = flat[:, at:at + 2].copy().view(np.float16)
-        if not np.isfinite(scales).all():
-            return False
-    return True
 
 
 # The LM head of a GGUF file is read and packed this many bytes of rows at a time.
@@ -326,9 +304,7 @@ class GgufSource(TensorSource):
             N, K = g.shape
             arr = {"f32": lambda: raw.view("<f4"), "f16": lambda: raw.view("<f2"),
                    "bf16": lambda: raw.view("<u2")}.get(dtype, lambda: raw)().reshape(N, -1)
-        finite = _finite_blocks(arr, dtype) if dtype not in ("f32", "f16", "bf16") else _all_finite(
-            arr.astype(np.float32) if dtype == "f16" else arr)
-        if not finite:
+        if not _core.finite(arr, dtype):
             raise _not_finite(self.path, g.name)
         return arr, dtype
 
@@ -370,9 +346,7 @@ class GgufSource(TensorSource):
             per = g.n_bytes // E
             raw = read_tensor_bytes(self.path, g, e * per, per)
             out = (raw.view(view) if view else raw).reshape(N, -1)
-            finite = _all_finite(out.astype(np.float32) if dtype == "f16" else out) if view else \
-                _finite_blocks(out, dtype)
-            if not finite:
+            if not _core.finite(out, dtype):
                 raise _not_finite(self.path, g.name)
             return out
         return rows, E, dtype, N, K
@@ -391,7 +365,7 @@ class GgufSource(TensorSource):
 
         def read_rows(first: int, n: int) -> np.ndarray:
             blocks = read_tensor_bytes(self.path, g, first * row, n * row).reshape(n, row)
-            if not _finite_blocks(blocks, dtype):
+            if not _core.finite(blocks, dtype):
                 raise _not_finite(self.path, g.name)
             return blocks
 
