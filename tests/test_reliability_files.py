@@ -14,7 +14,7 @@ import pytest
 
 from fastllm.load import hub
 from fastllm.spec.errors import ModelFileError
-from fastllm.spec.files import check_regular, read_bounded
+from fastllm.spec.files import check_regular, open_regular, read_at, read_bounded
 from fastllm.formats.gguf import convert_gguf
 from fastllm.formats.gguf_file import read_gguf, read_string_arrays
 from fastllm.formats.safetensors import Checkpoint, SafetensorsFile, json_depth, load_file, save_file
@@ -36,6 +36,24 @@ def test_read_bounded_refuses_a_file_past_the_limit(tmp_path):
 
 
 @needs_fifo
+@pytest.mark.parametrize("offset, length", [(0, 5), (3, 40 << 20), (1 << 20, 9 << 20), (7, (48 << 20) - 7),
+                                            ((48 << 20) - 100, 100), (0, 48 << 20), (5, 48 << 20),
+                                            ((40 << 20) + 1, 16 << 20), (48 << 20, 10)])
+def test_read_at_reads_what_a_plain_read_does_and_stops_at_the_end(tmp_path, offset, length):
+    """read_at, which splits big reads among threads in pieces of 8 MiB:
+    the same bytes as seek and read, and where the file ends first, its
+    bytes up to the end and their count."""
+    data = np.random.default_rng(1).integers(0, 256, 48 << 20, dtype=np.uint8)
+    p = tmp_path / "model.gguf"
+    data.tofile(p)
+    out = np.full(length, 7, np.uint8)
+    with open_regular(p, "GGUF file") as f:
+        got = read_at(f, out, offset)
+    want = data[offset:offset + length]
+    assert got == len(want)
+    assert np.array_equal(out[:got], want) and np.all(out[got:] == 7)
+
+
 def test_a_fifo_is_refused_without_blocking(tmp_path):
     p = tmp_path / "model.safetensors"
     os.mkfifo(p)

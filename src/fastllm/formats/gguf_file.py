@@ -22,7 +22,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..spec.errors import ConversionError, ModelFileError  # noqa: F401 (ConversionError: importers name it from here)
-from ..spec.files import open_regular
+from ..spec.files import open_regular, read_at
 from ..core import _core
 
 _MAGIC = b"GGUF"
@@ -287,8 +287,7 @@ def read_tensor_bytes(path, tensor: GGUFTensor, start: int = 0, length: int | No
                          f"of {tensor.n_bytes} bytes")
     out = np.empty(length, np.uint8)
     with open_regular(path, "GGUF file") as f:
-        f.seek(tensor.offset + start)
-        got = f.readinto(memoryview(out))
+        got = read_at(f, out, tensor.offset + start)
     if got != length:
         raise GGUFError(path, f"tensor {tensor.name!r}: the file ends before the tensor does; "
                               f"it was truncated after it was opened")
