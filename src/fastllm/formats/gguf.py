@@ -417,7 +417,9 @@ def convert_gguf(gguf_path: PathLike, out_dir: PathLike, dtype: str = DEFAULT_DT
             _write_json(tmp / "generation_config.json", model.generation_config)
         _write_json(tmp / "tokenizer_config.json", tokenizer_config)
         with open(tmp / "tokenizer.json", "w", encoding="utf-8") as f:
-            json.dump(tokenizer_json, f, ensure_ascii=False, separators=(",", ":"))
+            # dumps, not dump: only a whole-string encoding runs json's C
+            # encoder, 5-10 times faster on a vocabulary of 150k-260k tokens.
+            f.write(json.dumps(tokenizer_json, ensure_ascii=False, separators=(",", ":")))
             f.flush()
             os.fsync(f.fileno())
 
