@@ -88,14 +88,37 @@ static void k_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *mn) {
     }
 }
 
+/* Little-endian words of GGML's bytes, each one load or store: GCC does
+ * not merge byte loops into one everywhere, and with them a load packed
+ * Q4_K at 1.3 GB/s a core, against 5 with these. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+#define FLM_LE64(v) __builtin_bswap64(v)
+#define FLM_LE32(v) __builtin_bswap32(v)
+#else
+#define FLM_LE64(v) (v)
+#define FLM_LE32(v) (v)
+#endif
+
 static inline uint64_t rd64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int b = 7; b >= 0; b--) v = v << 8 | p[b];
-    return v;
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return FLM_LE64(v);
 }
 
 static inline void wr64(uint8_t *p, uint64_t v) {
-    for (int b = 0; b < 8; b++) p[b] = (uint8_t)(v >> 8 * b);
+    v = FLM_LE64(v);
+    memcpy(p, &v, 8);
+}
+
+static inline uint32_t rd32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return FLM_LE32(v);
+}
+
+static inline void wr32(uint8_t *p, uint32_t v) {
+    v = FLM_LE32(v);
+    memcpy(p, &v, 4);
 }
 
 /* Bit i of the 8 bits x, as bit 0 of byte i (a multiply places bit i at
@@ -190,14 +213,6 @@ static inline __attribute__((always_inline)) void put_header(uint8_t *h, int typ
         }
     if (type == FLM_Q6_K)
         for (int i = 0; i < 16; i++) h[32 + i * 16 + r] = o->sc[i];
-}
-
-static uint32_t rd32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static void wr32(uint8_t *p, uint32_t v) {
-    for (int b = 0; b < 4; b++) p[b] = (uint8_t)(v >> 8 * b);
 }
 
 /* The records of a panel superblock from the quants of its 16 rows
