@@ -19,6 +19,9 @@
  * empty cache, tg TG one-token steps from an empty cache; the median of
  * FS_REPS runs (default 3) after a warm-up. Each phase is printed as its
  * share of the time and its mean wall time per pass (for tg, per token).
+ * FS_PREFETCH=BYTES:LEVEL sets how far ahead, into L1 or L2, the kernels
+ * ask for streamed weights (flm_set_stream_prefetch) instead of the CPU's
+ * own choice.
  */
 #include <math.h>
 #include <stdio.h>
@@ -166,6 +169,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, "no SIMD path %s on this CPU\n", argv[6]);
         return 2;
     }
+    const char *prefetch = getenv("FS_PREFETCH");
+    int ahead, level;
+    if (prefetch && (sscanf(prefetch, "%d:%d", &ahead, &level) != 2 || flm_set_stream_prefetch(ahead, level) != 0)) {
+        fprintf(stderr, "FS_PREFETCH=%s: not BYTES:LEVEL (a multiple of 64 up to 65536, 1 or 2) on this CPU\n",
+                prefetch);
+        return 2;
+    }
     c.kv_type = argc > 7 ? (!strcmp(argv[7], "bf16") ? FLM_BF16 : !strcmp(argv[7], "f16") ? FLM_F16 : FLM_F32) : FLM_F32;
     c.seq_len = (pp > tg ? pp : tg) + 1;
     c.rope_dim = qwen35 ? c.head_dim / 4 : phi4 ? c.head_dim * 3 / 4 : c.head_dim;
@@ -224,8 +234,10 @@ int main(int argc, char **argv) {
     int32_t *tokens = malloc(sizeof(int32_t) * (batch > tg ? batch : tg));
     for (int i = 0; i < (batch > tg ? batch : tg); i++) tokens[i] = (int32_t)((i * 7919) % c.vocab_size);
 
-    printf("shape %s, %s weights, %s KV, %d threads, path %s (int8: %s)\n", argv[1], argv[2],
+    printf("shape %s, %s weights, %s KV, %d threads, path %s (int8: %s)", argv[1], argv[2],
            argc > 7 ? argv[7] : "f32", threads, flm_simd_path(), flm_int8_name());
+    if (flm_stream_prefetch(&ahead, &level) == 0) printf(", prefetch %d bytes ahead into L%d", ahead, level);
+    printf("\n");
     for (int test = 0; test < 2; test++) {
         const int n = test == 0 ? pp : tg;
         if (n <= 0) continue;

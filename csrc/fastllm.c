@@ -1656,3 +1656,13 @@ const char *flm_int8_name(void) {
     if (!kernels_ready) { flm_kernels_init(); kernels_ready = 1; }
     return flm_kernels->int8_name;
 }
+
+int flm_set_stream_prefetch(int bytes, int level) {
+    if (!kernels_ready) { flm_kernels_init(); kernels_ready = 1; }
+    return flm_arch_set_stream_prefetch(bytes, level);
+}
+
+int flm_stream_prefetch(int *bytes, int *level) {
+    if (!kernels_ready) { flm_kernels_init(); kernels_ready = 1; }
+    return flm_arch_stream_prefetch(bytes, level);
+}

@@ -404,6 +404,14 @@ int flm_set_simd_path(const char *name);
 /* Name of the int8 kernels that quantized weights run on under that path
  * ("avx512_vnni", "avx2", "generic"): its table's int8_name. */
 const char *flm_int8_name(void);
+/* How many bytes ahead (a multiple of 64 up to 65536), into which cache
+ * level (1 or 2), the kernels ask for the weights they stream; chosen for
+ * the CPU at hand, set here for benchmarks (it then holds for every path).
+ * Both return -1 where the CPU's kernels do not prefetch (ARM, generic)
+ * or (set) the values are out of range; the results are the same bits
+ * whatever they are. */
+int flm_set_stream_prefetch(int bytes, int level);
+int flm_stream_prefetch(int *bytes, int *level);
 
 #ifdef __cplusplus
 }

@@ -191,16 +191,16 @@ static AVX512 void f32_6x4(float *out, int ldo, const float *x, int ldx, const f
 }
 
 /* Decoding streams each panel once, 4 panels side by side: each stream asks
- * for its weights this many bytes ahead, which the hardware prefetcher
- * alone does not keep up with (as quant.c's PREFETCH_AHEAD). On the 2-core
- * Xeon, forward_speed's 1.7B shape, tg at 1 / 2 threads: bf16 +13% / +16%
- * (AVX512-BF16) and +17% / +13% (AVX-512), f32 +6% / +6%; the 135M shape's
- * bf16 +11% and f32 level at 2 threads. */
-#define STREAM_AHEAD 2048
-#define PREFETCH(W) _mm_prefetch((const char *)(W) + STREAM_AHEAD, _MM_HINT_T0)
+ * for its weights ahead (stream_prefetch, simd.h), which the hardware
+ * prefetcher alone does not keep up with. On the 2-core Xeon, 2 KiB ahead
+ * into L1, forward_speed's 1.7B shape, tg at 1 / 2 threads: bf16 +13% /
+ * +16% (AVX512-BF16) and +17% / +13% (AVX-512), f32 +6% / +6%; the 135M
+ * shape's bf16 +11% and f32 level at 2 threads. */
+#define PREFETCH(W) stream_prefetch(pf, W)   /* pf: the kernel's stream_prefetch_now() */
 
 static AVX512 void f32_1x4(float *out, const float *x, const float *b0, size_t ps, int nk, int first,
                            int p, int N) {
+    const StreamPrefetch pf = stream_prefetch_now();
     const float *b1 = b0 + ps, *b2 = b1 + ps, *b3 = b2 + ps;
     for (int kb = 0; kb < nk; kb += KBLOCK) {
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
@@ -237,6 +237,7 @@ static AVX512 void f32_1x1(float *out, const float *x, const float *b0, int nk, 
 
 /* Decoding with bf16 weights: one token, panels read straight from memory. */
 static AVX512 void bf16_1x1(float *out, const float *x, const uint16_t *b0, int K, int p, int N) {
+    const StreamPrefetch pf = stream_prefetch_now();
     for (int kb = 0; kb < K; kb += KBLOCK) {
         __m512 a = _mm512_setzero_ps();
         for (int k = kb; k < imin(K, kb + KBLOCK); k += 2) {
@@ -343,6 +344,7 @@ static AVX512BF16 void dp_6x4(float *out, int ldo, const uint32_t *x, int ldx, c
 
 static AVX512BF16 void dp_1x4(float *out, const uint32_t *x, const uint16_t *b0, size_t ps, int nj, int first,
                           int p, int N) {
+    const StreamPrefetch pf = stream_prefetch_now();
     const uint16_t *b1 = b0 + ps, *b2 = b1 + ps, *b3 = b2 + ps;
     for (int jb = 0; jb < nj; jb += JBLOCK) {
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
@@ -544,14 +546,15 @@ static inline AVX2 void flush8(float *out, __m256 v, int row0, int N, int first)
 #define BF8_LO(v) _mm256_castsi256_ps(_mm256_slli_epi32(v, 16))
 #define BF8_HI(v) _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xFFFF0000)))
 
-/* The panel's weights are asked for STREAM_AHEAD bytes ahead (PREFETCH,
- * above), as in the AVX-512 kernels: on the 2-core Xeon with
+/* The panel's weights are asked for ahead (PREFETCH, above), as in the
+ * AVX-512 kernels: on the 2-core Xeon with
  * FASTLLM_SIMD=avx2, forward_speed's 1.7B shape decoded bf16 +21% / +15%
  * and f32 +14% / +13% at 1 / 2 threads; the 135M shape's f32 prompt
  * (pp128) level. */
 /* One panel for nt <= 4 tokens; bf16 selects the weight format. */
 static inline __attribute__((always_inline)) AVX2 void panel_avx2(
         int bf16, float *out, int ldo, const float *x, int ldx, const void *b, int K, int nt, int p, int N) {
+    const StreamPrefetch pf = stream_prefetch_now();
     const float *x0 = x, *x1 = x + ldx, *x2 = x1 + ldx, *x3 = x2 + ldx;
     const int r = p * PANEL;
     for (int kb = 0; kb < K; kb += KBLOCK) {

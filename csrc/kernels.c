@@ -14,6 +14,8 @@
 const FlmKernels *const flm_arch_paths[] = {NULL};
 int flm_arch_supported(const FlmKernels *k) { (void)k; return 0; }
 void flm_arch_adapt(FlmKernels *k) { (void)k; }
+int flm_arch_set_stream_prefetch(int bytes, int level) { (void)bytes; (void)level; return -1; }
+int flm_arch_stream_prefetch(int *bytes, int *level) { (void)bytes; (void)level; return -1; }
 #endif
 
 const FlmKernels *flm_kernels = &flm_kernels_generic;

@@ -87,6 +87,13 @@ extern const FlmKernels flm_kernels_generic;
 extern const FlmKernels *const flm_arch_paths[];
 int flm_arch_supported(const FlmKernels *k);
 void flm_arch_adapt(FlmKernels *k);
+/* How many bytes ahead, into which cache level (1 or 2), this
+ * architecture's kernels ask for the weights they stream: set (for
+ * benchmarks; it then holds whatever path is chosen) and read. Both return
+ * -1 where the architecture's kernels do not prefetch, or (set) where bytes
+ * is not a multiple of 64 in 0 .. 65536 or level not 1 or 2. */
+int flm_arch_set_stream_prefetch(int bytes, int level);
+int flm_arch_stream_prefetch(int *bytes, int *level);
 
 /* The portable kernels that SIMD paths keep where they have no faster form. */
 float flm_exp_sum_generic(float *x, int n, float max);

@@ -586,5 +586,8 @@ int flm_arch_supported(const FlmKernels *k) {
 }
 
 void flm_arch_adapt(FlmKernels *k) { (void)k; }
+/* The NEON kernels leave streams to the hardware prefetcher. */
+int flm_arch_set_stream_prefetch(int bytes, int level) { (void)bytes; (void)level; return -1; }
+int flm_arch_stream_prefetch(int *bytes, int *level) { (void)bytes; (void)level; return -1; }
 
 #endif

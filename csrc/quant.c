@@ -640,24 +640,16 @@ INLINE AVX512VNNI __m512 i8x16(const uint8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
 
-/* Bytes ahead of the block in hand that each panel's stream asks the cache
- * for. A tile of 4 or more tokens computes long enough on each block that
- * the hardware prefetcher falls behind and the pass waits on memory: on a
- * 2-core AVX-512 machine a pass of 8 tokens (8 decoding streams, or a short
- * prompt) ran 13-25% faster with it on the default model's shape and 45% on
- * a 1.7B shape, a pass of 512 the same. Decoding (tiles of 1 and 2 tokens,
- * 4 panels side by side) reaches the memory's bandwidth only with it too,
- * on the 2-core Xeon: forward_speed's 1.7B shape, tg at 1 / 2 threads,
- * q4_k +37% / +37%, q5_k +23% / +22%, q6_k +10% / +10%, q4_0 +8% / +13%,
- * q8_0 level; Phi-4-mini's and Qwen3.5-2B's shapes at q4_k_m +23-28%;
- * the AVX2 kernels (qhalf) on the same CPU q4_k +17%, q4_k_m +14-15%,
- * q8_0 +3%.
- * (The single-panel decoding kernel of an earlier build was slower with it
- * on the 2-core AMD EPYC.) */
-#define PREFETCH_AHEAD 2048
-
-INLINE void prefetch_record(const uint8_t *rec, int data) {
-    for (int o = 0; o <= data; o += 64) _mm_prefetch((const char *)rec + PREFETCH_AHEAD + o, _MM_HINT_T0);
+/* The lines of a record of `data` bytes that the cache is asked for ahead
+ * of it (stream_prefetch, simd.h). A tile of 4 or more tokens computes long
+ * enough on each block that the hardware prefetcher falls behind and the
+ * pass waits on memory: on a 2-core AVX-512 Xeon a pass of 8 tokens (8
+ * decoding streams, or a short prompt) ran 13-25% faster with it on the
+ * default model's shape and 45% on a 1.7B shape, a pass of 512 the same.
+ * Decoding (tiles of 1 and 2 tokens, 4 panels side by side) needs it too:
+ * kernels_x86.c has the figures. */
+INLINE void prefetch_record(StreamPrefetch pf, const uint8_t *rec, int data) {
+    for (int o = 0; o <= data; o += 64) stream_prefetch(pf, rec + o);
 }
 
 /* prefetch_record for stream j of NP panels side by side (the decoding
@@ -667,8 +659,9 @@ INLINE void prefetch_record(const uint8_t *rec, int data) {
  * consecutive items, as decoding hands them out (fastllm.c). At 2 threads
  * of the 2-core Xeon, forward_speed's 1.7B shape at Q4_K_M decoded
  * 25.5-25.8 → 26.5-27.1 tokens/s (1 thread 13.2-13.4 → 14.0-14.1). */
-INLINE void prefetch_stream(const uint8_t *rec, int data, const uint8_t *end, int NP, size_t pb) {
-    prefetch_record(rec + (rec + PREFETCH_AHEAD >= end ? (size_t)(NP - 1) * pb : 0), data);
+INLINE void prefetch_stream(StreamPrefetch pf, const uint8_t *rec, int data, const uint8_t *end, int NP,
+                            size_t pb) {
+    prefetch_record(pf, rec + (rec + pf.ahead >= end ? (size_t)(NP - 1) * pb : 0), data);
 }
 
 /* v[m]: as unpack16, but for 4-bit quants the high nibbles (odd m) are
@@ -768,8 +761,9 @@ INLINE AVX512VNNI __m512 block_dot(__m512 acc, const __m512i v[8], const FlmQ8 *
  * 30-35% at Q4_K_M, at 1 and 2 threads of a 2-core Xeon; 8 panels no
  * faster than 4. rows: the mask of the last panel's rows. */
 INLINE AVX512VNNI void qpanel(float *out, int ldo, const FlmQ8 *x, int lda, const uint8_t *pp, size_t pb, int K,
-                              const int type, const int NT, const int NP, __mmask16 rows) {
+                              const int type, const int NT, const int NP, __mmask16 rows, const int l2) {
     const int sb = q_sb(type), hdr = q_header(type), data = q_data(type);
+    const StreamPrefetch pf = {flm_stream_ahead, l2};
     const size_t sbb = (size_t)hdr + (size_t)sb / 32 * data;
     /* Few tokens: the high nibbles of 4-bit quants stay in place. */
     const int high16 = q_bits(type) == 4 && NT <= 2;
@@ -784,7 +778,7 @@ INLINE AVX512VNNI void qpanel(float *out, int ldo, const FlmQ8 *x, int lda, cons
             const uint8_t *h = pp + (size_t)j * pb + (size_t)(b * 32 / sb) * sbb;
             __m512i v[8];
             if (q_is_k(type) && i == 0) k_fields(fields[j], h);
-            prefetch_stream(h + hdr + (size_t)i * data, data, pp + (size_t)(j + 1) * pb, NP, pb);
+            prefetch_stream(pf, h + hdr + (size_t)i * data, data, pp + (size_t)(j + 1) * pb, NP, pb);
             if (high16) unpack16_high(v, h + hdr + (size_t)i * data);
             else unpack16(v, h + hdr + (size_t)i * data, q_bits(type));
             __m512 a, a2, mn;
@@ -812,6 +806,7 @@ INLINE AVX512VNNI void qpanel(float *out, int ldo, const FlmQ8 *x, int lda, cons
 INLINE AVX512VNNI void qtile(float *out, int ldo, const FlmQ8 *x, int lda, const uint8_t *pp, int K, const int type,
                              const int NT, __mmask16 rows) {
     const int sb = q_sb(type), hdr = q_header(type), data = q_data(type);
+    const StreamPrefetch pf = stream_prefetch_now();
     const size_t sbb = (size_t)hdr + (size_t)sb / 32 * data;
     const int high16 = q_bits(type) == 4 && NT <= 2;   /* as qpanel's */
 #define DECLARE(t) __m512 acc##t = _mm512_setzero_ps();
@@ -823,7 +818,7 @@ INLINE AVX512VNNI void qtile(float *out, int ldo, const FlmQ8 *x, int lda, const
         const uint8_t *h = pp + (size_t)(b * 32 / sb) * sbb;
         __m512i v[8];
         if (q_is_k(type) && i == 0) k_fields(fields, h);
-        prefetch_record(h + hdr + (size_t)i * data, data);
+        prefetch_record(pf, h + hdr + (size_t)i * data, data);
         if (high16) unpack16_high(v, h + hdr + (size_t)i * data);
         else unpack16(v, h + hdr + (size_t)i * data, q_bits(type));
         __m512 a, a2, mn;
@@ -844,13 +839,18 @@ INLINE AVX512VNNI void qtile(float *out, int ldo, const FlmQ8 *x, int lda, const
 INLINE AVX512VNNI void qgemm_type(float *out, int ldo, const FlmQ8 *x, int lda, const void *wp, int K, int T,
                                   int p0, int np, int N, const int type) {
     const size_t pb = (size_t)K / q_sb(type) * ((size_t)q_header(type) + (size_t)q_sb(type) / 32 * q_data(type));
+    const int l2 = flm_stream_l2;
     int p = p0;
     if (T <= FLM_DECODE_TOKENS)
         for (; p + DECODE_PANELS <= p0 + np; p += DECODE_PANELS) {
             const uint8_t *pp = (const uint8_t *)wp + (size_t)p * pb;
             const __mmask16 rows = tail_mask(N - (p + DECODE_PANELS - 1) * PANEL);
-            if (T == 2) qpanel(out + p * PANEL, ldo, x, lda, pp, pb, K, type, 2, DECODE_PANELS, rows);
-            else qpanel(out + p * PANEL, ldo, x, lda, pp, pb, K, type, 1, DECODE_PANELS, rows);
+            /* The cache level as a constant: a branch at each prefetch
+             * cost 10% of a one-thread decoding step at Q4_K. */
+            if (T == 2 && l2) qpanel(out + p * PANEL, ldo, x, lda, pp, pb, K, type, 2, DECODE_PANELS, rows, 1);
+            else if (T == 2) qpanel(out + p * PANEL, ldo, x, lda, pp, pb, K, type, 2, DECODE_PANELS, rows, 0);
+            else if (l2) qpanel(out + p * PANEL, ldo, x, lda, pp, pb, K, type, 1, DECODE_PANELS, rows, 1);
+            else qpanel(out + p * PANEL, ldo, x, lda, pp, pb, K, type, 1, DECODE_PANELS, rows, 0);
         }
     for (; p < p0 + np; p++) {
         const uint8_t *pp = (const uint8_t *)wp + (size_t)p * pb;
@@ -1026,8 +1026,9 @@ INLINE AVX2 void store_rows8(float *o, __m256 acc, int rows) {
  * for decoding: the panels side by side as qpanel's (above); rows: those
  * of the last panel's half. */
 INLINE AVX2 void qhalf(float *out, int ldo, const FlmQ8 *x, int lda, const uint8_t *pp, size_t pb, int K,
-                       const int type, const int NT, const int NP, int h, int rows) {
+                       const int type, const int NT, const int NP, int h, int rows, const int l2) {
     const int sb = q_sb(type), hdr = q_header(type), data = q_data(type);
+    const StreamPrefetch pf = {flm_stream_ahead, l2};
     const size_t sbb = (size_t)hdr + (size_t)sb / 32 * data;
     __m256 acc[NP * NT];
     _Pragma("GCC unroll 8")
@@ -1040,7 +1041,7 @@ INLINE AVX2 void qhalf(float *out, int ldo, const FlmQ8 *x, int lda, const uint8
             const uint8_t *hp = pp + (size_t)j * pb + (size_t)(b * 32 / sb) * sbb;
             __m256i v[8];
             if (q_is_k(type) && i == 0) k_fields8(fields[j], hp);
-            if (h == 0) prefetch_stream(hp + hdr + (size_t)i * data, data, pp + (size_t)(j + 1) * pb, NP, pb);
+            if (h == 0) prefetch_stream(pf, hp + hdr + (size_t)i * data, data, pp + (size_t)(j + 1) * pb, NP, pb);
             unpack8(v, hp + hdr + (size_t)i * data, q_bits(type), h);
             __m256 a, a2, mn;
             block_scales8(hp, fields[j], i, h, type, &a, &a2, &mn);
@@ -1062,6 +1063,7 @@ INLINE AVX2 void qhalf(float *out, int ldo, const FlmQ8 *x, int lda, const uint8
 INLINE AVX2 void qhalf_tile(float *out, int ldo, const FlmQ8 *x, int lda, const uint8_t *pp, int K, const int type,
                             const int NT, int h, int rows) {
     const int sb = q_sb(type), hdr = q_header(type), data = q_data(type);
+    const StreamPrefetch pf = stream_prefetch_now();
     const size_t sbb = (size_t)hdr + (size_t)sb / 32 * data;
 #define DECLARE(t) __m256 acc##t = _mm256_setzero_ps();
     EACH_TOKEN(DECLARE)
@@ -1072,7 +1074,7 @@ INLINE AVX2 void qhalf_tile(float *out, int ldo, const FlmQ8 *x, int lda, const 
         const uint8_t *hp = pp + (size_t)(b * 32 / sb) * sbb;
         __m256i v[8];
         if (q_is_k(type) && i == 0) k_fields8(fields, hp);
-        if (h == 0) prefetch_record(hp + hdr + (size_t)i * data, data);
+        if (h == 0) prefetch_record(pf, hp + hdr + (size_t)i * data, data);
         unpack8(v, hp + hdr + (size_t)i * data, q_bits(type), h);
         __m256 a, a2, mn;
         block_scales8(hp, fields, i, h, type, &a, &a2, &mn);
@@ -1089,14 +1091,17 @@ INLINE AVX2 void qhalf_tile(float *out, int ldo, const FlmQ8 *x, int lda, const 
 INLINE AVX2 void qgemm_type_avx2(float *out, int ldo, const FlmQ8 *x, int lda, const void *wp, int K, int T,
                                  int p0, int np, int N, const int type) {
     const size_t pb = (size_t)K / q_sb(type) * ((size_t)q_header(type) + (size_t)q_sb(type) / 32 * q_data(type));
+    const int l2 = flm_stream_l2;
     int p = p0;
     if (T <= FLM_DECODE_TOKENS)   /* decoding: whole panels side by side (the last may be partial: alone, below) */
         for (; p + DECODE_PANELS <= p0 + np && (p + DECODE_PANELS) * PANEL <= N; p += DECODE_PANELS) {
             const uint8_t *pp = (const uint8_t *)wp + (size_t)p * pb;
             for (int h = 0; h < 2; h++) {
                 float *o = out + p * PANEL + 8 * h;
-                if (T == 2) qhalf(o, ldo, x, lda, pp, pb, K, type, 2, DECODE_PANELS, h, 8);
-                else qhalf(o, ldo, x, lda, pp, pb, K, type, 1, DECODE_PANELS, h, 8);
+                if (T == 2 && l2) qhalf(o, ldo, x, lda, pp, pb, K, type, 2, DECODE_PANELS, h, 8, 1);
+                else if (T == 2) qhalf(o, ldo, x, lda, pp, pb, K, type, 2, DECODE_PANELS, h, 8, 0);
+                else if (l2) qhalf(o, ldo, x, lda, pp, pb, K, type, 1, DECODE_PANELS, h, 8, 1);
+                else qhalf(o, ldo, x, lda, pp, pb, K, type, 1, DECODE_PANELS, h, 8, 0);
             }
         }
     for (; p < p0 + np; p++) {

@@ -26,6 +26,29 @@
 INLINE AVX512 __mmask16 tail_mask(int left) {
     return left >= 16 ? (__mmask16)0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : (__mmask16)0;
 }
+
+/* How the kernels that stream weights ask for them before they need them:
+ * flm_stream_ahead bytes past the bytes in hand, into L1 or, where
+ * flm_stream_l2, into L2. The hardware prefetcher alone falls behind a
+ * decoding step's streams, but the distance and cache that help differ
+ * from CPU to CPU (kernels_x86.c's flm_arch_adapt sets them for this one;
+ * flm_set_stream_prefetch, fastllm.h, for benchmarks). */
+extern int flm_stream_ahead, flm_stream_l2;
+
+/* What a kernel reads of the two on entry. Where l2 is a constant (the
+ * int8 decoding kernels, quant.c) the branch below goes: taken at every
+ * prefetch, it cost those kernels 10% of a one-thread decoding step. */
+typedef struct {
+    int ahead, l2;
+} StreamPrefetch;
+
+INLINE StreamPrefetch stream_prefetch_now(void) { return (StreamPrefetch){flm_stream_ahead, flm_stream_l2}; }
+
+INLINE void stream_prefetch(StreamPrefetch pf, const void *p) {
+    const char *at = (const char *)p + pf.ahead;
+    if (pf.l2) _mm_prefetch(at, _MM_HINT_T1);
+    else _mm_prefetch(at, _MM_HINT_T0);
+}
 #endif
 
 #endif

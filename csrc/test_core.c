@@ -1069,8 +1069,40 @@ static void test_quant_matmul(int type) {
 /* Decoding's int8 matmul, which runs several panels side by side, against
  * the portable one, bit for bit: one and two tokens over 8 panels whose
  * last has 5 rows, on one thread (work items of 4 panels) and on 3. */
+/* How far ahead and into which cache the kernels ask for weights, as
+ * flm_set_stream_prefetch takes it: none, the nearest, each level, the
+ * farthest (past the end of the weights: a prefetch there must not fault). */
+static const int PREFETCHES[][2] = {{-1, 0}, {0, 1}, {64, 2}, {2048, 1}, {1024, 2}, {65536, 1}};
+#define N_PREFETCHES (int)(sizeof PREFETCHES / sizeof PREFETCHES[0])
+
+static void test_stream_prefetch(void) {
+    int ahead, level;
+    if (flm_stream_prefetch(&ahead, &level) != 0) {
+        CHECK(flm_set_stream_prefetch(1024, 2) == -1, "a CPU whose kernels do not prefetch took a prefetch");
+        printf("ok  stream prefetch (none on this CPU)\n");
+        return;
+    }
+    CHECK(ahead >= 0 && ahead <= 65536 && ahead % 64 == 0 && (level == 1 || level == 2),
+          "the CPU's prefetch is %d bytes into L%d", ahead, level);
+    const int bad[][2] = {{-64, 1}, {100, 1}, {65600, 1}, {1024, 0}, {1024, 3}};
+    for (int i = 0; i < 5; i++) {
+        CHECK(flm_set_stream_prefetch(bad[i][0], bad[i][1]) == -1, "prefetch %d:%d was taken", bad[i][0], bad[i][1]);
+        int a, l;
+        flm_stream_prefetch(&a, &l);
+        CHECK(a == ahead && l == level, "a refused prefetch %d:%d changed it to %d:%d", bad[i][0], bad[i][1], a, l);
+    }
+    CHECK(flm_set_stream_prefetch(4096, 2) == 0 && flm_set_simd_path("generic") == 0, "prefetch 4096:2 refused");
+    int a, l;
+    flm_stream_prefetch(&a, &l);
+    CHECK(a == 4096 && l == 2, "choosing a path undid the prefetch set (%d:%d)", a, l);
+    flm_set_stream_prefetch(ahead, level);
+    printf("ok  stream prefetch (the CPU's: %d bytes into L%d)\n", ahead, level);
+}
+
 static void test_quant_decode(int type) {
     const int N = 117, K = 512;
+    int cpu_ahead = 0, cpu_level = 1;
+    flm_stream_prefetch(&cpu_ahead, &cpu_level);
     FlmConfig c = {.dim = K, .hidden_dim = K, .n_layers = 1, .n_heads = 1, .n_kv_heads = 1, .head_dim = 16,
                    .vocab_size = N, .seq_len = 16, .rope_dim = 16};
     FlmState s;
@@ -1085,14 +1117,19 @@ static void test_quant_decode(int type) {
         flm_matmul(ref, x, q, T, K, N, &s, 0, 1);
         for (int pi = 0; pi < N_PATHS; pi++) {
             if (flm_set_simd_path(paths[pi]) != 0) continue;
-            for (int threads = 1; threads <= 3; threads += 2) {
-                flm_matmul(out, x, q, T, K, N, &s, 0, threads);
-                CHECK(memcmp(out, ref, (size_t)T * N * 4) == 0, "%s %s: %d token(s) on %d thread(s) differ from "
-                      "the portable matmul", paths[pi], flm_quant_type(type)->name, T, threads);
-            }
+            for (int threads = 1; threads <= 3; threads += 2)
+                for (int f = 0; f < N_PREFETCHES; f++) {
+                    if (f > 0 && flm_set_stream_prefetch(PREFETCHES[f][0], PREFETCHES[f][1]) != 0) continue;
+                    flm_matmul(out, x, q, T, K, N, &s, 0, threads);
+                    CHECK(memcmp(out, ref, (size_t)T * N * 4) == 0, "%s %s: %d token(s) on %d thread(s), prefetch "
+                          "%d:%d, differ from the portable matmul", paths[pi], flm_quant_type(type)->name, T,
+                          threads, PREFETCHES[f][0], PREFETCHES[f][1]);
+                }
+            flm_set_stream_prefetch(cpu_ahead, cpu_level);
         }
     }
-    printf("ok  %s decoding matmul (1 and 2 tokens, bit for bit across paths)\n", flm_quant_type(type)->name);
+    printf("ok  %s decoding matmul (1 and 2 tokens, bit for bit across paths and prefetches)\n",
+           flm_quant_type(type)->name);
     free_owned();
 }
 
@@ -1125,6 +1162,7 @@ int main(void) {
     test_delta_rule();
     test_conv_silu();
     test_kernel_tables();
+    test_stream_prefetch();
     test_attention_kernels();
     test_attention_kernels_q8();
     /* last: the random draws of the tests above stay as they were */

@@ -840,6 +840,14 @@ def _pack_cache_line(model, args) -> str:
     return f"{model.pack_cache_file} ({model.pack_cache_file.stat().st_size / 2**20:.1f} MiB; {folder})"
 
 
+def _prefetch_line() -> str:
+    """How the kernels ask for the weights they stream (FASTLLM_PREFETCH sets it)."""
+    prefetch = __import__("fastllm.core._core", fromlist=["stream_prefetch"]).stream_prefetch()
+    if prefetch is None:
+        return "left to the CPU"
+    return f"{prefetch[0]} bytes ahead, into L{prefetch[1]}"
+
+
 def cmd_info(args) -> int:
     model = _load(args)
     c = model.config
@@ -889,6 +897,7 @@ def cmd_info(args) -> int:
         ("SIMD path", __import__("fastllm.core._core", fromlist=["simd_path"]).simd_path()),
         ("int8 kernels", __import__("fastllm.core._core", fromlist=["int8_path"]).int8_path()
          + ("" if model.activations == "int8" else " (not used: f32 activations)")),
+        ("weight prefetch", _prefetch_line()),
         ("OpenMP wait", __import__("fastllm.core._openmp", fromlist=["wait_policy"]).wait_policy()),
     ]
     width = max(len(k) for k, _ in rows)

@@ -203,6 +203,34 @@ def _path_from_environment():
                           "aarch64: neon, dotprod, i8mm, neon_bf16)")
 
 
+def _prefetch_from_environment():
+    value = os.environ.get("FASTLLM_PREFETCH")
+    if not value:
+        return
+    try:
+        set_stream_prefetch(*(int(v) for v in value.split(":")))
+    except (TypeError, ValueError) as e:
+        raise ImportError(f"FASTLLM_PREFETCH={value!r}: {e}") from None
+
+
+def stream_prefetch():
+    """(bytes, level): how far ahead, into which cache level (1 or 2), the
+    kernels ask for the weights they stream, or None where they leave it to
+    the hardware (ARM, the generic path)."""
+    cdef int nbytes, level
+    if flm.flm_stream_prefetch(&nbytes, &level) != 0:
+        return None
+    return nbytes, level
+
+
+def set_stream_prefetch(int nbytes, int level=1):
+    """Ask for streamed weights nbytes ahead into cache level 1 or 2 instead
+    of what this CPU was given (for benchmarks: results are the same bits)."""
+    if flm.flm_set_stream_prefetch(nbytes, level) != 0:
+        raise ValueError(f"prefetch {nbytes} bytes ahead into L{level}: not a multiple of 64 "
+                         "from 0 to 65536 into level 1 or 2, or this CPU's kernels do not prefetch")
+
+
 def simd_path():
     """The SIMD path this CPU runs: 'avx512', 'avx2', 'i8mm', 'dotprod', 'neon' or 'generic'."""
     return flm.flm_simd_path().decode()
@@ -1191,4 +1219,5 @@ def run_batch(list states, list tokens, list positions, State work=None, list n_
 KEY_BLOCK = flm.FLM_KEY_BLOCK
 
 _path_from_environment()
+_prefetch_from_environment()
 flm.flm_simd_path()   # pick the kernels now, before threads may race to

@@ -143,6 +143,8 @@ cdef extern from "fastllm.h" nogil:
     const char *flm_simd_path()
     const char *flm_int8_name()
     int flm_set_simd_path(const char *name)
+    int flm_set_stream_prefetch(int bytes, int level)
+    int flm_stream_prefetch(int *bytes, int *level)
 
 
 cdef extern from "quant.h" nogil:
