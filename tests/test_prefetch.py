@@ -47,7 +47,8 @@ def test_the_environment_sets_it(value, want):
     assert out.stdout.strip() == want
 
 
-@pytest.mark.parametrize("value", ["100:1", "1024:3", "-64:1", "65600:2", "fast", "1024:2:1", "1024:"])
+@pytest.mark.parametrize("value", ["100:1", "1024:3", "-64:1", "65600:2", "fast", "1024:2:1", "1024:",
+                                   "99999999999:1", "1024:99999999999"])
 def test_a_bad_setting_is_refused_when_fastllm_starts(value):
     out = started(value)
     assert out.returncode != 0

@@ -209,7 +209,7 @@ def _prefetch_from_environment():
         return
     try:
         set_stream_prefetch(*(int(v) for v in value.split(":")))
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, OverflowError) as e:
         raise ImportError(f"FASTLLM_PREFETCH={value!r}: {e}") from None
 
 
