@@ -742,8 +742,9 @@ int flm_arch_supported(const FlmKernels *k) {
 /* ---- Prefetching the weights that decoding streams (simd.h) */
 
 int flm_stream_ahead = 2048, flm_stream_l2 = 0;
-/* Set by flm_arch_set_stream_prefetch: the CPU's own choice no longer applies. */
-static int stream_prefetch_fixed = 0;
+/* Once the CPU's choice is made, or flm_arch_set_stream_prefetch has
+ * replaced it, choosing a path leaves it as it is. */
+static int stream_prefetch_chosen = 0;
 
 /* The CPU's maker, from CPUID leaf 0. */
 static int cpu_vendor_is(const char *name) {
@@ -768,13 +769,14 @@ static void choose_stream_prefetch(void) {
     const int amd = cpu_vendor_is("AuthenticAMD") || cpu_vendor_is("HygonGenuine");
     flm_stream_ahead = amd ? 1024 : 2048;
     flm_stream_l2 = amd;
+    stream_prefetch_chosen = 1;
 }
 
 int flm_arch_set_stream_prefetch(int bytes, int level) {
     if (bytes < 0 || bytes > 65536 || bytes % 64 || (level != 1 && level != 2)) return -1;
     flm_stream_ahead = bytes;
     flm_stream_l2 = level == 2;
-    stream_prefetch_fixed = 1;
+    stream_prefetch_chosen = 1;
     return 0;
 }
 
@@ -791,6 +793,6 @@ void flm_arch_adapt(FlmKernels *k) {
         k->qgemm = flm_qgemm_avx2;
         k->int8_name = "avx2";
     }
-    if (!stream_prefetch_fixed) choose_stream_prefetch();
+    if (!stream_prefetch_chosen) choose_stream_prefetch();
 }
 #endif /* x86 */

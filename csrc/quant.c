@@ -50,9 +50,10 @@ int flm_finite(const void *data, size_t n, int type, int n_threads) {
     const FlmQuantType *q = flm_quant_type(type);
     if (!q) return 0;
     const size_t blocks = n / (size_t)q->ggml_block, bytes = (size_t)q->ggml_bytes;
-    /* the f16 fields of a block: d (Q6_K's after its quants), and m or dmin */
+    /* the f16 fields of a block: d (Q6_K's after its quants), and m or
+     * dmin right after it where the type adds a min (offset 0) */
     const int d_at = type == FLM_Q6_K ? 208 : 0;
-    const int has_min = type == FLM_Q4_1 || type == FLM_Q5_1 || type == FLM_Q4_K || type == FLM_Q5_K;
+    const int has_min = q->offset == 0;
     return all_finite(p + d_at, blocks, bytes, 0, 0x7C00u, n_threads) &&
            (!has_min || all_finite(p + 2, blocks, bytes, 0, 0x7C00u, n_threads));
 }
@@ -847,10 +848,10 @@ INLINE AVX512VNNI void qgemm_type(float *out, int ldo, const FlmQ8 *x, int lda, 
             const __mmask16 rows = tail_mask(N - (p + DECODE_PANELS - 1) * PANEL);
             /* The cache level as a constant: a branch at each prefetch
              * cost 10% of a one-thread decoding step at Q4_K. */
-            if (T == 2 && l2) qpanel(out + p * PANEL, ldo, x, lda, pp, pb, K, type, 2, DECODE_PANELS, rows, 1);
-            else if (T == 2) qpanel(out + p * PANEL, ldo, x, lda, pp, pb, K, type, 2, DECODE_PANELS, rows, 0);
-            else if (l2) qpanel(out + p * PANEL, ldo, x, lda, pp, pb, K, type, 1, DECODE_PANELS, rows, 1);
-            else qpanel(out + p * PANEL, ldo, x, lda, pp, pb, K, type, 1, DECODE_PANELS, rows, 0);
+#define PANELS(NT, L2) qpanel(out + p * PANEL, ldo, x, lda, pp, pb, K, type, NT, DECODE_PANELS, rows, L2)
+            if (T == 2) { if (l2) PANELS(2, 1); else PANELS(2, 0); }
+            else if (l2) PANELS(1, 1); else PANELS(1, 0);
+#undef PANELS
         }
     for (; p < p0 + np; p++) {
         const uint8_t *pp = (const uint8_t *)wp + (size_t)p * pb;
@@ -1098,10 +1099,10 @@ INLINE AVX2 void qgemm_type_avx2(float *out, int ldo, const FlmQ8 *x, int lda, c
             const uint8_t *pp = (const uint8_t *)wp + (size_t)p * pb;
             for (int h = 0; h < 2; h++) {
                 float *o = out + p * PANEL + 8 * h;
-                if (T == 2 && l2) qhalf(o, ldo, x, lda, pp, pb, K, type, 2, DECODE_PANELS, h, 8, 1);
-                else if (T == 2) qhalf(o, ldo, x, lda, pp, pb, K, type, 2, DECODE_PANELS, h, 8, 0);
-                else if (l2) qhalf(o, ldo, x, lda, pp, pb, K, type, 1, DECODE_PANELS, h, 8, 1);
-                else qhalf(o, ldo, x, lda, pp, pb, K, type, 1, DECODE_PANELS, h, 8, 0);
+#define HALVES(NT, L2) qhalf(o, ldo, x, lda, pp, pb, K, type, NT, DECODE_PANELS, h, 8, L2)
+                if (T == 2) { if (l2) HALVES(2, 1); else HALVES(2, 0); }   /* the level a constant, as above */
+                else if (l2) HALVES(1, 1); else HALVES(1, 0);
+#undef HALVES
             }
         }
     for (; p < p0 + np; p++) {

@@ -240,11 +240,13 @@ class _Arena:
         return at
 
     def reserve(self, nbytes: int) -> tuple:
-        return self._grow(max(_PAGE, (nbytes + _PAGE - 1) // _PAGE * _PAGE)), nbytes
+        """(offset, bytes, bytes in whole pages) of a matrix in the file."""
+        pages = max(_PAGE, (nbytes + _PAGE - 1) // _PAGE * _PAGE)
+        return self._grow(pages), nbytes, pages
 
     def part(self, where: tuple, at: int, nbytes: int) -> np.ndarray:
         if self.scratch is None or self.scratch.nbytes < nbytes:
-            self.scratch = None
+            self.scratch = None   # the smaller one freed before the larger is made
             self.scratch = np.empty(nbytes, np.uint8)
         return self.scratch[:nbytes]
 
@@ -252,8 +254,7 @@ class _Arena:
         _pwrite(self.fd, part, where[0] + at)
 
     def result(self, where: tuple) -> np.ndarray:
-        offset, nbytes = where
-        pages = max(_PAGE, (nbytes + _PAGE - 1) // _PAGE * _PAGE)
+        offset, nbytes, pages = where
         arr = np.frombuffer(mmap.mmap(self.fd, pages, offset=offset, prot=mmap.PROT_READ), np.uint8, nbytes)
         self.where[id(arr)] = offset
         self.arrays.append(arr)
