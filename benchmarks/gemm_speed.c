@@ -5,13 +5,21 @@
  * where it also reports the weight bytes streamed per second. Median of
  * several repetitions.
  *
- *   cc -O2 -fopenmp -Icsrc $(find csrc -name '*.c' ! -name 'test_*') \
- *      benchmarks/gemm_speed.c -lm -o /tmp/gemm_speed
- *   /tmp/gemm_speed [threads] [path] [f32|bf16|f16|q8_0|q4_0|...|q6_k] [T] [shapes]
+ *   cc -O3 -fno-fast-math -ffp-contract=off -fopenmp -Icsrc \
+ *      $(find csrc -name '*.c' ! -name 'test_*') benchmarks/gemm_speed.c -lm -o /tmp/gemm_speed
+ *
+ * (setup.py's flags for the C core, so that the kernels timed are the ones
+ * users run), then
+ *
+ *   /tmp/gemm_speed [threads] [path] [f32|bf16|f16|q8_0|q4_0|...|q6_k] [T] [shapes] [copies]
  *
  * path: a SIMD path name (default: the best this CPU has); T: the tokens
  * of one pass (default 512 and 1); shapes: only those whose name contains
- * this text.
+ * this text; copies: how many copies of each matrix one repetition runs in
+ * turn (default 1). A decoding step reads each matrix once from memory,
+ * and a lone matrix of a few MB stays in the last-level cache from one
+ * repetition to the next: copies that together outgrow that cache time
+ * the kernel as a model's decoding meets it.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +65,11 @@ int main(int argc, char **argv) {
         if (!strcmp(tname, flm_quant_type(ty)->name)) wtype = ty;
     int only_T = argc > 4 ? atoi(argv[4]) : 0;
     const char *only_shapes = argc > 5 ? argv[5] : "";
+    const int copies = argc > 6 ? atoi(argv[6]) : 1;
+    if (copies < 1) {
+        fprintf(stderr, "copies must be 1 or more\n");
+        return 2;
+    }
     const FlmQuantType *q = flm_is_quantized(wtype) ? flm_quant_type(wtype) : NULL;
     size_t esize = wtype == FLM_F32 ? 4 : 2;
     printf("path %s (int8: %s), %s weights, %d threads\n", flm_simd_path(), flm_int8_name(), tname, threads);
@@ -75,10 +88,17 @@ int main(int argc, char **argv) {
             else if (wtype == FLM_F16) ((uint16_t *)raw)[j] = (uint16_t)(0x2000 | (j * 40503u & 0x83FF));
             else ((float *)raw)[j] = f;
         }
-        for (size_t b = 0; q && b < (size_t)N * K / q->ggml_block; b++)  /* small f16 scales */
+        /* Small f16 scales (and K-quant mins): random ones would be NaNs,
+         * infinities and subnormals, whose float work is not a model's. */
+        for (size_t b = 0; q && b < (size_t)N * K / q->ggml_block; b++) {
             raw[b * q->ggml_bytes + (wtype == FLM_Q6_K ? 209 : 1)] = 0x18;
-        FlmMatrix w = {malloc(flm_packed_bytes(N, K, wtype)), wtype};
-        flm_pack((void *)w.data, raw, N, K, wtype, threads);
+            if (wtype == FLM_Q4_K || wtype == FLM_Q5_K) raw[b * q->ggml_bytes + 3] = 0x18;
+        }
+        FlmMatrix *w = malloc(sizeof *w * copies);
+        for (int c = 0; c < copies; c++) {
+            w[c] = (FlmMatrix){malloc(flm_packed_bytes(N, K, wtype)), wtype};
+            flm_pack((void *)w[c].data, raw, N, K, wtype, threads);
+        }
         free(raw);
         const int Ts[2] = {only_T > 0 ? only_T : 512, 1};
         for (int ti = 0; ti < 2; ti++) {
@@ -94,19 +114,20 @@ int main(int argc, char **argv) {
             double flop = 2.0 * T * N * K, t[9];
             int reps = 0;
             double start = now();
-            flm_matmul(out, x, &w, T, K, N, &st, 0, threads);  /* warm-up */
+            for (int c = 0; c < copies; c++) flm_matmul(out, x, &w[c], T, K, N, &st, 0, threads);  /* warm-up */
             while (reps < 9 && (reps < 3 || now() - start < 2.0)) {
                 double t0 = now();
-                flm_matmul(out, x, &w, T, K, N, &st, 0, threads);
+                for (int c = 0; c < copies; c++) flm_matmul(out, x, &w[c], T, K, N, &st, 0, threads);
                 t[reps++] = now() - t0;
             }
             qsort(t, reps, sizeof t[0], cmp);
-            double med = t[reps / 2];
+            double med = t[reps / 2] / copies;
             printf("%-22s %6d %12.1f %10.1f\n", SHAPES[i].what, T, flop / med / threads * 1e-9,
                    (double)flm_packed_bytes(N, K, wtype) / med * 1e-9);
             free(x); free(out); free(work);
         }
-        free((void *)w.data);
+        for (int c = 0; c < copies; c++) free((void *)w[c].data);
+        free(w);
     }
     return 0;
 }
