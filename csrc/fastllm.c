@@ -43,6 +43,11 @@ static int num_threads(void) {
 
 static int kernels_ready = 0;
 
+/* The kernels for this CPU, chosen at the first call that needs them. */
+static void kernels_ensure(void) {
+    if (!kernels_ready) { flm_kernels_init(); kernels_ready = 1; }
+}
+
 static double wall_time(void) {
 #ifdef _OPENMP
     return omp_get_wtime();
@@ -550,7 +555,7 @@ static void matmul(const FlmConfig *c, FlmState *s, float *out, const float *x, 
 
 void flm_matmul(float *out, const float *x, const FlmMatrix *w, int T, int K, int N, FlmState *s,
                 int float_acts, int n_threads) {
-    if (!kernels_ready) { flm_kernels_init(); kernels_ready = 1; }
+    kernels_ensure();
     MatJob job = {out, w, NULL, N, N};
 #pragma omp parallel num_threads(n_threads > 0 ? n_threads : 1)
     matmul_multi(s, x, T, K, &job, 1, float_acts);
@@ -1198,7 +1203,7 @@ int flm_state_rollback(const FlmConfig *c, const FlmWeights *w, FlmState *s, Flm
                        int n_threads) {
     if (s->kept < 0 || n < 0 || n > s->kept || n > work->max_batch) return -1;
     if (n == s->kept) return 0;
-    if (!kernels_ready) { flm_kernels_init(); kernels_ready = 1; }
+    kernels_ensure();
     if (n_threads < 1) n_threads = 1;
     if (n_threads > work->max_threads) n_threads = work->max_threads;
     const int ld = lin_row(c), cd = conv_dim(c), K = c->conv_kernel, hk = c->lin_k_heads;
@@ -1608,7 +1613,7 @@ static void forward_rows(const FlmConfig *c, const FlmWeights *w, FlmState *s, c
 void flm_forward(const FlmConfig *c, const FlmWeights *w, FlmState *s,
                  const int32_t *tokens, int n, int pos,
                  float *logits, int all_logits, int n_threads) {
-    if (!kernels_ready) { flm_kernels_init(); kernels_ready = 1; }
+    kernels_ensure();
     if (n_threads < 1) n_threads = 1;
     if (n_threads > s->max_threads) n_threads = s->max_threads;
     float *hidden = s->hidden;
@@ -1633,7 +1638,7 @@ void flm_forward(const FlmConfig *c, const FlmWeights *w, FlmState *s,
 
 void flm_forward_batch(const FlmConfig *c, const FlmWeights *w, FlmState *work, const FlmSeq *seqs,
                        int n_seqs, float *logits, int n_threads) {
-    if (!kernels_ready) { flm_kernels_init(); kernels_ready = 1; }
+    kernels_ensure();
     if (n_threads < 1) n_threads = 1;
     if (n_threads > work->max_threads) n_threads = work->max_threads;
     float *trace = work->trace;
@@ -1643,26 +1648,26 @@ void flm_forward_batch(const FlmConfig *c, const FlmWeights *w, FlmState *work, 
 }
 
 const char *flm_simd_path(void) {
-    if (!kernels_ready) { flm_kernels_init(); kernels_ready = 1; }
+    kernels_ensure();
     return flm_kernels->name;
 }
 
 int flm_set_simd_path(const char *name) {
-    if (!kernels_ready) { flm_kernels_init(); kernels_ready = 1; }
+    kernels_ensure();
     return flm_kernels_select(name);
 }
 
 const char *flm_int8_name(void) {
-    if (!kernels_ready) { flm_kernels_init(); kernels_ready = 1; }
+    kernels_ensure();
     return flm_kernels->int8_name;
 }
 
 int flm_set_stream_prefetch(int bytes, int level) {
-    if (!kernels_ready) { flm_kernels_init(); kernels_ready = 1; }
+    kernels_ensure();
     return flm_arch_set_stream_prefetch(bytes, level);
 }
 
 int flm_stream_prefetch(int *bytes, int *level) {
-    if (!kernels_ready) { flm_kernels_init(); kernels_ready = 1; }
+    kernels_ensure();
     return flm_arch_stream_prefetch(bytes, level);
 }
