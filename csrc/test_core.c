@@ -1091,10 +1091,12 @@ static void test_stream_prefetch(void) {
         flm_stream_prefetch(&a, &l);
         CHECK(a == ahead && l == level, "a refused prefetch %d:%d changed it to %d:%d", bad[i][0], bad[i][1], a, l);
     }
+    const char *path = flm_simd_path();
     CHECK(flm_set_stream_prefetch(4096, 2) == 0 && flm_set_simd_path("generic") == 0, "prefetch 4096:2 refused");
     int a, l;
     flm_stream_prefetch(&a, &l);
     CHECK(a == 4096 && l == 2, "choosing a path undid the prefetch set (%d:%d)", a, l);
+    flm_set_simd_path(path);
     flm_set_stream_prefetch(ahead, level);
     printf("ok  stream prefetch (the CPU's: %d bytes into L%d)\n", ahead, level);
 }
