@@ -173,8 +173,9 @@ def test_a_client_that_goes_away_frees_its_slot(server):
 
 def test_a_full_queue_answers_503(model):
     with running(model, parallel=1, max_queue=1) as (url, engine):
+        # (ignore_eos: the slot stays busy for all 300 tokens, however soon the reply would end)
         long = client(url).chat.completions.create(model="smollm2", messages=messages(4), max_tokens=300,
-                                                   temperature=0, stream=True)
+                                                   temperature=0, stream=True, extra_body={"ignore_eos": True})
         next(iter(long))
         waiting = ThreadPoolExecutor(1).submit(
             lambda: client(url).completions.create(model="smollm2", prompt="Hi", max_tokens=2))
@@ -256,6 +257,27 @@ def test_seed_minus_one_is_a_random_seed_and_the_engine_lives_on(model, server):
     assert engine.alive
     health = json.loads(urllib.request.urlopen(url.replace("/v1", "/health")).read())
     assert health["status"] == "ok"
+
+
+def test_the_servers_seed_is_that_of_requests_that_give_none(model):
+    ask = {"model": "smollm2", "messages": messages(3), "max_tokens": 8, "temperature": 1.5,
+           "extra_body": {"ignore_eos": True}}
+    with running(model, seed=7) as (url, _):
+        c = client(url)
+        unseeded = [c.chat.completions.create(**ask).choices[0].message.content for _ in range(2)]
+        assert unseeded[0] == unseeded[1] == c.chat.completions.create(**ask, seed=7).choices[0].message.content
+        assert c.chat.completions.create(**ask, seed=8).choices[0].message.content != unseeded[0]
+        two = c.chat.completions.create(**ask, n=2).choices
+        assert [x.message.content for x in two] == [
+            unseeded[0], c.chat.completions.create(**ask, seed=8).choices[0].message.content]
+        status, body = post(url, "/v1/messages", {"model": "smollm2", "messages": messages(3), "max_tokens": 8,
+                                                   "temperature": 1.0, "ignore_eos": True})
+        again = post(url, "/v1/messages", {"model": "smollm2", "messages": messages(3), "max_tokens": 8,
+                                           "temperature": 1.0, "ignore_eos": True})
+        assert status == again[0] == 200 and body["content"] == again[1]["content"]
+    for bad in (-1, 2**64):
+        with pytest.raises(ValueError, match="seed"):
+            ServeOptions(seed=bad)
 
 
 def test_errors_of_routing_and_bodies_keep_openais_shape(model):

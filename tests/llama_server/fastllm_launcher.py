@@ -15,7 +15,8 @@ its place (FASTLLM_PEER_MODEL names another folder), so a test that
 expects that model's own words or token counts fails for that reason
 alone. Each server setting maps to fastllm's:
 - port, host, API key, slots (--parallel), context (--ctx), alias
-  (--model-name), --cors-origins (llama-server's default allows any
+  (--model-name), the seed of requests that give none (--seed),
+  --cors-origins (llama-server's default allows any
   origin: "*" here);
 - the default token budget (n_predict) and temperature of requests that
   set none: the model folder's generation_config.json, which fastllm serve
@@ -137,6 +138,8 @@ def fastllm_args(server) -> list:
         args += ["--parallel", str(server.n_slots)]
     if server.n_ctx:
         args += ["--ctx", str(server.n_ctx)]
+    if server.seed is not None and server.seed >= 0:   # llama-server's -1: random
+        args += ["--seed", str(server.seed)]
     if server.model_alias:
         args += ["--model-name", server.model_alias]
     return args

@@ -253,6 +253,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shutdown-timeout", type=float, default=SERVE.shutdown_timeout, metavar="S",
                    help=f"seconds answers in progress get to finish on SIGTERM or Ctrl-C; then they are "
                         f"cut (default: {SERVE.shutdown_timeout:g})")
+    p.add_argument("--seed", type=whole_number(0, 2**64 - 1), default=SERVE.seed, metavar="N",
+                   help="seed of the requests that give none, so that their sampling is reproducible, "
+                        "as llama-server's --seed (default: a random one each); a request's seed -1 "
+                        "still asks for a random one")
     p.add_argument("--request-timeout", type=float, default=SERVE.request_timeout, metavar="S",
                    help="seconds a generation may run; then it ends with finish_reason \"length\" "
                         "(default: no limit)")

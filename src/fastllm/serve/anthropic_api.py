@@ -222,9 +222,10 @@ def tool_choice_of(choice) -> tuple:
                "{\"type\": \"tool\", \"name\": ...}", "tool_choice")
 
 
-def read_request(body: dict, model, name: str) -> Job:
-    """A /v1/messages body (a JSON object) as a Job, every field checked."""
-    return Job(api.parse_request(chat_body(body), True, model, max_choices=1), name)
+def read_request(body: dict, model, name: str, seed: int | None = None) -> Job:
+    """A /v1/messages body (a JSON object) as a Job, every field checked;
+    seed: the server's for sampling (None: random)."""
+    return Job(api.parse_request(chat_body(body), True, model, max_choices=1, seed=seed), name)
 
 
 def count_tokens(body: dict, model) -> dict:

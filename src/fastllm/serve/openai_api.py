@@ -158,16 +158,17 @@ class Generation:
 
 
 def parse_request(body: dict, chat: bool, model, max_choices: int = MAX_CHOICES,
-                  max_prompts: int = MAX_PROMPTS) -> Generation:
+                  max_prompts: int = MAX_PROMPTS, seed: int | None = None) -> Generation:
     """body (a JSON object) of /v1/chat/completions (chat) or /v1/completions
     as a Generation, every field checked; the prompt is rendered and
     tokenized last, and only once it is known to fit the context.
-    A completions request may give up to max_prompts prompts.
+    A completions request may give up to max_prompts prompts; seed is
+    that of a request that gives none (None: a random one).
     APIError (400) names the first bad field."""
     model_field = body.get("model")
     if model_field is not None and not isinstance(model_field, str):
         raise APIError(400, "'model' must be a string", param="model")
-    samplings = sampling_of(body, model, max_choices)
+    samplings = sampling_of(body, model, max_choices, seed)
     stops = stops_of(body)
     stream = field_of(body, "stream", bool, False)
     options = field_of(body, "stream_options", dict, {})
@@ -221,15 +222,17 @@ def parse_request(body: dict, chat: bool, model, max_choices: int = MAX_CHOICES,
                       fingerprint=system_fingerprint(model))
 
 
-def sampling_of(body: dict, model, max_choices: int = MAX_CHOICES) -> list:
+def sampling_of(body: dict, model, max_choices: int = MAX_CHOICES, default_seed: int | None = None) -> list:
     """One SamplingParams per choice: the request's settings over the
-    model's generation_config.json over OpenAI's defaults. A seed gives
-    choice i the seed + i, so that every choice is reproducible and differs."""
+    model's generation_config.json over OpenAI's defaults. A seed (the
+    request's, else default_seed: a server's, as llama-server's --seed)
+    gives choice i the seed + i, so that every choice is reproducible and
+    differs."""
     n = field_of(body, "n", int, 1, 1, max_choices)
     base = SamplingParams(temperature=1.0).replace(**{
         k: v for k, v in model.generation_defaults.items() if k != "max_new_tokens"})
     top_k = field_of(body, "top_k", int, None, -1)
-    seed = field_of(body, "seed", int, None, -1, 2**64 - 1)
+    seed = field_of(body, "seed", int, default_seed, -1, 2**64 - 1)
     changes = {
         "temperature": field_of(body, "temperature", float, None, 0, 2),
         "top_p": field_of(body, "top_p", float, None, 0, 1),

@@ -104,8 +104,9 @@ def _bad(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param=param)
 
 
-def read_request(body: dict, model, name: str, store: ResponseStore) -> Job:
-    """A /v1/responses body (a JSON object) as a Job, every field checked."""
+def read_request(body: dict, model, name: str, store: ResponseStore, seed: int | None = None) -> Job:
+    """A /v1/responses body (a JSON object) as a Job, every field checked;
+    seed: the server's for sampling (None: random)."""
     for unsupported in ("background", "conversation", "prompt"):
         if body.get(unsupported) not in (None, False):
             raise _bad(f"'{unsupported}' is not supported by this server", unsupported)
@@ -146,7 +147,8 @@ def read_request(body: dict, model, name: str, store: ResponseStore) -> Job:
     if truncation not in ("auto", "disabled"):
         raise _bad("'truncation' must be 'auto' or 'disabled'", "truncation")
     user = api.field_of(body, "user", str, None)
-    g = api.parse_request({k: v for k, v in chat.items() if v is not None}, True, model, max_choices=1)
+    g = api.parse_request({k: v for k, v in chat.items() if v is not None}, True, model, max_choices=1,
+                          seed=seed)
     echo = {"instructions": instructions, "max_output_tokens": chat["max_tokens"], "metadata": metadata,
             "parallel_tool_calls": chat["parallel_tool_calls"] is not False,
             "previous_response_id": previous, "reasoning": {"effort": effort, "summary": None},

@@ -57,6 +57,7 @@ class ServeOptions:
     head_timeout: float = 10.0          # seconds to receive a request head (then the connection is closed)
     shutdown_timeout: float = 10.0      # seconds answers may take to finish once shutting down
     request_timeout: float | None = None   # seconds a generation may run (then "length")
+    seed: int | None = None             # the seed of requests that give none (None: random each)
     # Origins whose web pages may call the server (CORS), comma-separated:
     # "*" for any, "localhost" for any port of this machine's own names.
     cors_origins: str | None = None
@@ -69,6 +70,8 @@ class ServeOptions:
         for name in ("parallel", "max_queue", "max_body", "max_connections"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        if self.seed is not None and not 0 <= self.seed < 2**64:
+            raise ValueError(f"seed must be from 0 to 2**64 - 1, got {self.seed!r}")
         for name in ("cache_ram", "cache_disk", "ctx_checkpoints"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be 0 or more, got {getattr(self, name)!r}")
@@ -546,7 +549,8 @@ def create_app(model, engine, model_name: str | None = None, api_key: str | None
     def parse(raw: bytes, chat: bool):
         body = api.parse_json(raw)
         served = models.pick(body.get("model"))
-        return served, api.parse_request(body, chat, served.model, max_prompts=served.engine.max_queue)
+        return served, api.parse_request(body, chat, served.model, max_prompts=served.engine.max_queue,
+                                         seed=options.seed)
 
     async def generate(http_request, endpoint):
         check_key(http_request)
@@ -588,7 +592,8 @@ def create_app(model, engine, model_name: str | None = None, api_key: str | None
             body = await body_of(http_request)
             served = models.pick(body.get("model"))
             extra = () if store is None else (store,)
-            job = await asyncio.to_thread(module.read_request, body, served.model, served.name, *extra)
+            job = await asyncio.to_thread(module.read_request, body, served.model, served.name, *extra,
+                                         seed=options.seed)
             requests = served.completions.submit(job.g)
             if job.g.stream:
                 metrics.request(endpoint, 200)
