@@ -173,18 +173,20 @@ def test_a_client_that_goes_away_frees_its_slot(server):
 
 def test_a_full_queue_answers_503(model):
     with running(model, parallel=1, max_queue=1) as (url, engine):
-        # (ignore_eos: the slot stays busy for all 300 tokens, however soon the reply would end)
-        long = client(url).chat.completions.create(model="smollm2", messages=messages(4), max_tokens=300,
+        # The one slot must still be busy when the third request comes: the
+        # long reply runs to its 400 tokens (ignore_eos), and the other two
+        # requests' clients are made beforehand, so that they follow at once.
+        waiter, third, pool = client(url), client(url), ThreadPoolExecutor(1)
+        long = client(url).chat.completions.create(model="smollm2", messages=messages(4), max_tokens=400,
                                                    temperature=0, stream=True, extra_body={"ignore_eos": True})
         next(iter(long))
-        waiting = ThreadPoolExecutor(1).submit(
-            lambda: client(url).completions.create(model="smollm2", prompt="Hi", max_tokens=2))
+        waiting = pool.submit(lambda: waiter.completions.create(model="smollm2", prompt="Hi", max_tokens=2))
         end = time.monotonic() + 10
         while engine.queue_depth == 0:
             assert time.monotonic() < end
             time.sleep(0.005)
         with pytest.raises(openai.InternalServerError) as e:
-            client(url).completions.create(model="smollm2", prompt="Hello", max_tokens=2)
+            third.completions.create(model="smollm2", prompt="Hello", max_tokens=2)
         assert e.value.status_code == 503 and e.value.response.headers["retry-after"] == "1"
         long.close()
         assert waiting.result(60).choices[0].text is not None
