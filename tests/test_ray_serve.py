@@ -41,7 +41,7 @@ def endpoint(gguf):
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         # What `serve run fastllm.serve.ray_serve:build model=... replicas=2 ...` runs.
         serve.run(build({"model": gguf, "replicas": "2", "threads": "1", "parallel": "2", "ctx": "512",
-                         "model_name": "smollm2"}),
+                         "model_name": "smollm2", "seed": "11"}),
                   name="fastllm", route_prefix="/")
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -83,6 +83,20 @@ def test_two_replica_processes_answer(endpoint):
 
 
 @pytest.mark.slow
+def test_every_replica_samples_an_unseeded_request_with_the_servers_seed(endpoint, gguf):
+    model = Model.from_pretrained(gguf, n_ctx=512, threads=1)
+    messages = [{"role": "user", "content": PROMPTS[0]}]
+    want = model.chat(messages, max_new_tokens=MAX_TOKENS, sampling=SamplingParams(temperature=1.0, seed=11))
+    client = openai.OpenAI(base_url=endpoint + "/v1", api_key="none", max_retries=0, timeout=120)
+
+    def ask(_):
+        return client.chat.completions.create(model="smollm2", messages=messages, max_tokens=MAX_TOKENS,
+                                              temperature=1.0).choices[0].message.content
+    with ThreadPoolExecutor(4) as pool:   # both replicas answer some of them
+        assert list(pool.map(ask, range(8))) == [want] * 8
+
+
+@pytest.mark.slow
 def test_errors_keep_openai_shape_through_the_proxy(endpoint):
     request = urllib.request.Request(endpoint + "/v1/completions", data=b'{"prompt": "hi", "max_tokens": -1}',
                                      headers={"Content-Type": "application/json"})
@@ -99,3 +113,7 @@ def test_build_refuses_unknown_or_malformed_settings():
         build({"replicas": "two"})
     with pytest.raises(ValueError, match="must be positive"):
         build({"parallel": "0"})
+    with pytest.raises(ValueError, match="seed='x' is not an int"):
+        build({"seed": "x"})
+    with pytest.raises(ValueError, match="seed must be from 0"):
+        build({"seed": "-1"})

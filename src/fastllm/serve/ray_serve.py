@@ -26,7 +26,7 @@ def deployment(model: str | None = None, *, replicas: int = 1, threads: int = 1,
                dtype: str | None = None, api_key: str | None = DEFAULTS.api_key,
                model_name: str | None = DEFAULTS.model_name, max_body: int = DEFAULTS.max_body,
                body_timeout: float = DEFAULTS.body_timeout,
-               request_timeout: float | None = DEFAULTS.request_timeout):
+               request_timeout: float | None = DEFAULTS.request_timeout, seed: int | None = DEFAULTS.seed):
     """A Ray Serve application of `replicas` copies of fastllm's server, for
     serve.run(); each replica loads model with `threads` threads and serves
     `parallel` requests at once with a KV cache of `ctx` tokens each. The
@@ -37,7 +37,8 @@ def deployment(model: str | None = None, *, replicas: int = 1, threads: int = 1,
     if replicas < 1 or threads < 1 or ctx < 2:
         raise ValueError("replicas and threads must be positive and ctx at least 2")
     options = ServeOptions(parallel=parallel, max_queue=max_queue, api_key=api_key, model_name=model_name,
-                           max_body=max_body, body_timeout=body_timeout, request_timeout=request_timeout)
+                           max_body=max_body, body_timeout=body_timeout, request_timeout=request_timeout,
+                           seed=seed)
 
     def build_app():
         # Runs in each replica's process, when Ray starts it.
