@@ -272,10 +272,9 @@ def test_the_servers_seed_is_that_of_requests_that_give_none(model):
         two = c.chat.completions.create(**ask, n=2).choices
         assert [x.message.content for x in two] == [
             unseeded[0], c.chat.completions.create(**ask, seed=8).choices[0].message.content]
-        status, body = post(url, "/v1/messages", {"model": "smollm2", "messages": messages(3), "max_tokens": 8,
-                                                   "temperature": 1.0, "ignore_eos": True})
-        again = post(url, "/v1/messages", {"model": "smollm2", "messages": messages(3), "max_tokens": 8,
-                                           "temperature": 1.0, "ignore_eos": True})
+        anthropic = {"model": "smollm2", "messages": messages(3), "max_tokens": 8, "temperature": 1.0,
+                     "ignore_eos": True}
+        (status, body), again = post(url, "/v1/messages", anthropic), post(url, "/v1/messages", anthropic)
         assert status == again[0] == 200 and body["content"] == again[1]["content"]
     for bad in (-1, 2**64):
         with pytest.raises(ValueError, match="seed"):
