@@ -276,7 +276,7 @@ def test_the_servers_seed_is_that_of_requests_that_give_none(model):
                      "ignore_eos": True}
         (status, body), again = post(url, "/v1/messages", anthropic), post(url, "/v1/messages", anthropic)
         assert status == again[0] == 200 and body["content"] == again[1]["content"]
-    for bad in (-1, 2**64):
+    for bad in (-1, 2**64, 1.5, True, "7"):
         with pytest.raises(ValueError, match="seed"):
             ServeOptions(seed=bad)
 

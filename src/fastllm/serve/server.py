@@ -70,7 +70,8 @@ class ServeOptions:
         for name in ("parallel", "max_queue", "max_body", "max_connections"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
-        if self.seed is not None and not 0 <= self.seed < 2**64:
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
+                                      or not 0 <= self.seed < 2**64):
             raise ValueError(f"seed must be from 0 to 2**64 - 1, got {self.seed!r}")
         for name in ("cache_ram", "cache_disk", "ctx_checkpoints"):
             if getattr(self, name) < 0:
