@@ -1662,12 +1662,15 @@ const char *flm_int8_name(void) {
     return flm_kernels->int8_name;
 }
 
+/* The portable path's kernels leave prefetching to the hardware, on x86 too. */
+static int path_prefetches(void) { return strcmp(flm_kernels->name, flm_kernels_generic.name) != 0; }
+
 int flm_set_stream_prefetch(int bytes, int level) {
     kernels_ensure();
-    return flm_arch_set_stream_prefetch(bytes, level);
+    return path_prefetches() ? flm_arch_set_stream_prefetch(bytes, level) : -1;
 }
 
 int flm_stream_prefetch(int *bytes, int *level) {
     kernels_ensure();
-    return flm_arch_stream_prefetch(bytes, level);
+    return path_prefetches() ? flm_arch_stream_prefetch(bytes, level) : -1;
 }
