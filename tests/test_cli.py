@@ -19,6 +19,7 @@ import pytest
 
 from fastllm import FastLLMError, Model, SamplingParams
 from fastllm.cli import main as cli
+from fastllm.core import _core
 from fastllm.generate.model import ContextFullWarning
 from fastllm.generate.sampling import GenerationConfigError
 from fastllm.tokenizer import _bytes_to_unicode  # GPT-2's byte -> character table
@@ -605,6 +606,55 @@ def test_bench_at_depth_starts_each_test_after_that_much_context(tiny_dir, capsy
         assert tests == [("pp4", 0), ("tg2", 0), ("pp4 @ d20", 20), ("tg2 @ d20", 20)]
 
 
+QUANTIZED = Path(__file__).parent / "data" / "llama-family" / "llama2-256-Q4_K_M.gguf"
+
+
+@pytest.mark.skipif(_core.stream_prefetch() is None, reason="this CPU's kernels leave prefetching to the hardware")
+def test_bench_times_each_prefetch_setting_in_turn(monkeypatch, capsys):
+    """--prefetch: every test under each setting, the settings taking turns in
+    each repetition (reversed every other one); the CPU's own one back after."""
+    from fastllm.cli import bench
+    own, applied = _core.stream_prefetch(), []
+
+    def recording(ahead, level):
+        applied.append((ahead, level))
+        _core.set_stream_prefetch(ahead, level)
+    monkeypatch.setattr(bench, "set_stream_prefetch", recording)
+    assert cli.main(["bench", "--model", str(QUANTIZED), "-p", "4", "-n", "2", "-r", "2", "-t", "1",
+                     "--prefetch", "default,512:2,4096,512:2", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["results"]
+    settings = list(dict.fromkeys([own, (512, 2), (4096, 1)]))   # the CPU's own may be one of the others
+    names = [f"{ahead}:{level}" for ahead, level in settings]
+    assert [(r["test"], r["prefetch"]) for r in rows] == [(t, n) for t in ("pp4", "tg2") for n in names]
+    assert all(len(r["runs"]) == 2 and min(r["runs"]) > 0 for r in rows)
+    assert applied == (settings + settings[::-1] + settings) * 2 + [own]
+    assert _core.stream_prefetch() == own
+
+
+@pytest.mark.skipif(_core.stream_prefetch() is None, reason="this CPU's kernels leave prefetching to the hardware")
+def test_bench_shows_the_prefetch_only_when_asked(capsys):
+    argv = ["bench", "--model", str(QUANTIZED), "-p", "0", "-n", "2", "-r", "1", "-t", "1"]
+    assert cli.main(argv + ["--prefetch", "0:1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2:4] == ["| model | dtype | threads | prefetch | test | t/s (mean ± sd) | median |",
+                          "|---|---|---|---|---|---|---|"]
+    assert len(lines) == 5 and " | 0:1 | tg2 | " in lines[4]
+    assert cli.main(argv + ["--json"]) == 0
+    ahead, level = _core.stream_prefetch()
+    assert [r["prefetch"] for r in json.loads(capsys.readouterr().out)["results"]] == [f"{ahead}:{level}"]
+
+
+def test_bench_prefetch_is_refused_where_the_kernels_do_not_prefetch(tmp_path):
+    """The portable path leaves prefetching to the hardware on every CPU."""
+    env = dict(os.environ, FASTLLM_SIMD="generic")
+    env.pop("FASTLLM_PREFETCH", None)
+    out = subprocess.run([sys.executable, "-m", "fastllm", "bench", "--model", str(tmp_path / "absent.gguf"),
+                          "--prefetch", "512:2"], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert out.stderr.strip() == ("fastllm: error: --prefetch: the generic kernels of this CPU leave "
+                                  "prefetching to the hardware")
+
+
 @pytest.mark.parametrize("argv, message", [
     (["run", "-n", "-5", "hi"], "argument --max-tokens/-n/--steps: must be at least 1, got -5"),
     (["run", "--ctx", "0", "hi"], "argument --ctx/-c: must be at least 1, got 0"),
@@ -617,6 +667,11 @@ def test_bench_at_depth_starts_each_test_after_that_much_context(tiny_dir, capsy
     (["bench", "-t", "1,-5"], "argument -t/--threads: must be at least 1, got -5"),
     (["bench", "-d", "8,-1"], "argument -d/--n-depth: must be at least 0, got -1"),
     (["bench", "-r", "0"], "argument -r/--repetitions: must be at least 1, got 0"),
+    *[(["bench", "--prefetch", value], "argument --prefetch: expected BYTES:LEVEL (a multiple of 64 from 0 to "
+       f"65536, level 1 or 2) or default, got {bad!r}")
+      for value, bad in [("100:2", "100:2"), ("default,1024:3", "1024:3"), ("64:-1", "64:-1"), ("65600", "65600"),
+                         ("fast", "fast"), ("1024:2:1", "1024:2:1"), ("1024:", "1024:")]],
+    (["bench", "--prefetch", " , "], "argument --prefetch: expected settings such as default,512:2, got ' , '"),
     (["perplexity", "--chunks", "-5"], "argument --chunks: must be at least 1, got -5"),
 ])
 def test_bad_numbers_are_refused_naming_the_flag(capsys, argv, message):

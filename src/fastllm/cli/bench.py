@@ -5,6 +5,9 @@ tg N: N single-token steps from an empty cache, as in generation.
 With -d D (llama-bench's --n-depth), both start after D tokens of context
 instead ("pp512 @ d8192"), run once beforehand and not timed.
 Each figure is tokens per second over several repetitions after one warm-up.
+With --prefetch, each test runs under every setting of how far ahead the
+kernels ask for the weights they stream, the settings taking turns within
+each repetition, so that a shared machine's drift falls on all of them.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import numpy as np
 from .args import whole_number
 from ..spec.config import KV_DTYPES
 from ..generate.model import DTYPES, Model, physical_cores
-from ..core._core import simd_path
+from ..core._core import set_stream_prefetch, simd_path, stream_prefetch
 
 
 def add_bench_parser(sub):
@@ -38,8 +41,39 @@ def add_bench_parser(sub):
                         "default: gguf for a .gguf file or the default model, f32 for a folder)")
     p.add_argument("--kv-dtype", choices=KV_DTYPES, default="f32",
                    help="KV cache precision (default: f32)")
+    p.add_argument("--prefetch", type=_prefetch_settings, default=None, metavar="SETTINGS",
+                   help="comma-separated BYTES:LEVEL settings of the weight prefetch to compare "
+                        "(as FASTLLM_PREFETCH takes them; 'default' is this CPU's own), e.g. default,512:2,2048:1")
     p.add_argument("--json", action="store_true", help="print results as JSON")
     return p
+
+
+def _prefetch_settings(text) -> list:
+    """[(bytes, level) or None for the CPU's own setting], in the order given."""
+    settings = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        if item == "default":
+            settings.append(None)
+            continue
+        parts = item.split(":")
+        try:
+            ahead, level = int(parts[0]), int(parts[1]) if len(parts) == 2 else 1
+        except ValueError:
+            ahead = level = None
+        if len(parts) > 2 or ahead is None or not (0 <= ahead <= 65536 and ahead % 64 == 0 and level in (1, 2)):
+            raise argparse.ArgumentTypeError(
+                f"expected BYTES:LEVEL (a multiple of 64 from 0 to 65536, level 1 or 2) or default, got {item!r}")
+        settings.append((ahead, level))
+    if not settings:
+        raise argparse.ArgumentTypeError(f"expected settings such as default,512:2, got {text!r}")
+    return list(dict.fromkeys(settings))
+
+
+def prefetch_name(setting) -> str | None:
+    """'1024:2' for (1024, 2); None where the CPU's kernels leave prefetching to the hardware."""
+    return None if setting is None else f"{setting[0]}:{setting[1]}"
 
 
 def _depths(text) -> list:
@@ -56,9 +90,11 @@ def _thread_counts(text) -> list:
     return counts
 
 
-def bench_model(model, n_prompt: int, n_gen: int, repetitions: int, depth: int = 0) -> list[dict]:
+def bench_model(model, n_prompt: int, n_gen: int, repetitions: int, depth: int = 0,
+                prefetch=(None,)) -> list[dict]:
     """Measure pp and tg on a loaded model at its current thread count,
-    after depth tokens of context."""
+    after depth tokens of context, under each prefetch setting ((bytes,
+    level), or None for the one in effect): one row per test and setting."""
     session = model.new_session()
     rng = np.random.default_rng(0)
     results = []
@@ -66,38 +102,51 @@ def bench_model(model, n_prompt: int, n_gen: int, repetitions: int, depth: int =
     if depth:
         session.prefill(context)
         session.checkpoint()   # recurrent layers start each run from here
-    for test, n in (("pp", n_prompt), ("tg", n_gen)):
-        if n <= 0:
-            continue
-        if depth + n > session.n_ctx:
-            raise ValueError(f"{test}{n} at depth {depth} does not fit the context of {session.n_ctx}")
-        tokens = rng.integers(0, session.vocab_size, n).astype(np.int32)
-        speeds = []
-        for rep in range(repetitions + 1):  # the first run warms caches and pages
-            session.rewind(depth)
-            t0 = time.perf_counter()
-            if test == "pp":
-                session.extend(tokens)
-            else:
-                for token in tokens:
-                    session.step(token)
-            dt = time.perf_counter() - t0
-            if rep:
-                speeds.append(n / dt)
-        results.append({
-            "test": f"{test}{n}" + (f" @ d{depth}" if depth else ""), "depth": depth,
-            "threads": model.threads, "dtype": model.dtype, "kv_dtype": model.kv_dtype,
-            "tokens_per_s_mean": statistics.mean(speeds),
-            "tokens_per_s_sd": statistics.stdev(speeds) if len(speeds) > 1 else 0.0,
-            "tokens_per_s_median": statistics.median(speeds),
-            "runs": speeds,
-        })
+    own = stream_prefetch()
+    settings = list(dict.fromkeys(own if s is None else s for s in prefetch))
+    try:
+        for test, n in (("pp", n_prompt), ("tg", n_gen)):
+            if n <= 0:
+                continue
+            if depth + n > session.n_ctx:
+                raise ValueError(f"{test}{n} at depth {depth} does not fit the context of {session.n_ctx}")
+            tokens = rng.integers(0, session.vocab_size, n).astype(np.int32)
+            speeds = [[] for _ in settings]
+            for rep in range(repetitions + 1):  # the first run warms caches and pages
+                # The settings take turns, in reverse every other repetition.
+                for i in (range(len(settings)) if rep % 2 == 0 else reversed(range(len(settings)))):
+                    if settings[i] is not None:
+                        set_stream_prefetch(*settings[i])
+                    session.rewind(depth)
+                    t0 = time.perf_counter()
+                    if test == "pp":
+                        session.extend(tokens)
+                    else:
+                        for token in tokens:
+                            session.step(token)
+                    dt = time.perf_counter() - t0
+                    if rep:
+                        speeds[i].append(n / dt)
+            for setting, runs in zip(settings, speeds):
+                results.append({
+                    "test": f"{test}{n}" + (f" @ d{depth}" if depth else ""), "depth": depth,
+                    "threads": model.threads, "dtype": model.dtype, "kv_dtype": model.kv_dtype,
+                    "prefetch": prefetch_name(setting),
+                    "tokens_per_s_mean": statistics.mean(runs),
+                    "tokens_per_s_sd": statistics.stdev(runs) if len(runs) > 1 else 0.0,
+                    "tokens_per_s_median": statistics.median(runs),
+                    "runs": runs,
+                })
+    finally:
+        if own is not None:
+            set_stream_prefetch(*own)
     return results
 
 
 def run_bench(model_path, n_prompt=512, n_gen=128, threads=None, repetitions=5, dtypes=(None,),
-              kv_dtype="f32", depths=(0,)):
-    """Yield one result per (dtype, threads, depth, test), loading each dtype once."""
+              kv_dtype="f32", depths=(0,), prefetch=(None,)):
+    """Yield one result per (dtype, threads, depth, test, prefetch setting),
+    loading each dtype once."""
     threads = threads or [physical_cores()]
     for dtype in dtypes:
         ctx = max(depths) + max(n_prompt, n_gen, 1)
@@ -106,7 +155,7 @@ def run_bench(model_path, n_prompt=512, n_gen=128, threads=None, repetitions=5, 
         for t in threads:
             model.threads = t
             for depth in depths:
-                for r in bench_model(model, n_prompt, n_gen, repetitions, depth):
+                for r in bench_model(model, n_prompt, n_gen, repetitions, depth, prefetch):
                     r["model"] = model.name
                     yield r
         del model
@@ -118,16 +167,21 @@ def cmd_bench(args) -> int:
     for d in dtypes:
         if d is not None and d not in DTYPES:
             raise ValueError(f"unknown dtype {d!r} ({', '.join(DTYPES)})")
+    if args.prefetch and stream_prefetch() is None:
+        raise ValueError(f"--prefetch: the {simd_path()} kernels of this CPU leave prefetching to the hardware")
+    prefetch = args.prefetch or [None]
+    column = "prefetch | " if args.prefetch else ""
     rows = []
     if not args.json:
         print(f"SIMD: {simd_path()}\n")   # above the table, which stays plain markdown
-        print("| model | dtype | threads | test | t/s (mean ± sd) | median |")
-        print("|---|---|---|---|---|---|")
+        print(f"| model | dtype | threads | {column}test | t/s (mean ± sd) | median |")
+        print("|---|---|---|" + ("---|" if column else "") + "---|---|---|")
     for r in run_bench(args.model, args.n_prompt, args.n_gen, threads, args.repetitions, dtypes,
-                       args.kv_dtype, args.n_depth):
+                       args.kv_dtype, args.n_depth, prefetch):
         rows.append(r)
         if not args.json:
-            print(f"| {r['model']} | {r['dtype']} | {r['threads']} | {r['test']} | "
+            print(f"| {r['model']} | {r['dtype']} | {r['threads']} | "
+                  + (f"{r['prefetch']} | " if column else "") + f"{r['test']} | "
                   f"{r['tokens_per_s_mean']:.2f} ± {r['tokens_per_s_sd']:.2f} | "
                   f"{r['tokens_per_s_median']:.2f} |")
             sys.stdout.flush()
