@@ -40,6 +40,9 @@ static const struct { const char *what; int N, K; } SHAPES[] = {
     {"2B down     2048x6144", 2048, 6144},
     {"7B up     14336x4096", 14336, 4096},
     {"head      49152x2048", 49152, 2048},
+    {"3B up      8192x3072", 8192, 3072},
+    {"3B down    3072x8192", 3072, 8192},
+    {"3B output 128256x3072", 128256, 3072},
 };
 
 static double now(void) {
