@@ -42,8 +42,9 @@ def add_bench_parser(sub):
     p.add_argument("--kv-dtype", choices=KV_DTYPES, default="f32",
                    help="KV cache precision (default: f32)")
     p.add_argument("--prefetch", type=_prefetch_settings, default=None, metavar="SETTINGS",
-                   help="comma-separated BYTES:LEVEL settings of the weight prefetch to compare "
-                        "(as FASTLLM_PREFETCH takes them; 'default' is this CPU's own), e.g. default,512:2,2048:1")
+                   help="comma-separated BYTES:LEVEL settings of the weight prefetch to compare, as "
+                        "FASTLLM_PREFETCH takes them ('default': the one in effect, this CPU's own or "
+                        "FASTLLM_PREFETCH's), e.g. default,512:2,2048:1")
     p.add_argument("--json", action="store_true", help="print results as JSON")
     return p
 
