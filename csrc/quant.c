@@ -1089,6 +1089,64 @@ INLINE AVX2 void qhalf_tile(float *out, int ldo, const FlmQ8 *x, int lda, const 
 }
 #undef EACH_TOKEN
 
+/* Q4_K, one token, NP panels side by side (qhalf's case that Q4_K_M files
+ * spend most of their decoding in), both halves of a panel in one pass:
+ * each 64-byte group is unpacked and multiplied as it is loaded, and the
+ * pair sums are added in 16 bits (8 groups of 4-bit quants times
+ * activations of at most 127 stay under 2^15), so that few vectors are
+ * live at once. qhalf holds a block's 8 unpacked vectors and 8 activation
+ * broadcasts in AVX2's 16 registers, spilling them and its sums: on the
+ * AMD VM `gemm_speed 1 avx2 q4_k 1 "3B up" 4` read 8.7-10.6 GB/s with it
+ * and 14.7-17.0 with this, the same bits (benchmarks/README.md). */
+INLINE AVX2 void q4k_panels_1(float *out, const FlmQ8 *x, const uint8_t *pp, size_t pb, int K, const int NP,
+                              const int l2) {
+    const int type = FLM_Q4_K, hdr = q_header(type), data = q_data(type);
+    const StreamPrefetch pf = {flm_stream_ahead, l2};
+    const size_t sbb = (size_t)hdr + 8 * (size_t)data;
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    __m256 acc[2 * NP];
+    _Pragma("GCC unroll 8")
+    for (int t = 0; t < 2 * NP; t++) acc[t] = _mm256_setzero_ps();
+    uint8_t fields[NP][256];
+    for (int b = 0; b < K / 32; b++) {
+        const int i = b % 8;
+        const FlmQ8 *xb = x + b;
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < NP; j++) {
+            const uint8_t *hp = pp + (size_t)j * pb + (size_t)(b / 8) * sbb, *rec = hp + hdr + (size_t)i * data;
+            if (i == 0) k_fields8(fields[j], hp);
+            prefetch_stream(pf, rec, data, pp + (size_t)(j + 1) * pb, NP, pb);
+            /* Opaque, so that the broadcasts below are made again for each
+             * panel (from memory, on a load port) rather than held. */
+            const int8_t *xq = xb->q;
+            __asm__("" : "+r"(xq));
+            const __m256 xd = _mm256_set1_ps(xb->d), ds = _mm256_set1_ps(xb->ds);
+            _Pragma("GCC unroll 2")
+            for (int h = 0; h < 2; h++) {
+                __m256i pairs = _mm256_setzero_si256();
+                _Pragma("GCC unroll 4")
+                for (int g = 0; g < 4; g++) {
+                    const __m256i w = _mm256_loadu_si256((const __m256i *)(rec + 64 * g + 32 * h));
+                    int32_t lo4, hi4;
+                    memcpy(&lo4, xq + 8 * g, 4);
+                    memcpy(&hi4, xq + 8 * g + 4, 4);
+                    pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(_mm256_and_si256(w, low), _mm256_set1_epi32(lo4)));
+                    pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(w, 4), low),
+                                                                         _mm256_set1_epi32(hi4)));
+                }
+                __m256 a, a2, mn;
+                block_scales8(hp, fields[j], i, h, type, &a, &a2, &mn);
+                /* block_dot8's operations, in its order */
+                const __m256 c = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones)),
+                                                 _mm256_mul_ps(a, xd), acc[2 * j + h]);
+                acc[2 * j + h] = _mm256_fnmadd_ps(mn, ds, c);
+            }
+        }
+    }
+    _Pragma("GCC unroll 8")
+    for (int t = 0; t < 2 * NP; t++) _mm256_storeu_ps(out + 8 * t, acc[t]);
+}
+
 INLINE AVX2 void qgemm_type_avx2(float *out, int ldo, const FlmQ8 *x, int lda, const void *wp, int K, int T,
                                  int p0, int np, int N, const int type) {
     const size_t pb = (size_t)K / q_sb(type) * ((size_t)q_header(type) + (size_t)q_sb(type) / 32 * q_data(type));
@@ -1097,6 +1155,11 @@ INLINE AVX2 void qgemm_type_avx2(float *out, int ldo, const FlmQ8 *x, int lda, c
     if (T <= FLM_DECODE_TOKENS)   /* decoding: whole panels side by side (the last may be partial: alone, below) */
         for (; p + DECODE_PANELS <= p0 + np && (p + DECODE_PANELS) * PANEL <= N; p += DECODE_PANELS) {
             const uint8_t *pp = (const uint8_t *)wp + (size_t)p * pb;
+            if (type == FLM_Q4_K && T == 1) {
+                if (l2) q4k_panels_1(out + p * PANEL, x, pp, pb, K, DECODE_PANELS, 1);
+                else q4k_panels_1(out + p * PANEL, x, pp, pb, K, DECODE_PANELS, 0);
+                continue;
+            }
             for (int h = 0; h < 2; h++) {
                 float *o = out + p * PANEL + 8 * h;
 #define HALVES(NT, L2) qhalf(o, ldo, x, lda, pp, pb, K, type, NT, DECODE_PANELS, h, 8, L2)
