@@ -887,63 +887,6 @@ AVX512VNNI void flm_qgemm_avx512_vnni(float *out, int ldo, const FlmQ8 *x, int l
  * quants of up to 6 bits (2 x 63 x 127); 8-bit quants are made signed again
  * (u - 128) and multiplied as |w| by the activation with w's sign. */
 
-/* v[m]: rows 8h .. 8h+7 of the record's quants for k = 4m .. 4m+3. */
-INLINE AVX2 void unpack8(__m256i v[8], const uint8_t *rec, const int bits, int h) {
-    if (bits == 8) {
-        const __m256i flip = _mm256_set1_epi8((char)0x80);
-        _Pragma("GCC unroll 8")
-        for (int m = 0; m < 8; m++)
-            v[m] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(rec + 64 * m + 32 * h)), flip);
-        return;
-    }
-    const __m256i low = _mm256_set1_epi8(0x0F);
-    _Pragma("GCC unroll 4")
-    for (int g = 0; g < 4; g++) {
-        const __m256i x = _mm256_loadu_si256((const __m256i *)(rec + 64 * g + 32 * h));
-        v[2 * g] = _mm256_and_si256(x, low);
-        v[2 * g + 1] = _mm256_and_si256(_mm256_srli_epi16(x, 4), low);
-    }
-    if (bits == 6) {
-        const __m256i top = _mm256_set1_epi8(0x30);
-        _Pragma("GCC unroll 2")
-        for (int g = 0; g < 2; g++) {
-            const __m256i c = _mm256_loadu_si256((const __m256i *)(rec + 256 + 64 * g + 32 * h));
-            v[4 * g] = _mm256_or_si256(v[4 * g], _mm256_and_si256(_mm256_slli_epi16(c, 4), top));
-            v[4 * g + 1] = _mm256_or_si256(v[4 * g + 1], _mm256_and_si256(_mm256_slli_epi16(c, 2), top));
-            v[4 * g + 2] = _mm256_or_si256(v[4 * g + 2], _mm256_and_si256(c, top));
-            v[4 * g + 3] = _mm256_or_si256(v[4 * g + 3], _mm256_and_si256(_mm256_srli_epi16(c, 2), top));
-        }
-        return;
-    }
-    /* Byte i of a vector takes bit i of its 32 mask bits. */
-    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    const __m256i select = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    _Pragma("GCC unroll 2")
-    for (int plane = 0; plane < bits - 4; plane++) {
-        const __m256i bit = _mm256_set1_epi8((char)(16 << plane));
-        _Pragma("GCC unroll 8")
-        for (int m = 0; m < 8; m++) {
-            uint32_t mask;
-            memcpy(&mask, rec + 256 + 64 * plane + 8 * m + 4 * h, 4);
-            __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)mask), spread);
-            b = _mm256_cmpeq_epi8(_mm256_and_si256(b, select), select);
-            v[m] = _mm256_add_epi8(v[m], _mm256_and_si256(b, bit));
-        }
-    }
-}
-
-/* 8 rows' sums over k = 4m .. 4m+3 of v[m] times the activations there. */
-INLINE AVX2 __m256i dot4_avx2(__m256i acc, __m256i w, const int8_t *x, const int bits) {
-    int32_t four;
-    memcpy(&four, x, 4);
-    const __m256i a = _mm256_set1_epi32(four);
-    __m256i pairs;
-    if (bits == 8) pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
-    else pairs = _mm256_maddubs_epi16(w, a);
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-}
-
 INLINE AVX2 __m256 f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 INLINE AVX2 __m256 u8x8(const uint8_t *p) {
     int64_t e;
@@ -989,23 +932,21 @@ INLINE AVX2 void block_scales8(const uint8_t *hp, const uint8_t *fields, int i, 
     }
 }
 
-/* acc + one token's products with 8 rows of a block (block_dot, above). */
-INLINE AVX2 __m256 block_dot8(__m256 acc, const __m256i v[8], const FlmQ8 *xb, __m256 a, __m256 a2, __m256 mn,
+/* acc + one token's products with 8 rows of a block, from their integer
+ * sums over its 32 k (Q6_K: I0 over the first 16, I1 over the last;
+ * others: their sum), without offsets: the float part of block_dot, above. */
+INLINE AVX2 __m256 block_fma8(__m256 acc, __m256i I0, __m256i I1, const FlmQ8 *xb, __m256 a, __m256 a2, __m256 mn,
                               const int type) {
-    const int bits = q_bits(type), off = bits == 8 ? 0 : q_offset(type);   /* 8-bit quants come back signed */
     const __m256 xd = _mm256_set1_ps(xb->d);
     if (type == FLM_Q6_K) {
-        __m256i I0 = _mm256_set1_epi32(xb->s32[0]), I1 = _mm256_set1_epi32(xb->s32[1]);
-        _Pragma("GCC unroll 4")
-        for (int m = 0; m < 4; m++) I0 = dot4_avx2(I0, v[m], xb->q + 4 * m, bits);
-        _Pragma("GCC unroll 4")
-        for (int m = 4; m < 8; m++) I1 = dot4_avx2(I1, v[m], xb->q + 4 * m, bits);
+        I0 = _mm256_add_epi32(I0, _mm256_set1_epi32(xb->s32[0]));
+        I1 = _mm256_add_epi32(I1, _mm256_set1_epi32(xb->s32[1]));
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I0), _mm256_mul_ps(a, xd), acc);
         return _mm256_fmadd_ps(_mm256_cvtepi32_ps(I1), _mm256_mul_ps(a2, xd), acc);
     }
-    __m256i I = _mm256_set1_epi32(-off * (xb->s[0] + xb->s[1]));
-    _Pragma("GCC unroll 8")
-    for (int m = 0; m < 8; m++) I = dot4_avx2(I, v[m], xb->q + 4 * m, bits);
+    const int bits = q_bits(type), off = bits == 8 ? 0 : q_offset(type);   /* 8-bit quants come back signed */
+    __m256i I = I0;
+    if (off) I = _mm256_sub_epi32(I, _mm256_set1_epi32(off * (xb->s[0] + xb->s[1])));
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(a, xd), acc);
     if (q_has_min(type)) acc = _mm256_fmadd_ps(mn, _mm256_set1_ps(xb->ds), acc);
     if (q_is_k(type)) acc = _mm256_fnmadd_ps(mn, _mm256_set1_ps(xb->ds), acc);
@@ -1023,39 +964,110 @@ INLINE AVX2 void store_rows8(float *o, __m256 acc, int rows) {
     for (int r = 0; r < rows; r++) o[r] = tmp[r];
 }
 
-/* Rows 8h .. 8h+7 of NP consecutive panels (pb bytes apart) for NT tokens,
- * for decoding: the panels side by side as qpanel's (above); rows: those
- * of the last panel's half. */
-INLINE AVX2 void qhalf(float *out, int ldo, const FlmQ8 *x, int lda, const uint8_t *pp, size_t pb, int K,
-                       const int type, const int NT, const int NP, int h, int rows, const int l2) {
-    const int sb = q_sb(type), hdr = q_header(type), data = q_data(type);
-    const StreamPrefetch pf = {flm_stream_ahead, l2};
-    const size_t sbb = (size_t)hdr + (size_t)sb / 32 * data;
-    __m256 acc[NP * NT];
-    _Pragma("GCC unroll 8")
-    for (int t = 0; t < NP * NT; t++) acc[t] = _mm256_setzero_ps();
-    uint8_t fields[NP][256];
-    for (int b = 0; b < K / 32; b++) {
-        const int i = b * 32 % sb / 32;
-        _Pragma("GCC unroll 4")
-        for (int j = 0; j < NP; j++) {
-            const uint8_t *hp = pp + (size_t)j * pb + (size_t)(b * 32 / sb) * sbb;
-            __m256i v[8];
-            if (q_is_k(type) && i == 0) k_fields8(fields[j], hp);
-            if (h == 0) prefetch_stream(pf, hp + hdr + (size_t)i * data, data, pp + (size_t)(j + 1) * pb, NP, pb);
-            unpack8(v, hp + hdr + (size_t)i * data, q_bits(type), h);
-            __m256 a, a2, mn;
-            block_scales8(hp, fields[j], i, h, type, &a, &a2, &mn);
+/* Activations k .. k+3 of a token in every 32-bit lane. */
+INLINE AVX2 __m256i bcast4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* The integer sums of HS halves of a block's record (rows 8h0 .. 8h0+7,
+ * and with HS = 2 the 8 after them too) times the activations of NT
+ * tokens (xb: the first's block, lda blocks apart), without offsets, as
+ * block_fma8 takes them: I0[hh * NT + t] (Q6_K: and I1[hh * NT + t]).
+ * Each 64-byte group is unpacked and multiplied as it is loaded, so that
+ * few vectors are live, and the pair sums (of at most 2 x (2^bits - 1) x
+ * 127 each) are added in 16 bits as far as that cannot overflow: 8 of
+ * them for 4-bit quants, 4 for 5-bit, 2 for 6-bit, 1 for 8-bit (as |w| by
+ * x with w's sign). Each half is done whole before the next: unpacking
+ * both halves of a group at once to share the broadcasts read 20-25%
+ * slower at one token on the AVX2-only EPYC VM (`gemm_speed 1 avx2 q4_k 1
+ * "3B up" 4`). */
+INLINE AVX2 void stream_ints8(__m256i I0[], __m256i I1[], const uint8_t *rec, const FlmQ8 *xb, int lda, const int NT,
+                              const int HS, const int bits, int h0) {
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), zero = _mm256_setzero_si256();
+#define LOAD(o, hh) _mm256_loadu_si256((const __m256i *)(rec + (o) + 32 * (h0 + (hh))))
+#define X(t, m) bcast4(xb[(size_t)(t) * lda].q + 4 * (m))
+#define SUM32(p) _mm256_madd_epi16(p, ones)
+#define EACH(u) for (int u = 0; u < HS * NT; u++)
+    if (bits == 8) {
+        const __m256i flip = _mm256_set1_epi8((char)0x80);
+        _Pragma("GCC unroll 2")
+        for (int hh = 0; hh < HS; hh++) {
+            __m256i J[NT];   /* the second chain of sums: k = 16 .. 31 */
+            for (int t = 0; t < NT; t++) I0[hh * NT + t] = J[t] = zero;
             _Pragma("GCC unroll 8")
-            for (int t = 0; t < NT; t++)
-                acc[j * NT + t] = block_dot8(acc[j * NT + t], v, x + (size_t)t * lda + b, a, a2, mn, type);
+            for (int m = 0; m < 8; m++) {
+                const __m256i w = _mm256_xor_si256(LOAD(64 * m, hh), flip), aw = _mm256_sign_epi8(w, w);
+                _Pragma("GCC unroll 4")
+                for (int t = 0; t < NT; t++) {
+                    __m256i *I = m < 4 ? &I0[hh * NT + t] : &J[t];
+                    *I = _mm256_add_epi32(*I, SUM32(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(X(t, m), w))));
+                }
+            }
+            for (int t = 0; t < NT; t++) I0[hh * NT + t] = _mm256_add_epi32(I0[hh * NT + t], J[t]);
         }
+        return;
     }
+    if (bits == 6) {   /* quants 4g .. 4g+3: the nibbles of groups 2g, 2g+1, and their top bits from one vector */
+        const __m256i top = _mm256_set1_epi8(0x30);
+        _Pragma("GCC unroll 2")
+        for (int hh = 0; hh < HS; hh++)
+            _Pragma("GCC unroll 2")
+            for (int g = 0; g < 2; g++) {
+                const __m256i c = LOAD(256 + 64 * g, hh), L0 = LOAD(128 * g, hh), L1 = LOAD(128 * g + 64, hh);
+                const __m256i v0 = _mm256_or_si256(_mm256_and_si256(L0, low), _mm256_and_si256(_mm256_slli_epi16(c, 4), top));
+                const __m256i v1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L0, 4), low),
+                                                   _mm256_and_si256(_mm256_slli_epi16(c, 2), top));
+                const __m256i v2 = _mm256_or_si256(_mm256_and_si256(L1, low), _mm256_and_si256(c, top));
+                const __m256i v3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L1, 4), low),
+                                                   _mm256_and_si256(_mm256_srli_epi16(c, 2), top));
+                _Pragma("GCC unroll 4")
+                for (int t = 0; t < NT; t++) {
+                    const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(v0, X(t, 4 * g)),
+                                                         _mm256_maddubs_epi16(v1, X(t, 4 * g + 1)));
+                    const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(v2, X(t, 4 * g + 2)),
+                                                         _mm256_maddubs_epi16(v3, X(t, 4 * g + 3)));
+                    (g == 0 ? I0 : I1)[hh * NT + t] = _mm256_add_epi32(SUM32(p01), SUM32(p23));
+                }
+            }
+        return;
+    }
+    /* 4 or 5 bits; the fifth from a plane of 32 mask bits per vector, byte i taking bit i */
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i select = _mm256_set1_epi64x((long long)0x8040201008040201ULL), bit = _mm256_set1_epi8(16);
+    __m256i p[HS * NT];
+    EACH(u) p[u] = zero;
+    _Pragma("GCC unroll 2")
+    for (int hh = 0; hh < HS; hh++)
     _Pragma("GCC unroll 4")
-    for (int j = 0; j < NP; j++)
-        _Pragma("GCC unroll 8")
-        for (int t = 0; t < NT; t++)
-            store_rows8(out + (size_t)j * PANEL + (size_t)t * ldo, acc[j * NT + t], j < NP - 1 ? 8 : rows);
+    for (int g = 0; g < 4; g++) {
+        const __m256i w = LOAD(64 * g, hh);
+        _Pragma("GCC unroll 2")
+        for (int e = 0; e < 2; e++) {
+            __m256i v = _mm256_and_si256(e ? _mm256_srli_epi16(w, 4) : w, low);
+            if (bits == 5) {
+                const uint8_t *plane = rec + 256 + 8 * (2 * g + e) + 4 * (h0 + hh);
+                const __m256i b = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)rd32(plane)), spread),
+                                                   select);
+                v = _mm256_or_si256(v, _mm256_and_si256(_mm256_cmpeq_epi8(b, select), bit));
+            }
+            _Pragma("GCC unroll 4")
+            for (int t = 0; t < NT; t++)
+                p[hh * NT + t] = _mm256_add_epi16(p[hh * NT + t], _mm256_maddubs_epi16(v, X(t, 2 * g + e)));
+        }
+        if (bits == 5 && g == 1)
+            for (int t = 0; t < NT; t++) {
+                I0[hh * NT + t] = SUM32(p[hh * NT + t]);
+                p[hh * NT + t] = zero;
+            }
+    }
+    EACH(u) I0[u] = bits == 5 ? _mm256_add_epi32(I0[u], SUM32(p[u])) : SUM32(p[u]);
+#undef LOAD
+#undef X
+#undef SUM32
+#undef EACH
 }
 
 /* Rows 8h .. 8h+7 of one panel for a tile of NT tokens (at most 4), for
@@ -1073,13 +1085,13 @@ INLINE AVX2 void qhalf_tile(float *out, int ldo, const FlmQ8 *x, int lda, const 
     for (int b = 0; b < K / 32; b++) {
         const int i = b * 32 % sb / 32;
         const uint8_t *hp = pp + (size_t)(b * 32 / sb) * sbb;
-        __m256i v[8];
         if (q_is_k(type) && i == 0) k_fields8(fields, hp);
         if (h == 0) prefetch_record(pf, hp + hdr + (size_t)i * data, data);
-        unpack8(v, hp + hdr + (size_t)i * data, q_bits(type), h);
+        __m256i I0[NT], I1[NT];
+        stream_ints8(I0, I1, hp + hdr + (size_t)i * data, x + b, lda, NT, 1, q_bits(type), h);
         __m256 a, a2, mn;
         block_scales8(hp, fields, i, h, type, &a, &a2, &mn);
-#define STEP(t) if ((t) < NT) acc##t = block_dot8(acc##t, v, x + (size_t)(t) * lda + b, a, a2, mn, type);
+#define STEP(t) if ((t) < NT) acc##t = block_fma8(acc##t, I0[t], I1[t], x + (size_t)(t) * lda + b, a, a2, mn, type);
         EACH_TOKEN(STEP)
 #undef STEP
     }
@@ -1089,62 +1101,58 @@ INLINE AVX2 void qhalf_tile(float *out, int ldo, const FlmQ8 *x, int lda, const 
 }
 #undef EACH_TOKEN
 
-/* Q4_K, one token, NP panels side by side (qhalf's case that Q4_K_M files
- * spend most of their decoding in), both halves of a panel in one pass:
- * each 64-byte group is unpacked and multiplied as it is loaded, and the
- * pair sums are added in 16 bits (8 groups of 4-bit quants times
- * activations of at most 127 stay under 2^15), so that few vectors are
- * live at once. qhalf holds a block's 8 unpacked vectors and 8 activation
- * broadcasts in AVX2's 16 registers, spilling them and its sums: on the
- * AMD VM `gemm_speed 1 avx2 q4_k 1 "3B up" 4` read 8.7-10.6 GB/s with it
- * and 14.7-17.0 with this, the same bits (benchmarks/README.md). */
-INLINE AVX2 void q4k_panels_1(float *out, const FlmQ8 *x, const uint8_t *pp, size_t pb, int K, const int NP,
-                              const int l2) {
-    const int type = FLM_Q4_K, hdr = q_header(type), data = q_data(type);
+/* Decoding: NP consecutive panels (pb bytes apart) side by side for NT
+ * tokens (1 or 2), their sums from stream_ints8. A form that unpacked a
+ * block's 8 vectors first and then multiplied them by 8 activation
+ * broadcasts spilled them and its sums out of AVX2's 16 registers
+ * (benchmarks/README.md: `gemm_speed 1 avx2 q4_k 1 "3B up" 4` read 8.7-10.6
+ * GB/s with that and 14.7-17.0 with this on the Zen 4 VM; this form for
+ * every type, on the AVX2-only EPYC VM (family 17h), against Q4_K's alone:
+ * Q4_K +3%, Q6_K +33%, Q8_0 +11% at one token, +20-28% at two). For one
+ * token both halves of a panel share a pass; for two, each half has its
+ * own (the second finds the panels in L2), as their sums would not fit. */
+INLINE AVX2 void qpanels(float *out, int ldo, const FlmQ8 *x, int lda, const uint8_t *pp, size_t pb, int K,
+                         const int type, const int NT, const int NP, const int l2) {
+    const int sb = q_sb(type), hdr = q_header(type), data = q_data(type), HS = NT == 1 ? 2 : 1;
     const StreamPrefetch pf = {flm_stream_ahead, l2};
-    const size_t sbb = (size_t)hdr + 8 * (size_t)data;
-    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-    __m256 acc[2 * NP];
-    _Pragma("GCC unroll 8")
-    for (int t = 0; t < 2 * NP; t++) acc[t] = _mm256_setzero_ps();
-    uint8_t fields[NP][256];
-    for (int b = 0; b < K / 32; b++) {
-        const int i = b % 8;
-        const FlmQ8 *xb = x + b;
-        _Pragma("GCC unroll 4")
-        for (int j = 0; j < NP; j++) {
-            const uint8_t *hp = pp + (size_t)j * pb + (size_t)(b / 8) * sbb, *rec = hp + hdr + (size_t)i * data;
-            if (i == 0) k_fields8(fields[j], hp);
-            prefetch_stream(pf, rec, data, pp + (size_t)(j + 1) * pb, NP, pb);
-            /* Opaque, so that the broadcasts below are made again for each
-             * panel (from memory, on a load port) rather than held. */
-            const int8_t *xq = xb->q;
-            __asm__("" : "+r"(xq));
-            const __m256 xd = _mm256_set1_ps(xb->d), ds = _mm256_set1_ps(xb->ds);
-            _Pragma("GCC unroll 2")
-            for (int h = 0; h < 2; h++) {
-                __m256i pairs = _mm256_setzero_si256();
-                _Pragma("GCC unroll 4")
-                for (int g = 0; g < 4; g++) {
-                    const __m256i w = _mm256_loadu_si256((const __m256i *)(rec + 64 * g + 32 * h));
-                    int32_t lo4, hi4;
-                    memcpy(&lo4, xq + 8 * g, 4);
-                    memcpy(&hi4, xq + 8 * g + 4, 4);
-                    pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(_mm256_and_si256(w, low), _mm256_set1_epi32(lo4)));
-                    pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(w, 4), low),
-                                                                         _mm256_set1_epi32(hi4)));
+    const size_t sbb = (size_t)hdr + (size_t)sb / 32 * data;
+    for (int h0 = 0; h0 < 2; h0 += HS) {
+        __m256 acc[NP * NT * HS];
+        _Pragma("GCC unroll 8")
+        for (int s = 0; s < NP * NT * HS; s++) acc[s] = _mm256_setzero_ps();
+        uint8_t fields[NP][256];
+        for (int b = 0; b < K / 32; b++) {
+            const int i = b * 32 % sb / 32;
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < NP; j++) {
+                const uint8_t *hp = pp + (size_t)j * pb + (size_t)(b * 32 / sb) * sbb, *rec = hp + hdr + (size_t)i * data;
+                if (q_is_k(type) && i == 0) k_fields8(fields[j], hp);
+                if (h0 == 0) prefetch_stream(pf, rec, data, pp + (size_t)(j + 1) * pb, NP, pb);
+                /* Opaque, so that the activations' broadcasts are made again
+                 * for each panel (from memory, on a load port) rather than held. */
+                const FlmQ8 *xo = x + b;
+                __asm__("" : "+r"(xo));
+                __m256i I0[HS * NT], I1[HS * NT];
+                stream_ints8(I0, I1, rec, xo, lda, NT, HS, q_bits(type), h0);
+                _Pragma("GCC unroll 2")
+                for (int hh = 0; hh < HS; hh++) {
+                    __m256 a, a2, mn;
+                    block_scales8(hp, fields[j], i, h0 + hh, type, &a, &a2, &mn);
+                    _Pragma("GCC unroll 2")
+                    for (int t = 0; t < NT; t++)
+                        acc[(j * NT + t) * HS + hh] = block_fma8(acc[(j * NT + t) * HS + hh], I0[hh * NT + t],
+                                                                 I1[hh * NT + t], x + (size_t)t * lda + b, a, a2, mn, type);
                 }
-                __m256 a, a2, mn;
-                block_scales8(hp, fields[j], i, h, type, &a, &a2, &mn);
-                /* block_dot8's operations, in its order */
-                const __m256 c = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones)),
-                                                 _mm256_mul_ps(a, xd), acc[2 * j + h]);
-                acc[2 * j + h] = _mm256_fnmadd_ps(mn, ds, c);
             }
         }
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < NP; j++)
+            _Pragma("GCC unroll 2")
+            for (int t = 0; t < NT; t++)
+                _Pragma("GCC unroll 2")
+                for (int hh = 0; hh < HS; hh++)
+                    _mm256_storeu_ps(out + (size_t)j * PANEL + 8 * (h0 + hh) + (size_t)t * ldo, acc[(j * NT + t) * HS + hh]);
     }
-    _Pragma("GCC unroll 8")
-    for (int t = 0; t < 2 * NP; t++) _mm256_storeu_ps(out + 8 * t, acc[t]);
 }
 
 INLINE AVX2 void qgemm_type_avx2(float *out, int ldo, const FlmQ8 *x, int lda, const void *wp, int K, int T,
@@ -1155,18 +1163,10 @@ INLINE AVX2 void qgemm_type_avx2(float *out, int ldo, const FlmQ8 *x, int lda, c
     if (T <= FLM_DECODE_TOKENS)   /* decoding: whole panels side by side (the last may be partial: alone, below) */
         for (; p + DECODE_PANELS <= p0 + np && (p + DECODE_PANELS) * PANEL <= N; p += DECODE_PANELS) {
             const uint8_t *pp = (const uint8_t *)wp + (size_t)p * pb;
-            if (type == FLM_Q4_K && T == 1) {
-                if (l2) q4k_panels_1(out + p * PANEL, x, pp, pb, K, DECODE_PANELS, 1);
-                else q4k_panels_1(out + p * PANEL, x, pp, pb, K, DECODE_PANELS, 0);
-                continue;
-            }
-            for (int h = 0; h < 2; h++) {
-                float *o = out + p * PANEL + 8 * h;
-#define HALVES(NT, L2) qhalf(o, ldo, x, lda, pp, pb, K, type, NT, DECODE_PANELS, h, 8, L2)
-                if (T == 2) { if (l2) HALVES(2, 1); else HALVES(2, 0); }   /* the level a constant, as above */
-                else if (l2) HALVES(1, 1); else HALVES(1, 0);
-#undef HALVES
-            }
+#define PANELS(NT, L2) qpanels(out + p * PANEL, ldo, x, lda, pp, pb, K, type, NT, DECODE_PANELS, L2)
+            if (T == 2) { if (l2) PANELS(2, 1); else PANELS(2, 0); }   /* the level a constant, as above */
+            else if (l2) PANELS(1, 1); else PANELS(1, 0);
+#undef PANELS
         }
     for (; p < p0 + np; p++) {
         const uint8_t *pp = (const uint8_t *)wp + (size_t)p * pb;
