@@ -933,8 +933,8 @@ INLINE AVX2 void block_scales8(const uint8_t *hp, const uint8_t *fields, int i, 
 }
 
 /* acc + one token's products with 8 rows of a block, from their integer
- * sums over its 32 k (Q6_K: I0 over the first 16, I1 over the last;
- * others: their sum), without offsets: the float part of block_dot, above. */
+ * sums without offsets (Q6_K: I0 over the first 16 k, I1 over the last;
+ * others: I0 over all 32, I1 unused): the float part of block_dot, above. */
 INLINE AVX2 __m256 block_fma8(__m256 acc, __m256i I0, __m256i I1, const FlmQ8 *xb, __m256 a, __m256 a2, __m256 mn,
                               const int type) {
     const __m256 xd = _mm256_set1_ps(xb->d);
@@ -1040,28 +1040,29 @@ INLINE AVX2 void stream_ints8(__m256i I0[], __m256i I1[], const uint8_t *rec, co
     __m256i p[HS * NT];
     EACH(u) p[u] = zero;
     _Pragma("GCC unroll 2")
-    for (int hh = 0; hh < HS; hh++)
-    _Pragma("GCC unroll 4")
-    for (int g = 0; g < 4; g++) {
-        const __m256i w = LOAD(64 * g, hh);
-        _Pragma("GCC unroll 2")
-        for (int e = 0; e < 2; e++) {
-            __m256i v = _mm256_and_si256(e ? _mm256_srli_epi16(w, 4) : w, low);
-            if (bits == 5) {
-                const uint8_t *plane = rec + 256 + 8 * (2 * g + e) + 4 * (h0 + hh);
-                const __m256i b = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)rd32(plane)), spread),
-                                                   select);
-                v = _mm256_or_si256(v, _mm256_and_si256(_mm256_cmpeq_epi8(b, select), bit));
+    for (int hh = 0; hh < HS; hh++) {
+        _Pragma("GCC unroll 4")
+        for (int g = 0; g < 4; g++) {
+            const __m256i w = LOAD(64 * g, hh);
+            _Pragma("GCC unroll 2")
+            for (int e = 0; e < 2; e++) {
+                __m256i v = _mm256_and_si256(e ? _mm256_srli_epi16(w, 4) : w, low);
+                if (bits == 5) {
+                    const uint8_t *plane = rec + 256 + 8 * (2 * g + e) + 4 * (h0 + hh);
+                    const __m256i b = _mm256_and_si256(
+                        _mm256_shuffle_epi8(_mm256_set1_epi32((int)rd32(plane)), spread), select);
+                    v = _mm256_or_si256(v, _mm256_and_si256(_mm256_cmpeq_epi8(b, select), bit));
+                }
+                _Pragma("GCC unroll 4")
+                for (int t = 0; t < NT; t++)
+                    p[hh * NT + t] = _mm256_add_epi16(p[hh * NT + t], _mm256_maddubs_epi16(v, X(t, 2 * g + e)));
             }
-            _Pragma("GCC unroll 4")
-            for (int t = 0; t < NT; t++)
-                p[hh * NT + t] = _mm256_add_epi16(p[hh * NT + t], _mm256_maddubs_epi16(v, X(t, 2 * g + e)));
+            if (bits == 5 && g == 1)   /* 4 groups of 5-bit pair sums: widen before the next 4 */
+                for (int t = 0; t < NT; t++) {
+                    I0[hh * NT + t] = SUM32(p[hh * NT + t]);
+                    p[hh * NT + t] = zero;
+                }
         }
-        if (bits == 5 && g == 1)
-            for (int t = 0; t < NT; t++) {
-                I0[hh * NT + t] = SUM32(p[hh * NT + t]);
-                p[hh * NT + t] = zero;
-            }
     }
     EACH(u) I0[u] = bits == 5 ? _mm256_add_epi32(I0[u], SUM32(p[u])) : SUM32(p[u]);
 #undef LOAD
