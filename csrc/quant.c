@@ -982,7 +982,16 @@ INLINE AVX2 __m256i bcast4(const int8_t *p) {
  * x with w's sign). Each half is done whole before the next: unpacking
  * both halves of a group at once to share the broadcasts read 20-25%
  * slower at one token on the AVX2-only EPYC VM (`gemm_speed 1 avx2 q4_k 1
- * "3B up" 4`). */
+ * "3B up" 4`).
+ *
+ * Sizes are fixed (NT * HS <= 4), not variable-length arrays: GCC keeps a
+ * VLA in memory and re-aligns the stack for it at every block. KEEP pins a
+ * running sum to a register after each addition, so that GCC cannot turn a
+ * chain of them into a tree, which makes every product live at once and
+ * spills them to the stack.
+ * Both left the sums' bits alone and gave, on the Zen 4 VM (`gemm_speed 1
+ * avx2 TYPE 512 "3B up"`), Q4_K 82-101 -> 146-161 GFLOP/s, Q4_0 99-111 ->
+ * 170-184, Q8_0 75-89 -> 97-115; decoding from memory Q4_K 15 -> 21 GB/s. */
 INLINE AVX2 void stream_ints8(__m256i I0[], __m256i I1[], const uint8_t *rec, const FlmQ8 *xb, int lda, const int NT,
                               const int HS, const int bits, int h0) {
     const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), zero = _mm256_setzero_si256();
@@ -990,11 +999,12 @@ INLINE AVX2 void stream_ints8(__m256i I0[], __m256i I1[], const uint8_t *rec, co
 #define X(t, m) bcast4(xb[(size_t)(t) * lda].q + 4 * (m))
 #define SUM32(p) _mm256_madd_epi16(p, ones)
 #define EACH(u) for (int u = 0; u < HS * NT; u++)
+#define KEEP(v) __asm__("" : "+x"(v))
     if (bits == 8) {
         const __m256i flip = _mm256_set1_epi8((char)0x80);
         _Pragma("GCC unroll 2")
         for (int hh = 0; hh < HS; hh++) {
-            __m256i J[NT];   /* the second chain of sums: k = 16 .. 31 */
+            __m256i J[4];   /* the second chain of sums: k = 16 .. 31 */
             for (int t = 0; t < NT; t++) I0[hh * NT + t] = J[t] = zero;
             _Pragma("GCC unroll 8")
             for (int m = 0; m < 8; m++) {
@@ -1003,6 +1013,7 @@ INLINE AVX2 void stream_ints8(__m256i I0[], __m256i I1[], const uint8_t *rec, co
                 for (int t = 0; t < NT; t++) {
                     __m256i *I = m < 4 ? &I0[hh * NT + t] : &J[t];
                     *I = _mm256_add_epi32(*I, SUM32(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(X(t, m), w))));
+                    KEEP(*I);
                 }
             }
             for (int t = 0; t < NT; t++) I0[hh * NT + t] = _mm256_add_epi32(I0[hh * NT + t], J[t]);
@@ -1037,7 +1048,7 @@ INLINE AVX2 void stream_ints8(__m256i I0[], __m256i I1[], const uint8_t *rec, co
     const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
                                             2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
     const __m256i select = _mm256_set1_epi64x((long long)0x8040201008040201ULL), bit = _mm256_set1_epi8(16);
-    __m256i p[HS * NT];
+    __m256i p[4];
     EACH(u) p[u] = zero;
     _Pragma("GCC unroll 2")
     for (int hh = 0; hh < HS; hh++) {
@@ -1054,8 +1065,10 @@ INLINE AVX2 void stream_ints8(__m256i I0[], __m256i I1[], const uint8_t *rec, co
                     v = _mm256_or_si256(v, _mm256_and_si256(_mm256_cmpeq_epi8(b, select), bit));
                 }
                 _Pragma("GCC unroll 4")
-                for (int t = 0; t < NT; t++)
+                for (int t = 0; t < NT; t++) {
                     p[hh * NT + t] = _mm256_add_epi16(p[hh * NT + t], _mm256_maddubs_epi16(v, X(t, 2 * g + e)));
+                    KEEP(p[hh * NT + t]);
+                }
             }
             if (bits == 5 && g == 1)   /* 4 groups of 5-bit pair sums: widen before the next 4 */
                 for (int t = 0; t < NT; t++) {
@@ -1069,6 +1082,7 @@ INLINE AVX2 void stream_ints8(__m256i I0[], __m256i I1[], const uint8_t *rec, co
 #undef X
 #undef SUM32
 #undef EACH
+#undef KEEP
 }
 
 /* Rows 8h .. 8h+7 of one panel for a tile of NT tokens (at most 4), for
@@ -1088,7 +1102,7 @@ INLINE AVX2 void qhalf_tile(float *out, int ldo, const FlmQ8 *x, int lda, const 
         const uint8_t *hp = pp + (size_t)(b * 32 / sb) * sbb;
         if (q_is_k(type) && i == 0) k_fields8(fields, hp);
         if (h == 0) prefetch_record(pf, hp + hdr + (size_t)i * data, data);
-        __m256i I0[NT], I1[NT];
+        __m256i I0[4], I1[4];
         stream_ints8(I0, I1, hp + hdr + (size_t)i * data, x + b, lda, NT, 1, q_bits(type), h);
         __m256 a, a2, mn;
         block_scales8(hp, fields, i, h, type, &a, &a2, &mn);
@@ -1118,10 +1132,10 @@ INLINE AVX2 void qpanels(float *out, int ldo, const FlmQ8 *x, int lda, const uin
     const StreamPrefetch pf = {flm_stream_ahead, l2};
     const size_t sbb = (size_t)hdr + (size_t)sb / 32 * data;
     for (int h0 = 0; h0 < 2; h0 += HS) {
-        __m256 acc[NP * NT * HS];
+        __m256 acc[DECODE_PANELS * 2];   /* NP * NT * HS; fixed, as in stream_ints8 */
         _Pragma("GCC unroll 8")
         for (int s = 0; s < NP * NT * HS; s++) acc[s] = _mm256_setzero_ps();
-        uint8_t fields[NP][256];
+        uint8_t fields[DECODE_PANELS][256];
         for (int b = 0; b < K / 32; b++) {
             const int i = b * 32 % sb / 32;
             _Pragma("GCC unroll 4")
@@ -1133,7 +1147,7 @@ INLINE AVX2 void qpanels(float *out, int ldo, const FlmQ8 *x, int lda, const uin
                  * for each panel (from memory, on a load port) rather than held. */
                 const FlmQ8 *xo = x + b;
                 __asm__("" : "+r"(xo));
-                __m256i I0[HS * NT], I1[HS * NT];
+                __m256i I0[2], I1[2];
                 stream_ints8(I0, I1, rec, xo, lda, NT, HS, q_bits(type), h0);
                 _Pragma("GCC unroll 2")
                 for (int hh = 0; hh < HS; hh++) {
