@@ -971,6 +971,35 @@ INLINE AVX2 __m256i bcast4(const int8_t *p) {
     return _mm256_set1_epi32(v);
 }
 
+/* Quants 4g .. 4g+3 of half h of a 6-bit record (groups of 4 k): the
+ * nibbles of groups 2g and 2g+1, and their top bits from one vector. */
+INLINE AVX2 void six_bit_groups(__m256i v[4], const uint8_t *rec, int g, int h) {
+    const __m256i low = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
+    const __m256i c = _mm256_loadu_si256((const __m256i *)(rec + 256 + 64 * g + 32 * h));
+    const __m256i L0 = _mm256_loadu_si256((const __m256i *)(rec + 128 * g + 32 * h));
+    const __m256i L1 = _mm256_loadu_si256((const __m256i *)(rec + 128 * g + 64 + 32 * h));
+    v[0] = _mm256_or_si256(_mm256_and_si256(L0, low), _mm256_and_si256(_mm256_slli_epi16(c, 4), top));
+    v[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L0, 4), low), _mm256_and_si256(_mm256_slli_epi16(c, 2), top));
+    v[2] = _mm256_or_si256(_mm256_and_si256(L1, low), _mm256_and_si256(c, top));
+    v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L1, 4), low), _mm256_and_si256(_mm256_srli_epi16(c, 2), top));
+}
+
+/* Group 2g+e of half h of a 4- or 5-bit record, from its 64-byte group's
+ * half w: the low (e = 0) or high nibbles, and for 5-bit quants the fifth
+ * bit from the record's plane of 32 mask bits per vector, byte i taking bit i. */
+INLINE AVX2 __m256i nibble_group(__m256i w, const uint8_t *rec, int g, int e, int h, const int bits) {
+    __m256i v = _mm256_and_si256(e ? _mm256_srli_epi16(w, 4) : w, _mm256_set1_epi8(0x0F));
+    if (bits == 5) {
+        const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+        const __m256i select = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+        const uint8_t *plane = rec + 256 + 8 * (2 * g + e) + 4 * h;
+        const __m256i b = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)rd32(plane)), spread), select);
+        v = _mm256_or_si256(v, _mm256_and_si256(_mm256_cmpeq_epi8(b, select), _mm256_set1_epi8(16)));
+    }
+    return v;
+}
+
 /* The integer sums of HS halves of a block's record (rows 8h0 .. 8h0+7,
  * and with HS = 2 the 8 after them too) times the activations of NT
  * tokens (xb: the first's block, lda blocks apart), without offsets, as
@@ -991,10 +1020,13 @@ INLINE AVX2 __m256i bcast4(const int8_t *p) {
  * spills them to the stack.
  * Both left the sums' bits alone and gave, on the Zen 4 VM (`gemm_speed 1
  * avx2 TYPE 512 "3B up"`), Q4_K 82-101 -> 146-161 GFLOP/s, Q4_0 99-111 ->
- * 170-184, Q8_0 75-89 -> 97-115; decoding from memory Q4_K 15 -> 21 GB/s. */
-INLINE AVX2 void stream_ints8(__m256i I0[], __m256i I1[], const uint8_t *rec, const FlmQ8 *xb, int lda, const int NT,
-                              const int HS, const int bits, int h0) {
-    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), zero = _mm256_setzero_si256();
+ * 170-184, Q8_0 75-89 -> 97-115; decoding from memory Q4_K 15 -> 21 GB/s.
+ *
+ * pre: the record's vectors unpacked already (unpack_half8, below; HS = 1,
+ * 4- to 6-bit quants), or NULL to unpack them here. */
+INLINE AVX2 void stream_ints8(__m256i I0[], __m256i I1[], const uint8_t *rec, const __m256i *pre, const FlmQ8 *xb,
+                              int lda, const int NT, const int HS, const int bits, int h0) {
+    const __m256i ones = _mm256_set1_epi16(1), zero = _mm256_setzero_si256();
 #define LOAD(o, hh) _mm256_loadu_si256((const __m256i *)(rec + (o) + 32 * (h0 + (hh))))
 #define X(t, m) bcast4(xb[(size_t)(t) * lda].q + 4 * (m))
 #define SUM32(p) _mm256_madd_epi16(p, ones)
@@ -1020,50 +1052,36 @@ INLINE AVX2 void stream_ints8(__m256i I0[], __m256i I1[], const uint8_t *rec, co
         }
         return;
     }
-    if (bits == 6) {   /* quants 4g .. 4g+3: the nibbles of groups 2g, 2g+1, and their top bits from one vector */
-        const __m256i top = _mm256_set1_epi8(0x30);
+    if (bits == 6) {
         _Pragma("GCC unroll 2")
         for (int hh = 0; hh < HS; hh++)
             _Pragma("GCC unroll 2")
             for (int g = 0; g < 2; g++) {
-                const __m256i c = LOAD(256 + 64 * g, hh), L0 = LOAD(128 * g, hh), L1 = LOAD(128 * g + 64, hh);
-                const __m256i v0 = _mm256_or_si256(_mm256_and_si256(L0, low), _mm256_and_si256(_mm256_slli_epi16(c, 4), top));
-                const __m256i v1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L0, 4), low),
-                                                   _mm256_and_si256(_mm256_slli_epi16(c, 2), top));
-                const __m256i v2 = _mm256_or_si256(_mm256_and_si256(L1, low), _mm256_and_si256(c, top));
-                const __m256i v3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L1, 4), low),
-                                                   _mm256_and_si256(_mm256_srli_epi16(c, 2), top));
+                __m256i v[4];
+                if (pre) for (int j = 0; j < 4; j++) v[j] = pre[4 * g + j];
+                else six_bit_groups(v, rec, g, h0 + hh);
                 _Pragma("GCC unroll 4")
                 for (int t = 0; t < NT; t++) {
-                    const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(v0, X(t, 4 * g)),
-                                                         _mm256_maddubs_epi16(v1, X(t, 4 * g + 1)));
-                    const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(v2, X(t, 4 * g + 2)),
-                                                         _mm256_maddubs_epi16(v3, X(t, 4 * g + 3)));
+                    const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(v[0], X(t, 4 * g)),
+                                                         _mm256_maddubs_epi16(v[1], X(t, 4 * g + 1)));
+                    const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(v[2], X(t, 4 * g + 2)),
+                                                         _mm256_maddubs_epi16(v[3], X(t, 4 * g + 3)));
                     (g == 0 ? I0 : I1)[hh * NT + t] = _mm256_add_epi32(SUM32(p01), SUM32(p23));
                 }
             }
         return;
     }
-    /* 4 or 5 bits; the fifth from a plane of 32 mask bits per vector, byte i taking bit i */
-    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    const __m256i select = _mm256_set1_epi64x((long long)0x8040201008040201ULL), bit = _mm256_set1_epi8(16);
+    /* 4 or 5 bits */
     __m256i p[4];
     EACH(u) p[u] = zero;
     _Pragma("GCC unroll 2")
     for (int hh = 0; hh < HS; hh++) {
         _Pragma("GCC unroll 4")
         for (int g = 0; g < 4; g++) {
-            const __m256i w = LOAD(64 * g, hh);
+            const __m256i w = pre ? zero : LOAD(64 * g, hh);
             _Pragma("GCC unroll 2")
             for (int e = 0; e < 2; e++) {
-                __m256i v = _mm256_and_si256(e ? _mm256_srli_epi16(w, 4) : w, low);
-                if (bits == 5) {
-                    const uint8_t *plane = rec + 256 + 8 * (2 * g + e) + 4 * (h0 + hh);
-                    const __m256i b = _mm256_and_si256(
-                        _mm256_shuffle_epi8(_mm256_set1_epi32((int)rd32(plane)), spread), select);
-                    v = _mm256_or_si256(v, _mm256_and_si256(_mm256_cmpeq_epi8(b, select), bit));
-                }
+                const __m256i v = pre ? pre[2 * g + e] : nibble_group(w, rec, g, e, h0 + hh, bits);
                 _Pragma("GCC unroll 4")
                 for (int t = 0; t < NT; t++) {
                     p[hh * NT + t] = _mm256_add_epi16(p[hh * NT + t], _mm256_maddubs_epi16(v, X(t, 2 * g + e)));
@@ -1085,27 +1103,74 @@ INLINE AVX2 void stream_ints8(__m256i I0[], __m256i I1[], const uint8_t *rec, co
 #undef KEEP
 }
 
+/* Prompts: the quants of half h of a panel for a run of blocks, unpacked
+ * once for all of a call's token tiles (qhalf_unpacked, below) rather than
+ * once per tile, with the blocks' scales. 64 blocks (22 KiB) stay in L1
+ * beside a tile's activations; 32 and 128 read the same. */
+#define UNPACKED_BLOCKS 64
+_Static_assert(UNPACKED_BLOCKS % 8 == 0, "a run of blocks starts a K-quant superblock");
+typedef struct {
+    __m256i v[UNPACKED_BLOCKS][8];
+    __m256 a[UNPACKED_BLOCKS], a2[UNPACKED_BLOCKS], mn[UNPACKED_BLOCKS];
+    int b0, nb;   /* the blocks held: b0 .. b0+nb-1 */
+} Unpacked;
+
+/* Blocks b0 .. b0+nb-1 of half h of a panel, of 4- to 6-bit quants, into u. */
+INLINE AVX2 void unpack_half8(Unpacked *u, const uint8_t *pp, int b0, int nb, const int type, int h) {
+    const int sb = q_sb(type), hdr = q_header(type), data = q_data(type), bits = q_bits(type);
+    const size_t sbb = (size_t)hdr + (size_t)sb / 32 * data;
+    const StreamPrefetch pf = stream_prefetch_now();
+    uint8_t fields[256];
+    u->b0 = b0;
+    u->nb = nb;
+    for (int j = 0; j < nb; j++) {
+        const int b = b0 + j, i = b * 32 % sb / 32;
+        const uint8_t *hp = pp + (size_t)(b * 32 / sb) * sbb, *rec = hp + hdr + (size_t)i * data;
+        if (q_is_k(type) && i == 0) k_fields8(fields, hp);
+        if (h == 0) prefetch_record(pf, rec, data);
+        if (bits == 6)
+            for (int g = 0; g < 2; g++) six_bit_groups(u->v[j] + 4 * g, rec, g, h);
+        else
+            for (int g = 0; g < 4; g++) {
+                const __m256i w = _mm256_loadu_si256((const __m256i *)(rec + 64 * g + 32 * h));
+                for (int e = 0; e < 2; e++) u->v[j][2 * g + e] = nibble_group(w, rec, g, e, h, bits);
+            }
+        block_scales8(hp, fields, i, h, type, &u->a[j], &u->a2[j], &u->mn[j]);
+    }
+}
+
 /* Rows 8h .. 8h+7 of one panel for a tile of NT tokens (at most 4), for
- * prompts, the sums in named variables as qtile's (above). */
+ * prompts, the sums in named variables as qtile's (above). With u, only
+ * u's blocks, from its unpacked quants, added to what out holds unless
+ * they are the first (rows = 8). */
 #define EACH_TOKEN(X) X(0) X(1) X(2) X(3)
 INLINE AVX2 void qhalf_tile(float *out, int ldo, const FlmQ8 *x, int lda, const uint8_t *pp, int K, const int type,
-                            const int NT, int h, int rows) {
+                            const int NT, int h, int rows, const Unpacked *u) {
     const int sb = q_sb(type), hdr = q_header(type), data = q_data(type);
     const StreamPrefetch pf = stream_prefetch_now();
     const size_t sbb = (size_t)hdr + (size_t)sb / 32 * data;
-#define DECLARE(t) __m256 acc##t = _mm256_setzero_ps();
+#define DECLARE(t) __m256 acc##t = (t) < NT && u && u->b0 ? _mm256_loadu_ps(out + (size_t)(t) * ldo) : _mm256_setzero_ps();
     EACH_TOKEN(DECLARE)
 #undef DECLARE
     uint8_t fields[256];
-    for (int b = 0; b < K / 32; b++) {
-        const int i = b * 32 % sb / 32;
-        const uint8_t *hp = pp + (size_t)(b * 32 / sb) * sbb;
-        if (q_is_k(type) && i == 0) k_fields8(fields, hp);
-        if (h == 0) prefetch_record(pf, hp + hdr + (size_t)i * data, data);
+    const int end = u ? u->b0 + u->nb : K / 32;
+    for (int b = u ? u->b0 : 0; b < end; b++) {
         __m256i I0[4], I1[4];
-        stream_ints8(I0, I1, hp + hdr + (size_t)i * data, x + b, lda, NT, 1, q_bits(type), h);
         __m256 a, a2, mn;
-        block_scales8(hp, fields, i, h, type, &a, &a2, &mn);
+        if (u) {
+            const int j = b - u->b0;
+            stream_ints8(I0, I1, NULL, u->v[j], x + b, lda, NT, 1, q_bits(type), h);
+            a = u->a[j];
+            a2 = u->a2[j];
+            mn = u->mn[j];
+        } else {
+            const int i = b * 32 % sb / 32;
+            const uint8_t *hp = pp + (size_t)(b * 32 / sb) * sbb;
+            if (q_is_k(type) && i == 0) k_fields8(fields, hp);
+            if (h == 0) prefetch_record(pf, hp + hdr + (size_t)i * data, data);
+            stream_ints8(I0, I1, hp + hdr + (size_t)i * data, NULL, x + b, lda, NT, 1, q_bits(type), h);
+            block_scales8(hp, fields, i, h, type, &a, &a2, &mn);
+        }
 #define STEP(t) if ((t) < NT) acc##t = block_fma8(acc##t, I0[t], I1[t], x + (size_t)(t) * lda + b, a, a2, mn, type);
         EACH_TOKEN(STEP)
 #undef STEP
@@ -1115,6 +1180,36 @@ INLINE AVX2 void qhalf_tile(float *out, int ldo, const FlmQ8 *x, int lda, const 
 #undef STORE
 }
 #undef EACH_TOKEN
+
+/* qhalf_tile over T tokens, in tiles of 4, then 2 and 1. */
+INLINE AVX2 void qhalf_tiles(float *out, int ldo, const FlmQ8 *x, int lda, const uint8_t *pp, int K, int T,
+                             const int type, int h, int rows, const Unpacked *u) {
+#define TOKENS(NT) qhalf_tile(out + (size_t)t * ldo, ldo, x + (size_t)t * lda, lda, pp, K, type, NT, h, rows, u)
+    int t = 0;
+    for (; T - t >= 4; t += 4) TOKENS(4);
+    if (T - t >= 2) { TOKENS(2); t += 2; }
+    if (T - t >= 1) TOKENS(1);
+#undef TOKENS
+}
+
+/* A prompt of at least UNPACK_TOKENS tokens takes half h of a panel (all
+ * 8 rows) through qhalf_tile a run of blocks at a time, each run unpacked
+ * once: the sums go through out between runs, and a float stored and
+ * loaded back is the same float, so the bits are those of whole tiles.
+ * Unpacking is a third of a 6-bit tile's work and more of a 5-bit one's;
+ * on the Zen 4 VM (`gemm_speed 1 avx2 TYPE 512 "3B up"`, GFLOP/s) Q6_K
+ * read 82-86 -> 104-149, Q5_K 78-103 -> 130-158, Q5_0 91-97 -> 124-152,
+ * Q4_K 103-124 -> 134-139, Q4_0 level. With 4 or 8 tokens (one or two
+ * tiles) unpacking ahead was slower or level; with 16, faster. */
+#define UNPACK_TOKENS 16
+INLINE AVX2 void qhalf_unpacked(float *out, int ldo, const FlmQ8 *x, int lda, const uint8_t *pp, int K, int T,
+                                const int type, int h) {
+    Unpacked u;
+    for (int b0 = 0; b0 < K / 32; b0 += UNPACKED_BLOCKS) {
+        unpack_half8(&u, pp, b0, K / 32 - b0 < UNPACKED_BLOCKS ? K / 32 - b0 : UNPACKED_BLOCKS, type, h);
+        qhalf_tiles(out, ldo, x, lda, pp, K, T, type, h, 8, &u);
+    }
+}
 
 /* Decoding: NP consecutive panels (pb bytes apart) side by side for NT
  * tokens (1 or 2), their sums from stream_ints8. A form that unpacked a
@@ -1148,7 +1243,7 @@ INLINE AVX2 void qpanels(float *out, int ldo, const FlmQ8 *x, int lda, const uin
                 const FlmQ8 *xo = x + b;
                 __asm__("" : "+r"(xo));
                 __m256i I0[2], I1[2];
-                stream_ints8(I0, I1, rec, xo, lda, NT, HS, q_bits(type), h0);
+                stream_ints8(I0, I1, rec, NULL, xo, lda, NT, HS, q_bits(type), h0);
                 _Pragma("GCC unroll 2")
                 for (int hh = 0; hh < HS; hh++) {
                     __m256 a, a2, mn;
@@ -1189,12 +1284,8 @@ INLINE AVX2 void qgemm_type_avx2(float *out, int ldo, const FlmQ8 *x, int lda, c
             const int rows = N - p * PANEL - 8 * h;
             if (rows <= 0) break;
             float *o = out + p * PANEL + 8 * h;
-#define TOKENS(NT) qhalf_tile(o + (size_t)t * ldo, ldo, x + (size_t)t * lda, lda, pp, K, type, NT, h, rows)
-            int t = 0;
-            for (; T - t >= 4; t += 4) TOKENS(4);
-            if (T - t >= 2) { TOKENS(2); t += 2; }
-            if (T - t >= 1) TOKENS(1);
-#undef TOKENS
+            if (T >= UNPACK_TOKENS && rows >= 8 && q_bits(type) < 8) qhalf_unpacked(o, ldo, x, lda, pp, K, T, type, h);
+            else qhalf_tiles(o, ldo, x, lda, pp, K, T, type, h, rows, NULL);
         }
     }
 }

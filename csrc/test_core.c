@@ -1011,8 +1011,10 @@ static void test_attention_kernels(void) {
  * matmul of the dequantized matrix, both bit for bit; packed rows against
  * GGML rows dequantized directly. */
 static void test_quant_matmul(int type) {
-    /* T: every tile of tokens the int8 kernels have (16 + 8 + 4 + 1). */
-    const int N = 37, K = 512, T = 29, DRAWN = 13;
+    /* T: every tile of tokens the int8 kernels have (16 + 8 + 4 + 1), and
+     * enough for the AVX2 kernels' unpacked runs of blocks; K: 72 blocks,
+     * two such runs (64 + 8). */
+    const int N = 37, K = 2304, T = 29, DRAWN = 13;
     FlmConfig c = {.dim = K, .hidden_dim = K, .n_layers = 1, .n_heads = 1, .n_kv_heads = 1, .head_dim = 16,
                    .vocab_size = N, .seq_len = 16, .rope_dim = 16};
     FlmState s;
