@@ -1198,9 +1198,10 @@ INLINE AVX2 void qhalf_tiles(float *out, int ldo, const FlmQ8 *x, int lda, const
  * loaded back is the same float, so the bits are those of whole tiles.
  * Unpacking is a third of a 6-bit tile's work and more of a 5-bit one's;
  * on the Zen 4 VM (`gemm_speed 1 avx2 TYPE 512 "3B up"`, GFLOP/s) Q6_K
- * read 82-86 -> 104-149, Q5_K 78-103 -> 130-158, Q5_0 91-97 -> 124-152,
- * Q4_K 103-124 -> 134-139, Q4_0 level. With 4 or 8 tokens (one or two
- * tiles) unpacking ahead was slower or level; with 16, faster. */
+ * read 74-85 -> 101-106, Q5_K 69-78 -> 156-180, Q5_0 90-95 -> 125-162,
+ * Q4_K and Q4_0 level or better (benchmarks/README.md). With 4 or 8
+ * tokens (one or two tiles) unpacking ahead was slower or level; with
+ * 16, faster. */
 #define UNPACK_TOKENS 16
 INLINE AVX2 void qhalf_unpacked(float *out, int ldo, const FlmQ8 *x, int lda, const uint8_t *pp, int K, int T,
                                 const int type, int h) {
