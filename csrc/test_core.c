@@ -349,15 +349,34 @@ static void test_model(int wtype, int qk_norm, int bias, int gate, int linear, i
          * The portable path is the reference the others are held to. */
         const int bf16_dots = flm_kernels->to_bf16 != NULL;
         double tol = (wtype == FLM_BF16 && bf16_dots) ? 0.25 : 1e-4;
-        /* int8 activations turn the last-bit differences of the other
-         * kernels into whole quantization steps of an activation. */
-        if (flm_is_quantized(wtype)) tol = 0.05;
+        if (flm_is_quantized(wtype)) tol = 0.05; /* reported only: see below */
         double maxerr = 0;
         for (size_t i = 0; pi > 0 && i < sz; i++) {
             double e = fabs(full[i] - generic[i]) / (tol + tol * fabs(generic[i]));
             if (e > maxerr) maxerr = e;
         }
-        CHECK(maxerr <= 1.0, "%s wtype=%d: differs from the portable path (err/bound %.2f)", paths[pi], wtype, maxerr);
+        if (flm_is_quantized(wtype)) {
+            /* Int8 activations turn the float kernels' last-bit differences
+             * (a path's FMA where the portable loop multiplies, then adds)
+             * into whole quantization steps of an activation now and then,
+             * a logit moved far past any bound for rounding: half of the
+             * draws of this model at Q6_K did so on AVX-512 and NEON. So the
+             * int8 kernels are held to the portable pair under this path's
+             * own float kernels, bit for bit; the float kernels are held to
+             * the portable path by the fp32 and bf16 models of each shape. */
+            const FlmKernels *path = flm_kernels;
+            FlmKernels portable_int8 = *path;
+            portable_int8.qgemm = flm_kernels_generic.qgemm;
+            portable_int8.quantize_q8 = flm_kernels_generic.quantize_q8;
+            flm_kernels = &portable_int8;
+            run(&c, &w, tok, n, 64, 0, 2, other);
+            flm_kernels = path;
+            CHECK(memcmp(full, other, sz * 4) == 0, "%s wtype=%d: differs from the portable int8 kernels", paths[pi],
+                  wtype);
+        } else {
+            CHECK(maxerr <= 1.0, "%s wtype=%d: differs from the portable path (err/bound %.2f)", paths[pi], wtype,
+                  maxerr);
+        }
         test_batch(&c, &w, tok, paths[pi]);
         test_rollback(&c, &w, tok, paths[pi]);
         const FlmMatrix *embed = w.embed;
