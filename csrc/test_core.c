@@ -11,7 +11,8 @@
  *  - with every quantized weight type: the int8 matmul of each SIMD path
  *    against the portable one (bit for bit), the fp32-activation matmul
  *    against the fp32 matmul of the dequantized matrix (bit for bit), and
- *    whole models as above.
+ *    whole models as above, each path's bit for bit against itself with the
+ *    portable int8 kernels swapped in.
  * Everything it allocates is freed, so it runs clean under LeakSanitizer.
  * Build: cc -O2 -fopenmp, every csrc .c file but the tests, csrc/test_core.c, -lm
  * (aarch64 under emulation: tests/arm64.sh) */
