@@ -360,8 +360,8 @@ static void test_model(int wtype, int qk_norm, int bias, int gate, int linear, i
             /* Int8 activations turn the float kernels' last-bit differences
              * (a path's FMA where the portable loop multiplies, then adds)
              * into whole quantization steps of an activation now and then,
-             * a logit moved far past any bound for rounding: half of the
-             * draws of this model at Q6_K did so on AVX-512 and NEON. So the
+             * a logit moved far past any bound for rounding: of 16 draws of
+             * this model at Q6_K, 8 did so on AVX-512 and 4 on NEON. So the
              * int8 kernels are held to the portable pair under this path's
              * own float kernels, bit for bit; the float kernels are held to
              * the portable path by the fp32 and bf16 models of each shape. */
